@@ -1,0 +1,42 @@
+"""Turn every user mistake into one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from typer.core import TyperGroup
+
+from simcore.errors import KvsimError
+
+USER_ERROR_EXIT = 2
+
+
+def fail(message: str) -> None:
+    """Print one line to stderr and exit 2."""
+    click.echo(f"kvsim: error: {message}", err=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+class OneLineErrorsGroup(TyperGroup):
+    """Root command group that reports usage and domain errors as one stderr line."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.exceptions.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx else "kvsim"
+            fail(f"{cmd}: {exc.format_message()}")
+        except click.exceptions.Abort:
+            click.echo("kvsim: aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.ClickException as exc:
+            fail(exc.format_message())
+        except KvsimError as exc:
+            fail(str(exc))
+        except BrokenPipeError:
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,28 @@
+"""The `kvsim` command: a thin typer layer over simcore, workloads, profiles and reports."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import profile_cmd, run_cmd, workloads_cmd
+from cli.errors import OneLineErrorsGroup
+
+app = typer.Typer(
+    name="kvsim",
+    cls=OneLineErrorsGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs.",
+)
+app.command("run", no_args_is_help=False)(run_cmd.run)
+app.add_typer(profile_cmd.app, name="profile")
+app.add_typer(workloads_cmd.app, name="workloads")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

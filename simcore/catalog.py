@@ -1,0 +1,116 @@
+"""Built-in GPUs and model shapes, and a reader for a Hugging Face `config.json`.
+
+GPU memory is what `torch.cuda.mem_get_info` reports (what vLLM budgets from), not the
+marketing figure; compute and bandwidth are the vendors' dense datasheet peaks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simcore.errors import ConfigError
+from simcore.specs import GPUSpec, ModelSpec
+
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec("H100-SXM-80GB", 79.19, 989.4, 3.35, 450.0, pcie_gbps=64.0),
+        GPUSpec("H200-141GB", 139.8, 989.4, 4.8, 450.0, pcie_gbps=64.0),
+        GPUSpec("A100-80GB", 79.15, 312.0, 2.039, 300.0, pcie_gbps=32.0),
+        GPUSpec("A100-40GB", 39.39, 312.0, 1.555, 300.0, pcie_gbps=32.0),
+    )
+}
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256, max_position_embeddings=8192),
+        ModelSpec("llama3-70b", 80, 8192, 64, 8, 128, 28672, 128256, max_position_embeddings=8192),
+        ModelSpec("llama2-7b", 32, 4096, 32, 32, 128, 11008, 32000, max_position_embeddings=4096),
+        ModelSpec("llama2-70b", 80, 8192, 64, 8, 128, 28672, 32000, max_position_embeddings=4096),
+        ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000, max_position_embeddings=32768),
+        ModelSpec(
+            "opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, max_position_embeddings=2048,
+            gated_mlp=False, tie_word_embeddings=True,
+        ),
+        # A toy shape small enough to profile on a CPU in seconds (tests, smoke runs).
+        ModelSpec("tiny", 2, 256, 4, 2, 64, 688, 1024, max_position_embeddings=2048),
+    )
+}
+
+# Names users type, mapped to catalog keys (case-insensitive lookup on top of these).
+_ALIASES = {
+    "h100": "H100-SXM-80GB", "h100-sxm": "H100-SXM-80GB", "h100-80gb": "H100-SXM-80GB",
+    "h200": "H200-141GB", "a100": "A100-80GB", "a100-80g": "A100-80GB", "a100-40g": "A100-40GB",
+    "meta-llama/meta-llama-3-8b": "llama3-8b", "llama-3-8b": "llama3-8b",
+    "meta-llama/meta-llama-3-70b": "llama3-70b", "llama-3-70b": "llama3-70b",
+    "meta-llama/llama-2-7b-hf": "llama2-7b", "llama-2-7b": "llama2-7b",
+    "meta-llama/llama-2-70b-hf": "llama2-70b", "llama-2-70b": "llama2-70b",
+    "mistralai/mistral-7b-v0.1": "mistral-7b", "facebook/opt-13b": "opt-13b",
+}
+
+
+def _lookup(name: str, table: dict, kind: str):
+    by_lower = {k.lower(): v for k, v in table.items()}
+    key = name.lower()
+    key = _ALIASES.get(key, key).lower()
+    if key in by_lower:
+        return by_lower[key]
+    raise ConfigError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
+
+
+def get_gpu(name: str) -> GPUSpec:
+    return _lookup(name, GPUS, "GPU")
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, or a Hugging Face `config.json` (or a folder holding one)."""
+    path = Path(name_or_path)
+    if name_or_path.endswith(".json") or path.is_dir():
+        return model_from_hf_config(path)
+    return _lookup(name_or_path, MODELS, "model")
+
+
+def model_from_hf_config(path: Path) -> ModelSpec:
+    """Read the transformer shape from a Hugging Face `config.json` (Llama, Mistral, OPT...)."""
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a readable JSON config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+
+    def pick(*keys: str, default=None):
+        for key in keys:
+            if key in cfg:
+                return cfg[key]
+        if default is not None:
+            return default
+        raise ConfigError(f"{path}: missing field {keys[0]!r}")
+
+    try:
+        hidden = int(pick("hidden_size", "d_model", "n_embd"))
+        heads = int(pick("num_attention_heads", "n_head"))
+        dtype = str(cfg.get("torch_dtype", "bfloat16"))
+        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
+        return ModelSpec(
+            name=str(cfg.get("_name_or_path") or path.parent.name or "hf-model"),
+            num_layers=int(pick("num_hidden_layers", "n_layer")),
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_kv_heads=int(pick("num_key_value_heads", default=heads)),
+            head_dim=int(pick("head_dim", default=hidden // heads)),
+            intermediate_size=int(pick("intermediate_size", "ffn_dim", "n_inner")),
+            vocab_size=int(pick("vocab_size")),
+            dtype_bytes=4 if dtype in ("float32", "fp32") else 2,
+            max_position_embeddings=int(pick("max_position_embeddings", "n_positions", default=4096)),
+            gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: bad value in config ({exc})") from None

@@ -1,0 +1,54 @@
+"""What arrives at an engine, and the two small protocols between workloads and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generator, Protocol
+
+import numpy as np
+import simpy
+
+
+@dataclass(slots=True)
+class Request:
+    """One client request. The engine generates exactly `num_output_tokens` tokens (as with
+    `ignore_eos`); reservation-based policies only know `max_tokens`, the client's cap."""
+
+    request_id: int  # unique within a run, assigned by the workload
+    arrival_s: float  # simulated time it reached the engine; stamped by `RequestSink.submit`
+    num_prompt_tokens: int  # >= 1
+    num_output_tokens: int  # >= 1, the true output length
+    max_tokens: int = 0  # >= num_output_tokens; 0 means "equal to num_output_tokens"
+    n: int = 1  # parallel samples sharing the prompt (vLLM's SamplingParams.n)
+    beam_width: int = 1  # beam search width; 1 means no beam search
+    prefix_id: int | None = None  # requests with the same id share their first prefix tokens
+    num_prefix_tokens: int = 0  # length of that shared prefix (<= num_prompt_tokens)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            self.max_tokens = self.num_output_tokens
+
+
+class RequestSink(Protocol):
+    """Where a workload's arrival process hands requests (an engine or a router)."""
+
+    def submit(self, request: Request) -> simpy.Event:
+        """Stamp `arrival_s = env.now`, enqueue, and return an event that fires when the
+        request finishes or is rejected (a closed loop of clients waits on it)."""
+        ...
+
+
+class Workload(Protocol):
+    """A description of traffic that can start its SimPy arrival process."""
+
+    name: str
+
+    def process(
+        self, env: simpy.Environment, sink: RequestSink, seed: np.random.SeedSequence
+    ) -> Generator[simpy.Event, Any, None]:
+        """Submit every request to `sink`, then return. All randomness comes from `seed`."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The workload's parameters, recorded in every result."""
+        ...
