@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-import click
+from typer import _click as click  # typer >= 0.29 vendors click (pinned in pyproject.toml)
 from typer.core import TyperGroup
+from typer.exceptions import Abort
 
 from simcore.errors import KvsimError
 
@@ -24,13 +25,12 @@ class OneLineErrorsGroup(TyperGroup):
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-            sys.exit(0)
+        except click.exceptions.NoArgsIsHelpError:
+            sys.exit(0)  # typer has printed the help already
         except click.exceptions.UsageError as exc:
             cmd = exc.ctx.command_path if exc.ctx else "kvsim"
             fail(f"{cmd}: {exc.format_message()}")
-        except click.exceptions.Abort:
+        except Abort:
             click.echo("kvsim: aborted", err=True)
             sys.exit(130)
         except click.exceptions.ClickException as exc:

@@ -109,7 +109,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
         )
     per_token = model.kv_bytes_per_token(tp)
     block_bytes = per_token * config.block_size
-    num_gpu_blocks = budget // block_bytes
+    num_gpu_blocks = config.num_gpu_blocks_override or budget // block_bytes
     num_cpu_blocks = int(config.swap_space * GIB) // block_bytes
     plan = MemoryPlan(
         weights_bytes_per_gpu=weights,

@@ -133,6 +133,7 @@ class EngineConfig:
     reservation: str = "max"  # contiguous sizing: max | pow2 | oracle
     max_batch_size: int = 64  # static batching: requests per batch
     batch_timeout_s: float = 0.1  # static batching: longest wait for a full batch
+    num_gpu_blocks_override: int | None = None  # vLLM's override of the profiled block count
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -151,6 +152,8 @@ class EngineConfig:
             _positive(self, "max_num_batched_tokens")
         if self.max_model_len is not None:
             _positive(self, "max_model_len")
+        if self.num_gpu_blocks_override is not None:
+            _positive(self, "num_gpu_blocks_override")
         if self.swap_space < 0:
             raise ConfigError(f"--swap-space must be >= 0 GiB, got {self.swap_space}")
         if self.batch_timeout_s < 0:

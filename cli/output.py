@@ -1,0 +1,91 @@
+"""Printing a run like `vllm bench serve` does, and writing its files without partial output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from simcore.errors import KvsimError
+
+
+def _row(label: str, value: Any, fmt: str = ".2f") -> str:
+    if value is None:
+        return f"{label:<40} {'n/a':<10}"
+    if isinstance(value, float):
+        return f"{label:<40} {value:<10{fmt}}"
+    return f"{label:<40} {value:<10}"
+
+
+def _section(title: str) -> str:
+    return f"{title:-^50}"
+
+
+def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ") -> str:
+    lines = [f"{title:=^50}"]
+    lines.append(_row("Successful requests:", s["completed"]))
+    if s.get("rejected"):
+        lines.append(_row("Rejected requests:", s["rejected"]))
+    lines += [
+        _row("Benchmark duration (s):", s["duration_s"]),
+        _row("Total input tokens:", s["total_input_tokens"]),
+        _row("Total generated tokens:", s["total_output_tokens"]),
+        _row("Request throughput (req/s):", s["request_throughput"]),
+        _row("Output token throughput (tok/s):", s["output_throughput"]),
+        _row("Total Token throughput (tok/s):", s["total_token_throughput"]),
+    ]
+    for key, name, title_ in (
+        ("ttft", "TTFT", "Time to First Token"),
+        ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+        ("itl", "ITL", "Inter-token Latency"),
+        ("e2el", "E2EL", "End-to-end Latency"),
+    ):
+        lines.append(_section(title_))
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+            lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
+    lines.append(_section("KV cache"))
+    lines.append(_row("Preemptions:", s["num_preemptions"]))
+    waste = s.get("kv_waste_rate")
+    lines.append(_row("KV cache waste (%):", None if waste is None else 100 * waste))
+    for key, label in (
+        ("kv_reserved_future_share", "  reserved for future (%):"),
+        ("kv_internal_share", "  over-reserved / internal frag. (%):"),
+        ("kv_stale_share", "  stale, finished but held (%):"),
+        ("kv_external_share", "  external fragmentation (%):"),
+    ):
+        if s.get(key):
+            lines.append(_row(label, 100 * s[key]))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, files: dict[str, Any]) -> None:
+    """Write every file to a temporary folder first, then move them into `out_dir`, so a
+    failure leaves either all the new files or none (earlier files are never touched)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".kvsim-", dir=out_dir))
+    except OSError as exc:
+        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+    try:
+        for name, content in files.items():
+            target = staging / name
+            if hasattr(content, "to_csv"):
+                content.to_csv(target, index=False)
+            else:
+                target.write_text(json.dumps(content, indent=2, default=str) + "\n")
+        for name in files:
+            os.replace(staging / name, out_dir / name)
+    except OSError as exc:
+        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def info(message: str) -> None:
+    typer.echo(f"INFO {message}", err=True)

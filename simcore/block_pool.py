@@ -1,0 +1,239 @@
+"""vLLM-style paged KV-cache allocator: fixed-size blocks, ref counts, block tables, CoW, swap.
+
+A sequence's block table maps its logical blocks to physical ones; slots are allocated as
+tokens are written (on demand), so only the last block can hold unused slots:
+
+    tokens   t0 .. t15 | t16 .. t31 | t32 t33 _ _ ... _
+    table    [  b7     ,   b2       ,  b9            ]   -> 3 blocks, 14 unused slots in b9
+
+`fork` shares every block (ref_cnt + 1); the first append to a shared, partly filled last
+block copies it first (copy-on-write), so a shared block is never written. Swap moves a
+group of sequences' blocks to a CPU pool (shared blocks copied once) and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class AllocStatus(IntEnum):
+    """Admission answer: OK now, LATER when memory frees up, NEVER (bigger than the cache)."""
+
+    OK = 0
+    LATER = 1
+    NEVER = 2
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int  # index into its pool, fixed at creation
+    ref_cnt: int = 0  # number of block tables holding it; written only by BlockPool
+
+
+class BlockPool:
+    """A fixed set of blocks with an O(1) free stack (pop / append at the end)."""
+
+    def __init__(self, num_blocks: int):
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_ids)
+
+    def take(self) -> int:
+        block_id = self._free_ids.pop()
+        block = self.blocks[block_id]
+        assert block.ref_cnt == 0, "free block still referenced"
+        block.ref_cnt = 1
+        return block_id
+
+    def incref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0, "incref on a free block"
+        block.ref_cnt += 1
+
+    def decref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0, "double free"
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self._free_ids.append(block_id)
+
+
+class _SeqBlocks:
+    """One sequence's block table and token count; owned by PagedAllocator."""
+
+    __slots__ = ("table", "num_tokens", "on_cpu")
+
+    def __init__(self) -> None:
+        self.table: list[int] = []  # physical block ids, GPU or CPU pool per `on_cpu`
+        self.num_tokens = 0  # slots written (computed tokens), <= len(table) * block_size
+        self.on_cpu = False  # True while swapped out
+
+
+class PagedAllocator:
+    """Paged KV cache of one replica: a GPU pool, a CPU swap pool, and block tables."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, num_cpu_blocks: int = 0):
+        assert num_gpu_blocks > 0 and block_size > 0
+        self.block_size = block_size
+        self.gpu = BlockPool(num_gpu_blocks)
+        self.cpu = BlockPool(num_cpu_blocks)
+        self._seqs: dict[int, _SeqBlocks] = {}
+        self.num_cow_copies = 0  # blocks copied on write, for reporting
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.gpu.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.gpu.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.gpu.num_blocks - self.gpu.num_free
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def has_seq(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._seqs[seq_id].num_tokens
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._seqs[seq_id].table)
+
+    def is_swapped(self, seq_id: int) -> bool:
+        return self._seqs[seq_id].on_cpu
+
+    # -- allocation ----------------------------------------------------------------------
+    def can_allocate(self, num_tokens: int) -> AllocStatus:
+        """Could a new sequence of `num_tokens` ever fit, and does it fit now?"""
+        need = self.blocks_for(num_tokens)
+        if need > self.gpu.num_blocks:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if need <= self.gpu.num_free else AllocStatus.LATER
+
+    def num_blocks_needed(self, seq_id: int, num_new_tokens: int) -> int:
+        """Free blocks `append_slots(seq_id, num_new_tokens)` would take, copy-on-write included."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return self.blocks_for(num_new_tokens)
+        bs = self.block_size
+        need = -(-(seq.num_tokens + num_new_tokens) // bs) - len(seq.table)
+        if num_new_tokens and seq.num_tokens % bs and self.gpu.blocks[seq.table[-1]].ref_cnt > 1:
+            need += 1
+        return need
+
+    def append_slots(self, seq_id: int, num_new_tokens: int) -> bool:
+        """Grow a sequence (created on first use) by `num_new_tokens` written slots.
+        All or nothing: returns False and changes nothing if the GPU pool is short."""
+        seq = self._seqs.get(seq_id)
+        created = seq is None
+        if seq is None:
+            seq = self._seqs[seq_id] = _SeqBlocks()
+        assert not seq.on_cpu, "append to a swapped-out sequence"
+        bs = self.block_size
+        filled = seq.num_tokens
+        new_total = filled + num_new_tokens
+        # Fast path: the last block has room and is not shared (a decode step, mostly).
+        if filled % bs and new_total <= len(seq.table) * bs:
+            if self.gpu.blocks[seq.table[-1]].ref_cnt == 1:
+                seq.num_tokens = new_total
+                return True
+        need = self.num_blocks_needed(seq_id, num_new_tokens)
+        if need > self.gpu.num_free:
+            if created:  # an existing sequence, even an empty one, stays
+                del self._seqs[seq_id]
+            return False
+        gpu = self.gpu
+        if num_new_tokens and filled % bs and gpu.blocks[seq.table[-1]].ref_cnt > 1:
+            shared = seq.table[-1]
+            seq.table[-1] = gpu.take()  # copy-on-write: the copy is ours, the original stays
+            gpu.decref(shared)
+            self.num_cow_copies += 1
+        for _ in range(-(-new_total // bs) - len(seq.table)):
+            seq.table.append(gpu.take())
+        seq.num_tokens = new_total
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every block of the parent (parallel sampling, beam search)."""
+        parent = self._seqs[parent_id]
+        assert child_id not in self._seqs and not parent.on_cpu
+        child = self._seqs[child_id] = _SeqBlocks()
+        child.table = list(parent.table)
+        child.num_tokens = parent.num_tokens
+        for block_id in child.table:
+            self.gpu.incref(block_id)
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence; its blocks return to their pool in reverse order when unshared."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return
+        pool = self.cpu if seq.on_cpu else self.gpu
+        for block_id in reversed(seq.table):
+            pool.decref(block_id)
+
+    # -- swapping ------------------------------------------------------------------------
+    def _distinct_blocks(self, seq_ids: list[int]) -> list[int]:
+        seen: dict[int, None] = {}
+        for seq_id in seq_ids:
+            for block_id in self._seqs[seq_id].table:
+                seen[block_id] = None
+        return list(seen)
+
+    def can_swap_out(self, seq_ids: list[int]) -> bool:
+        return len(self._distinct_blocks(seq_ids)) <= self.cpu.num_free
+
+    def can_swap_in(self, seq_ids: list[int]) -> bool:
+        return len(self._distinct_blocks(seq_ids)) <= self.gpu.num_free
+
+    def _move(self, seq_ids: list[int], src: BlockPool, dst: BlockPool, to_cpu: bool) -> int:
+        mapping: dict[int, int] = {}
+        for seq_id in seq_ids:
+            seq = self._seqs[seq_id]
+            assert seq.on_cpu != to_cpu
+            new_table = []
+            for block_id in seq.table:
+                if block_id in mapping:
+                    dst.incref(mapping[block_id])
+                else:
+                    mapping[block_id] = dst.take()
+                new_table.append(mapping[block_id])
+                src.decref(block_id)
+            seq.table = new_table
+            seq.on_cpu = to_cpu
+        return len(mapping)
+
+    def swap_out(self, seq_ids: list[int]) -> int:
+        """Move a group's blocks to the CPU pool; returns the number of blocks copied."""
+        assert self.can_swap_out(seq_ids)
+        return self._move(seq_ids, self.gpu, self.cpu, to_cpu=True)
+
+    def swap_in(self, seq_ids: list[int]) -> int:
+        """Move a swapped-out group back to the GPU pool; returns blocks copied."""
+        assert self.can_swap_in(seq_ids)
+        return self._move(seq_ids, self.cpu, self.gpu, to_cpu=False)
+
+    # -- accounting ----------------------------------------------------------------------
+    def ref_counts_from_tables(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(GPU, CPU) block id -> number of tables referencing it; for invariant checks."""
+        gpu: dict[int, int] = {}
+        cpu: dict[int, int] = {}
+        for seq in self._seqs.values():
+            target = cpu if seq.on_cpu else gpu
+            for block_id in seq.table:
+                target[block_id] = target.get(block_id, 0) + 1
+        return gpu, cpu

@@ -1,0 +1,128 @@
+"""Per-step records, per-request tables and the summary (names follow `vllm bench serve`)."""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from simcore.policies.base import MemorySnapshot, StepPlan
+    from simcore.state import ReqState
+
+STEP_COLUMNS = (
+    "start_s", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+    "num_running", "num_waiting", "num_swapped", "num_preempted", "num_swap_blocks",
+    "kv_allocated", "kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external",
+)
+
+
+class StepRecorder:
+    """Column arrays, one value per step; cheap enough to call on every step."""
+
+    def __init__(self) -> None:
+        self.columns = {name: array("d") for name in STEP_COLUMNS}
+        self._appends = [self.columns[name].append for name in STEP_COLUMNS]
+
+    def record(
+        self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
+        num_running: int, num_waiting: int, num_swapped: int,
+    ) -> None:
+        values = (
+            start, dt, len(plan.scheduled), plan.num_tokens - plan.num_decode_seqs,
+            plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
+            plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
+            mem.stale, mem.external,
+        )
+        for append, value in zip(self._appends, values):
+            append(value)
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame({name: np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+                           for name, col in self.columns.items()})
+        int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+        return df.astype({c: "int64" for c in int_cols})
+
+
+def requests_frame(states: list[ReqState]) -> pd.DataFrame:
+    rows = {
+        "request_id": [s.request_id for s in states],
+        "status": [s.status.name.lower() for s in states],
+        "arrival_s": [s.request.arrival_s for s in states],
+        "first_scheduled_s": [s.first_scheduled_s for s in states],
+        "first_token_s": [s.first_token_s for s in states],
+        "finish_s": [s.finish_s for s in states],
+        "num_prompt_tokens": [s.num_prompt_tokens for s in states],
+        "num_output_tokens": [s.num_generated for s in states],
+        "max_tokens": [s.request.max_tokens for s in states],
+        "n": [len(s.seq_ids) for s in states],
+        "num_preemptions": [s.num_preemptions for s in states],
+        "reject_reason": [s.reject_reason for s in states],
+    }
+    df = pd.DataFrame(rows)
+    done = df["status"] == "finished"
+    nan = np.nan
+    df["ttft_s"] = np.where(done, df["first_token_s"] - df["arrival_s"], nan)
+    df["e2el_s"] = np.where(done, df["finish_s"] - df["arrival_s"], nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = (df["e2el_s"] - df["ttft_s"]) / (df["num_output_tokens"] - 1)
+    df["tpot_s"] = np.where(done & (df["num_output_tokens"] > 1), tpot, nan)
+    return df
+
+
+def _stats(prefix: str, values_s: np.ndarray, out: dict[str, Any]) -> None:
+    v = values_s[~np.isnan(values_s)] * 1000.0 if len(values_s) else values_s
+    for name, fn in (("mean", np.mean), ("median", np.median)):
+        out[f"{name}_{prefix}_ms"] = float(fn(v)) if len(v) else None
+    for p in (95, 99):
+        out[f"p{p}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else None
+
+
+def kv_waste(steps: pd.DataFrame) -> dict[str, Any]:
+    """Time-weighted KV memory breakdown (DESIGN.md): shares of allocated slot-seconds."""
+    dt = steps["duration_s"].to_numpy()
+    allocated = float(np.dot(steps["kv_allocated"].to_numpy(), dt))
+    out: dict[str, Any] = {"kv_waste_rate": None}
+    if allocated <= 0:
+        return out
+    live = float(np.dot(steps["kv_live"].to_numpy(), dt))
+    out["kv_waste_rate"] = (allocated - live) / allocated
+    for col in ("live", "reserved_future", "internal", "stale"):
+        out[f"kv_{col}_share"] = float(np.dot(steps[f"kv_{col}"].to_numpy(), dt)) / allocated
+    out["kv_external_share"] = float(np.dot(steps["kv_external"].to_numpy(), dt)) / allocated
+    out["kv_mean_allocated_tokens"] = allocated / float(dt.sum())
+    return out
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray) -> dict[str, Any]:
+    done = requests[requests["status"] == "finished"]
+    out: dict[str, Any] = {
+        "num_requests": int(len(requests)),
+        "completed": int(len(done)),
+        "rejected": int((requests["status"] == "rejected").sum()),
+    }
+    if len(done):
+        makespan = float(done["finish_s"].max() - requests["arrival_s"].min())
+    else:
+        makespan = 0.0
+    out["duration_s"] = makespan
+    total_in = int(done["num_prompt_tokens"].sum())
+    total_out = int(done["num_output_tokens"].sum())
+    out["total_input_tokens"] = total_in
+    out["total_output_tokens"] = total_out
+    rate = (lambda x: x / makespan) if makespan > 0 else (lambda x: None)
+    out["request_throughput"] = rate(len(done))
+    out["output_throughput"] = rate(total_out)
+    out["total_token_throughput"] = rate(total_in + total_out)
+    _stats("ttft", done["ttft_s"].to_numpy(), out)
+    _stats("tpot", done["tpot_s"].to_numpy(), out)
+    _stats("itl", itl_s, out)
+    _stats("e2el", done["e2el_s"].to_numpy(), out)
+    out["num_preemptions"] = int(requests["num_preemptions"].sum())
+    out["num_steps"] = int(len(steps))
+    out["mean_batch_size"] = float(steps["num_seqs"].mean()) if len(steps) else 0.0
+    out["max_running"] = int(steps["num_running"].max()) if len(steps) else 0
+    out.update(kv_waste(steps))
+    return out
