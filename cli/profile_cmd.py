@@ -1,5 +1,135 @@
-"""`kvsim profile`: placeholder until the profiling harness lands (issue 4)."""
+"""`kvsim profile`: measure a step-latency profile with real kernels, or compare two profiles."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-app = typer.Typer(help="Measure step-latency profiles (work in progress).")
+from simcore.errors import ConfigError
+
+app = typer.Typer(
+    help="Measure a step-latency profile with real kernels (torch), or compare two profiles.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+class Device(StrEnum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class Backend(StrEnum):
+    auto = "auto"
+    flashinfer = "flashinfer"
+    vllm = "vllm"
+    flex = "flex"
+    reference = "reference"
+
+
+def _block_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"--block-sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or any(s <= 0 or s & (s - 1) for s in sizes):
+        raise ConfigError(f"--block-sizes must be powers of two, got {text!r}")
+    return sizes
+
+
+@app.callback()
+def profile(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(help="Catalog model name or a HF config.json.")] = None,
+    device: Annotated[Device, typer.Option(help="Device to measure on.")] = Device.cuda,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (one layer's shard is measured).")] = 1,
+    gpu: Annotated[str | None, typer.Option(help="Catalog GPU: names the profile, prices an unmeasured collective.")] = None,
+    block_sizes: Annotated[str, typer.Option(help="KV block sizes for paged decode, e.g. 16,32.")] = "16",
+    quick: Annotated[bool, typer.Option(help="Small grid for smoke runs.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Output JSON (default <gpu>-<model>-tp<N>.json).")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per grid point (median kept).")] = 10,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up calls per grid point.")] = 3,
+    backend: Annotated[Backend, typer.Option(help="Paged decode backend; auto = first that works.")] = Backend.auto,
+    dtype: Annotated[str, typer.Option(help="auto (bf16 on cuda, fp32 on cpu), bfloat16, float16, float32.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of the random tensors and block tables.")] = 0,
+) -> None:
+    """Measure one layer's kernels on the device present and write a schema-v1 profile."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    from simcore.catalog import get_gpu, get_model
+
+    spec = get_model(model)
+    gpu_spec = get_gpu(gpu) if gpu else None
+    if tp <= 0 or tp & (tp - 1) or spec.num_attention_heads % tp:
+        raise ConfigError(f"--tp must be a power of two dividing {spec.num_attention_heads} heads, got {tp}")
+    if repeats <= 0 or warmup < 0:
+        raise ConfigError("--repeats must be positive and --warmup >= 0")
+    if dtype not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(f"--dtype must be auto, bfloat16, float16 or float32, got {dtype!r}")
+    from profiles.harness import HarnessConfig, require_torch
+
+    require_torch()
+    cfg = HarnessConfig(
+        model=spec, device=device.value, tp=tp, gpu=gpu_spec, block_sizes=_block_sizes(block_sizes),
+        quick=quick, repeats=repeats, warmup=warmup, dtype=dtype, backend=backend.value, seed=seed,
+    )
+    doc = _run_with_progress(cfg)
+    from simcore.latency import parse_profile
+
+    parse_profile(doc, "measured profile")
+    path = out or Path(f"{doc['gpu'].replace(' ', '_')}-{spec.name}-tp{tp}.json")
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    prov = doc["provenance"]
+    typer.echo(
+        f"wrote {path}: {prov['device_name']}, decode backend {prov['decode_backend']}, "
+        f"{cfg.grid.num_points(len(cfg.block_sizes))} points x {repeats} repeats"
+    )
+
+
+def _run_with_progress(cfg) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from profiles.harness import measure_profile
+
+    total = cfg.grid.num_points(len(cfg.block_sizes))
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task("profiling", total=total)
+        return measure_profile(cfg, lambda label, n: bar.update(task, completed=n, description=label))
+
+
+@app.command("compare")
+def compare_cmd(
+    a: Annotated[Path, typer.Argument(help="First profile (the baseline).")],
+    b: Annotated[Path, typer.Argument(help="Second profile.")],
+    policy: Annotated[str, typer.Option(help="Batching policy whose step overhead is used.")] = "continuous",
+    block_size: Annotated[int, typer.Option(help="KV block size of the decode table.")] = 16,
+) -> None:
+    """Price a common grid of steps with both profiles: times and ratio B/A, median and worst."""
+    from profiles.compare import compare
+    from simcore.latency import load_profile
+
+    pa, pb = load_profile(a), load_profile(b)
+    rows, summary = compare(pa, pb, policy, block_size)
+    table = Table(title=f"A = {pa.label}\nB = {pb.label}")
+    for col in ("kind", "step", "A ms", "B ms", "B/A"):
+        table.add_column(col, justify="left" if col in ("kind", "step") else "right")
+    for step, ta, tb, ratio in rows:
+        table.add_row(step.kind, step.label, f"{ta:.3f}", f"{tb:.3f}", f"{ratio:.3f}")
+    console = Console(width=120)
+    console.print(table)
+    console.print(
+        f"median ratio B/A: {summary['median_ratio']:.3f}   worst ratio B/A: {summary['worst_ratio']:.3f}   "
+        f"steps outside grid: A {summary['extrapolated_a']}, B {summary['extrapolated_b']}"
+    )

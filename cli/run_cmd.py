@@ -7,7 +7,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -40,7 +40,7 @@ class PreemptionMode(str, Enum):
     swap = "swap"
 
 
-def _refuse_irrelevant(policy: str, allocator: Optional[str], given: dict[str, object]) -> None:
+def _refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, object]) -> None:
     """Options that mean nothing for the chosen policy are refused, not ignored."""
     only_for = {
         "--max-batch-size": ("static",),
@@ -89,31 +89,31 @@ def run(
     gpu: Annotated[str, typer.Option(help="Catalog GPU name (see `kvsim run --help`).")] = "H100-SXM-80GB",
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
     policy: Annotated[PolicyName, typer.Option(help="Batching policy.")] = PolicyName.continuous,
-    allocator: Annotated[Optional[AllocatorName], typer.Option(help="KV allocation for continuous batching: paged (vLLM) or contiguous (Orca). [default: paged]")] = None,
-    reservation: Annotated[Optional[ReservationName], typer.Option(help="Contiguous reservation size: max_model_len, next power of two of the output, or the true output. [default: max]")] = None,
+    allocator: Annotated[AllocatorName | None, typer.Option(help="KV allocation for continuous batching: paged (vLLM) or contiguous (Orca). [default: paged]")] = None,
+    reservation: Annotated[ReservationName | None, typer.Option(help="Contiguous reservation size: max_model_len, next power of two of the output, or the true output. [default: max]")] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block (power of two).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory the engine may use, (0, 1].")] = 0.90,
     max_num_seqs: Annotated[int, typer.Option(help="Most sequences in one step.")] = 256,
-    max_num_batched_tokens: Annotated[Optional[int], typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")] = None,
-    enable_chunked_prefill: Annotated[Optional[bool], typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")] = None,
-    swap_space: Annotated[Optional[float], typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")] = None,
-    preemption_mode: Annotated[Optional[PreemptionMode], typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option(help="Longest prompt + output. [default: the model's]")] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option(help="Static batching: requests per batch. [default: 64]")] = None,
-    batch_timeout_s: Annotated[Optional[float], typer.Option(help="Static batching: longest wait for a full batch. [default: 0.1]")] = None,
-    workload: Annotated[Optional[str], typer.Option(help="Named workload (see `kvsim workloads`) or a YAML file. [default: sharegpt]")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Open loop: request rate in req/s (Poisson unless --burstiness).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: number of concurrent clients.")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Requests to simulate.")] = None,
-    burstiness: Annotated[Optional[float], typer.Option(help="Gamma arrivals: 1 is Poisson, lower is burstier.")] = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Mean (or fixed) prompt length in tokens.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Mean (or fixed) output length in tokens.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Fixed max_tokens cap per request (what reservations reserve).")] = None,
-    n: Annotated[Optional[int], typer.Option("--n", help="Parallel samples per request.")] = None,
-    beam_width: Annotated[Optional[int], typer.Option(help="Beam search width.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")] = None,
+    enable_chunked_prefill: Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")] = None,
+    swap_space: Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")] = None,
+    preemption_mode: Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Static batching: requests per batch. [default: 64]")] = None,
+    batch_timeout_s: Annotated[float | None, typer.Option(help="Static batching: longest wait for a full batch. [default: 0.1]")] = None,
+    workload: Annotated[str | None, typer.Option(help="Named workload (see `kvsim workloads`) or a YAML file. [default: sharegpt]")] = None,
+    rate: Annotated[float | None, typer.Option(help="Open loop: request rate in req/s (Poisson unless --burstiness).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Closed loop: number of concurrent clients.")] = None,
+    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate.")] = None,
+    burstiness: Annotated[float | None, typer.Option(help="Gamma arrivals: 1 is Poisson, lower is burstier.")] = None,
+    input_len: Annotated[int | None, typer.Option(help="Mean (or fixed) prompt length in tokens.")] = None,
+    output_len: Annotated[int | None, typer.Option(help="Mean (or fixed) output length in tokens.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Fixed max_tokens cap per request (what reservations reserve).")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")] = None,
+    beam_width: Annotated[int | None, typer.Option(help="Beam search width.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for every random stream.")] = 0,
-    profile: Annotated[Optional[Path], typer.Option(help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
+    profile: Annotated[Path | None, typer.Option(help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
     """Simulate one engine replica serving a workload; print a `vllm bench serve`-style summary."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -77,7 +78,8 @@ class Engine:
         live = 0
         for st, num_new in plan.scheduled:
             st.num_computed_tokens += num_new
-            live += num_new * len(st.seq_ids)
+            if len(st.seq_ids) == 1:  # forked requests' KV is counted by their policy
+                live += num_new
             if st.num_computed_tokens == st.num_tokens:
                 if st.num_generated:
                     itl(now - st.last_token_s)

@@ -8,7 +8,10 @@ model shape, dtype and tensor-parallel degree, times in milliseconds on one GPU:
     decode_attention   one layer, paged decode, per block size            vs (batch_size, context_tokens)
     lm_head            final norm + LM head + sampling, whole model       vs num_seqs
     collective         one layer's tensor-parallel all-reduces (tp > 1)   vs num_tokens
-    step_overhead_ms   fixed CPU scheduling / launch cost of every step
+    step_overhead_ms   fixed CPU scheduling / launch cost of every step (ms)
+    step_overhead_ms_by_policy   optional {"static", "dynamic", "continuous"} -> ms: the same
+                       cost for the engine each batching policy models (HF generate, early
+                       TGI, vLLM); a policy missing here falls back to step_overhead_ms
 
 A step costs   overhead + L * (linear(T) + sum_i prefill(c_i, ctx_i) + decode(B, ctx_mean)
 + collective(T)) + lm_head(S)   where T is the step's batched tokens, B the decoding sequences
@@ -31,6 +34,7 @@ from simcore.errors import ProfileError
 SCHEMA = "kvsim-profile"
 SCHEMA_VERSION = 1
 SOURCES = ("measured", "roofline")
+POLICIES = ("static", "dynamic", "continuous")
 
 
 def _monotone(values: list[float]) -> list[float]:
@@ -154,7 +158,7 @@ def _numbers(values: Any, where: str, positive: bool = True) -> list[float]:
 
 def _grid(values: Any, where: str, positive: bool = True) -> list[float]:
     xs = _numbers(values, where, positive)
-    if any(b <= a for a, b in zip(xs, xs[1:])):
+    if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
         raise ProfileError(f"{where}: grid must be strictly increasing")
     return xs
 
@@ -197,6 +201,11 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
         raise ProfileError(f"{where}: source must be one of {SOURCES}, got {data.get('source')!r}")
     for key in ("gpu", "model", "tensor_parallel_size", "model_shape", "step_overhead_ms"):
         _need(data, key, where)
+    tp = data["tensor_parallel_size"]
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
+        raise ProfileError(f"{where}.tensor_parallel_size: expected a positive integer, got {tp!r}")
+    if not isinstance(data["model_shape"], dict):
+        raise ProfileError(f"{where}.model_shape: expected an object")
     StepLatencyModel(data, where)  # builds every table, so any malformed table fails here
     return Profile(data=data, sha256=profile_hash(data))
 
@@ -214,6 +223,27 @@ def load_profile(path: str | Path) -> Profile:
     return profile
 
 
+def _overhead_ms(data: dict, where: str, policy: str) -> float:
+    """The fixed per-step cost for `policy`: its entry in step_overhead_ms_by_policy if the
+    profile has one, else step_overhead_ms."""
+    if policy not in POLICIES:
+        raise ProfileError(f"{where}: unknown batching policy {policy!r}; known: {', '.join(POLICIES)}")
+    overhead = _need(data, "step_overhead_ms", where)
+    default = _numbers([overhead], f"{where}.step_overhead_ms", positive=False)[0]
+    by_policy = data.get("step_overhead_ms_by_policy")
+    if by_policy is None:
+        return default
+    if not isinstance(by_policy, dict):
+        raise ProfileError(f"{where}.step_overhead_ms_by_policy: expected an object keyed by policy")
+    for key, value in by_policy.items():
+        if key not in POLICIES:
+            raise ProfileError(
+                f"{where}.step_overhead_ms_by_policy: unknown policy {key!r}; known: {', '.join(POLICIES)}"
+            )
+        _numbers([value], f"{where}.step_overhead_ms_by_policy.{key}", positive=False)
+    return float(by_policy.get(policy, default))
+
+
 @dataclass
 class ExtrapolationCounter:
     """How many priced steps needed a value outside a profiled grid."""
@@ -228,10 +258,13 @@ class ExtrapolationCounter:
 class StepLatencyModel:
     """Prices one engine step from a profile; the engine never knows how it was measured."""
 
-    def __init__(self, data: dict[str, Any], where: str = "profile"):
-        self.num_layers = int(_need(_need(data, "model_shape", where), "num_layers", where))
-        overhead = _need(data, "step_overhead_ms", where)
-        self.step_overhead_ms = _numbers([overhead], f"{where}.step_overhead_ms", positive=False)[0]
+    def __init__(self, data: dict[str, Any], where: str = "profile", policy: str = "continuous"):
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: expected a JSON object")
+        layers = _need(_need(data, "model_shape", where), "num_layers", f"{where}.model_shape")
+        self.num_layers = int(_numbers([layers], f"{where}.model_shape.num_layers")[0])
+        self.policy = policy
+        self.step_overhead_ms = _overhead_ms(data, where, policy)
         self.linear = _table1d(_need(data, "linear", where), "num_tokens", f"{where}.linear")
         self.prefill = _table2d(
             _need(data, "prefill_attention", where), "chunk_tokens", "context_tokens",
@@ -246,6 +279,8 @@ class StepLatencyModel:
                 bs = int(key)
             except ValueError:
                 raise ProfileError(f"{where}.decode_attention: block size {key!r} is not an integer") from None
+            if bs <= 0:
+                raise ProfileError(f"{where}.decode_attention: block size {key!r} must be positive")
             self.decode_by_block_size[bs] = _table2d(
                 table, "batch_size", "context_tokens", f"{where}.decode_attention.{key}"
             )

@@ -16,6 +16,7 @@ STEP_COLUMNS = (
     "start_s", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
     "num_running", "num_waiting", "num_swapped", "num_preempted", "num_swap_blocks",
     "kv_allocated", "kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external",
+    "kv_unshared",
 )
 
 
@@ -34,9 +35,9 @@ class StepRecorder:
             start, dt, len(plan.scheduled), plan.num_tokens - plan.num_decode_seqs,
             plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
             plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
-            mem.stale, mem.external,
+            mem.stale, mem.external, mem.unshared or mem.allocated,
         )
-        for append, value in zip(self._appends, values):
+        for append, value in zip(self._appends, values, strict=True):
             append(value)
 
     def frame(self) -> pd.DataFrame:
@@ -55,9 +56,11 @@ def requests_frame(states: list[ReqState]) -> pd.DataFrame:
         "first_token_s": [s.first_token_s for s in states],
         "finish_s": [s.finish_s for s in states],
         "num_prompt_tokens": [s.num_prompt_tokens for s in states],
-        "num_output_tokens": [s.num_generated for s in states],
+        "num_output_tokens": [s.num_generated * s.request.n for s in states],
+        "num_positions": [s.num_generated for s in states],
         "max_tokens": [s.request.max_tokens for s in states],
-        "n": [len(s.seq_ids) for s in states],
+        "n": [s.request.n for s in states],
+        "beam_width": [s.request.beam_width for s in states],
         "num_preemptions": [s.num_preemptions for s in states],
         "reject_reason": [s.reject_reason for s in states],
     }
@@ -67,8 +70,8 @@ def requests_frame(states: list[ReqState]) -> pd.DataFrame:
     df["ttft_s"] = np.where(done, df["first_token_s"] - df["arrival_s"], nan)
     df["e2el_s"] = np.where(done, df["finish_s"] - df["arrival_s"], nan)
     with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = (df["e2el_s"] - df["ttft_s"]) / (df["num_output_tokens"] - 1)
-    df["tpot_s"] = np.where(done & (df["num_output_tokens"] > 1), tpot, nan)
+        tpot = (df["e2el_s"] - df["ttft_s"]) / (df["num_positions"] - 1)
+    df["tpot_s"] = np.where(done & (df["num_positions"] > 1), tpot, nan)
     return df
 
 
@@ -93,6 +96,8 @@ def kv_waste(steps: pd.DataFrame) -> dict[str, Any]:
         out[f"kv_{col}_share"] = float(np.dot(steps[f"kv_{col}"].to_numpy(), dt)) / allocated
     out["kv_external_share"] = float(np.dot(steps["kv_external"].to_numpy(), dt)) / allocated
     out["kv_mean_allocated_tokens"] = allocated / float(dt.sum())
+    unshared = float(np.dot(steps["kv_unshared"].to_numpy(), dt))
+    out["kv_sharing_saved"] = 1.0 - allocated / unshared if unshared > allocated else 0.0
     return out
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import simpy

@@ -28,7 +28,7 @@ def make_policy(
         allocator = PagedAllocator(memory.num_gpu_blocks, config.block_size, memory.num_cpu_blocks)
         return ContinuousPagedPolicy(
             engine, allocator, config.max_num_seqs, config.resolved_max_num_batched_tokens(model),
-            config.enable_chunked_prefill, config.preemption_mode,
+            config.enable_chunked_prefill, config.preemption_mode, rng,
         )
     raise ConfigError(
         f"--policy {config.policy} with --allocator {config.allocator} is not available yet"

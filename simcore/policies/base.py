@@ -46,6 +46,7 @@ class MemorySnapshot:
     internal: int = 0  # over-reservation / internal fragmentation: never filled
     stale: int = 0  # held by sequences that already finished (static batching)
     external: int = 0  # free but unusable by the queue because it is not contiguous
+    unshared: int = 0  # what `allocated` would be without block sharing (0: no sharing)
 
 
 class Policy(Protocol):

@@ -7,15 +7,22 @@ When a running request cannot get a block, the newest running request is preempt
 (recompute: drop its KV and prefill prompt + generated tokens again later; swap: copy its
 blocks to the CPU pool over PCIe, and back before it runs again).
 
+Requests with `n > 1` or beam search fork after their prefill and share blocks
+(simcore.sampling); `max_num_seqs` and the token budget count their sequences.
+
 Simplifications: no prefix caching, no watermark, no priority scheduling; a swap that does
-not fit the CPU pool falls back to recompute (vLLM V0 aborted the request instead).
+not fit the CPU pool falls back to recompute (vLLM V0 aborted the request instead); a
+multi-sequence request preempted by recompute re-prefills one sequence and forks again.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from simcore.block_pool import AllocStatus, PagedAllocator
 from simcore.engine import Engine
 from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.sampling import SequenceGroups, group_width
 from simcore.state import ReqState, RequestStatus
 
 
@@ -30,8 +37,11 @@ class ContinuousPagedPolicy:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
         preemption_mode: str,
+        rng: np.random.Generator | None = None,
     ):
         self.engine = engine
+        self.groups = SequenceGroups(allocator, rng or np.random.default_rng(0))
+        self._scheduled_groups: list[tuple[ReqState, int]] = []  # multi-seq requests planned
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -48,7 +58,11 @@ class ContinuousPagedPolicy:
                 f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
                 f"{self.max_num_batched_tokens} and chunked prefill is off"
             )
-        if alloc.can_allocate(st.final_len) == AllocStatus.NEVER:
+        if group_width(st) > 1:
+            need = self.groups.num_blocks_for(st)
+            if need > alloc.num_gpu_blocks:
+                return f"needs {need} KV blocks for {group_width(st)} sequences but the cache has {alloc.num_gpu_blocks}"
+        elif alloc.can_allocate(st.final_len) == AllocStatus.NEVER:
             return (
                 f"needs {alloc.blocks_for(st.final_len)} KV blocks but the cache has "
                 f"{alloc.num_gpu_blocks}"
@@ -63,25 +77,30 @@ class ContinuousPagedPolicy:
         eng, alloc = self.engine, self.allocator
         running = eng.running
         plan = StepPlan()
+        self._scheduled_groups = []
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(running) and budget > 0:
             st = running[i]
-            num_new = min(st.num_tokens - st.num_computed_tokens, budget)
-            scheduled = alloc.append_slots(st.request_id, num_new)
+            k = len(st.seq_ids)
+            if k == 1:
+                num_new = min(st.num_tokens - st.num_computed_tokens, budget)
+                scheduled = alloc.append_slots(st.seq_ids[0], num_new)
+            else:
+                num_new = 1  # a forked request only decodes
+                if k > budget:
+                    break
+                scheduled = self._grow_group(st)
             while not scheduled:
                 victim = running.pop()
                 self._preempt(victim, plan)
                 if victim is st:
                     break
-                scheduled = alloc.append_slots(st.request_id, num_new)
+                scheduled = alloc.append_slots(st.seq_ids[0], num_new) if k == 1 else self._grow_group(st)
             if not scheduled:
                 break
-            if num_new == 1 and st.num_generated:
-                plan.add_decode(st, 1)
-            else:
-                plan.add_prefill(st, num_new)
-            budget -= num_new
+            self._add(plan, st, num_new)
+            budget -= num_new * k
             i += 1
         if not plan.num_preempted:
             budget = self._swap_in(plan, budget, now)
@@ -89,50 +108,78 @@ class ContinuousPagedPolicy:
                 self._admit_waiting(plan, budget, now)
         return plan if plan.scheduled else None
 
+    def _grow_group(self, st: ReqState) -> bool:
+        """One decode slot for every sequence of a forked request, all or nothing."""
+        alloc = self.allocator
+        need = sum(alloc.num_blocks_needed(s, 1) for s in st.seq_ids)
+        if need > alloc.num_free_blocks:
+            return False
+        for seq_id in st.seq_ids:
+            alloc.append_slots(seq_id, 1)
+        return True
+
+    def _add(self, plan: StepPlan, st: ReqState, num_new: int) -> None:
+        if num_new == 1 and st.num_generated:
+            plan.add_decode(st, len(st.seq_ids))
+        else:
+            plan.add_prefill(st, num_new)
+        if group_width(st) > 1:
+            self._scheduled_groups.append((st, num_new))
+
+    def _num_seqs(self) -> int:
+        extra = sum(len(st.seq_ids) - 1 for st in self.groups.active.values())
+        return len(self.engine.running) + extra
+
     def _swap_in(self, plan: StepPlan, budget: int, now: float) -> int:
         eng, alloc = self.engine, self.allocator
-        while eng.swapped and budget > 0 and len(eng.running) < self.max_num_seqs:
+        while eng.swapped and budget > 0 and self._num_seqs() < self.max_num_seqs:
             st = eng.swapped[0]
-            if alloc.num_free_blocks < len(st.seq_ids) * (len(alloc.block_table(st.seq_id)) + 1):
+            k = len(st.seq_ids)
+            need = len(alloc._distinct_blocks(st.seq_ids)) + 2 * k  # + a new (or CoW) block each
+            if alloc.num_free_blocks < need or k > budget:
                 break
             plan.num_swap_blocks += alloc.swap_in(st.seq_ids)
             eng.swapped.popleft()
             st.status = RequestStatus.RUNNING
             eng.running.append(st)
-            eng.live_tokens += st.num_computed_tokens
-            num_new = min(st.num_tokens - st.num_computed_tokens, budget)
-            ok = alloc.append_slots(st.request_id, num_new)
-            assert ok, "swap-in reserved a block for the next token"
-            if num_new == 1 and st.num_generated:
-                plan.add_decode(st, 1)
+            if k == 1:
+                eng.live_tokens += st.num_computed_tokens
+                num_new = min(st.num_tokens - st.num_computed_tokens, budget)
+                ok = alloc.append_slots(st.seq_ids[0], num_new)
             else:
-                plan.add_prefill(st, num_new)
-            budget -= num_new
+                num_new = 1
+                ok = self._grow_group(st)
+            assert ok, "swap-in checked room for the next token"
+            self._add(plan, st, num_new)
+            budget -= num_new * k
         return budget
 
     def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
         eng, alloc = self.engine, self.allocator
         waiting, running = eng.waiting, eng.running
-        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+        num_seqs = self._num_seqs()
+        while waiting and budget > 0 and num_seqs + group_width(waiting[0]) <= self.max_num_seqs:
             st = waiting[0]
             num_new = st.num_tokens - st.num_computed_tokens
             if num_new > budget:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
-            if not alloc.append_slots(st.request_id, num_new):
+            if not alloc.append_slots(st.seq_ids[0], num_new):
                 break
             waiting.popleft()
             st.status = RequestStatus.RUNNING
             if st.first_scheduled_s < 0:
                 st.first_scheduled_s = now
             running.append(st)
-            plan.add_prefill(st, num_new)
+            num_seqs += group_width(st)
+            self._add(plan, st, num_new)
             budget -= num_new
 
     def _preempt(self, st: ReqState, plan: StepPlan) -> None:
         eng, alloc = self.engine, self.allocator
-        eng.live_tokens -= st.num_computed_tokens
+        if len(st.seq_ids) == 1:
+            eng.live_tokens -= st.num_computed_tokens
         st.num_preemptions += 1
         plan.num_preempted += 1
         if self.swap and alloc.can_swap_out(st.seq_ids):
@@ -140,21 +187,42 @@ class ContinuousPagedPolicy:
             st.status = RequestStatus.SWAPPED
             eng.swapped.append(st)
         else:
-            alloc.free(st.request_id)
+            self._release(st)
             st.num_computed_tokens = 0
             st.status = RequestStatus.WAITING
             eng.waiting.appendleft(st)
 
     # -- commit ----------------------------------------------------------------------------
+    def _release(self, st: ReqState) -> None:
+        if len(st.seq_ids) == 1:
+            self.allocator.free(st.seq_ids[0])
+        else:
+            self.groups.release(st)
+
     def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
-        eng, alloc = self.engine, self.allocator
+        eng, alloc, groups = self.engine, self.allocator, self.groups
+        emitting = [
+            st for st, num_new in self._scheduled_groups
+            if st.num_computed_tokens + num_new == st.num_tokens
+        ]
         finished = eng.emit_tokens(plan, now)
+        for st in emitting:
+            if st.num_generated >= st.num_output_target:
+                continue
+            if len(st.seq_ids) == 1:
+                eng.live_tokens -= st.num_computed_tokens  # now counted by the group
+                groups.fork(st)
+            elif st.request.beam_width > 1:
+                groups.reselect_beams(st)
         allocated = alloc.num_used_blocks * alloc.block_size
-        mem = MemorySnapshot(allocated, eng.live_tokens, internal=allocated - eng.live_tokens)
+        live, saved = groups.live_and_unshared() if groups.active else (0, 0)
+        live += eng.live_tokens
+        mem = MemorySnapshot(allocated, live, internal=allocated - live, unshared=allocated + saved)
         if finished:
             for st in finished:
-                eng.live_tokens -= st.num_computed_tokens
-                alloc.free(st.request_id)
+                if len(st.seq_ids) == 1:
+                    eng.live_tokens -= st.num_computed_tokens
+                self._release(st)
                 eng.finish(st, now)
             eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
         return mem

@@ -1,0 +1,343 @@
+"""PagedAllocator: a state machine with a shadow model of every token and block, plus exact tables."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from simcore.block_pool import AllocStatus, BlockPool, PagedAllocator
+
+Key = tuple[str, int]  # ("gpu" | "cpu", block id): a physical block in the shadow model
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedMachine(RuleBasedStateMachine):
+    """Each appended token gets a unique label; the model writes labels into the physical
+    blocks the allocator hands out, so a block written while shared, a lost copy or a
+    mixed-up swap shows up as a sequence whose blocks no longer spell its tokens."""
+
+    @initialize(num_gpu=st.integers(1, 12), block_size=st.sampled_from([1, 2, 4]), num_cpu=st.integers(0, 8))
+    def setup(self, num_gpu: int, block_size: int, num_cpu: int) -> None:
+        self.alloc = PagedAllocator(num_gpu, block_size, num_cpu)
+        self.bs = block_size
+        self.tokens: dict[int, list[int]] = {}  # seq id -> logical token labels
+        self.content: dict[Key, list[int]] = {}  # physical block -> labels written, by slot
+        self.next_id = 0
+        self.next_label = 0
+
+    # -- model helpers -----------------------------------------------------------------
+    def _pool_name(self, seq_id: int) -> str:
+        return "cpu" if self.alloc.is_swapped(seq_id) else "gpu"
+
+    def _table_refs(self) -> dict[Key, int]:
+        refs: dict[Key, int] = {}
+        for seq_id in self.tokens:
+            pool = self._pool_name(seq_id)
+            for block_id in self.alloc.block_table(seq_id):
+                refs[(pool, block_id)] = refs.get((pool, block_id), 0) + 1
+        return refs
+
+    def _snapshot(self) -> tuple:
+        a = self.alloc
+        seqs = sorted((s, tuple(b.table), b.num_tokens, b.on_cpu) for s, b in a._seqs.items())
+        refs = tuple(b.ref_cnt for b in a.gpu.blocks), tuple(b.ref_cnt for b in a.cpu.blocks)
+        return seqs, tuple(a.gpu._free_ids), tuple(a.cpu._free_ids), refs, a.num_cow_copies
+
+    def _shared_contents(self) -> dict[Key, list[int]]:
+        return {k: list(self.content[k]) for k, n in self._table_refs().items() if n > 1}
+
+    def _gpu_seqs(self) -> list[int]:
+        return sorted(s for s in self.tokens if not self.alloc.is_swapped(s))
+
+    def _cpu_seqs(self) -> list[int]:
+        return sorted(s for s in self.tokens if self.alloc.is_swapped(s))
+
+    # -- rules -------------------------------------------------------------------------
+    @rule(data=st.data(), num_new=st.integers(0, 20))
+    def append_slots(self, data: st.DataObject, num_new: int) -> None:
+        a, bs = self.alloc, self.bs
+        seq_id = data.draw(st.sampled_from([None, *self._gpu_seqs()]), label="seq_id")
+        if seq_id is None:
+            seq_id, self.next_id = self.next_id, self.next_id + 1
+        refs = self._table_refs()
+        old_table = a.block_table(seq_id) if seq_id in self.tokens else []
+        filled = len(self.tokens.get(seq_id, []))
+        cow = bool(num_new and filled % bs and refs[("gpu", old_table[-1])] > 1)
+        need = _ceil_div(filled + num_new, bs) - len(old_table) + cow
+        assert a.num_blocks_needed(seq_id, num_new) == need
+        num_free, num_cow = a.num_free_blocks, a.num_cow_copies
+        before, shared = self._snapshot(), self._shared_contents()
+
+        ok = a.append_slots(seq_id, num_new)
+        assert ok == (need <= num_free)
+        if not ok:
+            assert self._snapshot() == before  # all or nothing
+            return
+        assert a.num_free_blocks == num_free - need
+        assert a.num_cow_copies == num_cow + cow
+        table = a.block_table(seq_id)
+        kept = len(old_table) - cow
+        assert table[:kept] == old_table[:kept]
+        fresh = table[kept:]
+        for block_id in fresh:
+            assert refs.get(("gpu", block_id), 0) == 0, "handed out a block that was in use"
+            self.content[("gpu", block_id)] = []
+        if cow:
+            assert table[kept] != old_table[-1]
+            self.content[("gpu", table[kept])] = list(self.content[("gpu", old_table[-1])])
+        labels = list(range(self.next_label, self.next_label + num_new))
+        self.next_label += num_new
+        seq_tokens = self.tokens.setdefault(seq_id, [])
+        refs_after = self._table_refs()
+        for pos, label in enumerate(labels, start=filled):
+            key = ("gpu", table[pos // bs])
+            assert refs_after[key] == 1, "wrote into a shared block"
+            assert len(self.content[key]) == pos % bs
+            self.content[key].append(label)
+        seq_tokens.extend(labels)
+        for key, written in shared.items():  # copy-on-write: shared blocks keep their contents
+            assert self.content[key] == written
+
+    @precondition(lambda self: any(not self.alloc.is_swapped(s) for s in self.tokens))
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        parent = data.draw(st.sampled_from(self._gpu_seqs()), label="parent")
+        child, self.next_id = self.next_id, self.next_id + 1
+        num_free = self.alloc.num_free_blocks
+        self.alloc.fork(parent, child)
+        assert self.alloc.block_table(child) == self.alloc.block_table(parent)
+        assert self.alloc.num_free_blocks == num_free
+        self.tokens[child] = list(self.tokens[parent])
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)), label="seq_id")
+        pool_name = self._pool_name(seq_id)
+        pool = self.alloc.cpu if pool_name == "cpu" else self.alloc.gpu
+        refs = self._table_refs()
+        table = self.alloc.block_table(seq_id)
+        released = [b for b in table if refs[(pool_name, b)] == 1]
+        num_free = pool.num_free
+        self.alloc.free(seq_id)
+        del self.tokens[seq_id]
+        assert not self.alloc.has_seq(seq_id)
+        assert pool.num_free == num_free + len(released)
+        # released blocks go on the free stack last block first, so pop() returns table order
+        assert pool._free_ids[len(pool._free_ids) - len(released) :] == released[::-1]
+
+    @rule()
+    def free_unknown(self) -> None:
+        before = self._snapshot()
+        self.alloc.free(10_000)
+        assert self._snapshot() == before
+
+    def _swap(self, group: list[int], to_cpu: bool) -> None:
+        a = self.alloc
+        src_name, dst_name = ("gpu", "cpu") if to_cpu else ("cpu", "gpu")
+        src, dst = (a.gpu, a.cpu) if to_cpu else (a.cpu, a.gpu)
+        old_tables = {s: a.block_table(s) for s in group}
+        distinct = {b for t in old_tables.values() for b in t}
+        can = a.can_swap_out(group) if to_cpu else a.can_swap_in(group)
+        assert can == (len(distinct) <= dst.num_free)
+        if not can:
+            return
+        refs = self._table_refs()
+        in_group: dict[int, int] = {}
+        for t in old_tables.values():
+            for b in t:
+                in_group[b] = in_group.get(b, 0) + 1
+        released = sum(1 for b, n in in_group.items() if refs[(src_name, b)] == n)
+        src_free, dst_free = src.num_free, dst.num_free
+        shared = self._shared_contents()
+
+        copied = a.swap_out(group) if to_cpu else a.swap_in(group)
+        assert copied == len(distinct)
+        assert dst.num_free == dst_free - len(distinct) and src.num_free == src_free + released
+        old_to_new: dict[int, int] = {}
+        new_to_old: dict[int, int] = {}
+        for s in group:
+            assert a.is_swapped(s) == to_cpu
+            new_table = a.block_table(s)
+            assert len(new_table) == len(old_tables[s])
+            for old, new in zip(old_tables[s], new_table, strict=True):
+                # a bijection: blocks shared inside the group stay shared, no new sharing
+                assert old_to_new.setdefault(old, new) == new
+                assert new_to_old.setdefault(new, old) == old
+        for old, new in old_to_new.items():
+            assert refs.get((dst_name, new), 0) == 0, "swapped into a block that was in use"
+            self.content[(dst_name, new)] = list(self.content[(src_name, old)])
+        for key, written in shared.items():
+            assert self.content[key] == written
+
+    @precondition(lambda self: any(not self.alloc.is_swapped(s) for s in self.tokens))
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        group = data.draw(st.lists(st.sampled_from(self._gpu_seqs()), min_size=1, unique=True), label="group")
+        self._swap(group, to_cpu=True)
+
+    @precondition(lambda self: any(self.alloc.is_swapped(s) for s in self.tokens))
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        group = data.draw(st.lists(st.sampled_from(self._cpu_seqs()), min_size=1, unique=True), label="group")
+        self._swap(group, to_cpu=False)
+
+    @rule(data=st.data())
+    def can_allocate(self, data: st.DataObject) -> None:
+        a = self.alloc
+        num_tokens = data.draw(st.integers(0, (a.num_gpu_blocks + 2) * self.bs), label="num_tokens")
+        need = _ceil_div(num_tokens, self.bs)
+        status = a.can_allocate(num_tokens)
+        assert (status == AllocStatus.NEVER) == (need > a.num_gpu_blocks)
+        assert (status == AllocStatus.LATER) == (a.num_free_blocks < need <= a.num_gpu_blocks)
+
+    # -- invariants --------------------------------------------------------------------
+    @invariant()
+    def ref_counts_match_tables(self) -> None:
+        a = self.alloc
+        refs = self._table_refs()
+        gpu_refs, cpu_refs = a.ref_counts_from_tables()
+        assert gpu_refs == {b: n for (p, b), n in refs.items() if p == "gpu"}
+        assert cpu_refs == {b: n for (p, b), n in refs.items() if p == "cpu"}
+        for pool, pool_refs in ((a.gpu, gpu_refs), (a.cpu, cpu_refs)):
+            assert [b.ref_cnt for b in pool.blocks] == [pool_refs.get(i, 0) for i in range(pool.num_blocks)]
+
+    @invariant()
+    def free_plus_used_is_total_and_no_double_free(self) -> None:
+        a = self.alloc
+        gpu_refs, cpu_refs = a.ref_counts_from_tables()
+        for pool, pool_refs in ((a.gpu, gpu_refs), (a.cpu, cpu_refs)):
+            free_ids = pool._free_ids
+            assert len(set(free_ids)) == len(free_ids)
+            assert not set(free_ids) & set(pool_refs)  # a free block is in no table
+            assert pool.num_free + len(pool_refs) == pool.num_blocks
+        assert a.num_free_blocks + a.num_used_blocks == a.num_gpu_blocks
+        assert a.num_used_blocks == len(gpu_refs)
+
+    @invariant()
+    def tables_spell_the_tokens(self) -> None:
+        a = self.alloc
+        assert set(a._seqs) == set(self.tokens)
+        for seq_id, labels in self.tokens.items():
+            table = a.block_table(seq_id)
+            assert a.num_tokens(seq_id) == len(labels)
+            assert len(table) == _ceil_div(len(labels), self.bs)
+            pool = self._pool_name(seq_id)
+            read = [self.content[(pool, table[i // self.bs])][i % self.bs] for i in range(len(labels))]
+            assert read == labels
+
+
+PagedMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestPagedMachine = PagedMachine.TestCase
+
+
+# -- exact tables on tiny cases ---------------------------------------------------------------
+def test_fork_then_append_copies_the_shared_last_block_once():
+    a = PagedAllocator(num_gpu_blocks=4, block_size=4)
+    assert a.append_slots(1, 6)  # t0..t3 | t4 t5 _ _
+    assert a.block_table(1) == [0, 1]
+    a.fork(1, 2)
+    assert a.block_table(2) == [0, 1] and a.num_free_blocks == 2
+    assert a.num_blocks_needed(1, 1) == 1  # the copy
+    assert a.append_slots(1, 1)
+    assert a.block_table(1) == [0, 2] and a.block_table(2) == [0, 1]
+    assert a.num_cow_copies == 1
+    assert [b.ref_cnt for b in a.gpu.blocks] == [2, 1, 1, 0]
+    assert a.append_slots(2, 1)  # block 1 is the child's alone now: no second copy
+    assert a.block_table(2) == [0, 1] and a.num_cow_copies == 1
+    assert a.append_slots(2, 2)  # fills block 1, opens block 3; block 0 (full, shared) is untouched
+    assert a.block_table(2) == [0, 1, 3] and a.num_cow_copies == 1
+
+
+def test_fork_at_a_block_boundary_needs_no_copy():
+    a = PagedAllocator(num_gpu_blocks=3, block_size=2)
+    assert a.append_slots(1, 4)
+    a.fork(1, 2)
+    assert a.num_blocks_needed(2, 1) == 1
+    assert a.append_slots(2, 1)
+    assert a.block_table(2) == [0, 1, 2] and a.num_cow_copies == 0
+
+
+def test_free_returns_blocks_so_the_next_sequence_gets_the_same_table():
+    # free() releases a table last block first onto a LIFO stack, so the freed table's
+    # first block is on top: the next allocation reuses the freed blocks in table order.
+    a = PagedAllocator(num_gpu_blocks=6, block_size=4)
+    assert a.append_slots(1, 12) and a.append_slots(2, 4)
+    assert a.block_table(1) == [0, 1, 2] and a.block_table(2) == [3]
+    a.free(1)
+    assert a.gpu._free_ids == [5, 4, 2, 1, 0]
+    assert a.append_slots(3, 5)
+    assert a.block_table(3) == [0, 1]
+    assert a.append_slots(3, 8)
+    assert a.block_table(3) == [0, 1, 2, 4]
+
+
+def test_shared_blocks_return_only_when_the_last_holder_frees():
+    a = PagedAllocator(num_gpu_blocks=4, block_size=2)
+    assert a.append_slots(1, 4)
+    a.fork(1, 2)
+    a.free(1)
+    assert a.num_free_blocks == 2 and a.block_table(2) == [0, 1]
+    a.free(2)
+    assert a.num_free_blocks == 4
+    a.free(2)  # unknown id: a no-op, not a double free
+    assert a.num_free_blocks == 4
+
+
+def test_append_is_all_or_nothing_and_keeps_an_empty_sequence():
+    a = PagedAllocator(num_gpu_blocks=2, block_size=4)
+    assert a.append_slots(1, 0) and a.block_table(1) == []
+    assert not a.append_slots(1, 9)  # needs 3 blocks
+    assert a.has_seq(1) and a.num_tokens(1) == 0  # the existing sequence survives
+    assert not a.append_slots(2, 9)
+    assert not a.has_seq(2)  # a sequence created by the failed call is not left behind
+    assert a.num_free_blocks == 2
+
+
+def test_can_allocate_never_later_ok():
+    a = PagedAllocator(num_gpu_blocks=3, block_size=4)
+    assert a.can_allocate(12) == AllocStatus.OK
+    assert a.can_allocate(13) == AllocStatus.NEVER
+    assert a.append_slots(1, 5)
+    assert a.can_allocate(4) == AllocStatus.OK
+    assert a.can_allocate(5) == AllocStatus.LATER
+    assert a.can_allocate(0) == AllocStatus.OK
+
+
+def test_swap_round_trip_keeps_sharing_inside_the_group():
+    a = PagedAllocator(num_gpu_blocks=6, block_size=2, num_cpu_blocks=4)
+    assert a.append_slots(1, 3)  # [0, 1]
+    a.fork(1, 2)
+    assert a.append_slots(2, 1)  # CoW: [0, 2]
+    assert a.block_table(2) == [0, 2]
+    assert a.can_swap_out([1, 2])
+    assert a.swap_out([1, 2]) == 3  # blocks 0, 1, 2; block 0 copied once
+    assert a.block_table(1) == [0, 1] and a.block_table(2) == [0, 2]  # CPU ids
+    assert a.is_swapped(1) and a.num_free_blocks == 6 and a.cpu.num_free == 1
+    assert a.append_slots(3, 6)  # the GPU is reused meanwhile, freed blocks first
+    assert a.block_table(3) == [2, 0, 1]
+    assert a.swap_in([2, 1]) == 3
+    assert a.block_table(2) == [3, 4] and a.block_table(1) == [3, 5]  # still share their first block
+    assert a.gpu.blocks[3].ref_cnt == 2 and a.cpu.num_free == 4
+
+
+def test_swap_out_copies_a_block_shared_with_a_sequence_outside_the_group():
+    a = PagedAllocator(num_gpu_blocks=2, block_size=2, num_cpu_blocks=2)
+    assert a.append_slots(1, 4)
+    a.fork(1, 2)
+    assert a.swap_out([2]) == 2
+    assert a.block_table(1) == [0, 1] and [b.ref_cnt for b in a.gpu.blocks] == [1, 1]
+    assert not a.can_swap_in([2])  # the GPU is full: both copies cannot come back
+    a.free(1)
+    assert a.swap_in([2]) == 2 and a.block_table(2) == [0, 1]
+
+
+def test_block_pool_hands_out_low_ids_first():
+    pool = BlockPool(3)
+    assert [pool.take(), pool.take()] == [0, 1]
+    pool.decref(0)
+    assert pool.take() == 0 and pool.num_free == 1

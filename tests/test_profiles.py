@@ -1,0 +1,130 @@
+"""Roofline generator, the efficiency fit, committed profiles, lookup and `profile compare`."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from profiles import check_profile_matches, default_profile, find_profile_path
+from profiles.generate import MODEL_NAMES, TPS, fits
+from profiles.lookup import PROFILE_DIR
+from profiles.roofline import (
+    EFFICIENCY_FILE,
+    build_roofline_profile,
+    decode_attention_ms,
+    linear_layer_ms,
+    load_efficiency,
+)
+from simcore.catalog import GPUS, get_gpu, get_model
+from simcore.errors import ProfileError
+from simcore.latency import StepLatencyModel, load_profile, parse_profile
+
+H100, L8 = get_gpu("H100-SXM-80GB"), get_model("llama3-8b")
+
+
+def test_roofline_profile_is_valid_and_sane():
+    doc = build_roofline_profile(H100, get_model("llama3-70b"), 4)
+    profile = parse_profile(doc)
+    assert profile.source == "roofline" and "roofline" in profile.label
+    m = StepLatencyModel(doc)
+    by_batch = [m.step_time_s(b, [], b, b * 1024, b) for b in (1, 8, 64, 256)]
+    by_ctx = [m.step_time_s(32, [], 32, 32 * c, 32) for c in (128, 1024, 8192)]
+    assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
+    assert by_ctx == sorted(by_ctx) and by_ctx[0] < by_ctx[-1]
+    assert m.extrapolated.steps == 0
+
+
+def test_tp4_linear_faster_than_tp1():
+    eff = load_efficiency()
+    for tokens in (1, 128, 4096):
+        assert linear_layer_ms(H100, L8, 4, tokens, eff) < linear_layer_ms(H100, L8, 1, tokens, eff)
+
+
+def test_block_size_enters_only_through_last_block():
+    eff = load_efficiency()
+    aligned = [decode_attention_ms(H100, L8, 1, 64, 4096, bs, eff) for bs in (8, 16, 32)]
+    assert max(aligned) / min(aligned) < 1.01
+    ragged = [decode_attention_ms(H100, L8, 1, 64, 4100, bs, eff) for bs in (8, 16, 32)]
+    assert ragged == sorted(ragged)
+
+
+def test_fit_reproduces_measured_csv_within_reported_error():
+    fit = pytest.importorskip("profiles.fit")
+    try:
+        points, _ = fit.load_points()
+    except FileNotFoundError:
+        pytest.skip("measured H100 data not present")
+    stored = json.loads(EFFICIENCY_FILE.read_text())
+    pred = fit.predict(points, load_efficiency())
+    summary = fit.error_summary(pred)
+    assert summary["median_abs_rel_error"] <= stored["fit"]["median_abs_rel_error"] + 1e-4
+    assert summary["worst_abs_rel_error"] <= stored["fit"]["worst_abs_rel_error"] + 1e-4
+    assert summary["median_abs_rel_error"] < 0.15  # the factors do describe the data
+    for op, errs in summary["per_operator"].items():
+        assert errs["median_abs_rel_error"] <= stored["fit"]["per_operator"][op]["median_abs_rel_error"] + 1e-4
+
+
+def test_committed_profiles_cover_the_catalog_and_parse():
+    for gpu in GPUS.values():
+        for name in MODEL_NAMES:
+            for tp in TPS:
+                path = find_profile_path(gpu.name, name, tp)
+                assert (path is not None) == fits(gpu, get_model(name), tp), (gpu.name, name, tp)
+                if path is not None:
+                    assert path.stat().st_size < 40_000
+    for path in PROFILE_DIR.glob("*.json"):
+        if path.name == EFFICIENCY_FILE.name:
+            continue
+        profile = load_profile(path)
+        d = profile.data
+        assert path.name == f"{d['gpu']}-{d['model']}-tp{d['tensor_parallel_size']}.json"
+
+
+def test_committed_roofline_matches_generator():
+    path = find_profile_path("h200-141gb", "llama3-8b", 1)
+    assert path is not None
+    assert json.loads(path.read_text()) == json.loads(json.dumps(build_roofline_profile(get_gpu("H200-141GB"), L8, 1)))
+
+
+def test_default_profile_file_or_roofline_in_memory():
+    p = default_profile(H100, L8, 2)
+    assert p.path and Path(p.path).name == "H100-SXM-80GB-llama3-8b-tp2.json"
+    odd = replace(L8, name="my-model")
+    q = default_profile(H100, odd, 2)
+    assert q.path is None and q.source == "roofline" and "roofline" in q.label
+    cpu = default_profile(H100, get_model("tiny"), 1)  # no H100 tiny file: roofline
+    assert cpu.source == "roofline"
+
+
+def test_check_profile_matches():
+    p = default_profile(H100, L8, 2)
+    check_profile_matches(p, L8, 2)
+    with pytest.raises(ProfileError, match="--tp 2, but the run uses --tp 4"):
+        check_profile_matches(p, L8, 4)
+    with pytest.raises(ProfileError, match="num_layers 32 != 80"):
+        check_profile_matches(p, get_model("llama3-70b"), 2)
+
+
+def test_compare_command_prints_ratios():
+    from cli.main import app
+
+    a = PROFILE_DIR / "H100-SXM-80GB-llama3-8b-tp1.json"
+    b = PROFILE_DIR / "A100-80GB-llama3-8b-tp1.json"
+    result = CliRunner().invoke(app, ["profile", "compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    assert "median ratio B/A" in result.output and "worst ratio B/A" in result.output
+    assert "decode" in result.output and "prefill" in result.output and "mixed" in result.output
+    med = float(result.output.split("median ratio B/A:")[1].split()[0])
+    assert med > 1.2  # an A100 is slower than an H100 on every step of this grid
+    same = CliRunner().invoke(app, ["profile", "compare", str(a), str(a)])
+    assert "median ratio B/A: 1.000" in same.output
+
+
+def test_compare_missing_file_is_one_line_error():
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["profile", "compare", "nope.json", "nope.json"])
+    assert result.exit_code == 2
+    assert "nope.json: no such profile" in result.output

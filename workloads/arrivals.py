@@ -1,0 +1,246 @@
+"""Arrival processes: when requests reach the engine.
+
+Open-loop processes draw every arrival time up front with numpy (`arrival_times`), then one
+SimPy process waits one timeout per distinct arrival time and submits. A closed loop of N
+clients cannot be precomputed: each client waits on the engine's completion event of its
+previous request (then an optional think time) before it submits the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import simpy
+
+from simcore.errors import WorkloadError
+from simcore.request import Request, RequestSink
+
+
+def _positive(name: str, value: float) -> None:
+    if not (value > 0 and np.isfinite(value)):
+        raise WorkloadError(f"{name} must be a finite number > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class GammaArrivals:
+    """Gaps ~ Gamma(shape=burstiness, scale=1/(rate*burstiness)), as `vllm bench serve --burstiness`.
+
+    burstiness 1 is a Poisson process; lower is burstier (CV of the gaps = 1/sqrt(burstiness)).
+    The first request arrives at t=0 and gaps are never truncated."""
+
+    rate: float  # > 0, requests per second
+    burstiness: float = 1.0  # > 0
+    kind: ClassVar[str] = "gamma"
+
+    def __post_init__(self) -> None:
+        _positive("arrival rate", self.rate)
+        _positive("burstiness", self.burstiness)
+
+    def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        gaps = rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), size=max(size - 1, 0))
+        return np.concatenate(([0.0], np.cumsum(gaps)))[:size]
+
+    def describe(self) -> dict[str, Any]:
+        name = "poisson" if self.burstiness == 1.0 else "gamma"
+        return {"process": name, "rate": float(self.rate), "burstiness": float(self.burstiness)}
+
+
+@dataclass(frozen=True, slots=True)
+class FixedRateArrivals:
+    """Evenly spaced arrivals, one every 1/rate seconds (no randomness)."""
+
+    rate: float  # > 0
+    kind: ClassVar[str] = "fixed_rate"
+
+    def __post_init__(self) -> None:
+        _positive("arrival rate", self.rate)
+
+    def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.arange(size, dtype=np.float64) / self.rate
+
+    def describe(self) -> dict[str, Any]:
+        return {"process": self.kind, "rate": float(self.rate)}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchArrivals:
+    """Groups of `size` requests arriving together every `interval_s`; size 0 means all at t=0 (offline batch)."""
+
+    size: int = 0  # >= 0; 0 = every request in one batch
+    interval_s: float = 0.0  # >= 0
+    kind: ClassVar[str] = "batch"
+
+    def __post_init__(self) -> None:
+        if self.size < 0 or self.interval_s < 0:
+            raise WorkloadError(f"batch size and interval_s must be >= 0, got {self.size} and {self.interval_s}")
+        if self.size > 0 and self.interval_s == 0:
+            raise WorkloadError("batch arrivals with a size need interval_s > 0 (or leave size out for all at once)")
+
+    def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        if self.size == 0:
+            return np.zeros(size)
+        return (np.arange(size) // self.size) * float(self.interval_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {"process": self.kind, "size": int(self.size), "interval_s": float(self.interval_s)}
+
+
+@dataclass(frozen=True, slots=True)
+class PiecewiseRateArrivals:
+    """Poisson process whose rate is constant on each step of a schedule (e.g. a diurnal curve).
+
+    Exact inversion: unit-rate Poisson epochs E_k are mapped through the inverse of the
+    cumulative rate Lambda(t), which is piecewise linear. With `period_s` the schedule repeats;
+    without it the last rate holds forever (so it must be > 0)."""
+
+    starts_s: tuple[float, ...]  # strictly increasing, the first is 0
+    rates: tuple[float, ...]  # >= 0 requests per second on [starts_s[i], starts_s[i+1])
+    period_s: float | None = None  # > starts_s[-1] when given
+    kind: ClassVar[str] = "piecewise"
+
+    def __post_init__(self) -> None:
+        starts = np.asarray(self.starts_s, dtype=np.float64)
+        if len(starts) == 0 or len(starts) != len(self.rates):
+            raise WorkloadError("a rate schedule needs one or more [start_s, rate] steps")
+        if starts[0] != 0 or np.any(np.diff(starts) <= 0):
+            raise WorkloadError(f"rate schedule start times must begin at 0 and increase, got {list(self.starts_s)}")
+        if min(self.rates) < 0 or max(self.rates) <= 0:
+            raise WorkloadError(f"rate schedule rates must be >= 0 with at least one > 0, got {list(self.rates)}")
+        if self.period_s is None and self.rates[-1] <= 0:
+            raise WorkloadError("the last rate of a non-repeating schedule must be > 0 (or give period_s)")
+        if self.period_s is not None and not self.period_s > starts[-1]:
+            raise WorkloadError(f"period_s ({self.period_s}) must be after the last step start ({starts[-1]})")
+
+    @property
+    def mean_rate(self) -> float:
+        """Average rate over one period (or the final rate when the schedule does not repeat)."""
+        if self.period_s is None:
+            return float(self.rates[-1])
+        ends = (*self.starts_s[1:], self.period_s)
+        return float(sum(r * (e - s) for s, e, r in zip(self.starts_s, ends, self.rates, strict=True)) / self.period_s)
+
+    def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        starts = np.asarray(self.starts_s, dtype=np.float64)
+        rates = np.asarray(self.rates, dtype=np.float64)
+        ends = np.append(starts[1:], self.period_s if self.period_s is not None else np.inf)
+        mass = np.where(rates > 0, rates * (ends - starts), 0.0)  # inf only for the open last step
+        cum = np.concatenate(([0.0], np.cumsum(mass[:-1])))  # Lambda at each step's start
+        epochs = np.cumsum(rng.exponential(1.0, size=size))
+        offset = np.zeros(size)
+        if self.period_s is not None:
+            per_period = float(mass.sum())
+            cycles = np.floor(epochs / per_period)
+            epochs = epochs - cycles * per_period
+            offset = cycles * self.period_s
+        live = np.flatnonzero(rates > 0)  # steps with zero rate hold no arrivals
+        step = live[np.searchsorted(cum[live], epochs, side="right") - 1]
+        return offset + starts[step] + (epochs - cum[step]) / rates[step]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "process": self.kind,
+            "schedule": [[float(s), float(r)] for s, r in zip(self.starts_s, self.rates, strict=True)],
+            "period_s": self.period_s,
+            "mean_rate": self.mean_rate,
+        }
+
+
+def diurnal_schedule(
+    mean_rate: float, peak_to_trough: float, period_s: float, steps: int = 24
+) -> PiecewiseRateArrivals:
+    """A sinusoidal day (trough at the start) cut into `steps` constant-rate steps with the given mean."""
+    _positive("diurnal mean_rate", mean_rate)
+    _positive("diurnal period_s", period_s)
+    if peak_to_trough < 1 or steps < 2:
+        raise WorkloadError(f"diurnal needs peak_to_trough >= 1 and steps >= 2, got {peak_to_trough} and {steps}")
+    amplitude = (peak_to_trough - 1) / (peak_to_trough + 1)
+    phase = 2 * np.pi * (np.arange(steps) + 0.5) / steps
+    rates = mean_rate * (1 - amplitude * np.cos(phase))
+    rates *= mean_rate / rates.mean()  # the mean of the discretised curve is exactly mean_rate
+    starts = np.arange(steps) * (period_s / steps)
+    return PiecewiseRateArrivals(tuple(starts.tolist()), tuple(rates.tolist()), float(period_s))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceArrivals:
+    """Arrival times read from a trace (see `workloads.traces`)."""
+
+    kind: ClassVar[str] = "trace"
+
+    def describe(self) -> dict[str, Any]:
+        return {"process": self.kind}
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """N clients, each with at most one request in flight; after a response, think, then send the next."""
+
+    concurrency: int  # >= 1
+    think_time_s: float = 0.0  # >= 0, mean think time
+    think_time_dist: str = "fixed"  # "fixed" or "exponential"
+    kind: ClassVar[str] = "closed_loop"
+
+    def __post_init__(self) -> None:
+        if int(self.concurrency) != self.concurrency or self.concurrency < 1:
+            raise WorkloadError(f"concurrency must be an integer >= 1, got {self.concurrency}")
+        if not (self.think_time_s >= 0 and np.isfinite(self.think_time_s)):
+            raise WorkloadError(f"think_time_s must be >= 0, got {self.think_time_s}")
+        if self.think_time_dist not in ("fixed", "exponential"):
+            raise WorkloadError(f"think_time_dist must be 'fixed' or 'exponential', got {self.think_time_dist!r}")
+
+    def think_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        if self.think_time_s == 0:
+            return np.zeros(size)
+        if self.think_time_dist == "exponential":
+            return rng.exponential(self.think_time_s, size=size)
+        return np.full(size, float(self.think_time_s))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "process": self.kind,
+            "concurrency": int(self.concurrency),
+            "think_time_s": float(self.think_time_s),
+            "think_time_dist": self.think_time_dist,
+        }
+
+
+OpenLoopArrivals = GammaArrivals | FixedRateArrivals | BatchArrivals | PiecewiseRateArrivals
+ArrivalProcess = OpenLoopArrivals | TraceArrivals | ClosedLoop
+
+
+def open_loop_process(
+    env: simpy.Environment, sink: RequestSink, requests: Sequence[Request], arrival_s: np.ndarray
+) -> Generator[simpy.Event, Any, None]:
+    """Submit request i at `arrival_s[i]` seconds after the process starts: one timeout per distinct time."""
+    start = env.now
+    previous = start
+    for request, at in zip(requests, (start + arrival_s).tolist(), strict=True):
+        if at > previous:  # compare planned times, so same-time arrivals never cost a timeout
+            yield env.timeout(max(at - env.now, 0.0))
+            previous = at
+        sink.submit(request)
+
+
+def closed_loop_process(
+    env: simpy.Environment,
+    sink: RequestSink,
+    requests: Sequence[Request],
+    concurrency: int,
+    think_s: np.ndarray,
+) -> Generator[simpy.Event, Any, None]:
+    """Run `concurrency` clients that share one queue of requests, in id order, until it is empty."""
+    next_index: Iterator[int] = iter(range(len(requests)))
+    think = think_s.tolist()
+
+    def client() -> Generator[simpy.Event, Any, None]:
+        for i in next_index:  # shared iterator: whichever client is free takes the next request
+            yield sink.submit(requests[i])
+            if think[i] > 0:
+                yield env.timeout(think[i])
+
+    clients = [env.process(client()) for _ in range(min(concurrency, len(requests)))]
+    if clients:
+        yield env.all_of(clients)

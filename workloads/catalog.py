@@ -1,0 +1,400 @@
+"""Workload files: the named YAML catalog, strict parsing, and CLI overrides.
+
+The schema is documented in workloads/README.md. Parsing is strict: an unknown field, a wrong
+type or an out-of-range value is a WorkloadError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simcore.errors import WorkloadError
+from workloads.arrivals import (
+    ArrivalProcess,
+    BatchArrivals,
+    ClosedLoop,
+    FixedRateArrivals,
+    GammaArrivals,
+    PiecewiseRateArrivals,
+    TraceArrivals,
+    diurnal_schedule,
+)
+from workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
+from workloads.spec import SharedPrefix, WorkloadSpec
+from workloads.traces import Trace, TraceOptions, read_trace, window_rows
+
+CATALOG_DIR = Path(__file__).resolve().parent
+DATA_DIR = CATALOG_DIR / "data"
+DEFAULT_WORKLOAD = "sharegpt"
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json")
+YAML_SUFFIXES = (".yaml", ".yml")
+
+TOP_FIELDS = (
+    "name", "description", "num_requests", "arrival", "prompt_len", "output_len",
+    "max_tokens", "n", "beam_width", "shared_prefix", "trace",
+)  # fmt: skip
+ARRIVAL_FIELDS = {
+    "poisson": ("rate",),
+    "gamma": ("rate", "burstiness"),
+    "fixed_rate": ("rate",),
+    "batch": ("size", "interval_s"),
+    "piecewise": ("schedule", "period_s"),
+    "diurnal": ("mean_rate", "peak_to_trough", "period_s", "steps"),
+    "closed_loop": ("concurrency", "think_time_s", "think_time_dist"),
+    "trace": (),
+}
+LENGTH_FIELDS = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "normal": ("mean", "std"),
+    "lognormal": ("mean", "std", "cv"),
+    "zipf": ("a", "high", "scale"),
+    "empirical": ("trace", "column", "scale"),
+}
+TRACE_FIELDS = ("path", "window_s", "sample", "rescale_rate")
+PREFIX_FIELDS = ("num_groups", "prefix_len", "fraction")
+CHOICE_FIELDS = ("values", "weights")
+OVERRIDE_KEYS = (
+    "num_requests", "rate", "concurrency", "burstiness", "input_len", "output_len",
+    "max_tokens", "n", "beam_width", "think_time_s",
+)  # fmt: skip
+_MISSING = object()
+
+
+class _Fields:
+    """A YAML mapping being read: every lookup names its dotted field, every leftover key is an error."""
+
+    def __init__(self, file: str, where: str, data: Any, allowed: tuple[str, ...]) -> None:
+        self.file, self.where = file, where
+        if not isinstance(data, dict):
+            if not where:
+                raise WorkloadError(f"workload file {file}: expected a mapping of fields, got {type(data).__name__}")
+            raise self.error(where, f"must be a mapping, got {data!r}")
+        unknown = [k for k in data if k not in allowed]
+        if unknown:
+            field = f"{where}.{unknown[0]}" if where else str(unknown[0])
+            raise WorkloadError(
+                f"workload file {file}: unknown field '{field}' (expected one of: {', '.join(allowed)})"
+            )
+        self.data = data
+
+    def error(self, field: str, message: str) -> WorkloadError:
+        return WorkloadError(f"workload file {self.file}: field '{field}' {message}")
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self.data and self.data[key] is not None:
+            return self.data[key]
+        if default is _MISSING:
+            raise self.error(self.path(key), "is required")
+        return default
+
+    def number(self, key: str, default: Any = _MISSING, *, integer: bool = False, minimum: float = 0.0,
+               strict: bool = False) -> Any:  # fmt: skip
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        ok = _is_number(value) and (not integer or float(value).is_integer())
+        ok = ok and (value > minimum if strict else value >= minimum)
+        if not ok:
+            kind = "an integer" if integer else "a number"
+            raise self.error(self.path(key), f"must be {kind} {'>' if strict else '>='} {minimum:g}, got {value!r}")
+        return int(value) if integer else float(value)
+
+    def text(self, key: str, default: Any = _MISSING, choices: tuple[str, ...] = ()) -> Any:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or (choices and value not in choices):
+            expected = f"one of {', '.join(choices)}" if choices else "a string"
+            raise self.error(self.path(key), f"must be {expected}, got {value!r}")
+        return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[str, ...]]) -> tuple[str, _Fields]:
+    """Read a mapping whose `key` ('process' or 'dist') picks the allowed fields."""
+    if not isinstance(data, dict):
+        raise WorkloadError(f"workload file {file}: field '{where}' must be a mapping, got {data!r}")
+    kind = data.get(key)
+    if kind not in table:
+        raise WorkloadError(
+            f"workload file {file}: field '{where}.{key}' must be one of {', '.join(table)}, got {kind!r}"
+        )
+    return kind, _Fields(file, where, data, (key, *table[kind]))
+
+
+def _arrival(file: str, data: Any) -> ArrivalProcess:
+    kind, f = _kinded(file, "arrival", data, "process", ARRIVAL_FIELDS)
+    if kind == "poisson":
+        return GammaArrivals(f.number("rate", strict=True))
+    if kind == "gamma":
+        return GammaArrivals(f.number("rate", strict=True), f.number("burstiness", 1.0, strict=True))
+    if kind == "fixed_rate":
+        return FixedRateArrivals(f.number("rate", strict=True))
+    if kind == "batch":
+        return BatchArrivals(f.number("size", 0, integer=True), f.number("interval_s", 0.0))
+    if kind == "piecewise":
+        steps = f.raw("schedule")
+        pair = (list, tuple)
+        if not isinstance(steps, list) or not all(
+            isinstance(s, pair) and len(s) == 2 and all(_is_number(x) for x in s) for s in steps
+        ):
+            raise f.error("arrival.schedule", f"must be a list of [start_s, rate] pairs, got {steps!r}")
+        period = f.number("period_s", None, strict=True)
+        return PiecewiseRateArrivals(tuple(float(s[0]) for s in steps), tuple(float(s[1]) for s in steps), period)
+    if kind == "diurnal":
+        return diurnal_schedule(
+            f.number("mean_rate", strict=True),
+            f.number("peak_to_trough", 1.0, minimum=1.0),
+            f.number("period_s", strict=True),
+            f.number("steps", 24, integer=True, minimum=2),
+        )
+    if kind == "closed_loop":
+        return ClosedLoop(
+            f.number("concurrency", integer=True, minimum=1),
+            f.number("think_time_s", 0.0),
+            f.text("think_time_dist", "fixed", ("fixed", "exponential")),
+        )
+    return TraceArrivals()
+
+
+def _find_data(file: str, base: Path, where: str, ref: str) -> Path:
+    """A trace path: relative to the workload file, else to the shipped workloads/data/."""
+    for candidate in (base / ref, DATA_DIR / ref):
+        if candidate.is_file():
+            return candidate
+    raise WorkloadError(f"workload file {file}: field '{where}' names {ref!r}, which is not a file")
+
+
+def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
+    if isinstance(data, int) and not isinstance(data, bool):
+        return Fixed(data)
+    kind, f = _kinded(file, where, data, "dist", LENGTH_FIELDS)
+    if kind == "fixed":
+        return Fixed(f.number("value", integer=True, minimum=1))
+    if kind == "uniform":
+        return Uniform(f.number("low", integer=True, minimum=1), f.number("high", integer=True, minimum=1))
+    if kind == "normal":
+        return Normal(f.number("mean", strict=True), f.number("std"))
+    if kind == "lognormal":
+        mean = f.number("mean", strict=True)
+        if ("std" in data) == ("cv" in data):
+            raise f.error(where, "needs exactly one of 'std' or 'cv' (the spread of the lengths)")
+        std = f.number("std", strict=True) if "std" in data else mean * f.number("cv", strict=True)
+        return LogNormal(mean, std)
+    if kind == "zipf":
+        return Zipf(f.number("a", strict=True), f.number("high", integer=True, minimum=1), f.number("scale", 1.0, strict=True))
+    ref = f.text("trace")
+    column = f.text("column", choices=("prompt", "output"))
+    trace = read_trace(_find_data(file, base, f"{where}.trace", ref))
+    values = trace.num_prompt_tokens if column == "prompt" else trace.num_output_tokens
+    return Empirical(values, f"{Path(ref).name}:{column}", f.number("scale", 1.0, strict=True))
+
+
+def _choice(file: str, where: str, data: Any) -> Categorical:
+    if isinstance(data, int) and not isinstance(data, bool):
+        return Categorical((data,))
+    f = _Fields(file, where, data, CHOICE_FIELDS)
+    values, weights = f.raw("values"), f.raw("weights", [])
+    if not isinstance(values, list) or not isinstance(weights, list):
+        raise f.error(where, f"must be an integer or {{values: [...], weights: [...]}}, got {data!r}")
+    return Categorical(tuple(values), tuple(weights))
+
+
+def _trace_section(file: str, base: Path, data: Any) -> tuple[Trace, TraceOptions]:
+    f = _Fields(file, "trace", data, TRACE_FIELDS)
+    trace = read_trace(_find_data(file, base, "trace.path", f.text("path")))
+    window = f.raw("window_s", None)
+    if window is not None and (
+        not isinstance(window, list) or len(window) != 2 or not all(_is_number(x) for x in window)
+    ):
+        raise f.error("trace.window_s", f"must be [start_s, end_s], got {window!r}")
+    options = TraceOptions(
+        window_s=None if window is None else (float(window[0]), float(window[1])),
+        sample=f.text("sample", "head", ("head", "random")),
+        rescale_rate=f.number("rescale_rate", None, strict=True),
+    )
+    return trace, options
+
+
+def parse_workload(path: Path, data: Any) -> WorkloadSpec:
+    """Build a WorkloadSpec from a parsed YAML mapping; errors name `path` and the field."""
+    file = str(path)
+    f = _Fields(file, "", data, TOP_FIELDS)
+    base = path.parent
+    trace, options = _trace_section(file, base, data["trace"]) if data.get("trace") is not None else (None, TraceOptions())
+    if trace is not None and ("prompt_len" in data or "output_len" in data):
+        raise f.error("prompt_len", "cannot be combined with 'trace' (the trace gives the lengths)")
+    if trace is None:
+        prompt_len = _length(file, base, "prompt_len", f.raw("prompt_len"))
+        output_len = _length(file, base, "output_len", f.raw("output_len"))
+    else:
+        prompt_len = output_len = None
+    num_requests = f.number("num_requests", None, integer=True, minimum=1)
+    if num_requests is None:
+        if trace is None:
+            raise f.error("num_requests", "is required (unless a trace gives the requests)")
+        first, last = window_rows(trace, options)
+        num_requests = last - first
+    prefix = None
+    if data.get("shared_prefix") is not None:
+        p = _Fields(file, "shared_prefix", data["shared_prefix"], PREFIX_FIELDS)
+        prefix = SharedPrefix(
+            p.number("num_groups", integer=True, minimum=1),
+            p.number("prefix_len", integer=True, minimum=1),
+            p.number("fraction", 1.0),
+        )
+    return WorkloadSpec(
+        name=f.text("name", path.stem),
+        description=f.text("description", ""),
+        num_requests=num_requests,
+        arrival=_arrival(file, f.raw("arrival")),
+        prompt_len=prompt_len,
+        output_len=output_len,
+        trace=trace,
+        trace_options=options,
+        max_tokens=f.number("max_tokens", None, integer=True, minimum=1),
+        n=_choice(file, "n", f.raw("n", 1)),
+        beam_width=_choice(file, "beam_width", f.raw("beam_width", 1)),
+        shared_prefix=prefix,
+        source=file,
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"workload file {path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise WorkloadError(f"workload file {path} is empty")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise WorkloadError(f"workload file {path}: invalid YAML{where} ({problem})") from None
+
+
+def load_file(path: Path) -> WorkloadSpec:
+    """A workload from a YAML file, or a trace file replayed as it is."""
+    try:
+        if path.suffix.lower() in TRACE_SUFFIXES:
+            trace = read_trace(path)
+            return WorkloadSpec(
+                name=path.stem, num_requests=len(trace), arrival=TraceArrivals(), trace=trace,
+                description=f"replay of {path.name}", source=str(path),
+            )  # fmt: skip
+        return parse_workload(path, _read_yaml(path))
+    except WorkloadError as exc:
+        message = str(exc)
+        if "file " in message:
+            raise
+        raise WorkloadError(f"workload file {path}: {message}") from None
+
+
+def catalog_names() -> list[str]:
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A catalog name (`seed-table`) or a file path (.yaml / .yml / .csv / .jsonl)."""
+    path = Path(name_or_path)
+    if path.suffix.lower() in (*YAML_SUFFIXES, *TRACE_SUFFIXES) or path.is_file():
+        if not path.is_file():
+            raise WorkloadError(f"workload file {path} does not exist")
+        return path
+    builtin = CATALOG_DIR / f"{name_or_path}.yaml"
+    if builtin.is_file():
+        return builtin
+    raise WorkloadError(
+        f"unknown workload {name_or_path!r}; named workloads: {', '.join(catalog_names())} "
+        "(or give a .yaml, .csv or .jsonl file)"
+    )
+
+
+def list_workloads() -> list[tuple[str, str]]:
+    """(name, one-line description) of every workload in the catalog."""
+    rows = []
+    for name in catalog_names():
+        data = _read_yaml(CATALOG_DIR / f"{name}.yaml")
+        description = str(data.get("description", "")) if isinstance(data, dict) else ""
+        rows.append((name, description.strip().splitlines()[0] if description.strip() else ""))
+    return rows
+
+
+def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> WorkloadSpec:
+    """Apply CLI flags on top of a file's fields; a None value keeps the file's value."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(OVERRIDE_KEYS))
+    if unknown:
+        raise WorkloadError(f"unknown workload override {unknown[0]!r} (known: {', '.join(OVERRIDE_KEYS)})")
+    if "rate" in given and "concurrency" in given:
+        raise WorkloadError("give either a request rate (open loop) or a concurrency (closed loop), not both")
+    changes: dict[str, Any] = {}
+    arrival = spec.arrival
+    if "rate" in given or "burstiness" in given:
+        if "rate" not in given and not isinstance(arrival, GammaArrivals):
+            raise WorkloadError(
+                f"burstiness applies to Poisson/Gamma arrivals; workload {spec.name} uses "
+                f"'{arrival.describe()['process']}' (also give a rate)"
+            )
+        rate = given.get("rate", getattr(arrival, "rate", None))
+        keep = arrival.burstiness if isinstance(arrival, GammaArrivals) else 1.0
+        arrival = GammaArrivals(float(rate), float(given.get("burstiness", keep)))
+    if "concurrency" in given:
+        think = arrival.think_time_s if isinstance(arrival, ClosedLoop) else 0.0
+        dist = arrival.think_time_dist if isinstance(arrival, ClosedLoop) else "fixed"
+        arrival = ClosedLoop(int(given["concurrency"]), think, dist)
+    if "think_time_s" in given:
+        if isinstance(arrival, ClosedLoop):
+            arrival = dataclasses.replace(arrival, think_time_s=float(given["think_time_s"]))
+        elif given["think_time_s"] != 0:
+            raise WorkloadError(f"think time applies to a closed loop; workload {spec.name} is open loop (give a concurrency)")
+    changes["arrival"] = arrival
+    if "num_requests" in given:
+        changes["num_requests"] = int(given["num_requests"])
+    for key, dist_field, scale_field, trace_column in (
+        ("input_len", "prompt_len", "prompt_scale", "num_prompt_tokens"),
+        ("output_len", "output_len", "output_scale", "num_output_tokens"),
+    ):
+        if key not in given:
+            continue
+        target = float(given[key])
+        if not target >= 1:
+            raise WorkloadError(f"{key} must be >= 1, got {given[key]}")
+        dist = getattr(spec, dist_field)
+        if dist is not None:
+            changes[dist_field] = dist.with_mean(target)
+        else:  # a trace: scale its lengths so that their mean is the target
+            assert spec.trace is not None
+            changes[scale_field] = target / float(getattr(spec.trace, trace_column).mean())
+    if "max_tokens" in given:
+        changes["max_tokens"] = int(given["max_tokens"])
+    for key in ("n", "beam_width"):
+        if key in given:
+            changes[key] = Categorical((int(given[key]),))
+    return dataclasses.replace(spec, **changes)
+
+
+def load_workload(
+    name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None
+) -> WorkloadSpec:
+    """The workload `kvsim run --workload` means: a catalog name or a file, CLI overrides, then clipping."""
+    spec = load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
+    spec = apply_overrides(spec, overrides)
+    if max_model_len is not None:
+        input_len = (overrides or {}).get("input_len")
+        if input_len is not None and input_len >= max_model_len:
+            raise WorkloadError(f"prompt of {input_len} tokens is longer than max_model_len {max_model_len}")
+        spec = dataclasses.replace(spec, max_model_len=int(max_model_len))
+    return spec

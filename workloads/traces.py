@@ -1,0 +1,273 @@
+"""Read request traces (Azure LLM inference 2023 CSV, kvsim CSV / JSONL) and select rows to replay.
+
+Every problem with a file is a WorkloadError naming the file and the line (line 1 of a CSV is
+its header). Nothing is dropped silently: rows left out by a window or by sampling are counted
+in `Selection.stats` and reported by the workload's `describe()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simcore.errors import WorkloadError
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+KVSIM_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
+KVSIM_OPTIONAL = ("max_tokens", "n", "beam_width", "prefix_id", "num_prefix_tokens")
+_MIN_VALUE = {"max_tokens": 1, "n": 1, "beam_width": 1, "prefix_id": 0, "num_prefix_tokens": 0}
+_BLANK = {"max_tokens": 0, "n": 1, "beam_width": 1, "prefix_id": -1, "num_prefix_tokens": 0}  # 0 = the output
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A validated trace: per-row arrays, sorted by arrival time, times relative to the first row."""
+
+    source: str  # the file, for messages
+    format: str  # "azure" or "kvsim"
+    arrival_s: np.ndarray = field(repr=False, compare=False)  # float64, non-decreasing, arrival_s[0] == 0
+    num_prompt_tokens: np.ndarray = field(repr=False, compare=False)  # int64 >= 1
+    num_output_tokens: np.ndarray = field(repr=False, compare=False)  # int64 >= 1
+    extras: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)  # optional columns
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if len(self) else 0.0
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace file; cached per (path, size, mtime) because sweeps reload it."""
+    p = Path(path)
+    if not p.is_file():
+        raise WorkloadError(f"trace file {p} does not exist")
+    st = p.stat()
+    return _read_trace_cached(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
+    if size == 0:
+        raise WorkloadError(f"trace file {path} is empty")
+    if path.endswith((".jsonl", ".json")):
+        frame, lines = _read_jsonl(path)
+    else:
+        frame, lines = _read_csv(path)
+    if len(frame) == 0:
+        raise WorkloadError(f"trace file {path} has a header but no rows")
+    trace = _validate(path, frame, lines)
+    for array in (trace.arrival_s, trace.num_prompt_tokens, trace.num_output_tokens, *trace.extras.values()):
+        array.flags.writeable = False  # shared through the cache
+    return trace
+
+
+def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise WorkloadError(f"trace file {path} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"trace file {path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    return frame, np.arange(len(frame)) + 2  # line 1 is the header
+
+
+def _read_jsonl(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+    rows: list[dict[str, Any]] = []
+    lines: list[int] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"trace file {path}, line {number}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise WorkloadError(f"trace file {path}, line {number}: expected a JSON object per line")
+            rows.append(row)
+            lines.append(number)
+    if not rows:
+        raise WorkloadError(f"trace file {path} is empty")
+    frame = pd.DataFrame(rows)
+    for name in frame.columns:  # a row without the key is as bad as a missing CSV cell
+        frame[name] = frame[name].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else v)
+    return frame, np.asarray(lines)
+
+
+def _validate(path: str, frame: pd.DataFrame, lines: np.ndarray) -> Trace:
+    columns = set(frame.columns)
+    is_azure = bool(columns & set(AZURE_COLUMNS))
+    required = AZURE_COLUMNS if is_azure else KVSIM_COLUMNS
+    missing = [c for c in required if c not in columns]
+    if missing:
+        kind = "an Azure trace" if is_azure else "a kvsim trace"
+        raise WorkloadError(
+            f"trace file {path}: missing column {', '.join(repr(c) for c in missing)} "
+            f"({kind} needs {', '.join(required)}; found {', '.join(frame.columns)})"
+        )
+    if is_azure:
+        time_col, prompt_col, output_col = AZURE_COLUMNS
+        arrival = _timestamps(path, frame[time_col], lines)
+    else:
+        time_col, prompt_col, output_col = KVSIM_COLUMNS
+        arrival = _seconds(path, frame[time_col], lines)
+    _check_sorted(path, frame[time_col], arrival, lines, time_col)
+    extras = {}
+    if not is_azure:
+        extras = {
+            c: _integers(path, frame[c], lines, c, _MIN_VALUE[c], _BLANK[c]) for c in KVSIM_OPTIONAL if c in columns
+        }
+    return Trace(
+        source=path,
+        format="azure" if is_azure else "kvsim",
+        arrival_s=arrival - arrival[0],
+        num_prompt_tokens=_integers(path, frame[prompt_col], lines, prompt_col, 1),
+        num_output_tokens=_integers(path, frame[output_col], lines, output_col, 1),
+        extras=extras,
+    )
+
+
+def _first_bad(bad: np.ndarray) -> int | None:
+    hits = np.flatnonzero(bad)
+    return int(hits[0]) if len(hits) else None
+
+
+def _integers(
+    path: str, column: pd.Series, lines: np.ndarray, name: str, minimum: int, blank: int | None = None
+) -> np.ndarray:
+    """Whole numbers >= minimum; an empty cell becomes `blank` when the column is optional."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+    if blank is not None:
+        values[column.astype(str).str.strip().to_numpy() == ""] = blank
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.floor(values)) | ((values < minimum) & (values != blank))
+    row = _first_bad(bad)
+    if row is not None:
+        raise WorkloadError(
+            f"trace file {path}, line {lines[row]}: {name} is {column.iloc[row]!r}, expected an integer >= {minimum}"
+        )
+    return values.astype(np.int64)
+
+
+def _seconds(path: str, column: pd.Series, lines: np.ndarray) -> np.ndarray:
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+    row = _first_bad(~np.isfinite(values) | (values < 0))
+    if row is not None:
+        raise WorkloadError(
+            f"trace file {path}, line {lines[row]}: arrival_s is {column.iloc[row]!r}, expected seconds >= 0"
+        )
+    return values
+
+
+def _timestamps(path: str, column: pd.Series, lines: np.ndarray) -> np.ndarray:
+    stamps = pd.to_datetime(column.astype(str), format="ISO8601", errors="coerce")
+    row = _first_bad(stamps.isna().to_numpy())
+    if row is not None:
+        raise WorkloadError(
+            f"trace file {path}, line {lines[row]}: cannot parse TIMESTAMP {column.iloc[row]!r} "
+            "(expected e.g. 2023-11-16 18:15:46.6805900)"
+        )
+    return (stamps - stamps.iloc[0]).dt.total_seconds().to_numpy(dtype=np.float64)
+
+
+def _check_sorted(path: str, column: pd.Series, times: np.ndarray, lines: np.ndarray, name: str) -> None:
+    row = _first_bad(np.diff(times) < 0)
+    if row is not None:
+        raise WorkloadError(
+            f"trace file {path}, line {lines[row + 1]}: {name} {column.iloc[row + 1]!r} is earlier than the "
+            f"previous row's {column.iloc[row]!r}; traces must be sorted by time"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    """How to cut a trace: a time window, how to pick N rows from it, and an optional new rate."""
+
+    window_s: tuple[float, float] | None = None  # [start, end) seconds after the trace's first row
+    sample: str = "head"  # "head": the first N rows of the window; "random": N rows drawn uniformly, in order
+    rescale_rate: float | None = None  # stretch/squeeze time so the mean gap is 1/rescale_rate
+
+    def __post_init__(self) -> None:
+        if self.window_s is not None:
+            start, end = self.window_s
+            if not (0 <= start < end):
+                raise WorkloadError(f"trace window_s must be [start, end] with 0 <= start < end, got {list(self.window_s)}")
+        if self.sample not in ("head", "random"):
+            raise WorkloadError(f"trace sample must be 'head' or 'random', got {self.sample!r}")
+        if self.rescale_rate is not None and not (self.rescale_rate > 0 and np.isfinite(self.rescale_rate)):
+            raise WorkloadError(f"trace rescale_rate must be > 0, got {self.rescale_rate}")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "window_s": None if self.window_s is None else [float(x) for x in self.window_s],
+            "sample": self.sample,
+            "rescale_rate": self.rescale_rate,
+        }
+
+
+def window_rows(trace: Trace, options: TraceOptions) -> tuple[int, int]:
+    """Row range [first, last) of the trace inside the window."""
+    if options.window_s is None:
+        return 0, len(trace)
+    start, end = options.window_s
+    first = int(np.searchsorted(trace.arrival_s, start, side="left"))
+    last = int(np.searchsorted(trace.arrival_s, end, side="left"))
+    if last <= first:
+        raise WorkloadError(
+            f"trace {trace.source}: window_s [{start}, {end}) holds no requests "
+            f"(the trace spans 0 to {trace.duration_s:.1f} s)"
+        )
+    return first, last
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The rows to replay, their replay times (first at 0) and what was left out."""
+
+    rows: np.ndarray  # int64 row indices into the trace, increasing
+    arrival_s: np.ndarray  # float64, replay time of each selected row
+    stats: dict[str, Any]
+
+
+def select(trace: Trace, options: TraceOptions, num_requests: int, rng: np.random.Generator) -> Selection:
+    """Window, then pick `num_requests` rows (head or uniform sample), then shift to 0 and rescale."""
+    first, last = window_rows(trace, options)
+    available = last - first
+    if num_requests > available:
+        raise WorkloadError(
+            f"trace {trace.source}: asked for {num_requests} requests but "
+            f"{'the window holds' if options.window_s else 'it has'} only {available}"
+        )
+    if options.sample == "random" and num_requests < available:
+        rows = first + np.sort(rng.choice(available, size=num_requests, replace=False))
+    else:
+        rows = np.arange(first, first + num_requests)
+    times = trace.arrival_s[rows] - trace.arrival_s[rows[0]]
+    span = float(times[-1])
+    observed_rate = (num_requests - 1) / span if span > 0 else None
+    if options.rescale_rate is not None:
+        if observed_rate is None:
+            raise WorkloadError(
+                f"trace {trace.source}: cannot rescale to {options.rescale_rate} req/s: "
+                "the selected rows need at least two different timestamps"
+            )
+        times = times * (observed_rate / options.rescale_rate)
+    stats = {
+        "rows_total": len(trace),
+        "rows_outside_window": len(trace) - available,
+        "rows_not_sampled": available - num_requests,
+        "rows_used": int(num_requests),
+        "observed_rate": observed_rate,
+        "replay_rate": options.rescale_rate if options.rescale_rate is not None else observed_rate,
+    }
+    return Selection(rows=rows, arrival_s=times, stats=stats)
