@@ -111,6 +111,7 @@ def run(
     max_tokens: Annotated[int | None, typer.Option(help="Fixed max_tokens cap per request (what reservations reserve).")] = None,
     n: Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")] = None,
     beam_width: Annotated[int | None, typer.Option(help="Beam search width.")] = None,
+    think_time_s: Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for every random stream.")] = 0,
     profile: Annotated[Path | None, typer.Option(help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")] = None,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
@@ -149,7 +150,7 @@ def run(
     overrides = {
         "num_requests": num_requests, "rate": rate, "concurrency": concurrency,
         "burstiness": burstiness, "input_len": input_len, "output_len": output_len,
-        "max_tokens": max_tokens, "n": n, "beam_width": beam_width,
+        "max_tokens": max_tokens, "n": n, "beam_width": beam_width, "think_time_s": think_time_s,
     }
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
     if profile is not None:
@@ -169,6 +170,8 @@ def run(
         result = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, progress=update)
     finally:
         stop()
+    for note in wl.notes():
+        typer.echo(f"NOTE {note}", err=True)
     for warning in result.warnings:
         typer.echo(f"WARNING {warning}", err=True)
     summary = {**result.summary}

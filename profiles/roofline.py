@@ -25,13 +25,13 @@ ALLREDUCE_LATENCY_MS = 0.010  # assumed per-call NCCL latency on NVLink; not fit
 SAMPLING_KERNELS = 4  # temperature, softmax, top-p/top-k filter, multinomial draw
 SAMPLING_PASSES = 4  # fp32 passes over the logits by those kernels
 
-# Grids (issue 4): tokens 1..16384 log-spaced; chunk 16..16384 x context 0..32768;
-# batch 1..1024 x context 16..32768.
+# Grids (issue 4): tokens 1..16384 log-spaced; chunk 1..16384 x context 0..32768;
+# batch 1..1024 x context 1..32768 (small chunks and contexts are common: prompt tails).
 NUM_TOKENS = sorted({round(2 ** (k / 2)) for k in range(0, 29)})
-CHUNK_TOKENS = [2**k for k in range(4, 15)]
+CHUNK_TOKENS = [2**k for k in range(0, 15)]
 PREFILL_CONTEXT = [0] + [2**k for k in range(7, 16)]
 DECODE_BATCH = [2**k for k in range(0, 11)]
-DECODE_CONTEXT = [2**k for k in range(4, 16)]
+DECODE_CONTEXT = [2**k for k in range(0, 16)]
 NUM_SEQS = [2**k for k in range(0, 11)]
 
 # Fixed CPU cost of one engine step (scheduling, input preparation, kernel launches,

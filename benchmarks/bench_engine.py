@@ -1,0 +1,57 @@
+"""Simulator speed: 10,000 ShareGPT-like requests on Llama-3-8B / one H100.
+
+Prints simulated requests and output tokens per wall second and peak memory. The rate is
+chosen so that about 100 sequences run at once (the script prints the mean it got).
+Run: python benchmarks/bench_engine.py [--rate 27] [--num-requests 10000] [--policy continuous]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import tracemalloc
+
+from profiles import default_profile
+from simcore.catalog import get_gpu, get_model
+from simcore.simulate import simulate
+from simcore.specs import EngineConfig
+from workloads import load_workload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=27.0)
+    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--policy", default="continuous")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tracemalloc", action="store_true", help="also trace Python heap peak (slower)")
+    args = parser.parse_args()
+
+    model, gpu = get_model("llama3-8b"), get_gpu("H100-SXM-80GB")
+    config = EngineConfig(policy=args.policy)
+    workload = load_workload("sharegpt", {"rate": args.rate, "num_requests": args.num_requests},
+                             max_model_len=config.resolved_max_model_len(model))
+    profile = default_profile(gpu, model, 1)
+    if args.tracemalloc:
+        tracemalloc.start()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    result = simulate(model, gpu, config, workload, profile, seed=args.seed)
+    wall = time.perf_counter() - started
+    rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s = result.summary
+    print(f"requests: {s['completed']:,} completed, {s['total_output_tokens']:,} output tokens, "
+          f"{s['num_steps']:,} steps")
+    print(f"mean running sequences per step: {result.steps['num_running'].mean():.1f} "
+          f"(max {s['max_running']})")
+    print(f"wall: {wall:.2f} s")
+    print(f"simulated requests / wall s: {s['completed'] / wall:,.0f}")
+    print(f"simulated output tokens / wall s: {s['total_output_tokens'] / wall:,.0f}")
+    print(f"peak RSS: {rss_peak / 1024:.0f} MiB (before the run: {rss_before / 1024:.0f} MiB)")
+    if args.tracemalloc:
+        print(f"peak Python heap during the run: {tracemalloc.get_traced_memory()[1] / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

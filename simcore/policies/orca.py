@@ -1,0 +1,118 @@
+"""Continuous batching over contiguous reservations: Orca (Yu et al., OSDI 2022).
+
+The scheduling loop is the vLLM one (`continuous.py`): every step, running requests first
+(one decode token, or their next prefill chunk), then waiting requests in arrival order
+under the token budget and `max_num_seqs`. What differs is memory: a request reserves one
+contiguous extent when it is admitted, sized by `reservation`, and keeps it until its last
+token. The reservation covers every token the request writes, so nothing is ever preempted;
+instead a request waits until a free extent large enough exists, and free memory split into
+smaller extents is external fragmentation.
+
+    reservation   max:    max_model_len              (Orca (Max) of the vLLM paper)
+                  pow2:   prompt + next_pow2(output) (Orca (Pow2), knows an upper bound)
+                  oracle: prompt + output            (Orca (Oracle), knows the output)
+
+Refinements: Orca itself reserves `max_tokens` per request and batches whole prompts
+(selective batching, no chunked prefill); the three sizes are the vLLM paper's variants
+(Kwon et al., SOSP 2023, section 6.2), and chunked prefill follows `enable_chunked_prefill`
+so the loop matches vLLM's (turn it off to be closer to Orca).
+
+Simplifications: no prefix sharing, no preemption, first-fit placement, decode attention
+priced with the same kernel table as paged decode.
+"""
+
+from __future__ import annotations
+
+from simcore.block_pool import AllocStatus
+from simcore.contiguous import ContiguousAllocator
+from simcore.engine import Engine
+from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.policies.reserved import ReservationLedger, reservation_size, unsupported_sampling
+from simcore.state import ReqState, RequestStatus
+
+
+class OrcaPolicy:
+    name = "continuous"
+
+    def __init__(
+        self, engine: Engine, allocator: ContiguousAllocator, reservation: str,
+        max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+    ):
+        self.engine = engine
+        self.allocator = allocator
+        self.ledger = ReservationLedger(allocator, engine)
+        self.reservation = reservation
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+
+    def _size(self, st: ReqState) -> int:
+        return reservation_size(self.reservation, st, self.engine.max_model_len)
+
+    def check(self, st: ReqState) -> str:
+        mml = self.engine.max_model_len
+        if st.num_prompt_tokens > mml:
+            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {mml}"
+        if not self.enable_chunked_prefill and st.num_prompt_tokens > self.max_num_batched_tokens:
+            return (
+                f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
+                f"{self.max_num_batched_tokens} and chunked prefill is off"
+            )
+        reason = unsupported_sampling(st)
+        if reason:
+            return reason
+        size = self._size(st)
+        if self.allocator.can_reserve(size) == AllocStatus.NEVER:
+            return f"reserves {size} KV tokens but the cache holds {self.allocator.capacity_tokens}"
+        return ""
+
+    def idle_timeout(self, now: float) -> float | None:
+        return None
+
+    # -- scheduling ------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan | None:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        for st in self.engine.running:
+            if budget <= 0:
+                break
+            num_new = min(st.num_tokens - st.num_computed_tokens, budget)
+            if num_new == 1 and st.num_generated:
+                plan.add_decode(st, 1)
+            else:
+                plan.add_prefill(st, num_new)
+            budget -= num_new
+        self._admit_waiting(plan, budget, now)
+        return plan if plan.scheduled else None
+
+    def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
+        eng = self.engine
+        waiting, running = eng.waiting, eng.running
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            st = waiting[0]
+            num_new = st.num_tokens - st.num_computed_tokens
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not self.ledger.reserve(st, self._size(st)):
+                break
+            waiting.popleft()
+            st.status = RequestStatus.RUNNING
+            st.first_scheduled_s = now
+            running.append(st)
+            plan.add_prefill(st, num_new)
+            budget -= num_new
+
+    # -- commit ----------------------------------------------------------------------------
+    def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
+        eng, ledger = self.engine, self.ledger
+        finished = eng.emit_tokens(plan, now)
+        mem = ledger.snapshot(self._size(eng.waiting[0]) if eng.waiting else 0)
+        if finished:
+            for st in finished:
+                eng.live_tokens -= st.num_computed_tokens
+                ledger.release(st)
+                eng.finish(st, now)
+            eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
+        return mem
