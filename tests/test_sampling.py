@@ -1,0 +1,104 @@
+"""Parallel sampling and beam search on the paged cache: forks share blocks, CoW, savings."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simcore.block_pool import PagedAllocator
+from simcore.catalog import GPUS, MODELS
+from simcore.request import Request
+from simcore.sampling import SequenceGroups
+from simcore.simulate import simulate
+from simcore.specs import EngineConfig
+from simcore.state import ReqState
+from tests.helpers import ListWorkload, flat_profile, req
+
+
+class _Done:
+    def succeed(self):
+        pass
+
+
+def _state(prompt: int, n: int = 1, beam_width: int = 1) -> ReqState:
+    r = Request(0, 0.0, prompt, 10, n=n, beam_width=beam_width)
+    return ReqState(r, _Done(), max_model_len=1000)
+
+
+def test_fork_shares_prompt_blocks_and_first_append_copies_the_partial_block():
+    alloc = PagedAllocator(num_gpu_blocks=20, block_size=4)
+    groups = SequenceGroups(alloc, np.random.default_rng(0))
+    st = _state(prompt=10, n=3)
+    assert alloc.append_slots(st.seq_id, 10)  # 3 blocks, the last one half full
+    st.num_computed_tokens = 10
+    groups.fork(st)
+    assert len(st.seq_ids) == 3 and alloc.num_used_blocks == 3
+    tables = [alloc.block_table(s) for s in st.seq_ids]
+    assert tables[0] == tables[1] == tables[2]
+    for seq_id in st.seq_ids:  # each sample writes its first own token
+        assert alloc.append_slots(seq_id, 1)
+    # two copies-on-write; the last writer owns the original partial block alone
+    assert alloc.num_cow_copies == 2 and alloc.num_used_blocks == 5
+    firsts = {tuple(alloc.block_table(s)[:2]) for s in st.seq_ids}
+    assert len(firsts) == 1  # full prompt blocks still shared
+    groups.release(st)
+    assert alloc.num_free_blocks == 20
+
+
+def test_beam_reselection_keeps_width_and_frees_unpicked_beams():
+    alloc = PagedAllocator(num_gpu_blocks=64, block_size=4)
+    groups = SequenceGroups(alloc, np.random.default_rng(1))
+    st = _state(prompt=8, beam_width=4)
+    alloc.append_slots(st.seq_id, 8)
+    st.num_computed_tokens = 8
+    groups.fork(st)
+    for _ in range(20):
+        for seq_id in st.seq_ids:
+            assert alloc.append_slots(seq_id, 1)
+        st.num_computed_tokens += 1
+        groups.reselect_beams(st)
+        assert len(st.seq_ids) == 4
+        gpu_refs, _ = alloc.ref_counts_from_tables()
+        assert all(alloc.gpu.blocks[b].ref_cnt == c for b, c in gpu_refs.items())
+        assert alloc.num_used_blocks == len(gpu_refs)  # nothing leaked
+    groups.release(st)
+    assert alloc.num_free_blocks == 64
+
+
+def _alpaca_like(n: int = 1, beam_width: int = 1, count: int = 120):
+    rng = np.random.default_rng(0)
+    prompts = np.clip(rng.lognormal(np.log(19) - 0.11, 0.47, count), 1, 200).astype(int)
+    outputs = np.clip(rng.lognormal(np.log(58) - 0.11, 0.47, count), 2, 400).astype(int)
+    return [req(i, 0.01 * i, int(p), int(o), n=n, beam_width=beam_width)
+            for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+
+
+def _saved(**kw) -> float:
+    result = simulate(MODELS["opt-13b"], GPUS["A100-40GB"], EngineConfig(),
+                      ListWorkload(_alpaca_like(**kw)), flat_profile("opt-13b"))
+    assert (result.requests["status"] == "finished").all()
+    return result.summary["kv_sharing_saved"]
+
+
+def test_sharing_saves_memory_and_beam_search_saves_more():
+    """vLLM paper (Kwon et al. 2023, Fig. 15, OPT-13B, Alpaca): parallel sampling saves
+    6.1-9.8% and beam search 37.6-55.2% of KV blocks. kvsim (block 16, Alpaca-like lengths,
+    beams pick parents with probability ~ 1/rank, an assumption) is printed beside them."""
+    parallel = {k: _saved(n=k) for k in (2, 4, 6)}
+    beam = {k: _saved(beam_width=k) for k in (2, 4, 6)}
+    print(f"\nkvsim parallel sampling saved: {parallel}  (paper: 6.1-9.8%)")
+    print(f"kvsim beam search saved: {beam}  (paper: 37.6-55.2%)")
+    assert 0 < parallel[2] < parallel[4] < parallel[6] < 0.5
+    assert all(beam[k] > parallel[k] for k in (2, 4, 6))
+    assert _saved(n=1) == 0.0
+
+
+def test_multi_sequence_requests_can_be_preempted_and_still_finish():
+    requests = [req(i, 0.0, 6, 12, n=3) for i in range(4)]
+    for mode in ("recompute", "swap"):
+        cfg = EngineConfig(block_size=4, num_gpu_blocks_override=16, max_model_len=32,
+                           preemption_mode=mode, swap_space=0.001)
+        result = simulate(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg, ListWorkload(requests),
+                          flat_profile())
+        assert (result.requests["status"] == "finished").all(), mode
+        assert result.summary["num_preemptions"] > 0, mode
+        assert (result.requests["num_output_tokens"] == 36).all()
