@@ -187,7 +187,8 @@ class PagedAllocator:
             pool.decref(block_id)
 
     # -- swapping ------------------------------------------------------------------------
-    def _distinct_blocks(self, seq_ids: list[int]) -> list[int]:
+    def distinct_blocks(self, seq_ids: list[int]) -> list[int]:
+        """Blocks of a group of sequences, each once (shared blocks are copied once)."""
         seen: dict[int, None] = {}
         for seq_id in seq_ids:
             for block_id in self._seqs[seq_id].table:
@@ -195,10 +196,10 @@ class PagedAllocator:
         return list(seen)
 
     def can_swap_out(self, seq_ids: list[int]) -> bool:
-        return len(self._distinct_blocks(seq_ids)) <= self.cpu.num_free
+        return len(self.distinct_blocks(seq_ids)) <= self.cpu.num_free
 
     def can_swap_in(self, seq_ids: list[int]) -> bool:
-        return len(self._distinct_blocks(seq_ids)) <= self.gpu.num_free
+        return len(self.distinct_blocks(seq_ids)) <= self.gpu.num_free
 
     def _move(self, seq_ids: list[int], src: BlockPool, dst: BlockPool, to_cpu: bool) -> int:
         mapping: dict[int, int] = {}

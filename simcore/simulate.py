@@ -71,6 +71,9 @@ def simulate(
     env.process(workload.process(env, engine, workload_seed))
     env.process(engine.run())
     env.run()
+    stalled = sum(1 for st in engine.states if not st.done.triggered)
+    if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
+        raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
 
     requests = requests_frame(engine.states)
     steps = engine.recorder.frame()

@@ -135,7 +135,13 @@ class ContinuousPagedPolicy:
         while eng.swapped and budget > 0 and self._num_seqs() < self.max_num_seqs:
             st = eng.swapped[0]
             k = len(st.seq_ids)
-            need = len(alloc._distinct_blocks(st.seq_ids)) + 2 * k  # + a new (or CoW) block each
+            if k == 1:  # exactly the blocks it will hold after this step's tokens
+                num_new = min(st.num_tokens - st.num_computed_tokens, budget)
+                need = alloc.blocks_for(st.num_computed_tokens + num_new)
+            else:  # its blocks, plus a new or copied-on-write block per sequence
+                need = len(alloc.distinct_blocks(st.seq_ids)) + 2 * k
+                if not eng.running:
+                    need = min(need, alloc.num_gpu_blocks)
             if alloc.num_free_blocks < need or k > budget:
                 break
             plan.num_swap_blocks += alloc.swap_in(st.seq_ids)
