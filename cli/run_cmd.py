@@ -53,8 +53,11 @@ def _refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, obje
     for flag, policies in only_for.items():
         if given.get(flag) is not None and policy not in policies:
             raise ConfigError(f"{flag} applies only to --policy {'/'.join(policies)}, not {policy}")
-    if given.get("--reservation") is not None and (allocator or "paged") == "paged" and policy == "continuous":
-        raise ConfigError("--reservation applies only to contiguous reservations (--allocator contiguous)")
+    if given.get("--reservation") is not None and (policy != "continuous" or (allocator or "paged") == "paged"):
+        raise ConfigError(
+            "--reservation applies only to --policy continuous --allocator contiguous (Orca); "
+            "static reserves max_model_len and dynamic prompt + max_tokens"
+        )
 
 
 def _progress_reporter(total: int | None):

@@ -32,26 +32,36 @@ class Block:
 
 
 class BlockPool:
-    """A fixed set of blocks with an O(1) free stack (pop / append at the end)."""
+    """A fixed number of blocks with an O(1) free stack (pop / append at the end).
+
+    Blocks are materialised on first use (ids 0, 1, 2, ... in order), so a pool of millions of
+    blocks (a small model on a large GPU) costs nothing until it fills; `blocks` holds the
+    materialised ones and `_free_ids` the recycled ids, reused last-freed first.
+    """
 
     def __init__(self, num_blocks: int):
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free_ids = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self._num_blocks = num_blocks  # fixed capacity
+        self.blocks: list[Block] = []  # materialised blocks, index == block_id
+        self._free_ids: list[int] = []  # recycled ids; never-used ids are implicit
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     @property
     def num_free(self) -> int:
-        return len(self._free_ids)
+        return len(self._free_ids) + self._num_blocks - len(self.blocks)
 
     def take(self) -> int:
-        block_id = self._free_ids.pop()
-        block = self.blocks[block_id]
-        assert block.ref_cnt == 0, "free block still referenced"
+        if self._free_ids:
+            block = self.blocks[self._free_ids.pop()]
+            assert block.ref_cnt == 0, "free block still referenced"
+        else:
+            assert len(self.blocks) < self._num_blocks, "pool exhausted"
+            block = Block(len(self.blocks))
+            self.blocks.append(block)
         block.ref_cnt = 1
-        return block_id
+        return block.block_id
 
     def incref(self, block_id: int) -> None:
         block = self.blocks[block_id]
