@@ -59,7 +59,10 @@ class Engine:
         request.arrival_s = self.env.now
         st = ReqState(request, self.env.event(), self.max_model_len)
         self.states.append(st)
-        reason = self.policy.check(st)
+        if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
+            reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
+        else:
+            reason = self.policy.check(st)
         if reason:
             st.status = RequestStatus.REJECTED
             st.reject_reason = reason
@@ -92,6 +95,18 @@ class Engine:
                     finished.append(st)
         self.live_tokens += live
         return finished
+
+    def retire_finished(
+        self, finished: list[ReqState], now: float, release: Callable[[ReqState], None]
+    ) -> None:
+        """Finish requests that produced their last token; `release` hands back their KV (or,
+        for static batching, marks it stale). Drops them from `running`."""
+        for st in finished:
+            if len(st.seq_ids) == 1:  # forked requests' KV is counted by their policy
+                self.live_tokens -= st.num_computed_tokens
+            release(st)
+            self.finish(st, now)
+        self.running = [s for s in self.running if s.status == RequestStatus.RUNNING]
 
     def finish(self, st: ReqState, now: float) -> None:
         st.status = RequestStatus.FINISHED

@@ -50,9 +50,7 @@ class ContinuousPagedPolicy:
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
-        eng, alloc = self.engine, self.allocator
-        if st.num_prompt_tokens > eng.max_model_len:
-            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {eng.max_model_len}"
+        alloc = self.allocator
         if not self.enable_chunked_prefill and st.num_prompt_tokens > self.max_num_batched_tokens:
             return (
                 f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
@@ -225,10 +223,5 @@ class ContinuousPagedPolicy:
         live += eng.live_tokens
         mem = MemorySnapshot(allocated, live, internal=allocated - live, unshared=allocated + saved)
         if finished:
-            for st in finished:
-                if len(st.seq_ids) == 1:
-                    eng.live_tokens -= st.num_computed_tokens
-                self._release(st)
-                eng.finish(st, now)
-            eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
+            eng.retire_finished(finished, now, self._release)
         return mem

@@ -61,9 +61,6 @@ class DynamicPolicy:
         return reservation_size("max_tokens", st, self.engine.max_model_len)
 
     def check(self, st: ReqState) -> str:
-        mml = self.engine.max_model_len
-        if st.num_prompt_tokens > mml:
-            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {mml}"
         if st.num_prompt_tokens > self.max_prefill_tokens:
             return (
                 f"prompt of {st.num_prompt_tokens} tokens exceeds the prefill budget "
@@ -142,9 +139,5 @@ class DynamicPolicy:
             self.waiting_steps = 1
             self.just_prefilled = True
         if finished:
-            for st in finished:
-                eng.live_tokens -= st.num_computed_tokens
-                ledger.release(st)
-                eng.finish(st, now)
-            eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
+            eng.retire_finished(finished, now, ledger.release)
         return mem

@@ -50,9 +50,6 @@ class OrcaPolicy:
         return reservation_size(self.reservation, st, self.engine.max_model_len)
 
     def check(self, st: ReqState) -> str:
-        mml = self.engine.max_model_len
-        if st.num_prompt_tokens > mml:
-            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {mml}"
         if not self.enable_chunked_prefill and st.num_prompt_tokens > self.max_num_batched_tokens:
             return (
                 f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
@@ -110,9 +107,5 @@ class OrcaPolicy:
         finished = eng.emit_tokens(plan, now)
         mem = ledger.snapshot(self._size(eng.waiting[0]) if eng.waiting else 0)
         if finished:
-            for st in finished:
-                eng.live_tokens -= st.num_computed_tokens
-                ledger.release(st)
-                eng.finish(st, now)
-            eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
+            eng.retire_finished(finished, now, ledger.release)
         return mem

@@ -54,9 +54,6 @@ class StaticPolicy:
         self.num_decode_steps = 0  # decode steps the batch in flight has run
 
     def check(self, st: ReqState) -> str:
-        mml = self.engine.max_model_len
-        if st.num_prompt_tokens > mml:
-            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {mml}"
         reason = unsupported_sampling(st)
         if reason:
             return reason
@@ -129,11 +126,7 @@ class StaticPolicy:
         if plan.num_decode_seqs:
             self.num_decode_steps += 1
         if finished:
-            for st in finished:
-                eng.live_tokens -= st.num_computed_tokens
-                ledger.retire(st)
-                eng.finish(st, now)
-            eng.running = [s for s in eng.running if s.status == RequestStatus.RUNNING]
+            eng.retire_finished(finished, now, ledger.retire)
         if not eng.running:  # the longest sequence ended: the whole batch lets go of its slots
             for st in self.batch:
                 ledger.release(st, stale=True)
