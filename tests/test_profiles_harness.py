@@ -1,6 +1,8 @@
 """The torch harness: paged decode backends agree with dense attention; the CLI writes a
 profile the latency model prices."""
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -59,6 +61,14 @@ def test_profile_cli_cpu_quick(tmp_path):
     m = StepLatencyModel(profile.data)
     t = m.step_time_s(20, [(16, 0)], 4, 4 * 100, 5)
     assert 0 < t < 1.0
+    # the measured profile drives a whole `kvsim run` and is recorded by its hash
+    run = CliRunner().invoke(
+        app, ["run", "--model", "tiny", "--profile", str(out), "--num-requests", "20", "--rate", "10",
+              "--input-len", "64", "--output-len", "16", "--block-size", "32", "--json"],
+    )
+    assert run.exit_code == 0, run.stderr
+    record = json.loads(run.stdout)["record"]["profile"]
+    assert record["source"] == "measured" and record["sha256"] == profile.sha256
 
 
 def test_missing_torch_is_one_clear_line(monkeypatch):
