@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import profile_cmd, run_cmd, workloads_cmd
+from cli import profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
 from cli.errors import OneLineErrorsGroup
 
 app = typer.Typer(
@@ -18,6 +18,8 @@ app = typer.Typer(
 app.command("run", no_args_is_help=False)(run_cmd.run)
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(workloads_cmd.app, name="workloads")
+app.command("sweep")(sweep_cmd.sweep)
+app.add_typer(report_cmd.app, name="report")
 
 
 def main() -> None:

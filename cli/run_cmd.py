@@ -132,6 +132,8 @@ def run(
         "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
     }
     _refuse_irrelevant(policy.value, allocator.value if allocator else None, given)
+    if seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     kwargs = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simcore.errors import DoesNotFitError
+from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import GIB, EngineConfig, GPUSpec, ModelSpec
 
 NON_TORCH_RESERVE_BYTES = int(0.5 * GIB)  # CUDA context + NCCL + CUDA graphs (approximate)
@@ -93,6 +93,10 @@ def _smallest_fitting_tp(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -
 def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryPlan:
     """Budget KV blocks for one replica; raise DoesNotFitError saying by how much and what fits."""
     tp = config.tensor_parallel_size
+    if model.num_attention_heads % tp:
+        raise ConfigError(
+            f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
+        )
     max_model_len = config.resolved_max_model_len(model)
     weights = model.weight_bytes // tp
     reserve = activation_reserve_bytes(model, config)

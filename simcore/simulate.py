@@ -48,6 +48,8 @@ def simulate(
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed."""
     started = time.perf_counter()
+    if not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     memory = plan_memory(model, gpu, config)
     max_model_len = memory.max_model_len
     if not config.enable_chunked_prefill and config.resolved_max_num_batched_tokens(model) < max_model_len:

@@ -18,7 +18,11 @@ def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if value is None or value <= 0:
-            raise ConfigError(f"{type(obj).__name__}.{name} must be positive, got {value!r}")
+            what = (
+                "--" + name.replace("_", "-") if isinstance(obj, EngineConfig)
+                else f"{type(obj).__name__}.{name}"
+            )
+            raise ConfigError(f"{what} must be positive, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,9 @@ def _bad_hf_config(tmp_path: Path) -> str:
         (["--model", "llama3-70b"], "--tp 2 would fit"),
         (["--input-len", "9000"], "longer than max_model_len"),
         (["--tp", "3"], "power of two"),
+        (["--tp", "16", "--model", "tiny"], "must divide tiny's 4 attention heads"),
+        (["--seed", "-1"], "--seed must be an integer >= 0"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be positive"),
         (["--policy", "continuous", "--max-batch-size", "8"], "--max-batch-size applies only"),
         (["--reservation", "pow2"], "--reservation applies only"),
         (["--policy", "static", "--reservation", "max"], "--reservation applies only"),
@@ -159,3 +162,11 @@ def test_hf_config_json_model(tmp_path: Path):
                     "--input-len", "64", "--output-len", "8", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["record"]["profile"]["source"] == "roofline"
+
+
+def test_out_that_is_a_file_is_refused(tmp_path: Path):
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    result = invoke(*FAST, "--out", str(target))
+    assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: cannot write")
+    assert target.read_text() == "keep me"
