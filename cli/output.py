@@ -60,6 +60,8 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
     ):
         if s.get(key):
             lines.append(_row(label, 100 * s[key]))
+    if s.get("kv_sharing_saved"):
+        lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     lines.append("=" * 50)
     return "\n".join(lines)
 
