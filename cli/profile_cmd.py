@@ -133,3 +133,85 @@ def compare_cmd(
         f"median ratio B/A: {summary['median_ratio']:.3f}   worst ratio B/A: {summary['worst_ratio']:.3f}   "
         f"steps outside grid: A {summary['extrapolated_a']}, B {summary['extrapolated_b']}"
     )
+
+
+class StepSet(StrEnum):
+    quick = "quick"
+    full = "full"
+
+
+@app.command("validate")
+def validate_cmd(
+    profile_path: Annotated[Path, typer.Option("--profile", help="Profile JSON whose latency model is checked.")],
+    device: Annotated[Device | None, typer.Option(help="Device to run the steps on (default: the profile's).")] = None,
+    steps: Annotated[StepSet | None, typer.Option(
+        help="Step set (profiles/validate.py); default quick for a --quick profile, else full.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Write rows, summary and provenance as JSON.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="KV block size (default 16 if profiled).")] = None,
+    backend: Annotated[Backend | None, typer.Option(
+        help="Paged decode backend (default: the one the profile was measured with).")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per step (median kept).")] = 10,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up calls per step.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the random tensors and block tables.")] = 0,
+) -> None:
+    """Time whole mixed steps with real kernels and compare them with the latency model's prices."""
+    from profiles.validate import ValidateConfig
+    from simcore.latency import load_profile
+
+    if repeats <= 0 or warmup < 0:
+        raise ConfigError("--repeats must be positive and --warmup >= 0")
+    cfg = ValidateConfig(
+        profile=load_profile(profile_path), device=device.value if device else None,
+        step_set=steps.value if steps else None, block_size=block_size,
+        backend=backend.value if backend else None, repeats=repeats, warmup=warmup, seed=seed,
+    )
+    result = _validate_with_progress(cfg)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    _print_validation(result, out)
+
+
+def _validate_with_progress(cfg) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from profiles.validate import validate_profile
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task("validating", total=None)
+        return validate_profile(cfg, lambda label, n: bar.update(task, completed=n, description=label))
+
+
+def _print_validation(result: dict, out: Path | None) -> None:
+    prov, s = result["provenance"], result["summary"]
+    table = Table(title=(
+        f"{result['profile']['label']} vs whole steps on {prov['device_name']}\n"
+        f"{result['steps']} steps, block size {result['block_size']}, backend {prov['decode_backend']}, "
+        f"ratio = predicted / measured"
+    ))
+    for col in ("kind", "step", "measured ms", "predicted ms", "ratio", "kernels ratio"):
+        table.add_column(col, justify="left" if col in ("kind", "step") else "right")
+    for r in result["rows"]:
+        mark = " *" if r["extrapolated"] else ""
+        table.add_row(r["kind"], r["step"] + mark, f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+                      f"{r['ratio']:.3f}", f"{r['kernels_ratio']:.3f}")
+    console = Console(width=120)
+    console.print(table)
+    console.print(
+        f"|error| whole step: median {100 * s['median_abs_rel_error']:.1f}%, worst "
+        f"{100 * s['worst_abs_rel_error']:.1f}% ({s['worst_step']})\n"
+        f"|error| kernels only (without the profile's overhead and collective, shared by both): median "
+        f"{100 * s['kernels_median_abs_rel_error']:.1f}%, worst {100 * s['kernels_worst_abs_rel_error']:.1f}% "
+        f"({s['kernels_worst_step']})"
+    )
+    measured_on = result["profile"]["measured_on"]
+    if measured_on and measured_on != prov["device_name"]:
+        console.print(f"note: the profile was measured on {measured_on}, the steps ran on {prov['device_name']}")
+    if s["extrapolated_steps"]:
+        console.print(f"* priced outside the profile's grid: {s['extrapolated_steps']} steps")
+    if result["skipped_steps"]:
+        console.print(f"skipped (beyond the model's context limit): {'; '.join(result['skipped_steps'])}")
+    if out is not None:
+        console.print(f"wrote {out}")

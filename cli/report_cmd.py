@@ -49,6 +49,8 @@ def seed_table(
     """Rerun the seed article's benchmark table (3 settings x 3 policies) and write the report."""
     from reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
+    if seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
     out_dir = out if out is not None else reference_dir()
     if out_dir is None:
         raise ConfigError("no writable reports/reference folder here (not a source checkout); pass --out DIR")
@@ -59,4 +61,4 @@ def seed_table(
         stop()
     paths = write_seed_table(report, out_dir)
     typer.echo(markdown_table(report))
-    typer.echo(f"Wrote {', '.join(str(p) for p in paths)} ({report.wall_s:.1f} s simulated wall time)", err=True)
+    typer.echo(f"Wrote {', '.join(str(p) for p in paths)} (simulated in {report.wall_s:.1f} s)", err=True)

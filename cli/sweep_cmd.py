@@ -16,7 +16,37 @@ from typing import Annotated, Any
 import pandas as pd
 import typer
 
-from cli.run_cmd import AllocatorName, PolicyName, PreemptionMode, ReservationName, _refuse_irrelevant
+from cli.options import (
+    Allocator,
+    AsJson,
+    BatchTimeout,
+    BeamWidth,
+    Burstiness,
+    Concurrency,
+    EnableChunkedPrefill,
+    Gpu,
+    InputLen,
+    MaxBatchSize,
+    MaxModelLen,
+    MaxNumBatchedTokens,
+    MaxTokens,
+    Model,
+    N,
+    NumRequests,
+    OutputLen,
+    PolicyName,
+    Preemption,
+    ProfilePath,
+    Rate,
+    Reservation,
+    SwapSpace,
+    ThinkTime,
+    Workload,
+    check_common,
+    engine_options,
+    refuse_irrelevant,
+    workload_overrides,
+)
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -94,75 +124,64 @@ def _records(frame) -> list[dict[str, Any]]:
 
 
 def sweep(
-    model: Annotated[str, typer.Option(help="Catalog model name or a Hugging Face config.json.")] = "llama3-8b",
-    gpu: Annotated[str, typer.Option(help="Catalog GPU name.")] = "H100-SXM-80GB",
+    model: Model = "llama3-8b",
+    gpu: Gpu = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
-    allocator: Annotated[AllocatorName | None, typer.Option(help="KV allocation for continuous batching. [default: paged]")] = None,
-    reservation: Annotated[ReservationName | None, typer.Option(help="Contiguous reservation size (Orca). [default: max]")] = None,
+    allocator: Allocator = None,
+    reservation: Reservation = None,
     block_size: Annotated[str | None, typer.Option(help=f"Tokens per KV block (power of two). {LIST_HELP} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Share of GPU memory the engine may use. {LIST_HELP} [default: 0.9]")] = None,
     max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: 256]")] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill]")] = None,
-    enable_chunked_prefill: Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")] = None,
-    swap_space: Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")] = None,
-    preemption_mode: Annotated[PreemptionMode | None, typer.Option(help="recompute or swap. [default: recompute]")] = None,
-    max_model_len: Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")] = None,
-    max_batch_size: Annotated[int | None, typer.Option(help="Static batching: requests per batch. [default: 64]")] = None,
-    batch_timeout_s: Annotated[float | None, typer.Option(help="Static batching: longest wait for a full batch. [default: 0.1]")] = None,
-    workload: Annotated[str | None, typer.Option(help="Named workload or a YAML file. [default: sharegpt]")] = None,
-    rate: Annotated[float | None, typer.Option(help="Open loop: request rate in req/s.")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Closed loop: number of concurrent clients.")] = None,
-    num_requests: Annotated[int | None, typer.Option(help="Requests to simulate at each point.")] = None,
-    burstiness: Annotated[float | None, typer.Option(help="Gamma arrivals: 1 is Poisson, lower is burstier.")] = None,
-    input_len: Annotated[int | None, typer.Option(help="Mean (or fixed) prompt length in tokens.")] = None,
-    output_len: Annotated[int | None, typer.Option(help="Mean (or fixed) output length in tokens.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Fixed max_tokens cap per request.")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")] = None,
-    beam_width: Annotated[int | None, typer.Option(help="Beam search width.")] = None,
-    think_time_s: Annotated[float | None, typer.Option(help="Closed loop: seconds between a response and the next request.")] = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    enable_chunked_prefill: EnableChunkedPrefill = None,
+    swap_space: SwapSpace = None,
+    preemption_mode: Preemption = None,
+    max_model_len: MaxModelLen = None,
+    max_batch_size: MaxBatchSize = None,
+    batch_timeout_s: BatchTimeout = None,
+    workload: Workload = None,
+    rate: Rate = None,
+    concurrency: Concurrency = None,
+    num_requests: NumRequests = None,
+    burstiness: Burstiness = None,
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
+    max_tokens: MaxTokens = None,
+    n: N = None,
+    beam_width: BeamWidth = None,
+    think_time_s: ThinkTime = None,
     seed: Annotated[int, typer.Option(help="Seed; every point uses it, so every point sees identical traffic.")] = 0,
-    profile: Annotated[Path | None, typer.Option(help="Latency profile JSON (only with a single --tp). [default: committed profile, else roofline]")] = None,
+    profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
     out: Annotated[Path | None, typer.Option(help="Write the table to this CSV file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Simulate every combination of the listed engine settings; print one row per point."""
     from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_points, run_sweep
 
     lists = _lists(policy, tp, block_size, gpu_memory_utilization, max_num_seqs)
-    given = {
-        "--max-batch-size": max_batch_size, "--batch-timeout-s": batch_timeout_s,
-        "--allocator": allocator, "--preemption-mode": preemption_mode, "--swap-space": swap_space,
-        "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
-    }
+    fields, given = engine_options(
+        allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s,
+    )
     for pol in lists.get("policy", ["continuous"]):
-        _refuse_irrelevant(pol, allocator.value if allocator else None, given)
+        refuse_irrelevant(pol, fields.get("allocator"), given)
     for flag, limit in (("--slo-ttft-p95-ms", slo_ttft_p95_ms), ("--slo-tpot-p95-ms", slo_tpot_p95_ms)):
         if limit is not None and not limit > 0:
             raise ConfigError(f"{flag} must be > 0, got {limit}")
     if out is not None and out.suffix.lower() != ".csv":
         raise ConfigError(f"--out {out}: give a .csv file")
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
-    if max_model_len is not None and max_model_len > model_spec.max_position_embeddings:
-        raise ConfigError(f"--max-model-len {max_model_len} exceeds {model_spec.name}'s context length "
-                          f"{model_spec.max_position_embeddings}")
-    base_kwargs = {
-        "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
-        "enable_chunked_prefill": enable_chunked_prefill, "swap_space": swap_space,
-        "preemption_mode": preemption_mode.value if preemption_mode else None,
-        "allocator": allocator.value if allocator else None,
-        "reservation": reservation.value if reservation else None,
-        "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout_s,
-    }
-    base = EngineConfig(**{k: v for k, v in base_kwargs.items() if v is not None})
+    check_common(seed, max_model_len, model_spec)
+    base = EngineConfig(**fields)
     points = plan_points(model_spec, gpu_spec, base, lists)
-    wl = _workload(workload, base, model_spec, {
-        "num_requests": num_requests, "rate": rate, "concurrency": concurrency, "burstiness": burstiness,
-        "input_len": input_len, "output_len": output_len, "max_tokens": max_tokens, "n": n,
-        "beam_width": beam_width, "think_time_s": think_time_s,
-    })
+    wl = _workload(workload, base, model_spec, workload_overrides(
+        num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
+        input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
+        beam_width=beam_width, think_time_s=think_time_s,
+    ))
     profile_for = _profiles(profile, gpu_spec, model_spec, [p.config.tensor_parallel_size for p in points if not p.does_not_fit])
 
     update, stop = _progress(len(points))
@@ -170,6 +189,8 @@ def sweep(
         frame, warnings = run_sweep(model_spec, gpu_spec, points, wl, profile_for, seed, update)
     finally:
         stop()
+    for note in wl.notes():
+        typer.echo(f"NOTE {note}", err=True)
     for warning in warnings:
         typer.echo(f"WARNING {warning}", err=True)
     best = None
@@ -225,7 +246,8 @@ def _print(frame, best: int | None, sweepable, as_json: bool, context: dict[str,
             typer.echo("No point meets the SLO.")
         else:
             row = frame.iloc[best]
-            swept = ", ".join(f"{col}={row[col]}" for _, col in sweepable.values() if col in frame.columns)
+            names = {col for _, col in sweepable.values()}
+            swept = ", ".join(f"{col}={row[col]}" for col in frame.columns if col in names)
             typer.echo(f"Cheapest passing point (fewest GPUs, then highest throughput): {swept} "
                        f"({row['output_tok_s']:,.1f} output tok/s)")
     if out is not None:

@@ -1,0 +1,129 @@
+"""Options shared by `kvsim run` and `kvsim sweep`, defined once (type, flag and help)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from simcore.errors import ConfigError
+from simcore.specs import ModelSpec
+
+
+class PolicyName(str, Enum):
+    static = "static"
+    dynamic = "dynamic"
+    continuous = "continuous"
+
+
+class AllocatorName(str, Enum):
+    paged = "paged"
+    contiguous = "contiguous"
+
+
+class ReservationName(str, Enum):
+    max = "max"
+    pow2 = "pow2"
+    oracle = "oracle"
+
+
+class PreemptionMode(str, Enum):
+    recompute = "recompute"
+    swap = "swap"
+
+
+Model = Annotated[str, typer.Option(help="Catalog model name or a Hugging Face config.json.")]
+Gpu = Annotated[str, typer.Option(help="Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB.")]
+Allocator = Annotated[AllocatorName | None, typer.Option(help="KV allocation for continuous batching: paged (vLLM) or contiguous (Orca). [default: paged]")]
+Reservation = Annotated[ReservationName | None, typer.Option(help="Orca reservation size: max_model_len, prompt + next power of two of the output, or prompt + the true output. [default: max]")]
+MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")]
+EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
+SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
+Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
+MaxModelLen = Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")]
+MaxBatchSize = Annotated[int | None, typer.Option(help="Static batching: requests per batch. [default: 64]")]
+BatchTimeout = Annotated[float | None, typer.Option(help="Static batching: longest wait for a full batch. [default: 0.1]")]
+Workload = Annotated[str | None, typer.Option(help="Named workload (see `kvsim workloads`) or a YAML file. [default: sharegpt]")]
+Rate = Annotated[float | None, typer.Option(help="Open loop: request rate in req/s (Poisson unless --burstiness).")]
+Concurrency = Annotated[int | None, typer.Option(help="Closed loop: number of concurrent clients.")]
+NumRequests = Annotated[int | None, typer.Option(help="Requests to simulate.")]
+Burstiness = Annotated[float | None, typer.Option(help="Gamma arrivals: 1 is Poisson, lower is burstier.")]
+InputLen = Annotated[int | None, typer.Option(help="Mean (or fixed) prompt length in tokens.")]
+OutputLen = Annotated[int | None, typer.Option(help="Mean (or fixed) output length in tokens.")]
+MaxTokens = Annotated[int | None, typer.Option(help="Fixed max_tokens cap per request (what reservations reserve).")]
+N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")]
+BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
+ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
+ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+# Options that mean something only for some policies (refused, not ignored, elsewhere).
+_ONLY_FOR = {
+    "--max-batch-size": ("static",),
+    "--batch-timeout-s": ("static",),
+    "--allocator": ("continuous",),
+    "--preemption-mode": ("continuous",),
+    "--swap-space": ("continuous",),
+    "--enable-chunked-prefill": ("continuous",),
+}
+
+
+def refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, object]) -> None:
+    """Options that mean nothing for the chosen policy are refused, not ignored."""
+    for flag, policies in _ONLY_FOR.items():
+        if given.get(flag) is not None and policy not in policies:
+            raise ConfigError(f"{flag} applies only to --policy {'/'.join(policies)}, not {policy}")
+    if given.get("--reservation") is not None and (policy != "continuous" or (allocator or "paged") == "paged"):
+        raise ConfigError(
+            "--reservation applies only to --policy continuous --allocator contiguous (Orca); "
+            "static reserves max_model_len and dynamic prompt + max_tokens"
+        )
+
+
+def engine_options(
+    allocator: AllocatorName | None, reservation: ReservationName | None,
+    max_num_batched_tokens: int | None, enable_chunked_prefill: bool | None,
+    swap_space: float | None, preemption_mode: PreemptionMode | None, max_model_len: int | None,
+    max_batch_size: int | None, batch_timeout_s: float | None,
+) -> tuple[dict[str, Any], dict[str, object]]:
+    """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`)."""
+    fields = {
+        "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+        "enable_chunked_prefill": enable_chunked_prefill, "swap_space": swap_space,
+        "preemption_mode": preemption_mode.value if preemption_mode else None,
+        "allocator": allocator.value if allocator else None,
+        "reservation": reservation.value if reservation else None,
+        "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout_s,
+    }
+    given = {
+        "--max-batch-size": max_batch_size, "--batch-timeout-s": batch_timeout_s,
+        "--allocator": allocator, "--preemption-mode": preemption_mode, "--swap-space": swap_space,
+        "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
+    }
+    return {k: v for k, v in fields.items() if v is not None}, given
+
+
+def workload_overrides(
+    *, num_requests: int | None, rate: float | None, concurrency: int | None,
+    burstiness: float | None, input_len: int | None, output_len: int | None,
+    max_tokens: int | None, n: int | None, beam_width: int | None, think_time_s: float | None,
+) -> dict[str, Any]:
+    """The workload fields a command line overrides (None: keep the workload's own); one
+    keyword each, so `run` and `sweep` cannot pass different sets."""
+    return {
+        "num_requests": num_requests, "rate": rate, "concurrency": concurrency,
+        "burstiness": burstiness, "input_len": input_len, "output_len": output_len,
+        "max_tokens": max_tokens, "n": n, "beam_width": beam_width, "think_time_s": think_time_s,
+    }
+
+
+def check_common(seed: int, max_model_len: int | None, model: ModelSpec) -> None:
+    if seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+    if max_model_len is not None and max_model_len > model.max_position_embeddings:
+        raise ConfigError(
+            f"--max-model-len {max_model_len} exceeds {model.name}'s context length "
+            f"{model.max_position_embeddings}"
+        )

@@ -1,0 +1,72 @@
+"""Which regime a run was in: did KV memory bind, or was it compute / policy bound? (DESIGN.md:
+"Reports must state which regime a setting is in".)
+
+Measured from the per-step table of one run (`Result.steps`), nothing else:
+
+    peak_kv_use      = max over steps of kv_allocated / capacity_tokens
+    kv_blocked_share = sum(duration_s of KV-blocked steps) / sum(duration_s)
+
+A step is KV-blocked when, at its end, work was queued (`num_waiting + num_swapped > 0`) and
+either a sequence was preempted in it (a running request could not get a block) or the usable
+free KV, `capacity - kv_allocated - kv_external`, was below one allocation unit (1 token for
+contiguous reservations, `block_size` tokens for paged blocks). For contiguous reservations
+`kv_external` is the free memory in extents too small for the head of the queue, so there the
+test is exact: no free extent could hold the next request. For paged blocks the step table does
+not record how many blocks the head needs, so only "no block free" counts: a lower bound.
+
+    regime = "memory-bound"                    if peak_kv_use >= 0.95
+                                               or kv_blocked_share >= 0.01
+                                               or any preemption
+             "compute-bound (KV not binding)"  otherwise
+
+The 1% floor keeps a handful of end-of-step instants (the step table is taken before finished
+requests free their KV) from labelling a run; both measures are reported beside the label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+MEMORY_BOUND = "memory-bound"
+COMPUTE_BOUND = "compute-bound (KV not binding)"
+PEAK_KV_THRESHOLD = 0.95  # peak kv_allocated / capacity at or above this: memory binds
+BLOCKED_SHARE_THRESHOLD = 0.01  # time share of KV-blocked steps at or above this: memory binds
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """The regime label of one run and the two measures it was decided from."""
+
+    label: str  # MEMORY_BOUND or COMPUTE_BOUND
+    peak_kv_use: float  # max kv_allocated / capacity, in [0, 1]
+    kv_blocked_share: float  # time-weighted share of KV-blocked steps, in [0, 1]
+    num_preempted: int  # preemptions summed over steps
+
+
+def classify_regime(steps: pd.DataFrame, capacity_tokens: int, paged: bool, block_size: int) -> Regime:
+    """Label one run from its step table (see the module docstring for the exact rule)."""
+    if len(steps) == 0 or capacity_tokens <= 0:
+        return Regime(COMPUTE_BOUND, 0.0, 0.0, 0)
+    allocated = steps["kv_allocated"].to_numpy()
+    dt = steps["duration_s"].to_numpy()
+    queued = (steps["num_waiting"].to_numpy() + steps["num_swapped"].to_numpy()) > 0
+    preempted = steps["num_preempted"].to_numpy() > 0
+    usable_free = capacity_tokens - allocated - steps["kv_external"].to_numpy()
+    unit = block_size if paged else 1
+    blocked = queued & (preempted | (usable_free < unit))
+    total = float(dt.sum())
+    share = float(np.dot(blocked, dt)) / total if total > 0 else float(blocked.any())
+    peak = float(allocated.max()) / capacity_tokens
+    num_preempted = int(steps["num_preempted"].sum())
+    bound = peak >= PEAK_KV_THRESHOLD or share >= BLOCKED_SHARE_THRESHOLD or num_preempted > 0
+    return Regime(MEMORY_BOUND if bound else COMPUTE_BOUND, peak, share, num_preempted)
+
+
+def regime_of(result) -> Regime:
+    """The regime of a `simcore.simulate.Result`."""
+    config = result.record["config"]
+    paged = config["policy"] == "continuous" and config["allocator"] == "paged"
+    return classify_regime(result.steps, result.memory.num_gpu_tokens, paged, config["block_size"])
