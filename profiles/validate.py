@@ -169,7 +169,7 @@ def check_fits(where: str, model: ModelSpec, tp: int, steps: list[ValidationStep
     if need > MEMORY_HEADROOM * available:
         raise DoesNotFitError(
             f"{where}: model shape {model.name!r} is too large for {device}: one layer at TP {tp} "
-            f"({dtype_name}) needs ~{need / 2**30:.1f} GiB for the step '{worst}', "
+            f"({dtype_name}) needs ~{need / 2**30:.1f} GiB for the step '{worst}' but only "
             f"{MEMORY_HEADROOM * available / 2**30:.1f} GiB is available"
         )
 

@@ -53,6 +53,8 @@ SETTINGS = (
             "must assume when the output length is unknown)"),
     Setting("mem-bound", 4, 256, 2048, "half the node (TP 4), 256 clients, max_tokens=2048: a "
             "setting where reservations run out of KV memory"),
+    Setting("kv-tight", 2, 64, 2048, "a quarter of the node (TP 2): the weights leave room for "
+            "about 25k KV tokens, so KV memory binds for every policy, paging included"),
 )
 POLICIES: dict[str, dict[str, Any]] = {
     "static": dict(policy="static", max_batch_size=64, batch_timeout_s=0.1),
