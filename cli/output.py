@@ -49,6 +49,9 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
     lines.append(_section("KV cache"))
+    if "regime" in s:
+        lines.append(_row("Regime:", s["regime"]))
+        lines.append(_row("Peak KV cache use (%):", 100 * s["peak_kv_use"]))
     lines.append(_row("Preemptions:", s["num_preemptions"]))
     waste = s.get("kv_waste_rate")
     lines.append(_row("KV cache waste (%):", None if waste is None else 100 * waste))

@@ -151,7 +151,13 @@ def run(
         typer.echo(f"NOTE {note}", err=True)
     for warning in result.warnings:
         typer.echo(f"WARNING {warning}", err=True)
-    summary = {**result.summary}
+    from reports.regime import regime_of
+
+    regime = regime_of(result)
+    summary = {
+        **result.summary, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
+        "kv_blocked_share": regime.kv_blocked_share,
+    }
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {

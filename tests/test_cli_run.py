@@ -27,6 +27,15 @@ def test_run_prints_kv_cache_size_and_a_vllm_style_summary():
                   "Mean TPOT (ms):", "Median ITL (ms):", "P95 E2EL (ms):", "KV cache waste (%):"):
         assert label in out
     assert "Successful requests:                     40" in out
+    assert "Regime:                                  compute-bound (KV not binding)" in out
+
+
+def test_a_cache_too_small_for_the_traffic_is_reported_memory_bound():
+    result = invoke("--model", "llama3-70b", "--tp", "2", "--workload", "seed-table",
+                    "--num-requests", "120", "--json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["regime"] == "memory-bound" and summary["num_preemptions"] > 0
 
 
 def test_out_writes_three_files_with_seed_config_and_profile_hash(tmp_path: Path):
