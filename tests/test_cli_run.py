@@ -31,8 +31,9 @@ def test_run_prints_kv_cache_size_and_a_vllm_style_summary():
 
 
 def test_a_cache_too_small_for_the_traffic_is_reported_memory_bound():
+    # TP 2 leaves ~25k KV tokens; 128 clients of ~500-token requests need far more
     result = invoke("--model", "llama3-70b", "--tp", "2", "--workload", "seed-table",
-                    "--num-requests", "120", "--json")
+                    "--concurrency", "128", "--num-requests", "120", "--json")
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)["summary"]
     assert summary["regime"] == "memory-bound" and summary["num_preemptions"] > 0
