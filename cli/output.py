@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
-
-import typer
-
-from simcore.errors import KvsimError
 
 
 def _row(label: str, value: Any, fmt: str = ".2f") -> str:
@@ -70,27 +63,12 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
 
 
 def write_outputs(out_dir: Path, files: dict[str, Any]) -> None:
-    """Write every file to a temporary folder first, then move them into `out_dir`, so a
-    failure leaves either all the new files or none (earlier files are never touched)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".kvsim-", dir=out_dir))
-    except OSError as exc:
-        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
-    try:
-        for name, content in files.items():
-            target = staging / name
-            if hasattr(content, "to_csv"):
-                content.to_csv(target, index=False)
-            else:
-                target.write_text(json.dumps(content, indent=2, default=str) + "\n")
-        for name in files:
-            os.replace(staging / name, out_dir / name)
-    except OSError as exc:
-        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    """Write DataFrames as CSV and anything else as JSON, all files or none (reports.files)."""
+    from reports.files import write_files
 
+    def writer(content: Any):
+        if hasattr(content, "to_csv"):
+            return lambda path: content.to_csv(path, index=False)
+        return lambda path: path.write_text(json.dumps(content, indent=2, default=str) + "\n")
 
-def info(message: str) -> None:
-    typer.echo(f"INFO {message}", err=True)
+    write_files(out_dir, {name: writer(content) for name, content in files.items()})
