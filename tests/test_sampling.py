@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simcore.block_pool import PagedAllocator
 from simcore.catalog import GPUS, MODELS
@@ -102,3 +104,43 @@ def test_multi_sequence_requests_can_be_preempted_and_still_finish():
         assert (result.requests["status"] == "finished").all(), mode
         assert result.summary["num_preemptions"] > 0, mode
         assert (result.requests["num_output_tokens"] == 36).all()
+
+
+def test_a_request_wider_than_a_step_is_rejected_not_left_waiting():
+    cfg = EngineConfig(max_num_seqs=2)
+    result = simulate(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg,
+                      ListWorkload([req(0, 0.0, 8, 4, n=3), req(1, 0.0, 8, 4, n=2)]), flat_profile())
+    df = result.requests.set_index("request_id")
+    assert df.loc[0, "status"] == "rejected" and "max_num_seqs=2" in df.loc[0, "reject_reason"]
+    assert df.loc[1, "status"] == "finished"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    extra_blocks=st.integers(0, 12),
+    mode=st.sampled_from(["recompute", "swap"]),
+    chunked=st.booleans(),
+    max_num_seqs=st.integers(1, 8),
+    shapes=st.lists(
+        st.tuples(st.integers(1, 30), st.integers(1, 20), st.sampled_from([(1, 1), (2, 1), (3, 1), (1, 2), (1, 3)])),
+        min_size=1, max_size=12,
+    ),
+)
+def test_paged_engine_with_groups_always_drains(block_size, extra_blocks, mode, chunked, max_num_seqs, shapes):
+    """Every request finishes or is rejected with a reason (a stall would raise), KV never exceeds
+    the cache, and live KV never exceeds allocated KV."""
+    mml = 32
+    cfg = EngineConfig(
+        block_size=block_size, num_gpu_blocks_override=-(-mml // block_size) + extra_blocks,
+        max_model_len=mml, preemption_mode=mode, swap_space=0.0001, enable_chunked_prefill=chunked,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=mml if not chunked else 8,
+    )
+    requests = [req(i, 0.001 * i, p, o, n=n, beam_width=b) for i, (p, o, (n, b)) in enumerate(shapes)]
+    result = simulate(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg, ListWorkload(requests), flat_profile())
+    df = result.requests
+    assert set(df["status"]) <= {"finished", "rejected"}
+    assert (df.loc[df["status"] == "rejected", "reject_reason"] != "").all()
+    steps = result.steps
+    assert (steps["kv_allocated"] <= result.memory.num_gpu_tokens).all()
+    assert (steps["kv_live"] <= steps["kv_allocated"]).all()

@@ -56,7 +56,13 @@ class ContinuousPagedPolicy:
                 f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
                 f"{self.max_num_batched_tokens} and chunked prefill is off"
             )
-        if group_width(st) > 1:
+        width = group_width(st)
+        if width > min(self.max_num_seqs, self.max_num_batched_tokens):
+            return (
+                f"runs {width} sequences but a step takes at most max_num_seqs={self.max_num_seqs} "
+                f"sequences and max_num_batched_tokens={self.max_num_batched_tokens} tokens"
+            )
+        if width > 1:
             need = self.groups.num_blocks_for(st)
             if need > alloc.num_gpu_blocks:
                 return f"needs {need} KV blocks for {group_width(st)} sequences but the cache has {alloc.num_gpu_blocks}"
