@@ -37,7 +37,44 @@ class Result:
     warnings: list[str] = field(default_factory=list)
 
 
-def simulate(
+@dataclass
+class Simulation:
+    """A wired-up run before it starts: the engine, its policy and allocator can be inspected
+    (tests do) before `run()` and after it."""
+
+    env: simpy.Environment
+    engine: Engine
+    memory: MemoryPlan
+    latency: StepLatencyModel
+    record: dict[str, Any]
+    workload: Workload
+    warnings: list[str] = field(default_factory=list)
+    started: float = 0.0
+
+    def run(self) -> Result:
+        """Run to the last request and collect the tables; raises if any request stalled."""
+        engine, latency = self.engine, self.latency
+        self.env.run()
+        stalled = sum(1 for st in engine.states if not st.done.triggered)
+        if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
+            raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
+        requests = requests_frame(engine.states)
+        steps = engine.recorder.frame()
+        itl_s = np.frombuffer(engine.itl_s, dtype=np.float64).copy()
+        summary = summarize(requests, steps, itl_s)
+        summary["extrapolated_steps"] = latency.extrapolated.steps
+        warnings = list(self.warnings)
+        if latency.extrapolated.steps:
+            warnings.append(
+                f"{latency.extrapolated.steps} of {len(steps)} steps needed values outside the "
+                f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
+            )
+        record = {**self.record, "workload": self.workload.describe()}
+        return Result(summary, requests, steps, itl_s, self.memory, record,
+                      time.perf_counter() - self.started, warnings)
+
+
+def prepare(
     model: ModelSpec,
     gpu: GPUSpec,
     config: EngineConfig,
@@ -45,8 +82,8 @@ def simulate(
     profile: Profile,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
-) -> Result:
-    """Simulate one engine replica serving `workload`; deterministic for a given seed."""
+) -> Simulation:
+    """Validate the inputs and wire the engine, policy and workload; nothing runs yet."""
     started = time.perf_counter()
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
@@ -72,33 +109,29 @@ def simulate(
     engine.attach(make_policy(config, model, memory, engine, np.random.default_rng(engine_seed)))
     env.process(workload.process(env, engine, workload_seed))
     env.process(engine.run())
-    env.run()
-    stalled = sum(1 for st in engine.states if not st.done.triggered)
-    if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
-        raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
-
-    requests = requests_frame(engine.states)
-    steps = engine.recorder.frame()
-    itl_s = np.frombuffer(engine.itl_s, dtype=np.float64).copy()
-    summary = summarize(requests, steps, itl_s)
-    summary["extrapolated_steps"] = latency.extrapolated.steps
-    if latency.extrapolated.steps:
-        warnings.append(
-            f"{latency.extrapolated.steps} of {len(steps)} steps needed values outside the "
-            f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
-        )
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
         "model": model.to_dict(),
         "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib},
         "config": config.to_dict(),
-        "workload": workload.describe(),
         "profile": {
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,
         },
         "memory": memory.to_dict(),
     }
-    return Result(summary, requests, steps, itl_s, memory, record,
-                  time.perf_counter() - started, warnings)
+    return Simulation(env, engine, memory, latency, record, workload, warnings, started)
+
+
+def simulate(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    config: EngineConfig,
+    workload: Workload,
+    profile: Profile,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> Result:
+    """Simulate one engine replica serving `workload`; deterministic for a given seed."""
+    return prepare(model, gpu, config, workload, profile, seed, progress).run()

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from simcore.catalog import GPUS, MODELS
 from simcore.contiguous import ContiguousAllocator
-from simcore.engine import Engine
 from simcore.errors import ConfigError
-from simcore.latency import StepLatencyModel
-from simcore.memory import plan_memory
 from simcore.metrics import requests_frame
-from simcore.policies import make_policy
 from simcore.policies.dynamic import DynamicPolicy
-from simcore.simulate import simulate
+from simcore.simulate import prepare, simulate
 from simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
@@ -32,15 +26,12 @@ def run(requests, **config):
 
 
 def run_direct(requests, policy_factory=None, **config):
-    """Build the engine as simulate() does, keeping the policy and every plan it scheduled."""
-    cfg = EngineConfig(**config)
-    memory = plan_memory(TINY, H100, cfg)
-    env = simpy.Environment()
-    engine = Engine(env, StepLatencyModel(flat_profile().data, policy=cfg.policy), memory.max_model_len, 1e-6)
-    if policy_factory is None:
-        policy = make_policy(cfg, TINY, memory, engine, np.random.default_rng(0))
-    else:
-        policy = policy_factory(engine, memory)
+    """Run as simulate() does, keeping the engine, the policy and every plan it scheduled."""
+    sim = prepare(TINY, H100, EngineConfig(**config), ListWorkload(requests), flat_profile())
+    engine = sim.engine
+    if policy_factory is not None:
+        engine.attach(policy_factory(engine, sim.memory))
+    policy = engine.policy
     plans = []
     schedule = policy.schedule
 
@@ -52,10 +43,7 @@ def run_direct(requests, policy_factory=None, **config):
         return plan
 
     policy.schedule = spy
-    engine.attach(policy)
-    env.process(ListWorkload(requests).process(env, engine, np.random.SeedSequence(0)))
-    env.process(engine.run())
-    env.run()
+    sim.run()
     return engine, policy, plans
 
 

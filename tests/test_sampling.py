@@ -10,7 +10,7 @@ from simcore.block_pool import PagedAllocator
 from simcore.catalog import GPUS, MODELS
 from simcore.request import Request
 from simcore.sampling import SequenceGroups
-from simcore.simulate import simulate
+from simcore.simulate import prepare, simulate
 from simcore.specs import EngineConfig
 from simcore.state import ReqState
 from tests.helpers import ListWorkload, flat_profile, req
@@ -129,7 +129,7 @@ def test_a_request_wider_than_a_step_is_rejected_not_left_waiting():
 )
 def test_paged_engine_with_groups_always_drains(block_size, extra_blocks, mode, chunked, max_num_seqs, shapes):
     """Every request finishes or is rejected with a reason (a stall would raise), KV never exceeds
-    the cache, and live KV never exceeds allocated KV."""
+    the cache, live KV never exceeds allocated KV, and every block is back in its pool."""
     mml = 32
     cfg = EngineConfig(
         block_size=block_size, num_gpu_blocks_override=-(-mml // block_size) + extra_blocks,
@@ -137,7 +137,11 @@ def test_paged_engine_with_groups_always_drains(block_size, extra_blocks, mode, 
         max_num_seqs=max_num_seqs, max_num_batched_tokens=mml if not chunked else 8,
     )
     requests = [req(i, 0.001 * i, p, o, n=n, beam_width=b) for i, (p, o, (n, b)) in enumerate(shapes)]
-    result = simulate(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg, ListWorkload(requests), flat_profile())
+    sim = prepare(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg, ListWorkload(requests), flat_profile())
+    result = sim.run()
+    alloc = sim.engine.policy.allocator
+    assert alloc.num_used_blocks == 0 and alloc.cpu.num_free == alloc.cpu.num_blocks
+    assert not sim.engine.policy.groups.active and sim.engine.live_tokens == 0
     df = result.requests
     assert set(df["status"]) <= {"finished", "rejected"}
     assert (df.loc[df["status"] == "rejected", "reject_reason"] != "").all()
