@@ -40,6 +40,7 @@ Allocator = Annotated[AllocatorName | None, typer.Option(help="KV allocation for
 Reservation = Annotated[ReservationName | None, typer.Option(help="Orca reservation size: max_model_len, prompt + next power of two of the output, or prompt + the true output. [default: max]")]
 MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")]
 EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
+EnablePrefixCaching = Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes (vLLM V1's automatic prefix caching). [default: on]")]
 SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
 Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
 MaxModelLen = Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")]
@@ -67,6 +68,7 @@ _ONLY_FOR = {
     "--preemption-mode": ("continuous",),
     "--swap-space": ("continuous",),
     "--enable-chunked-prefill": ("continuous",),
+    "--enable-prefix-caching": ("continuous",),
 }
 
 
@@ -75,6 +77,8 @@ def refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, objec
     for flag, policies in _ONLY_FOR.items():
         if given.get(flag) is not None and policy not in policies:
             raise ConfigError(f"{flag} applies only to --policy {'/'.join(policies)}, not {policy}")
+    if given.get("--enable-prefix-caching") is not None and (allocator or "paged") != "paged":
+        raise ConfigError("--enable-prefix-caching applies only to the paged allocator")
     if given.get("--reservation") is not None and (policy != "continuous" or (allocator or "paged") == "paged"):
         raise ConfigError(
             "--reservation applies only to --policy continuous --allocator contiguous (Orca); "
@@ -86,10 +90,11 @@ def engine_options(
     allocator: AllocatorName | None, reservation: ReservationName | None,
     max_num_batched_tokens: int | None, enable_chunked_prefill: bool | None,
     swap_space: float | None, preemption_mode: PreemptionMode | None, max_model_len: int | None,
-    max_batch_size: int | None, batch_timeout_s: float | None,
+    max_batch_size: int | None, batch_timeout_s: float | None, enable_prefix_caching: bool | None,
 ) -> tuple[dict[str, Any], dict[str, object]]:
     """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`)."""
     fields = {
+        "enable_prefix_caching": enable_prefix_caching,
         "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
         "enable_chunked_prefill": enable_chunked_prefill, "swap_space": swap_space,
         "preemption_mode": preemption_mode.value if preemption_mode else None,
@@ -101,6 +106,7 @@ def engine_options(
         "--max-batch-size": max_batch_size, "--batch-timeout-s": batch_timeout_s,
         "--allocator": allocator, "--preemption-mode": preemption_mode, "--swap-space": swap_space,
         "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
+        "--enable-prefix-caching": enable_prefix_caching,
     }
     return {k: v for k, v in fields.items() if v is not None}, given
 

@@ -56,6 +56,8 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
     ):
         if s.get(key):
             lines.append(_row(label, 100 * s[key]))
+    if s.get("prefix_cache_hit_rate") is not None:
+        lines.append(_row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"]))
     if s.get("kv_sharing_saved"):
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     lines.append("=" * 50)

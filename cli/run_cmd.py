@@ -18,6 +18,7 @@ from cli.options import (
     Burstiness,
     Concurrency,
     EnableChunkedPrefill,
+    EnablePrefixCaching,
     Gpu,
     InputLen,
     MaxBatchSize,
@@ -85,6 +86,7 @@ def run(
     max_num_seqs: Annotated[int, typer.Option(help="Most sequences in one step.")] = 256,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
+    enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
@@ -114,7 +116,7 @@ def run(
 
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
     refuse_irrelevant(policy.value, fields.get("allocator"), given)
     model_spec = get_model(model)

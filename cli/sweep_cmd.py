@@ -24,6 +24,7 @@ from cli.options import (
     Burstiness,
     Concurrency,
     EnableChunkedPrefill,
+    EnablePrefixCaching,
     Gpu,
     InputLen,
     MaxBatchSize,
@@ -135,6 +136,7 @@ def sweep(
     max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: 256]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
+    enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
@@ -164,7 +166,7 @@ def sweep(
     lists = _lists(policy, tp, block_size, gpu_memory_utilization, max_num_seqs)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)

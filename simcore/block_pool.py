@@ -9,10 +9,18 @@ tokens are written (on demand), so only the last block can hold unused slots:
 `fork` shares every block (ref_cnt + 1); the first append to a shared, partly filled last
 block copies it first (copy-on-write), so a shared block is never written. Swap moves a
 group of sequences' blocks to a CPU pool (shared blocks copied once) and back.
+
+Prefix caching (vLLM's automatic prefix caching): a full block whose content is known by a
+hash (here: block i of a shared system prompt) is registered under it; a later sequence
+starting with the same content adopts the block instead of computing it. A cached block
+whose last holder lets go stays cached but counts as free ("evictable"); it is evicted, least
+recently freed first, only when no uncached free block is left.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -29,6 +37,7 @@ class AllocStatus(IntEnum):
 class Block:
     block_id: int  # index into its pool, fixed at creation
     ref_cnt: int = 0  # number of block tables holding it; written only by BlockPool
+    block_hash: Hashable | None = None  # content key while cached; written by PagedAllocator
 
 
 class BlockPool:
@@ -42,7 +51,9 @@ class BlockPool:
     def __init__(self, num_blocks: int):
         self._num_blocks = num_blocks  # fixed capacity
         self.blocks: list[Block] = []  # materialised blocks, index == block_id
-        self._free_ids: list[int] = []  # recycled ids; never-used ids are implicit
+        self._free_ids: list[int] = []  # recycled uncached ids; never-used ids are implicit
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
+        self.on_evict = None  # callback(block) when a cached block is reused for other content
 
     @property
     def num_blocks(self) -> int:
@@ -50,18 +61,29 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free_ids) + self._num_blocks - len(self.blocks)
+        return len(self._free_ids) + self._num_blocks - len(self.blocks) + len(self._evictable)
 
     def take(self) -> int:
         if self._free_ids:
             block = self.blocks[self._free_ids.pop()]
             assert block.ref_cnt == 0, "free block still referenced"
-        else:
-            assert len(self.blocks) < self._num_blocks, "pool exhausted"
+        elif len(self.blocks) < self._num_blocks:
             block = Block(len(self.blocks))
             self.blocks.append(block)
+        else:
+            assert self._evictable, "pool exhausted"
+            block = self.blocks[self._evictable.popitem(last=False)[0]]
+            self.on_evict(block)
+            block.block_hash = None
         block.ref_cnt = 1
         return block.block_id
+
+    def touch(self, block_id: int) -> None:
+        """Take a reference to a cached block, reviving it if it was evictable."""
+        block = self.blocks[block_id]
+        if block.ref_cnt == 0:
+            del self._evictable[block_id]
+        block.ref_cnt += 1
 
     def incref(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -73,7 +95,10 @@ class BlockPool:
         assert block.ref_cnt > 0, "double free"
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
-            self._free_ids.append(block_id)
+            if block.block_hash is None:
+                self._free_ids.append(block_id)
+            else:
+                self._evictable[block_id] = None
 
 
 class _SeqBlocks:
@@ -97,6 +122,44 @@ class PagedAllocator:
         self.cpu = BlockPool(num_cpu_blocks)
         self._seqs: dict[int, _SeqBlocks] = {}
         self.num_cow_copies = 0  # blocks copied on write, for reporting
+        self.cached: dict[Hashable, int] = {}  # content hash -> GPU block id (prefix caching)
+        self.gpu.on_evict = self._forget
+
+    # -- prefix caching ------------------------------------------------------------------
+    def _forget(self, block: Block) -> None:
+        if self.cached.get(block.block_hash) == block.block_id:
+            del self.cached[block.block_hash]
+
+    def num_cached_prefix_blocks(self, block_hashes: list[Hashable]) -> int:
+        """How many leading blocks of this content are cached (computed KV to adopt)."""
+        hits = 0
+        for block_hash in block_hashes:
+            if block_hash not in self.cached:
+                break
+            hits += 1
+        return hits
+
+    def adopt_cached(self, seq_id: int, block_hashes: list[Hashable]) -> None:
+        """Start a new sequence on cached blocks: they count as written, nothing is computed."""
+        assert seq_id not in self._seqs
+        seq = self._seqs[seq_id] = _SeqBlocks()
+        for block_hash in block_hashes:
+            block_id = self.cached[block_hash]
+            self.gpu.touch(block_id)
+            seq.table.append(block_id)
+        seq.num_tokens = len(block_hashes) * self.block_size
+
+    def cache_full_blocks(self, seq_id: int, block_hashes: list[Hashable]) -> None:
+        """Register the sequence's full blocks whose content these hashes name (first wins)."""
+        seq = self._seqs[seq_id]
+        full = min(len(block_hashes), seq.num_tokens // self.block_size, len(seq.table))
+        blocks = self.gpu.blocks
+        for index in range(full):
+            block = blocks[seq.table[index]]
+            block_hash = block_hashes[index]
+            if block.block_hash is None and block_hash not in self.cached:
+                block.block_hash = block_hash
+                self.cached[block_hash] = block.block_id
 
     # -- sizes ---------------------------------------------------------------------------
     @property

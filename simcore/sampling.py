@@ -83,20 +83,20 @@ class SequenceGroups:
         st.seq_ids = [st.request_id]
         self.active.pop(st.request_id, None)
 
-    def live_and_unshared(self) -> tuple[int, int]:
-        """(computed token slots held, extra slots that sharing saves) over running groups."""
+    def internal_and_saved(self) -> tuple[int, int]:
+        """(unfilled slots of the groups' last blocks, slots that block sharing saves) over
+        running groups; a last block shared by several samples is counted once."""
         alloc, bs = self.allocator, self.allocator.block_size
-        live = saved = 0
+        internal = saved = 0
         for st in self.active.values():
             if alloc.is_swapped(st.seq_ids[0]):
                 continue
             tables = [alloc.block_table(s) for s in st.seq_ids]
             distinct = {b for t in tables for b in t}
             last_blocks = {t[-1] for t in tables if t}
-            fill = st.num_computed_tokens % bs or bs
-            live += len(distinct) * bs - len(last_blocks) * (bs - fill)
+            internal += len(last_blocks) * ((-st.num_computed_tokens) % bs)
             saved += (sum(len(t) for t in tables) - len(distinct)) * bs
-        return live, saved
+        return internal, saved
 
     def _new_seq_id(self) -> int:
         self._next_seq_id += 1

@@ -63,6 +63,9 @@ class Simulation:
         itl_s = np.frombuffer(engine.itl_s, dtype=np.float64).copy()
         summary = summarize(requests, steps, itl_s)
         summary["extrapolated_steps"] = latency.extrapolated.steps
+        queried = getattr(engine.policy, "prefix_query_tokens", 0)
+        if queried:  # vLLM's "prefix cache hit rate", over prompts that share a prefix
+            summary["prefix_cache_hit_rate"] = engine.policy.prefix_hit_tokens / queried
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(

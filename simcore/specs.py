@@ -128,6 +128,7 @@ class EngineConfig:
     max_num_seqs: int = 256  # most sequences in one step
     max_num_batched_tokens: int | None = None  # token budget of one step
     enable_chunked_prefill: bool = True  # split long prompts across steps
+    enable_prefix_caching: bool = True  # reuse KV blocks of shared prompt prefixes (vLLM V1 default)
     swap_space: float = 4.0  # CPU swap pool per GPU (GiB)
     preemption_mode: str = "recompute"  # recompute | swap
     max_model_len: int | None = None  # longest prompt + output a request may have

@@ -34,6 +34,7 @@ def make_policy(
         return ContinuousPagedPolicy(
             engine, allocator, config.max_num_seqs, config.resolved_max_num_batched_tokens(model),
             config.enable_chunked_prefill, config.preemption_mode, rng,
+            enable_prefix_caching=config.enable_prefix_caching,
         )
     return _make_reserving_policy(config, model, memory, engine)
 

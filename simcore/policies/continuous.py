@@ -38,8 +38,13 @@ class ContinuousPagedPolicy:
         enable_chunked_prefill: bool,
         preemption_mode: str,
         rng: np.random.Generator | None = None,
+        enable_prefix_caching: bool = False,
     ):
         self.engine = engine
+        self.enable_prefix_caching = enable_prefix_caching
+        self._filling_prefix: list[ReqState] = []  # planned requests writing shared-prefix blocks
+        self.prefix_query_tokens = 0  # prompt tokens of admitted requests that share a prefix
+        self.prefix_hit_tokens = 0  # of those, tokens adopted from the prefix cache
         self.groups = SequenceGroups(allocator, rng or np.random.default_rng(0))
         self._scheduled_groups: list[tuple[ReqState, int]] = []  # multi-seq requests planned
         self.allocator = allocator
@@ -82,6 +87,7 @@ class ContinuousPagedPolicy:
         running = eng.running
         plan = StepPlan()
         self._scheduled_groups = []
+        self._filling_prefix = []
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(running) and budget > 0:
@@ -127,8 +133,18 @@ class ContinuousPagedPolicy:
             plan.add_decode(st, len(st.seq_ids))
         else:
             plan.add_prefill(st, num_new)
+            if self.enable_prefix_caching and st.num_computed_tokens < st.request.num_prefix_tokens:
+                self._filling_prefix.append(st)
         if group_width(st) > 1:
             self._scheduled_groups.append((st, num_new))
+
+    def _prefix_hashes(self, st: ReqState) -> list[tuple[int, int]]:
+        """Content keys of the request's full blocks inside its shared prefix (none if caching
+        is off or the request shares nothing): block i of prefix p is (p, i)."""
+        req = st.request
+        if not self.enable_prefix_caching or req.prefix_id is None or len(st.seq_ids) > 1:
+            return []
+        return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
 
     def _num_seqs(self) -> int:
         extra = sum(len(st.seq_ids) - 1 for st in self.groups.active.values())
@@ -170,13 +186,27 @@ class ContinuousPagedPolicy:
         num_seqs = self._num_seqs()
         while waiting and budget > 0 and num_seqs + group_width(waiting[0]) <= self.max_num_seqs:
             st = waiting[0]
+            hashes = self._prefix_hashes(st)
+            hit_blocks = 0
+            if hashes:  # adopt the cached prefix; at least one prompt token is still computed
+                hit_blocks = min(alloc.num_cached_prefix_blocks(hashes), (st.num_tokens - 1) // alloc.block_size)
+                if hit_blocks:
+                    alloc.adopt_cached(st.seq_ids[0], hashes[:hit_blocks])
+                    st.num_computed_tokens = hit_blocks * alloc.block_size
+                    eng.live_tokens += st.num_computed_tokens
             num_new = st.num_tokens - st.num_computed_tokens
             if num_new > budget:
                 if not self.enable_chunked_prefill:
-                    break
-                num_new = budget
-            if not alloc.append_slots(st.seq_ids[0], num_new):
+                    num_new = 0
+                num_new = min(num_new, budget)
+            if not num_new or not alloc.append_slots(st.seq_ids[0], num_new):
+                if hit_blocks:  # undo the adoption: the blocks go back to the cache
+                    eng.live_tokens -= st.num_computed_tokens
+                    alloc.free(st.seq_ids[0])
+                    st.num_computed_tokens = 0
                 break
+            self.prefix_query_tokens += st.num_tokens if hashes else 0
+            self.prefix_hit_tokens += hit_blocks * alloc.block_size
             waiting.popleft()
             st.status = RequestStatus.RUNNING
             if st.first_scheduled_s < 0:
@@ -224,10 +254,16 @@ class ContinuousPagedPolicy:
                 groups.fork(st)
             elif st.request.beam_width > 1:
                 groups.reselect_beams(st)
-        allocated = alloc.num_used_blocks * alloc.block_size
-        live, saved = groups.live_and_unshared() if groups.active else (0, 0)
-        live += eng.live_tokens
-        mem = MemorySnapshot(allocated, live, internal=allocated - live, unshared=allocated + saved)
+        for st in self._filling_prefix:
+            if st.status == RequestStatus.RUNNING and len(st.seq_ids) == 1:
+                alloc.cache_full_blocks(st.seq_ids[0], self._prefix_hashes(st))
+        bs = alloc.block_size
+        allocated = alloc.num_used_blocks * bs
+        # Only last blocks can be partly filled, and those are never shared across requests,
+        # so live = allocated - unfilled slots of last blocks (right even when prefixes are shared).
+        internal, saved = groups.internal_and_saved() if groups.active else (0, 0)
+        internal += sum([(-st.num_computed_tokens) % bs for st in eng.running if len(st.seq_ids) == 1])
+        mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         if finished:
             eng.retire_finished(finished, now, self._release)
         return mem
