@@ -10,7 +10,10 @@ blocks to the CPU pool over PCIe, and back before it runs again).
 Requests with `n > 1` or beam search fork after their prefill and share blocks
 (simcore.sampling); `max_num_seqs` and the token budget count their sequences.
 
-Simplifications: no prefix caching, no watermark, no priority scheduling; a swap that does
+With prefix caching on, a waiting request first adopts the cached full blocks of its shared
+prefix (simcore.block_pool) and computes only the rest of its prompt.
+
+Simplifications: no watermark, no priority scheduling; a swap that does
 not fit the CPU pool falls back to recompute (vLLM V0 aborted the request instead); a
 multi-sequence request preempted by recompute re-prefills one sequence and forks again.
 """
