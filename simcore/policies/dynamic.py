@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import math
 
-from simcore.block_pool import AllocStatus
 from simcore.contiguous import ContiguousAllocator
 from simcore.engine import Engine
 from simcore.policies.base import MemorySnapshot, StepPlan
-from simcore.policies.reserved import ReservationLedger, reservation_size, unsupported_sampling
+from simcore.policies.reserved import (
+    ReservationLedger,
+    reservation_check,
+    reservation_size,
+)
 from simcore.state import ReqState, RequestStatus
 
 WAITING_SERVED_RATIO = 1.2  # TGI --waiting-served-ratio default
@@ -66,13 +69,7 @@ class DynamicPolicy:
                 f"prompt of {st.num_prompt_tokens} tokens exceeds the prefill budget "
                 f"max_num_batched_tokens {self.max_prefill_tokens}"
             )
-        reason = unsupported_sampling(st)
-        if reason:
-            return reason
-        size = self._size(st)
-        if self.allocator.can_reserve(size) == AllocStatus.NEVER:
-            return f"reserves {size} KV tokens but the cache holds {self.allocator.capacity_tokens}"
-        return ""
+        return reservation_check(st, self.allocator, self._size(st))
 
     def idle_timeout(self, now: float) -> float | None:
         return None

@@ -23,11 +23,14 @@ priced with the same kernel table as paged decode.
 
 from __future__ import annotations
 
-from simcore.block_pool import AllocStatus
 from simcore.contiguous import ContiguousAllocator
 from simcore.engine import Engine
 from simcore.policies.base import MemorySnapshot, StepPlan
-from simcore.policies.reserved import ReservationLedger, reservation_size, unsupported_sampling
+from simcore.policies.reserved import (
+    ReservationLedger,
+    reservation_check,
+    reservation_size,
+)
 from simcore.state import ReqState, RequestStatus
 
 
@@ -55,13 +58,7 @@ class OrcaPolicy:
                 f"prompt of {st.num_prompt_tokens} tokens exceeds max_num_batched_tokens "
                 f"{self.max_num_batched_tokens} and chunked prefill is off"
             )
-        reason = unsupported_sampling(st)
-        if reason:
-            return reason
-        size = self._size(st)
-        if self.allocator.can_reserve(size) == AllocStatus.NEVER:
-            return f"reserves {size} KV tokens but the cache holds {self.allocator.capacity_tokens}"
-        return ""
+        return reservation_check(st, self.allocator, self._size(st))
 
     def idle_timeout(self, now: float) -> float | None:
         return None

@@ -12,6 +12,7 @@ three running sums, so a step costs O(1) however many sequences run:
 
 from __future__ import annotations
 
+from simcore.block_pool import AllocStatus
 from simcore.contiguous import ContiguousAllocator, reservation_tokens
 from simcore.engine import Engine
 from simcore.policies.base import MemorySnapshot
@@ -37,6 +38,16 @@ def unsupported_sampling(st: ReqState) -> str:
             f"n={req.n}, beam_width={req.beam_width}: parallel sampling and beam search are "
             "modelled only by --policy continuous --allocator paged"
         )
+    return ""
+
+
+def reservation_check(st: ReqState, allocator: ContiguousAllocator, size: int) -> str:
+    """Why a request can never run under a reservation policy ("" if it can)."""
+    reason = unsupported_sampling(st)
+    if reason:
+        return reason
+    if allocator.can_reserve(size) == AllocStatus.NEVER:
+        return f"reserves {size} KV tokens but the cache holds {allocator.capacity_tokens}"
     return ""
 
 
