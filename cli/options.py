@@ -34,6 +34,11 @@ class PreemptionMode(str, Enum):
     swap = "swap"
 
 
+class RouterName(str, Enum):
+    round_robin = "round-robin"
+    least_loaded = "least-loaded"
+
+
 Model = Annotated[str, typer.Option(help="Catalog model name or a Hugging Face config.json.")]
 Gpu = Annotated[str, typer.Option(help="Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB.")]
 Allocator = Annotated[AllocatorName | None, typer.Option(help="KV allocation for continuous batching: paged (vLLM) or contiguous (Orca). [default: paged]")]
@@ -58,6 +63,7 @@ N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request
 BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
 ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
 ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")]
+RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas. [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 # Options that mean something only for some policies (refused, not ignored, elsewhere).

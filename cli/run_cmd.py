@@ -34,6 +34,7 @@ from cli.options import (
     ProfilePath,
     Rate,
     Reservation,
+    RouterOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -44,6 +45,7 @@ from cli.options import (
 )
 from cli.output import format_summary, write_outputs
 from simcore.catalog import get_gpu, get_model
+from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
 
 
@@ -78,6 +80,8 @@ def run(
     model: Model = "llama3-8b",
     gpu: Gpu = "H100-SXM-80GB",
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
+    dp: Annotated[int, typer.Option("--dp", "--data-parallel-size", help="Engine replicas behind a router (GPUs = tp x dp).")] = 1,
+    router: RouterOpt = None,
     policy: Annotated[PolicyName, typer.Option(help="Batching policy.")] = PolicyName.continuous,
     allocator: Allocator = None,
     reservation: Reservation = None,
@@ -122,9 +126,14 @@ def run(
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
+    if router is not None and dp == 1:
+        raise ConfigError("--router applies only with --data-parallel-size > 1")
+    if router is not None:
+        fields["router"] = router.value
     config = EngineConfig(
         block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs, tensor_parallel_size=tp, policy=policy.value, **fields,
+        max_num_seqs=max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
+        policy=policy.value, **fields,
     )
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
@@ -144,6 +153,8 @@ def run(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
+    if dp > 1:
+        say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
     update, stop = _progress_reporter(getattr(wl, "num_requests", None))
     try:
         result = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, progress=update)

@@ -40,6 +40,7 @@ from cli.options import (
     ProfilePath,
     Rate,
     Reservation,
+    RouterOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -55,7 +56,7 @@ from simcore.specs import EngineConfig
 LIST_HELP = "Comma-separated list to sweep."
 
 
-def _lists(policy, tp, block_size, gpu_memory_utilization, max_num_seqs) -> dict[str, list]:
+def _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs) -> dict[str, list]:
     """The swept EngineConfig fields in grid order (first varies slowest); tp is always a column."""
     from reports.sweep import parse_list
 
@@ -67,6 +68,8 @@ def _lists(policy, tp, block_size, gpu_memory_utilization, max_num_seqs) -> dict
             if value not in known:
                 raise ConfigError(f"--policy: {value!r} is not one of {', '.join(known)}")
     lists["tensor_parallel_size"] = parse_list("--tp", tp, int) if tp is not None else [1]
+    if dp is not None:
+        lists["data_parallel_size"] = parse_list("--dp", dp, int)
     for name, flag, text, kind in (
         ("block_size", "--block-size", block_size, int),
         ("gpu_memory_utilization", "--gpu-memory-utilization", gpu_memory_utilization, float),
@@ -128,6 +131,8 @@ def sweep(
     model: Model = "llama3-8b",
     gpu: Gpu = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
+    dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x dp). {LIST_HELP} [default: 1]")] = None,
+    router: RouterOpt = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
     allocator: Allocator = None,
     reservation: Reservation = None,
@@ -163,7 +168,7 @@ def sweep(
     """Simulate every combination of the listed engine settings; print one row per point."""
     from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_points, run_sweep
 
-    lists = _lists(policy, tp, block_size, gpu_memory_utilization, max_num_seqs)
+    lists = _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -177,6 +182,8 @@ def sweep(
         raise ConfigError(f"--out {out}: give a .csv file")
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
+    if router is not None:
+        fields["router"] = router.value
     base = EngineConfig(**fields)
     points = plan_points(model_spec, gpu_spec, base, lists)
     wl = _workload(workload, base, model_spec, workload_overrides(
@@ -198,7 +205,9 @@ def sweep(
     best = None
     if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
         frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
-        best = cheapest_passing(frame, [p.config.tensor_parallel_size for p in points])
+        best = cheapest_passing(
+            frame, [p.config.tensor_parallel_size * p.config.data_parallel_size for p in points]
+        )
     if out is not None:
         from reports.files import write_files
 

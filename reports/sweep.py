@@ -26,10 +26,11 @@ SWEEPABLE = {
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
     "tensor_parallel_size": ("--tp", "tp"),
+    "data_parallel_size": ("--dp", "dp"),
     "policy": ("--policy", "policy"),
 }
 METRIC_COLUMNS = (
-    "kv_cache_tokens", "output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms",
+    "gpus", "kv_cache_tokens", "output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms",
     "kv_waste", "preemptions", "regime",
 )
 
@@ -97,8 +98,9 @@ def plan_points(model: ModelSpec, gpu: GPUSpec, base: EngineConfig, lists: dict[
 
 
 def _metrics(result) -> dict[str, Any]:
-    s = result.summary
+    s, config = result.summary, result.record["config"]
     return {
+        "gpus": config["tensor_parallel_size"] * config["data_parallel_size"],
         "kv_cache_tokens": result.memory.num_gpu_tokens, "output_tok_s": s["output_throughput"],
         "ttft_p50_ms": s["median_ttft_ms"], "ttft_p95_ms": s["p95_ttft_ms"],
         "tpot_p50_ms": s["median_tpot_ms"], "tpot_p95_ms": s["p95_tpot_ms"],
@@ -130,7 +132,7 @@ def run_sweep(
         if progress is not None:
             progress(i + 1)
     frame = pd.DataFrame(rows)
-    return frame.astype({"kv_cache_tokens": "Int64", "preemptions": "Int64"}), warnings
+    return frame.astype({"gpus": "Int64", "kv_cache_tokens": "Int64", "preemptions": "Int64"}), warnings
 
 
 def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> pd.DataFrame:
@@ -145,9 +147,9 @@ def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float |
     return frame
 
 
-def cheapest_passing(frame: pd.DataFrame, tp_of: Sequence[int]) -> int | None:
-    """Index of the passing point with the fewest GPUs (TP), then the highest throughput."""
+def cheapest_passing(frame: pd.DataFrame, gpus_of: Sequence[int]) -> int | None:
+    """Index of the passing point with the fewest GPUs (TP x DP), then the highest throughput."""
     passing = [i for i in range(len(frame)) if bool(frame["meets_slo"].iloc[i])]
     if not passing:
         return None
-    return min(passing, key=lambda i: (tp_of[i], -float(frame["output_tok_s"].iloc[i]), i))
+    return min(passing, key=lambda i: (gpus_of[i], -float(frame["output_tok_s"].iloc[i]), i))

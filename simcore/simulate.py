@@ -18,6 +18,7 @@ from simcore.memory import MemoryPlan, plan_memory
 from simcore.metrics import requests_frame, summarize
 from simcore.policies import make_policy
 from simcore.request import Workload
+from simcore.router import Router
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 KVSIM_VERSION = "0.1.0"
@@ -43,29 +44,32 @@ class Simulation:
     (tests do) before `run()` and after it."""
 
     env: simpy.Environment
-    engine: Engine
-    memory: MemoryPlan
+    engines: list[Engine]  # one per data-parallel replica
+    memory: MemoryPlan  # per replica
     latency: StepLatencyModel
     record: dict[str, Any]
     workload: Workload
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
 
+    @property
+    def engine(self) -> Engine:
+        """The first (with one replica, the only) engine."""
+        return self.engines[0]
+
     def run(self) -> Result:
         """Run to the last request and collect the tables; raises if any request stalled."""
-        engine, latency = self.engine, self.latency
+        engines, latency = self.engines, self.latency
         self.env.run()
-        stalled = sum(1 for st in engine.states if not st.done.triggered)
+        stalled = sum(1 for e in engines for st in e.states if not st.done.triggered)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
-        requests = requests_frame(engine.states)
-        steps = engine.recorder.frame()
-        itl_s = np.frombuffer(engine.itl_s, dtype=np.float64).copy()
+        requests, steps, itl_s = self._tables()
         summary = summarize(requests, steps, itl_s)
         summary["extrapolated_steps"] = latency.extrapolated.steps
-        queried = getattr(engine.policy, "prefix_query_tokens", 0)
+        queried = sum(getattr(e.policy, "prefix_query_tokens", 0) for e in engines)
         if queried:  # vLLM's "prefix cache hit rate", over prompts that share a prefix
-            summary["prefix_cache_hit_rate"] = engine.policy.prefix_hit_tokens / queried
+            summary["prefix_cache_hit_rate"] = sum(e.policy.prefix_hit_tokens for e in engines) / queried
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -73,8 +77,28 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         record = {**self.record, "workload": self.workload.describe()}
+        if len(engines) > 1:
+            summary["num_replicas"] = len(engines)
         return Result(summary, requests, steps, itl_s, self.memory, record,
                       time.perf_counter() - self.started, warnings)
+
+
+    def _tables(self) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+        """Requests (by id), steps and pooled ITLs of every replica, with a `replica` column
+        when there is more than one."""
+        frames, step_frames, itls = [], [], []
+        for index, engine in enumerate(self.engines):
+            requests, steps = requests_frame(engine.states), engine.recorder.frame()
+            if len(self.engines) > 1:
+                requests.insert(1, "replica", index)
+                steps.insert(0, "replica", index)
+            frames.append(requests)
+            step_frames.append(steps)
+            itls.append(np.frombuffer(engine.itl_s, dtype=np.float64))
+        if len(self.engines) == 1:
+            return frames[0], step_frames[0], itls[0].copy()
+        requests = pd.concat(frames, ignore_index=True).sort_values("request_id", ignore_index=True)
+        return requests, pd.concat(step_frames, ignore_index=True), np.concatenate(itls)
 
 
 def prepare(
@@ -107,11 +131,29 @@ def prepare(
         )
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     env = simpy.Environment()
-    block_bytes = memory.kv_bytes_per_token * config.block_size
-    engine = Engine(env, latency, max_model_len, block_bytes / (gpu.pcie_gbps * 1e9), progress)
-    engine.attach(make_policy(config, model, memory, engine, np.random.default_rng(engine_seed)))
-    env.process(workload.process(env, engine, workload_seed))
-    env.process(engine.run())
+    swap_block_s = memory.kv_bytes_per_token * config.block_size / (gpu.pcie_gbps * 1e9)
+    dp = config.data_parallel_size
+    policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
+    done_by_replica = [0] * dp
+
+    def replica_progress(index: int) -> Callable[[int], None] | None:
+        if progress is None:
+            return None
+
+        def report(num_done: int) -> None:
+            done_by_replica[index] = num_done
+            progress(sum(done_by_replica))
+
+        return report
+
+    engines = []
+    for index in range(dp):
+        engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index))
+        engine.attach(make_policy(config, model, memory, engine, np.random.default_rng(policy_seeds[index])))
+        env.process(engine.run())
+        engines.append(engine)
+    sink = engines[0] if dp == 1 else Router(engines, config.router)
+    env.process(workload.process(env, sink, workload_seed))
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -124,7 +166,7 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engine, memory, latency, record, workload, warnings, started)
+    return Simulation(env, engines, memory, latency, record, workload, warnings, started)
 
 
 def simulate(

@@ -112,6 +112,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 POLICIES = ("static", "dynamic", "continuous")
 ALLOCATORS = ("paged", "contiguous")
 RESERVATIONS = ("max", "pow2", "oracle")
+ROUTERS = ("round-robin", "least-loaded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,8 @@ class EngineConfig:
     max_batch_size: int = 64  # static batching: requests per batch
     batch_timeout_s: float = 0.1  # static batching: longest wait for a full batch
     num_gpu_blocks_override: int | None = None  # vLLM's override of the profiled block count
+    data_parallel_size: int = 1  # engine replicas, each on tensor_parallel_size GPUs
+    router: str = "least-loaded"  # how requests are spread over replicas (simcore.router)
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -149,7 +152,7 @@ class EngineConfig:
                 "--gpu-memory-utilization must be in (0, 1], got "
                 f"{self.gpu_memory_utilization}"
             )
-        _positive(self, "max_num_seqs", "tensor_parallel_size", "max_batch_size")
+        _positive(self, "max_num_seqs", "tensor_parallel_size", "max_batch_size", "data_parallel_size")
         tp = self.tensor_parallel_size
         if tp & (tp - 1):
             raise ConfigError(f"--tp must be a power of two, got {tp}")
@@ -168,6 +171,7 @@ class EngineConfig:
             ("policy", POLICIES),
             ("allocator", ALLOCATORS),
             ("reservation", RESERVATIONS),
+            ("router", ROUTERS),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(

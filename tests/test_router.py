@@ -1,0 +1,76 @@
+"""Data-parallel replicas behind a router: dispatch order, merged tables, determinism."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from cli.main import app
+from simcore.catalog import GPUS, MODELS
+from simcore.simulate import prepare, simulate
+from simcore.specs import EngineConfig
+from tests.helpers import ListWorkload, flat_profile, req
+
+TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
+
+
+def run(requests, **config):
+    return simulate(TINY, H100, EngineConfig(**config), ListWorkload(requests), flat_profile())
+
+
+def test_round_robin_alternates_replicas_and_tables_merge_by_request_id():
+    requests = [req(i, 0.0005 * i, 6, 3) for i in range(6)]
+    result = run(requests, data_parallel_size=2, router="round-robin")
+    assert result.requests["request_id"].tolist() == list(range(6))
+    assert result.requests["replica"].tolist() == [0, 1, 0, 1, 0, 1]
+    assert set(result.steps["replica"]) == {0, 1}
+    assert result.summary["completed"] == 6 and result.summary["num_replicas"] == 2
+
+
+def test_least_loaded_spreads_a_burst_and_beats_one_replica():
+    requests = [req(i, 0.0, 8, 6) for i in range(8)]
+    two = run(requests, data_parallel_size=2, max_num_seqs=2)
+    assert sorted(two.requests["replica"].value_counts().tolist()) == [4, 4]
+    one = run(requests, max_num_seqs=2)
+    assert "replica" not in one.requests.columns
+    assert two.summary["p95_ttft_ms"] < one.summary["p95_ttft_ms"]
+    assert two.summary["duration_s"] < one.summary["duration_s"]
+
+
+def test_least_loaded_sends_work_to_the_idle_replica():
+    # r0 and r1 at once: one each. r1 is short and leaves; r2 then goes to r1's idle replica.
+    requests = [req(0, 0.0, 4, 50), req(1, 0.0, 4, 1), req(2, 0.01, 4, 2)]
+    result = run(requests, data_parallel_size=2)
+    assert result.requests["replica"].tolist() == [0, 1, 1]
+
+
+def test_replicas_are_deterministic_and_each_drains():
+    requests = [req(i, 0.0003 * i, 5 + i % 9, 2 + i % 7) for i in range(60)]
+    cfg = EngineConfig(data_parallel_size=3, block_size=4, num_gpu_blocks_override=10, max_model_len=32)
+    a = prepare(TINY, H100, cfg, ListWorkload(requests), flat_profile())
+    ra = a.run()
+    rb = simulate(TINY, H100, cfg, ListWorkload(requests), flat_profile())
+    assert ra.requests.equals(rb.requests) and ra.steps.equals(rb.steps)
+    assert (ra.requests["status"] == "finished").all()
+    for engine in a.engines:
+        assert engine.policy.allocator.num_used_blocks == 0
+
+
+def test_cli_dp_and_router_flags():
+    runner = CliRunner()
+    ok = runner.invoke(app, ["run", "--dp", "2", "--router", "round-robin", "--num-requests", "20",
+                             "--rate", "10"])
+    assert ok.exit_code == 0, ok.stderr
+    assert "Replicas: 2 x TP 1 (2 GPUs), router round-robin" in ok.stdout
+    bad = runner.invoke(app, ["run", "--router", "round-robin"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("kvsim: error: --router applies only")
+
+
+def test_sweep_counts_gpus_as_tp_times_dp():
+    result = CliRunner().invoke(app, ["sweep", "--dp", "1,2", "--tp", "1,2", "--num-requests", "30",
+                                      "--rate", "20", "--slo-ttft-p95-ms", "100000", "--json"])
+    assert result.exit_code == 0, result.stderr
+    import json
+
+    doc = json.loads(result.stdout)
+    assert [(p["tp"], p["dp"], p["gpus"]) for p in doc["points"]] == [(1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 4)]
+    assert doc["cheapest_passing"]["gpus"] == 1
