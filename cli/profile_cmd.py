@@ -95,18 +95,23 @@ def profile(
     )
 
 
-def _run_with_progress(cfg) -> dict:
+def _with_progress(description: str, total: int | None, work):
+    """Run `work(report)` under a transient progress bar on stderr; `report(label, n)`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from profiles.harness import measure_profile
-
-    total = cfg.grid.num_points(len(cfg.block_sizes))
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=True,
     ) as bar:
-        task = bar.add_task("profiling", total=total)
-        return measure_profile(cfg, lambda label, n: bar.update(task, completed=n, description=label))
+        task = bar.add_task(description, total=total)
+        return work(lambda label, n: bar.update(task, completed=n, description=label))
+
+
+def _run_with_progress(cfg) -> dict:
+    from profiles.harness import measure_profile
+
+    total = cfg.grid.num_points(len(cfg.block_sizes))
+    return _with_progress("profiling", total, lambda report: measure_profile(cfg, report))
 
 
 @app.command("compare")
@@ -172,16 +177,9 @@ def validate_cmd(
 
 
 def _validate_with_progress(cfg) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from profiles.validate import validate_profile
 
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
-    ) as bar:
-        task = bar.add_task("validating", total=None)
-        return validate_profile(cfg, lambda label, n: bar.update(task, completed=n, description=label))
+    return _with_progress("validating", None, lambda report: validate_profile(cfg, report))
 
 
 def _print_validation(result: dict, out: Path | None) -> None:
