@@ -123,7 +123,7 @@ def format_table(frame) -> str:
     """A plain aligned table (numbers right, text left) that pipes and diffs cleanly."""
     cols, cells = _with_interval(frame)
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    left = {"policy", "gpu", "regime", "meets_slo", "seeds"}
+    left = {"policy", "gpu", "regime", "meets_slo", "load", "seeds"}
 
     def line(values: list[str]) -> str:
         parts = [v.ljust(w) if c in left else v.rjust(w) for c, v, w in zip(cols, values, widths, strict=True)]

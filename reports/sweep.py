@@ -41,11 +41,13 @@ METRIC_SOURCES = {
     "gpus": "gpus", "kv_cache_tokens": "kv_cache_tokens", "output_tok_s": "output_throughput",
     "ttft_p50_ms": "median_ttft_ms", "ttft_p95_ms": "p95_ttft_ms", "tpot_p50_ms": "median_tpot_ms",
     "tpot_p95_ms": "p95_tpot_ms", "kv_waste": "kv_waste_rate", "preemptions": "num_preemptions",
+    "load": "saturation",  # sustained | overloaded | n/a (simcore.metrics.saturation)
     "regime": "regime",
 }
 METRIC_COLUMNS = tuple(METRIC_SOURCES)
 INT_COLUMNS = ("gpus", "kv_cache_tokens", "preemptions")
 CONFIG_METRICS = ("gpus", "kv_cache_tokens")
+LABEL_METRICS = ("load", "regime")  # text; with several seeds, "mixed: ..." when they disagree
 
 
 def parse_list(flag: str, text: str, kind: type) -> list:
@@ -168,7 +170,7 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
             if src not in group.columns:
                 row[col] = None
                 continue
-            if col == "regime":
+            if col in LABEL_METRICS:
                 labels = [str(x) for x in group[src]]
                 row[col] = labels[0] if len(set(labels)) == 1 else "mixed: " + ", ".join(
                     f"{lab} x{labels.count(lab)}" for lab in sorted(set(labels)))
@@ -200,6 +202,8 @@ def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float |
     """A `meets_slo` column before `regime`: every given p95 target met (a point that did not run
     never meets it)."""
     ok = frame["output_tok_s"].notna()
+    if "load" in frame.columns:  # an overloaded point's percentiles only grow with a longer run
+        ok &= frame["load"].ne("overloaded")
     for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms)):
         if limit is not None:
             ok &= frame[col].astype(float).le(limit).fillna(False)
