@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from cli.options import SloTpotP95, SloTtftP95, check_slos
 from simcore.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Build reports: tables, figures and their markdown.")
@@ -62,3 +63,23 @@ def seed_table(
     paths = write_seed_table(report, out_dir)
     typer.echo(markdown_table(report))
     typer.echo(f"Wrote {', '.join(str(p) for p in paths)} (simulated in {report.wall_s:.1f} s)", err=True)
+
+
+@app.command("sweep")
+def sweep_report(
+    table: Annotated[Path, typer.Argument(help="A table written by `kvsim sweep --out`.")],
+    out: Annotated[Path | None, typer.Option(help="Folder for the PNGs and sweep-report.html. [default: ./reports/sweep-TABLE in the current directory]")] = None,
+    slo_ttft_p95_ms: SloTtftP95 = None,
+    slo_tpot_p95_ms: SloTpotP95 = None,
+) -> None:
+    """Draw a sweep table: heatmaps over block size x utilisation, throughput-latency curves, one HTML page."""
+    from reports.sweep_report import load_report, write_sweep_report
+
+    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)
+    out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
+    command = " ".join(["kvsim report sweep", str(table)] + (["--out", str(out)] if out else []) + [
+        f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
+                                                       ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None])
+    paths = write_sweep_report(report, out_dir, command)
+    typer.echo(f"Wrote {len(paths)} files to {out_dir}: {', '.join(p.name for p in paths)}")
