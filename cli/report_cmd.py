@@ -1,4 +1,4 @@
-"""`kvsim report ...`: build a report (markdown, CSV, figure) from simulations and write it."""
+"""`kvsim report ...`: build a report (markdown, CSV, figures, one HTML page) and write it."""
 
 from __future__ import annotations
 
@@ -45,16 +45,14 @@ def _progress():
 def seed_table(
     num_requests: Annotated[int, typer.Option(min=1, help="Requests per simulated run.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed; every run uses it, so policies see the same traffic.")] = 0,
-    out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.png. [default: reports/reference in a checkout]")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.html and its PNGs. [default: reports/reference in a source checkout, else ./reports/seed-table in the current directory]")] = None,
 ) -> None:
     """Rerun the seed article's benchmark table (3 settings x 3 policies) and write the report."""
     from reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
     if seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
-    out_dir = out if out is not None else reference_dir()
-    if out_dir is None:
-        raise ConfigError("no writable reports/reference folder here (not a source checkout); pass --out DIR")
+    out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")
     update, stop = _progress()
     try:
         report = build_seed_table(num_requests, seed, progress=update)

@@ -114,3 +114,14 @@ def test_a_bad_table_is_one_line_exit_2_and_no_files(tmp_path: Path, content: st
     assert not (tmp_path / "out").exists()
     missing = CliRunner().invoke(app, ["report", "sweep", str(tmp_path / "nope.csv")])
     assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
+
+
+def test_seed_table_page_renders_with_its_three_figures_and_every_row(tmp_path: Path):
+    from reports.seed_table import POLICIES, SETTINGS, build_seed_table, write_seed_table
+
+    write_seed_table(build_seed_table(num_requests=12, seed=0), tmp_path)
+    dom, log = render(tmp_path / "seed-table.html")
+    assert console_errors(log) == []
+    assert dom.count("<figure>") == 3 and 'data-sortable-ready="1"' in dom
+    last = dom.split("Every row")[-1]
+    assert last.split("<tbody>")[1].split("</tbody>")[0].count("<tr") == len(SETTINGS) * len(POLICIES)

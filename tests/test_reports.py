@@ -89,11 +89,15 @@ def test_disagreement_ratios_are_arithmetic_on_both_tables(report):
     assert f"| continuous | output tok/s | 1,850 | {ours:,.0f} | {ours / theirs:.2f}x |" in text
 
 
-def test_cli_writes_md_csv_png_and_prints_the_table(tmp_path: Path):
+def test_cli_writes_md_csv_html_pngs_and_prints_the_table(tmp_path: Path):
     out = tmp_path / "rep"
     result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "40", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["seed-table.csv", "seed-table.md", "seed-table.png"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "seed-table-kv.png", "seed-table-ttft.png", "seed-table.csv", "seed-table.html", "seed-table.md",
+        "seed-table.png"]
+    page = (out / "seed-table.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 3 and "## " not in page
     assert (out / "seed-table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     csv = pd.read_csv(out / "seed-table.csv")
     assert len(csv) == 3 * len(SETTINGS) and (csv["num_requests"] == 40).all() and "regime" in csv.columns
@@ -101,10 +105,11 @@ def test_cli_writes_md_csv_png_and_prints_the_table(tmp_path: Path):
     assert "--num-requests 40 --seed 0" in (out / "seed-table.md").read_text()
 
 
-def test_cli_without_a_reference_folder_requires_out(monkeypatch):
+def test_cli_outside_a_checkout_writes_to_reports_in_the_current_directory(monkeypatch, tmp_path: Path):
     import cli.report_cmd
 
-    monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)
+    monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)  # as after `pip install .`
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "5"])
-    assert result.exit_code == 2
-    assert result.stderr.strip().count("\n") == 0 and "--out" in result.stderr
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "reports" / "seed-table" / "seed-table.html").is_file()
