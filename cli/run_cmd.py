@@ -43,7 +43,15 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
-from cli.output import format_summary, write_outputs
+from cli.errors import EMPTY_RESULT_EXIT, fail
+from cli.output import (
+    check_out_folder,
+    describe_run,
+    format_summary,
+    rejected_lines,
+    result_problems,
+    write_outputs,
+)
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -150,7 +158,9 @@ def run(
     from simcore.memory import plan_memory
 
     memory = plan_memory(model_spec, gpu_spec, config)
+    check_out_folder(out)  # before the work: a bad --out never costs a simulation
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
     if dp > 1:
@@ -162,8 +172,13 @@ def run(
         stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
-    for warning in result.warnings:
+    for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
+    problems, fatal = result_problems(result.summary, result.requests, result.steps)
+    for warning in [*result.warnings, *problems]:
+        typer.echo(f"WARNING {warning}", err=True)
+    for line in rejected_lines(result.requests):
+        typer.echo(line, err=True)
     from reports.regime import regime_of
 
     regime = regime_of(result)
@@ -183,6 +198,8 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
 
 
 __all__ = ["run"]

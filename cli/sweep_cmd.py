@@ -49,6 +49,7 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
+from cli.output import check_out_file
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -180,6 +181,7 @@ def sweep(
             raise ConfigError(f"{flag} must be > 0, got {limit}")
     if out is not None and out.suffix.lower() != ".csv":
         raise ConfigError(f"--out {out}: give a .csv file")
+    check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
     if router is not None:
@@ -200,6 +202,8 @@ def sweep(
         stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
+    for warning in wl.warnings():
+        typer.echo(f"WARNING {warning}", err=True)
     for warning in warnings:
         typer.echo(f"WARNING {warning}", err=True)
     best = None
@@ -209,9 +213,9 @@ def sweep(
             frame, [p.config.tensor_parallel_size * p.config.data_parallel_size for p in points]
         )
     if out is not None:
-        from reports.files import write_files
+        from reports.files import write_file
 
-        write_files(out.parent, {out.name: lambda p: frame.to_csv(p, index=False)})
+        write_file(out, lambda p: frame.to_csv(p, index=False))
     _print(frame, best, SWEEPABLE, as_json, {
         "model": model_spec.name, "gpu": gpu_spec.name, "workload": wl.describe(), "seed": seed,
         "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
