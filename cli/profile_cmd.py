@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer._click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
+from typer._click.core import ParameterSource
 
 from simcore.errors import ConfigError
 

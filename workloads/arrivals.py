@@ -46,7 +46,7 @@ class GammaArrivals:
     def iter_times(self, rng: np.random.Generator, total: int, chunk: int) -> Iterator[np.ndarray]:
         scale = 1.0 / (self.rate * self.burstiness)
         last = None
-        for start, size in _chunks(total, chunk):
+        for _, size in _chunks(total, chunk):
             if last is None:
                 times = np.concatenate(([0.0], np.cumsum(rng.gamma(self.burstiness, scale, size=size - 1))))
             else:
