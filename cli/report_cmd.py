@@ -53,6 +53,10 @@ def seed_table(
     if seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
     out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")
+    from cli.output import check_out_folder
+    from reports.seed_table import FILES
+
+    check_out_folder(out_dir, FILES)
     update, stop = _progress()
     try:
         report = build_seed_table(num_requests, seed, progress=update)
@@ -74,8 +78,12 @@ def sweep_report(
     from reports.sweep_report import load_report, write_sweep_report
 
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)
+    from cli.output import check_out_folder
+    from reports.sweep_report import FILES
+
     out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
+    report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)  # a bad table: nothing created
+    check_out_folder(out_dir, FILES)
     command = " ".join(["kvsim report sweep", str(table)] + (["--out", str(out)] if out else []) + [
         f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
                                                        ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None])

@@ -140,6 +140,8 @@ def build_seed_table(num_requests: int = 1000, seed: int = 0, progress=None) -> 
                            time.perf_counter() - started, warnings, series)
 
 
+FILES = ("seed-table.md", "seed-table.csv", "seed-table.html", "seed-table.png", "seed-table-kv.png",
+         "seed-table-ttft.png")
 KV_PARTS = (  # step-table column, legend label (DESIGN.md "KV waste")
     ("kv_live", "live tokens"), ("kv_reserved_future", "reserved for future tokens"),
     ("kv_internal", "over-reserved / internal fragmentation"), ("kv_stale", "stale (finished, still held)"),

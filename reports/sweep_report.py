@@ -32,6 +32,7 @@ HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
 )
 FACETS = ("policy", "gpu")
 HEAT_AXES = ("block_size", "gpu_mem_util")
+FILES = tuple(f"heatmap-{h[0]}.png" for h in HEATMAPS) + ("throughput-latency.png", "sweep-report.html")
 LOADS = (("rate", "offered rate (req/s)"), ("concurrency", "clients"))
 
 

@@ -3,9 +3,8 @@ must load with no console error, show every figure and every row, and sort by a 
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from reports.sweep_table import read_table
+from tests.chromium import console_errors, render
 
 GRID = ["--policy", "static,continuous", "--block-size", "8,16", "--gpu-memory-utilization", "0.8,0.9",
         "--rate", "4,16", "--num-requests", "20", "--slo-ttft-p95-ms", "500"]
@@ -20,43 +20,24 @@ FIGURES = ["heatmap-throughput.png", "heatmap-ttft-p95.png", "heatmap-tpot-p95.p
            "throughput-latency.png"]
 
 
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def render(page: Path, fragment: str = "", screenshot: Path | None = None) -> tuple[str, str]:
-    """(DOM after scripts ran, browser log) of a local page in headless Chromium."""
-    browser = chromium()
-    if browser is None:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium)")
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-            "--enable-logging=stderr", "--v=0", "--window-size=1300,2400"]
-    args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-    done = subprocess.run(args + [page.as_uri() + fragment], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout, done.stderr
-
-
-def console_errors(log: str) -> list[str]:
-    """Lines where the page itself complained (a script error, a failed load), not the browser's
-    own noise about D-Bus or GPUs."""
-    return [line for line in log.splitlines()
-            if "Uncaught" in line or ("CONSOLE" in line and ("ERROR" in line or "error" in line.lower()))
-            or "net::ERR" in line]
-
-
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> Path:
+    """A 16-point sweep drawn without --out, from another directory: the report lands in
+    ./reports/sweep-TABLE of the current directory."""
     tmp = tmp_path_factory.mktemp("sweep")
     runner = CliRunner()
     made = runner.invoke(app, ["sweep", *GRID, "--jobs", "2", "--out", str(tmp / "grid.csv")])
     assert made.exit_code == 0, made.stderr
-    drawn = runner.invoke(app, ["report", "sweep", str(tmp / "grid.csv"), "--out", str(tmp / "report")])
+    assert len(read_table(tmp / "grid.csv")) == 16
+    (tmp / "elsewhere").mkdir()
+    before = os.getcwd()
+    os.chdir(tmp / "elsewhere")
+    try:
+        drawn = runner.invoke(app, ["report", "sweep", str(tmp / "grid.csv")])
+    finally:
+        os.chdir(before)
     assert drawn.exit_code == 0, drawn.stderr
-    return tmp / "report"
+    return tmp / "elsewhere" / "reports" / "sweep-grid"
 
 
 def test_report_writes_every_figure_and_one_self_contained_page(report_dir: Path):
@@ -96,15 +77,6 @@ def test_clicking_a_header_sorts_the_rows(report_dir: Path):
     assert values == sorted(values, reverse=True) and values[0] > values[-1]
 
 
-def test_report_defaults_to_reports_in_the_current_directory(tmp_path: Path, monkeypatch, report_dir: Path):
-    table = report_dir.parent / "grid.csv"
-    assert len(read_table(table)) == 16
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(app, ["report", "sweep", str(table)])
-    assert r.exit_code == 0, r.stderr
-    assert (tmp_path / "reports" / "sweep-grid" / "sweep-report.html").is_file()
-
-
 @pytest.mark.parametrize("content", ["", "a,b\n1,2\n", "\x00\x01garbage"])
 def test_a_bad_table_is_one_line_exit_2_and_no_files(tmp_path: Path, content: str):
     table = tmp_path / "bad.csv"
@@ -116,12 +88,10 @@ def test_a_bad_table_is_one_line_exit_2_and_no_files(tmp_path: Path, content: st
     assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
 
 
-def test_seed_table_page_renders_with_its_three_figures_and_every_row(tmp_path: Path):
-    from reports.seed_table import POLICIES, SETTINGS, build_seed_table, write_seed_table
 
-    write_seed_table(build_seed_table(num_requests=12, seed=0), tmp_path)
-    dom, log = render(tmp_path / "seed-table.html")
-    assert console_errors(log) == []
-    assert dom.count("<figure>") == 3 and 'data-sortable-ready="1"' in dom
-    last = dom.split("Every row")[-1]
-    assert last.split("<tbody>")[1].split("</tbody>")[0].count("<tr") == len(SETTINGS) * len(POLICIES)
+def test_the_console_check_catches_a_broken_page(tmp_path: Path):
+    page = tmp_path / "broken.html"
+    page.write_text('<html><body><script>console.error("boom"); notDefined();</script></body></html>')
+    _, log = render(page)
+    errors = console_errors(log)
+    assert any("boom" in e for e in errors) and any("Uncaught ReferenceError" in e for e in errors)
