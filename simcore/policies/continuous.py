@@ -87,7 +87,7 @@ class ContinuousPagedPolicy:
 
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
-        alloc, groups = self.allocator, self.groups
+        groups = self.groups
         running = list(queues.running)  # this step's running set, as the plan changes it
         plan = StepPlan()
         self._emitting_groups = []
