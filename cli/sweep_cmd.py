@@ -234,7 +234,7 @@ def _profiles(path: Path | None, gpu_spec, model_spec, tps: list[int]):
             raise ConfigError("--profile is one file for one TP; sweep --tp without --profile")
         fixed = load_profile(path)
         for tp_ in set(tps):
-            check_profile_matches(fixed, model_spec, tp_)
+            check_profile_matches(fixed, model_spec, tp_, gpu_spec)
         return lambda tp_: fixed
     loaded = {tp_: default_profile(gpu_spec, model_spec, tp_) for tp_ in sorted(set(tps))}
     return loaded.__getitem__

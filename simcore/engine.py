@@ -47,7 +47,7 @@ class Engine:
         self.live_tokens = 0  # computed KV slots of running requests, written by apply/preempt
         self.num_done = 0
         self.itl_s = array("d")  # every gap between consecutive tokens, pooled
-        self.recorder = StepRecorder()
+        self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
         self._progress = progress
         self._wakeup: simpy.Event | None = None
 
