@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +49,7 @@ from cli.options import (
 )
 from cli.output import (
     RUN_FILES,
+    LiveProgress,
     check_out_folder,
     describe_run,
     format_summary,
@@ -61,33 +60,6 @@ from cli.output import (
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
-
-
-def _progress_reporter(total: int | None):
-    """A rich progress bar on a terminal, shown only once a run outlasts half a second."""
-    if not total or not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    progress = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), transient=True, console=None,
-    )
-    task = progress.add_task("simulating", total=total)
-    started = time.perf_counter()
-    state = {"live": False}
-
-    def update(done: int) -> None:
-        if not state["live"] and time.perf_counter() - started > 0.5:
-            progress.start()
-            state["live"] = True
-        progress.update(task, completed=done)
-
-    def stop() -> None:
-        if state["live"]:
-            progress.stop()
-
-    return update, stop
 
 
 def run(
@@ -167,18 +139,19 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
     if profile is not None:
         prof = load_profile(profile)
-        check_profile_matches(prof, model_spec, tp)
+        check_profile_matches(prof, model_spec, tp, gpu_spec)
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
 
     from reports.capacity import SLO
-    from simcore.memory import plan_memory
+    from simcore.config import resolve
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    memory = plan_memory(model_spec, gpu_spec, config)
+    resolved = resolve(model_spec, gpu_spec, config)  # validated and memory planned, once
+    memory = resolved.memory
     check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:
-        _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json)
+        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
@@ -186,11 +159,11 @@ def run(
     say(memory.describe())
     if dp > 1:
         say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
-    update, stop = _progress_reporter(getattr(wl, "num_requests", None))
+    progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        result = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, progress=update)
+        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update)
     finally:
-        stop()
+        progress.stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings():
@@ -246,7 +219,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
-        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.to_dict(),
+        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.engine.to_dict(),
                    "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source},
                    "workload": wl.describe()},
     }
