@@ -243,6 +243,9 @@ def sweep(
         raise ConfigError("--address applies only with --executor ray")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    from reports.sweep_runner import check_executor
+
+    check_executor(executor.value, address)
     table = _table(out)
     check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_spec = get_model(model)

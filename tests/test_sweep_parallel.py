@@ -3,6 +3,7 @@ resumes to exactly the uninterrupted rows, seeds give intervals, a table of othe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -142,7 +143,11 @@ def test_ray_executor_gives_the_local_rows(tmp_path: Path):
 def test_bad_sweep_options_exit_2_before_anything_runs(tmp_path: Path):
     out = tmp_path / "x.csv"
     for args in (["--resume"], ["--address", "auto"], ["--jobs", "0"], ["--seeds", "0,x"],
-                 ["--seeds", "0", "--repeats", "2"], ["--rate", "5,abc"], ["--gpu", "H100-SXM-80GB,B300"]):
+                 ["--seeds", "0", "--repeats", "2"], ["--rate", "5,abc"], ["--gpu", "H100-SXM-80GB,B300"],
+                 ["--executor", "ray", "--address", "127.0.0.1:1"], ["--executor", "ray", "--address", "nowhere"]):
         r = invoke("--num-requests", "5", *args, *(["--out", str(out)] if args != ["--resume"] else []))
         assert r.exit_code == 2 and r.stderr.startswith("kvsim: error: ") and r.stderr.count("\n") == 1, (args, r.stderr)
         assert not out.exists()
+    if importlib.util.find_spec("ray") is None:
+        r = invoke("--num-requests", "5", "--executor", "ray", "--out", str(out))
+        assert r.exit_code == 2 and "kvsim[ray]" in r.stderr and not out.exists()
