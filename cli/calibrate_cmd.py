@@ -42,7 +42,12 @@ def calibrate(
     from cli.output import check_out_folder, write_outputs
     from profiles import default_profile, profile_filename
     from profiles.calibrate import (
-        PARAMS, calibrated_profile, fit_rows, price_all, profile_params, read_measurements,
+        PARAMS,
+        calibrated_profile,
+        fit_rows,
+        price_all,
+        profile_params,
+        read_measurements,
     )
     from simcore.catalog import get_gpu, get_model
 

@@ -13,7 +13,13 @@ from typer.testing import CliRunner
 from cli.main import app
 from profiles import default_profile
 from profiles.calibrate import (
-    PARAMS, Measurement, calibrated_profile, fit_rows, price_all, price_row, profile_params,
+    PARAMS,
+    Measurement,
+    calibrated_profile,
+    fit_rows,
+    price_all,
+    price_row,
+    profile_params,
 )
 from simcore.catalog import get_gpu, get_model
 from simcore.latency import parse_profile
