@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import pandas as pd
 import typer
 
 from cli.options import (
@@ -81,6 +80,8 @@ def _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs) -> 
 
 
 def _format_cell(column: str, value: Any) -> str:
+    import pandas as pd  # here, not at module level: `kvsim run` never needs pandas to start
+
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if column == "kv_cache_tokens":
@@ -123,6 +124,8 @@ def _progress(total: int):
 
 def _records(frame) -> list[dict[str, Any]]:
     """Rows as JSON-ready dicts (NaN / NA -> null)."""
+    import pandas as pd
+
     return [{k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v)
              for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
 
