@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from cli.errors import EMPTY_RESULT_EXIT, fail
 from cli.options import (
     Allocator,
     AsJson,
@@ -48,7 +49,15 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
-from cli.output import format_summary, write_outputs
+from cli.output import (
+    RUN_FILES,
+    check_out_folder,
+    describe_run,
+    format_summary,
+    rejected_lines,
+    result_problems,
+    write_outputs,
+)
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -163,27 +172,35 @@ def run(
         prof = default_profile(gpu_spec, model_spec, tp)
 
     from reports.capacity import SLO
-    from simcore.memory import plan_memory
+    from simcore.config import resolve
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    memory = plan_memory(model_spec, gpu_spec, config)
+    resolved = resolve(model_spec, gpu_spec, config)  # validated and memory planned, once
+    memory = resolved.memory
+    check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:
-        _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json)
+        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
     if dp > 1:
         say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
     update, stop = _progress_reporter(getattr(wl, "num_requests", None))
     try:
-        result = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, progress=update)
+        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=update)
     finally:
         stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
-    for warning in result.warnings:
+    for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
+    problems, fatal = result_problems(result.summary, result.requests, result.steps)
+    for warning in [*result.warnings, *problems]:
+        typer.echo(f"WARNING {warning}", err=True)
+    for line in rejected_lines(result.requests):
+        typer.echo(line, err=True)
     if result.summary.get("saturation") == "overloaded":
         s = result.summary
         typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
@@ -209,6 +226,8 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
@@ -228,7 +247,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
-        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.to_dict(),
+        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.engine.to_dict(),
                    "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source},
                    "workload": wl.describe()},
     }
