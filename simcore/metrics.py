@@ -32,6 +32,14 @@ class StepTotals:
     seq_steps: int = 0  # sum over steps of the sequences scheduled
     kv_slot_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KV_KINDS, 0.0))  # sum kv * dt
 
+    def add(self, other: StepTotals) -> None:
+        """Sum another replica's totals into these."""
+        self.num_steps += other.num_steps
+        self.duration_s += other.duration_s
+        self.seq_steps += other.seq_steps
+        for kind, value in other.kv_slot_s.items():
+            self.kv_slot_s[kind] += value
+
     @classmethod
     def from_frame(cls, steps: pd.DataFrame) -> StepTotals:
         """Totals of a step table whose rows are single steps (or spans, weighted by num_steps)."""
@@ -115,10 +123,11 @@ class StepRecorder:
         kv["unshared"] += alloc_s
 
     def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame({name: np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
-                           for name, col in self.columns.items()})
-        int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
-        return df.astype({c: "int64" for c in int_cols})
+        data = {}
+        for name, col in self.columns.items():
+            values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+            data[name] = values.copy() if name.endswith("_s") else values.astype(np.int64)
+        return pd.DataFrame(data, copy=False)  # one block per dtype; astype per column is slow
 
 
 def requests_frame(states: list[ReqState]) -> pd.DataFrame:

@@ -41,6 +41,8 @@ class SpanShape:
 
     num_steps: int  # K >= 1
     new_blocks_cum: np.ndarray  # [K] blocks taken by the appends of steps 2..k (0 for k = 1)
+    computed: np.ndarray  # [R] tokens each request had computed before step 1
+    used_blocks: int = 0  # GPU blocks in use after step 1's appends (set by the policy)
 
 
 def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, free_blocks: int,
@@ -56,7 +58,8 @@ def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, fre
     cum = np.cumsum(new)
     fits = int(np.searchsorted(cum, free_blocks - 1, side="right"))  # steps with cum <= free - 1
     k = min(k_max, fits)
-    return SpanShape(max(k, 1) if free_blocks >= 1 else 1, cum[: max(k, 1)])
+    k = max(k, 1) if free_blocks >= 1 else 1
+    return SpanShape(k, cum[:k], computed)
 
 
 def internal_slots(computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
@@ -128,10 +131,15 @@ def boundaries(start: float, durations: np.ndarray) -> np.ndarray:
 
 
 def delay_to(now: float, target: float) -> float:
-    """A delay d with now + d == target in floating point (SimPy adds delays to its clock)."""
+    """A delay d with now + d == target in floating point (SimPy adds delays to its clock), or,
+    when rounding skips `target` (now has finer bits than it), the first d landing after it:
+    one ulp (~1e-17 s per second of simulated time) late."""
     d = target - now
+    for _ in range(4):
+        landed = now + d
+        if landed == target:
+            return d
+        d += target - landed
     while now + d < target:
-        d = np.nextafter(d, np.inf)
-    while now + d > target and d > 0:
-        d = np.nextafter(d, -np.inf)
-    return float(d)
+        d += float(np.spacing(target))
+    return d
