@@ -30,7 +30,14 @@ from simcore.lifecycle import Lifecycle
 from simcore.metrics import StepRecorder
 from simcore.policies.base import Policy
 from simcore.request import Request
-from simcore.span import SpanShape, boundaries, decode_span_times_s, delay_to, internal_slots
+from simcore.span import (
+    SpanShape,
+    boundaries,
+    decode_span_times_s,
+    decode_step_fixed_ms,
+    delay_to,
+    internal_slots,
+)
 from simcore.state import ReqState
 from simcore.step import StepPlan
 
@@ -54,7 +61,7 @@ class Engine:
         self.swap_block_s = swap_block_s  # seconds to copy one block over PCIe
         self.lifecycle = Lifecycle(env, max_model_len, progress)
         self.policy: Policy | None = None  # set by attach()
-        self.recorder = StepRecorder()
+        self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
         self._wakeup: simpy.Event | None = None
 
     def attach(self, policy: Policy) -> None:
@@ -146,7 +153,11 @@ class Engine:
             bs = policy.allocator.block_size
             allocated = (shape.used_blocks + shape.new_blocks_cum[: k - 1]) * bs
             internal = internal_slots(shape.computed, bs, k - 1)
+            coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
+            span_ms = float(durations[: k - 1].sum()) * 1000.0
+            n = k - 1
+            costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
             self.recorder.record_span(start, durations[: k - 1], plan, allocated, internal,
-                                      len(life.running), len(life.waiting), len(life.swapped))
+                                      len(life.running), len(life.waiting), len(life.swapped), costs)
             start = float(ends[k - 2])
         return start, float(durations[k - 1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from simcore.latency import StepLatencyModel
     from simcore.state import ReqState
     from simcore.step import MemorySnapshot, StepPlan
 
@@ -19,6 +21,10 @@ STEP_COLUMNS = (
     "kv_allocated", "kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external",
     "kv_unshared",
 )
+# The step's cost by part (ms): GPU kernels, TP collectives, host/engine time (see simcore.latency);
+# NaN when the recorder has no latency model. duration_s may add swap time on top of their sum.
+# A span row holds the sums over its steps.
+COST_COLUMNS = ("kernels_ms", "collectives_ms", "host_ms")
 KV_KINDS = ("allocated", "live", "reserved_future", "internal", "stale", "external", "unshared")
 
 
@@ -59,11 +65,14 @@ class StepTotals:
 class StepRecorder:
     """Column arrays, one row per step, or per decode span (`num_steps` > 1: its duration is the
     span's, its counts and KV the state at the end of its last step); cheap enough to call on
-    every step. `totals` sums every step exactly, spans included."""
+    every step. `totals` sums every step exactly, spans included. With a latency model it also
+    records each step's cost breakdown (the model reuses the step it just priced)."""
 
-    def __init__(self) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
+    def __init__(self, latency: StepLatencyModel | None = None) -> None:
+        self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}
         self._appends = [self.columns[name].append for name in STEP_COLUMNS]
+        self._cost_appends = [self.columns[name].append for name in COST_COLUMNS]
+        self._breakdown = latency.step_breakdown_ms if latency is not None else None
         self.totals = StepTotals()
 
     def record(
@@ -79,6 +88,12 @@ class StepRecorder:
             mem.stale, mem.external, unshared,
         )
         for append, value in zip(self._appends, values, strict=True):
+            append(value)
+        parts = (math.nan, math.nan, math.nan) if self._breakdown is None else self._breakdown(
+            plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
+            plan.num_sampled,
+        )
+        for append, value in zip(self._cost_appends, parts, strict=True):
             append(value)
         t = self.totals
         t.num_steps += 1
@@ -96,9 +111,11 @@ class StepRecorder:
     def record_span(
         self, start: float, durations: np.ndarray, plan: StepPlan, allocated: np.ndarray,
         internal: np.ndarray, num_running: int, num_waiting: int, num_swapped: int,
+        costs_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan),
     ) -> None:
         """Steps of a decode span (all decodes of the same batch, nothing shared, reserved or
-        stale): `allocated` / `internal` KV slots at the end of each step."""
+        stale): `allocated` / `internal` KV slots at the end of each step; `costs_ms` the
+        span's (kernels, collectives, host) summed over its steps."""
         num_steps = len(durations)
         num_seqs = len(plan.scheduled)
         duration = float(durations.sum())
@@ -109,6 +126,8 @@ class StepRecorder:
             0, 0, end_alloc,
         )
         for append, value in zip(self._appends, values, strict=True):
+            append(value)
+        for append, value in zip(self._cost_appends, costs_ms, strict=True):
             append(value)
         t = self.totals
         t.num_steps += num_steps
@@ -126,7 +145,7 @@ class StepRecorder:
         data = {}
         for name, col in self.columns.items():
             values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
-            data[name] = values.copy() if name.endswith("_s") else values.astype(np.int64)
+            data[name] = values.copy() if name.endswith(("_s", "_ms")) else values.astype(np.int64)
         return pd.DataFrame(data, copy=False)  # one block per dtype; astype per column is slow
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.latency import StepLatencyModel, Table1D, Table2D
+from simcore.latency import ExtrapolationCounter, StepLatencyModel
 
 MAX_SPAN_STEPS = 4096  # longer runs are split into several spans (bounds the arrays below)
 
@@ -70,55 +70,36 @@ def internal_slots(computed: np.ndarray, block_size: int, num_steps: int) -> np.
     return hist @ ((-(residues[:, None] + k[None, :])) % block_size)
 
 
-def _row_2d(table: Table2D, a: float, bs: np.ndarray) -> np.ndarray:
-    """Table2D.__call__(a, b) for many b: the same arithmetic, vectorised over b."""
-    import math
-
-    if a <= 0:
-        return np.zeros(len(bs))
-    i, s = table._locate(table.la, math.log(a))
-    lz = table.lz
-    i1 = min(i + 1, len(lz) - 1)
-    lb = np.log1p(bs)
-    top_row, bot_row = np.asarray(lz[i]), np.asarray(lz[i1])
-    if len(table.lb) == 1:
-        top, bot = np.full(len(lb), top_row[0]), np.full(len(lb), bot_row[0])
-    else:
-        grid = np.asarray(table.lb)
-        j = np.clip(np.searchsorted(grid, lb, side="right") - 1, 0, len(grid) - 2)
-        t = (lb - grid[j]) / (grid[j + 1] - grid[j])
-        top = top_row[j] + t * (top_row[j + 1] - top_row[j])
-        bot = bot_row[j] + t * (bot_row[j + 1] - bot_row[j])
-    return np.exp(top + s * (bot - top))
-
-
 def decode_span_times_s(latency: StepLatencyModel, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
     """Seconds of each decode-only step of a span (`num_seqs` sequences, their context sum per
-    step); the same operations, in the same order, as `StepLatencyModel.step_time_s` (to the
-    last bit except numpy's log1p/exp, which may differ from libm's by an ulp). Counts
-    extrapolated steps exactly as step-by-step pricing would."""
+    step), priced by `StepLatencyModel.decode_span_times_s`; extrapolated steps are counted per
+    step and per table exactly as step-by-step pricing counts them."""
+    counter, latency.extrapolated = latency.extrapolated, ExtrapolationCounter()
+    try:
+        times = latency.decode_span_times_s(num_seqs, context_sums)
+    finally:
+        latency.extrapolated = counter
     mean_ctx = np.asarray(context_sums, dtype=np.float64) / num_seqs
-    linear: Table1D = latency.linear
-    per_layer = linear(num_seqs) + _row_2d(latency.decode, num_seqs, mean_ctx)
-    if latency.collective is not None:
-        per_layer = per_layer + latency.collective(num_seqs)
-    ms = latency.step_overhead_ms + latency.num_layers * per_layer + latency.lm_head(num_seqs)
     dec = latency.decode
     (a_lo, a_hi), (b_lo, b_hi) = dec.a_range, dec.b_range
     if a_lo <= num_seqs <= a_hi:
         dec_out = int(np.count_nonzero((mean_ctx < b_lo) | (mean_ctx > b_hi)))
     else:
         dec_out = len(mean_ctx)
-    lin_out = linear.outside(num_seqs)
-    counter = latency.extrapolated
-    if lin_out:
+    if latency.linear.outside(num_seqs):
         counter.tables["linear"] = counter.tables.get("linear", 0) + len(mean_ctx)
         counter.steps += len(mean_ctx)
     elif dec_out:
         counter.steps += dec_out
     if dec_out:
         counter.tables["decode_attention"] = counter.tables.get("decode_attention", 0) + dec_out
-    return ms / 1000.0
+    return times
+
+
+def decode_step_fixed_ms(latency: StepLatencyModel, num_seqs: int) -> tuple[float, float]:
+    """(collectives, host) ms of one decode-only step of `num_seqs` sequences: the same for
+    every step of a span (only attention grows with the context)."""
+    return latency.collectives_ms(num_seqs, num_seqs), latency.host.ms(num_seqs, 0)
 
 
 def boundaries(start: float, durations: np.ndarray) -> np.ndarray:
