@@ -21,6 +21,7 @@ against (tests/test_fastpath_equivalence.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import simpy
@@ -113,7 +114,7 @@ class Engine:
             life.begin_step(plan, start)
             shape = span_of(plan, life) if span_of is not None else None
             if shape is not None:
-                start, dt = yield from self._span(plan, shape, start)
+                plan, start, dt = yield from self._span(plan, shape, start)
             else:
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
@@ -126,8 +127,8 @@ class Engine:
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
 
     def _span(self, plan: StepPlan, shape: SpanShape, start: float):
-        """Wait out steps 1..k of a decode span and apply steps 1..k-1; returns the start and
-        duration of step k, which the caller finishes like a single step."""
+        """Wait out steps 1..k of a decode span and apply steps 1..k-1; returns the plan, start
+        and duration of step k, which the caller finishes like a single step."""
         env, life, policy = self.env, self.lifecycle, self.policy
         num_seqs = plan.num_decode_seqs
         steps = shape.num_steps
@@ -160,4 +161,5 @@ class Engine:
             self.recorder.record_span(start, durations[: k - 1], plan, allocated, internal,
                                       len(life.running), len(life.waiting), len(life.swapped), costs)
             start = float(ends[k - 2])
-        return start, float(durations[k - 1])
+            plan = replace(plan, decode_context_tokens=plan.decode_context_tokens + (k - 1) * num_seqs)
+        return plan, start, float(durations[k - 1])

@@ -121,6 +121,8 @@ def _compare(config: EngineConfig, requests: list, seed: int, context: str):
     for key in fast.summary:
         _same(fast.summary[key], exact.summary[key], key, context)
     assert (exact.steps["num_steps"] == 1).all()
+    for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # span rows sum their steps
+        assert fast.steps[col].sum() == pytest.approx(exact.steps[col].sum(), rel=1e-9), (context, col)
     assert fast.steps["num_steps"].sum() == len(exact.steps), context
     return fast, exact
 
