@@ -1,7 +1,13 @@
 """Built-in GPUs and model shapes, and a reader for a Hugging Face `config.json`.
 
 GPU memory is what `torch.cuda.mem_get_info` reports (what vLLM budgets from), not the
-marketing figure; compute and bandwidth are the vendors' dense datasheet peaks.
+marketing figure; compute and bandwidth are the vendors' dense datasheet peaks. FP8 peaks are
+the datasheets' dense figures (half the "with sparsity" number): H100 SXM 1,979 TFLOP/s
+(nvidia.com/en-us/data-center/h100, datasheet table), H200 1,979 TFLOP/s
+(nvidia.com/en-us/data-center/h200); A100 (Ampere, compute capability 8.0) has no FP8 tensor
+cores. Nodes are 8-GPU HGX/DGX boards; the inter-node link is one NIC per GPU: DGX H100/H200
+have 8 x 400 Gb/s ConnectX-7 (50 GB/s per GPU), DGX A100 8 x 200 Gb/s ConnectX-6 HDR
+(25 GB/s) (NVIDIA DGX H100/H200 and DGX A100 datasheets).
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from simcore.specs import GPUSpec, ModelSpec
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("H100-SXM-80GB", 79.19, 989.4, 3.35, 450.0, pcie_gbps=64.0),
-        GPUSpec("H200-141GB", 139.8, 989.4, 4.8, 450.0, pcie_gbps=64.0),
-        GPUSpec("A100-80GB", 79.15, 312.0, 2.039, 300.0, pcie_gbps=32.0),
-        GPUSpec("A100-40GB", 39.39, 312.0, 1.555, 300.0, pcie_gbps=32.0),
+        GPUSpec("H100-SXM-80GB", 79.19, 989.4, 3.35, 450.0, pcie_gbps=64.0, fp8_tflops=1978.9,
+                internode_gbps=50.0),
+        GPUSpec("H200-141GB", 139.8, 989.4, 4.8, 450.0, pcie_gbps=64.0, fp8_tflops=1978.9,
+                internode_gbps=50.0),
+        GPUSpec("A100-80GB", 79.15, 312.0, 2.039, 300.0, pcie_gbps=32.0, internode_gbps=25.0),
+        GPUSpec("A100-40GB", 39.39, 312.0, 1.555, 300.0, pcie_gbps=32.0, internode_gbps=25.0),
     )
 }
 
@@ -34,6 +42,19 @@ MODELS: dict[str, ModelSpec] = {
             "opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, max_position_embeddings=2048,
             gated_mlp=False, tie_word_embeddings=True,
         ),
+        # Mixture-of-experts, from the Hugging Face config.json of each:
+        # huggingface.co/mistralai/Mixtral-8x7B-v0.1 (8 experts, top-2, 46.7B parameters in
+        # all, 12.9B active: Mistral AI, "Mixtral of experts", 2023-12-11) and
+        # huggingface.co/Qwen/Qwen3-30B-A3B (128 experts of width 768, top-8; model card:
+        # 30.5B in all, 3.3B activated).
+        ModelSpec(
+            "mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, max_position_embeddings=32768,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
+        ),
+        ModelSpec(
+            "qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, max_position_embeddings=40960,
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        ),
         # A toy shape small enough to profile on a CPU in seconds (tests, smoke runs).
         ModelSpec("tiny", 2, 256, 4, 2, 64, 688, 1024, max_position_embeddings=2048),
     )
@@ -48,6 +69,8 @@ _ALIASES = {
     "meta-llama/llama-2-7b-hf": "llama2-7b", "llama-2-7b": "llama2-7b",
     "meta-llama/llama-2-70b-hf": "llama2-70b", "llama-2-70b": "llama2-70b",
     "mistralai/mistral-7b-v0.1": "mistral-7b", "facebook/opt-13b": "opt-13b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral": "mixtral-8x7b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
 }
 
 
@@ -111,6 +134,34 @@ def model_from_hf_config(path: Path) -> ModelSpec:
             max_position_embeddings=int(pick("max_position_embeddings", "n_positions", default=4096)),
             gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            **_moe_and_quantization(cfg, path),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: bad value in config ({exc})") from None
+
+
+def _moe_and_quantization(cfg: dict, path: Path) -> dict:
+    """MoE fields (Mixtral's `num_local_experts`, Qwen-MoE's `num_experts`,
+    `moe_intermediate_size`, `shared_expert_intermediate_size`) and an FP8 `quantization_config`
+    (`quant_method: fp8`, as vLLM writes and reads it) as ModelSpec keywords."""
+    out: dict = {}
+    experts = cfg.get("num_local_experts", cfg.get("num_experts"))
+    if experts:
+        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+            raise ConfigError(f"{path}: MoE models with some dense MLP layers are not modelled")
+        out.update(
+            num_experts=int(experts),
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok", 0)),
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size", cfg.get("intermediate_size", 0))),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size", 0)),
+        )
+    quant = cfg.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if method != "fp8":
+            raise ConfigError(
+                f"{path}: quantization_config quant_method {method!r} is not supported; kvsim "
+                "prices fp8 checkpoints only"
+            )
+        out["quantization"] = "fp8"
+    return out
