@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs.",
 )
-app.command("run", no_args_is_help=False)(run_cmd.run)
+app.command("run", no_args_is_help=False, context_settings={"allow_extra_args": True})(run_cmd.run)
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(workloads_cmd.app, name="workloads")
 app.command("sweep")(sweep_cmd.sweep)

@@ -79,6 +79,9 @@ QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantizatio
 PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]
 RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas. [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]
+SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
+SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]
 
 # Options that mean something only for some policies (refused, not ignored, elsewhere).
 _ONLY_FOR = {
@@ -153,3 +156,39 @@ def check_common(seed: int, max_model_len: int | None, model: ModelSpec) -> None
             f"--max-model-len {max_model_len} exceeds {model.name}'s context length "
             f"{model.max_position_embeddings}"
         )
+
+
+def parse_goodput(values: list[str] | None, extra_args: list[str] | None = None) -> dict[str, float]:
+    """`--goodput ttft:500 tpot:50` -> {"ttft": 500.0, "tpot": 50.0} (ms), checked as vLLM's
+    `check_goodput_args` does: names ttft, tpot, e2el; values >= 0. Pairs after the first may
+    arrive as the command's extra arguments (click options take one value each)."""
+    from simcore.metrics import GOODPUT_METRICS
+
+    items = [part for text in [*(values or []), *(extra_args or [])]
+             for part in text.replace(",", " ").split()]
+    if extra_args and not values:
+        raise ConfigError(f"unexpected argument {extra_args[0]!r}")
+    slo: dict[str, float] = {}
+    for item in items:
+        name, sep, number = item.partition(":")
+        if not sep:
+            raise ConfigError(f"--goodput: {item!r} is not KEY:VALUE (e.g. ttft:500 tpot:50, in ms)")
+        if name not in GOODPUT_METRICS:
+            raise ConfigError(f"--goodput: unknown metric {name!r}; use {', '.join(GOODPUT_METRICS)}")
+        try:
+            value = float(number)
+        except ValueError:
+            raise ConfigError(f"--goodput: {number!r} is not a number of ms (in {item!r})") from None
+        if not value >= 0 or value == float("inf"):
+            raise ConfigError(f"--goodput: {name} must be a finite number of ms >= 0, got {number}")
+        if name in slo:
+            raise ConfigError(f"--goodput: {name} is given twice")
+        slo[name] = value
+    return slo
+
+
+def check_slos(**limits: float | None) -> None:
+    """Percentile SLO flags (flag name -> value) must be positive numbers of ms."""
+    for flag, limit in limits.items():
+        if limit is not None and not (limit > 0 and limit != float("inf")):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a finite number > 0, got {limit}")

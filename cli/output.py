@@ -29,6 +29,13 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         _row("Total input tokens:", s["total_input_tokens"]),
         _row("Total generated tokens:", s["total_output_tokens"]),
         _row("Request throughput (req/s):", s["request_throughput"]),
+    ]
+    if s.get("goodput_slo_ms") is not None:
+        lines.append(_row("Request goodput (req/s):", s.get("request_goodput")))
+        share = s.get("goodput_share")
+        lines.append(_row("Requests meeting every SLO (%):", None if share is None else 100 * share))
+        lines.append(_row("Goodput SLOs (ms):", " ".join(f"{k}:{v:g}" for k, v in s["goodput_slo_ms"].items())))
+    lines += [
         _row("Output token throughput (tok/s):", s["output_throughput"]),
         _row("Total Token throughput (tok/s):", s["total_token_throughput"]),
     ]
@@ -41,6 +48,13 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_section(title_))
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
+    lines.append(_section("Load"))
+    lines.append(_row("Offered load:", _load_label(s)))
+    for key, label in (("offered_rate", "Offered rate once warm (req/s):"),
+                       ("completed_rate_warm", "Completed rate once warm (req/s):"),
+                       ("queue_wait_slope", "Queueing delay growth (s per s):")):
+        if s.get(key) is not None:
+            lines.append(_row(label, s[key], ".3f" if key == "queue_wait_slope" else ".2f"))
     lines.append(_section("KV cache"))
     if "regime" in s:
         lines.append(_row("Regime:", s["regime"]))
@@ -62,6 +76,15 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def _load_label(s: dict[str, Any]) -> str:
+    verdict = s.get("saturation", "n/a")
+    if verdict == "overloaded":
+        return "OVERLOADED (throughput above is what it kept up with)"
+    if verdict == "n/a":
+        return "n/a (no steady arrivals to judge)"
+    return verdict
 
 
 def write_outputs(out_dir: Path, files: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    Goodput,
     Gpu,
     InputLen,
     KvCacheDtype,
@@ -39,11 +40,15 @@ from cli.options import (
     Rate,
     Reservation,
     RouterOpt,
+    SloTpotP95,
+    SloTtftP95,
     SwapSpace,
     ThinkTime,
     Workload,
     check_common,
+    check_slos,
     engine_options,
+    parse_goodput,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -81,6 +86,7 @@ def _progress_reporter(total: int | None):
 
 
 def run(
+    ctx: typer.Context,
     model: Model = "llama3-8b",
     gpu: Gpu = "H100-SXM-80GB",
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
@@ -116,6 +122,11 @@ def run(
     think_time_s: ThinkTime = None,
     seed: Annotated[int, typer.Option(help="Seed for every random stream.")] = 0,
     profile: ProfilePath = None,
+    goodput: Goodput = None,
+    slo_ttft_p95_ms: SloTtftP95 = None,
+    slo_tpot_p95_ms: SloTpotP95 = None,
+    find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Search the highest rate (same requests, rescaled arrivals) at which the run is sustained and meets the --slo-* / --goodput targets; --rate is where the search starts.")] = False,
+    tolerance: Annotated[float, typer.Option(help="--find-max-rate: relative width of the answer's bracket.")] = 0.02,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -130,6 +141,10 @@ def run(
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
     refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    goodput_ms = parse_goodput(goodput, ctx.args)
+    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    if not 0 < tolerance < 1:
+        raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
@@ -156,9 +171,14 @@ def run(
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
 
+    from reports.capacity import SLO
     from simcore.memory import plan_memory
 
+    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
     memory = plan_memory(model_spec, gpu_spec, config)
+    if find_max_rate:
+        _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json)
+        return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
@@ -177,11 +197,17 @@ def run(
         typer.echo(f"NOTE {note}", err=True)
     for warning in result.warnings:
         typer.echo(f"WARNING {warning}", err=True)
+    if result.summary.get("saturation") == "overloaded":
+        s = result.summary
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     from reports.regime import regime_of
 
     regime = regime_of(result)
+    from reports.capacity import summary_with_goodput
+
     summary = {
-        **result.summary, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
+        **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
@@ -196,6 +222,48 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+
+
+def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
+    """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment."""
+    from reports.capacity import max_sustainable_rate, simulator
+
+    start = getattr(wl.arrival, "rate", None) or getattr(wl.arrival, "mean_rate", None) or 1.0
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Searching the highest sustained rate meeting {slo.text()} (tolerance {100 * tolerance:g}%, "
+        f"{wl.num_requests} requests per run, seed {seed})")
+    found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
+    rows = [{
+        "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
+        "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
+        "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+    } for p in found.points]
+    document = {
+        "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
+        "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
+        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.to_dict(),
+                   "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source},
+                   "workload": wl.describe()},
+    }
+    if out is not None:
+        import pandas as pd
+
+        write_outputs(out, {"rates.csv": pd.DataFrame(rows), "max_rate.json": document})
+    if as_json:
+        typer.echo(json.dumps(document, indent=2, default=str))
+        return
+    for row in rows:
+        mark = "pass" if row["passed"] else "fail"
+        ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
+        typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
+                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  {row['why_not']}")
+    if found.max_rate == 0:
+        typer.echo(f"No rate meets the SLO: {found.binding}")
+    elif found.at_least:
+        typer.echo(f"Max sustainable rate: at least {found.max_rate:.3f} req/s (search ceiling reached)")
+    else:
+        typer.echo(f"Max sustainable rate: {found.max_rate:.3f} req/s (fails at "
+                   f"{found.max_rate * (1 + tolerance):.3f}: {found.binding}); {found.num_runs} runs")
 
 
 __all__ = ["run"]

@@ -99,7 +99,7 @@ def format_table(frame) -> str:
     cols = list(frame.columns)
     cells = [[_format_cell(c, v) for c, v in zip(cols, row, strict=True)] for row in frame.itertuples(index=False)]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    left = {"policy", "regime", "meets_slo"}
+    left = {"policy", "regime", "meets_slo", "load"}
 
     def line(values: list[str]) -> str:
         parts = [v.ljust(w) if c in left else v.rjust(w) for c, v, w in zip(cols, values, widths, strict=True)]

@@ -31,7 +31,7 @@ SWEEPABLE = {
 }
 METRIC_COLUMNS = (
     "gpus", "kv_cache_tokens", "output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms",
-    "kv_waste", "preemptions", "regime",
+    "kv_waste", "preemptions", "load", "regime",
 )
 
 
@@ -105,6 +105,7 @@ def _metrics(result) -> dict[str, Any]:
         "ttft_p50_ms": s["median_ttft_ms"], "ttft_p95_ms": s["p95_ttft_ms"],
         "tpot_p50_ms": s["median_tpot_ms"], "tpot_p95_ms": s["p95_tpot_ms"],
         "kv_waste": s["kv_waste_rate"], "preemptions": s["num_preemptions"],
+        "load": s["saturation"],  # sustained | overloaded | n/a (simcore.metrics.saturation)
         "regime": regime_of(result).label,
     }
 
@@ -139,6 +140,8 @@ def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float |
     """A `meets_slo` column before `regime`: every given p95 target met (a point that did not run
     never meets it)."""
     ok = frame["output_tok_s"].notna()
+    if "load" in frame.columns:  # an overloaded point's percentiles only grow with a longer run
+        ok &= frame["load"].ne("overloaded")
     for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms)):
         if limit is not None:
             ok &= frame[col].astype(float).le(limit).fillna(False)

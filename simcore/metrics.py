@@ -130,4 +130,80 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray) ->
     out["mean_batch_size"] = float(steps["num_seqs"].mean()) if len(steps) else 0.0
     out["max_running"] = int(steps["num_running"].max()) if len(steps) else 0
     out.update(kv_waste(steps))
+    out.update(saturation(requests))
+    return out
+
+
+# -- goodput (`vllm bench serve --goodput`) ------------------------------------------------
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the names vLLM's --goodput accepts
+
+
+def goodput(requests: pd.DataFrame, slo_ms: dict[str, float], duration_s: float) -> dict[str, Any]:
+    """Requests meeting every per-request SLO, as vLLM's `calculate_metrics` counts them
+    (benchmarks/benchmark_serving.py): a finished request is good when each given metric is
+    <= its SLO; TPOT of a one-token response counts as 0. `request_goodput` is good requests
+    per second of the run; `goodput_share` is their share of every submitted request."""
+    assert set(slo_ms) <= set(GOODPUT_METRICS)
+    status = requests["status"].to_numpy()
+    good = status == "finished"
+    for name, limit_ms in slo_ms.items():
+        values = requests[f"{name}_s"].to_numpy(dtype=np.float64)
+        if name == "tpot":
+            values = np.where(np.isnan(values), 0.0, values)
+        with np.errstate(invalid="ignore"):
+            good &= values * 1000.0 <= limit_ms
+    num_good = int(good.sum())
+    return {
+        "goodput_slo_ms": dict(slo_ms),
+        "good_requests": num_good,
+        "request_goodput": num_good / duration_s if duration_s > 0 else None,
+        "goodput_share": num_good / len(status) if len(status) else None,
+    }
+
+
+# -- saturation: was the offered load sustained? -------------------------------------------
+WARMUP_SHARE = 0.2  # arrivals before this share of the run fill the engine; not judged
+OVERLOAD_RATE_RATIO = 0.9  # completed / offered rate once warm below this ...
+OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s per s): overloaded
+MIN_JUDGED_REQUESTS = 20  # fewer arrivals after warm-up than this: no verdict
+
+
+def saturation(requests: pd.DataFrame) -> dict[str, Any]:
+    """Whether the engine kept up with the arrivals, from the per-request columns only.
+
+    Once warm (after the first WARMUP_SHARE of arrivals, up to the last arrival), a sustained
+    load completes requests as fast as they arrive and its queueing delay (arrival to first
+    schedule) stays flat. An engine that serves mu req/s while lam > mu arrive falls behind:
+    request i starts at ~i/mu, so its queueing delay grows as t * (lam/mu - 1) and the completed
+    rate is mu = lam / (lam/mu). A run is `overloaded` when both show it (completed/offered below
+    OVERLOAD_RATE_RATIO and a delay slope above OVERLOAD_WAIT_SLOPE, i.e. lam/mu > ~1.05-1.1);
+    requiring both keeps a burst at the end of a stable run, or a slow drain of a long-latency
+    backlog, from being called overload. All arrivals at one instant (offline batch) or too few
+    arrivals give `n/a`."""
+    arrival = requests["arrival_s"].to_numpy(dtype=np.float64)
+    out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
+                           "queue_wait_slope": None}
+    order = np.argsort(arrival, kind="stable")
+    arrival = arrival[order]
+    first = int(len(arrival) * WARMUP_SHARE)
+    if len(arrival) - first < MIN_JUDGED_REQUESTS:
+        return out
+    start, end = float(arrival[first]), float(arrival[-1])
+    if end <= start:
+        return out
+    window = end - start
+    finish = requests["finish_s"].to_numpy(dtype=np.float64)
+    finished = requests["status"].to_numpy() == "finished"
+    offered = (len(arrival) - 1 - first) / window
+    with np.errstate(invalid="ignore"):
+        completed = int((finished & (finish > start) & (finish <= end)).sum()) / window
+    wait = (requests["first_scheduled_s"].to_numpy(dtype=np.float64) - requests["arrival_s"].to_numpy())[order][first:]
+    t = arrival[first:]
+    known = ~np.isnan(wait)
+    slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
+    overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
+    out.update({
+        "saturation": "overloaded" if overloaded else "sustained",
+        "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,
+    })
     return out
