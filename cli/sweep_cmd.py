@@ -49,6 +49,7 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
+from cli.output import check_out_file
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -243,6 +244,7 @@ def sweep(
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     table = _table(out)
+    check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_spec = get_model(model)
     gpu_specs = [get_gpu(g) for g in lists.pop("gpu")]
     check_common(seed, max_model_len, model_spec)
@@ -266,6 +268,8 @@ def sweep(
     wl = plan.points[0].workload
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
+    for warning in wl.warnings():
+        typer.echo(f"WARNING {warning}", err=True)
     for row in rows:
         if isinstance(row.get("warnings"), str) and row["warnings"]:
             label = ", ".join(f"{SWEEPABLE[k][1]}={row[k]}" for k in plan.swept)
