@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from simcore.policies.base import MemorySnapshot, StepPlan
     from simcore.state import ReqState
+    from simcore.step import MemorySnapshot, StepPlan
 
 STEP_COLUMNS = (
     "start_s", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
