@@ -176,7 +176,7 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
     if profile is not None:
         prof = load_profile(profile)
-        check_profile_matches(prof, model_spec, tp)
+        check_profile_matches(prof, model_spec, tp, gpu_spec)
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
 

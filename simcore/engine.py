@@ -42,7 +42,7 @@ class Engine:
         self.swap_block_s = swap_block_s  # seconds to copy one block over PCIe
         self.lifecycle = Lifecycle(env, max_model_len, progress)
         self.policy: Policy | None = None  # set by attach()
-        self.recorder = StepRecorder()
+        self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
         self._wakeup: simpy.Event | None = None
 
     def attach(self, policy: Policy) -> None:
