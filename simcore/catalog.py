@@ -184,8 +184,8 @@ def _hf_dtype_bytes(path: Path, cfg: dict) -> int:
     if not isinstance(value, str) or value.lower().removeprefix("torch.") not in _HF_DTYPE_BYTES:
         if isinstance(value, str) and "float8" in value.lower():
             raise ConfigError(
-                f"model config {path}: {key} {value!r} is an FP8 checkpoint; kvsim does not model "
-                "FP8 weights yet (use a bf16/fp16 config of the same model)"
+                f"model config {path}: {key} {value!r} is not a serving dtype; an FP8 checkpoint "
+                "keeps torch_dtype bfloat16 and says quant_method fp8 in its quantization_config"
             )
         raise ConfigError(
             f"model config {path}: unknown {key} {value!r} "
