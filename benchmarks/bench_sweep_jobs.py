@@ -31,21 +31,22 @@ def main() -> None:
     from reports.sweep_table import read_table
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    tables, walls = {}, {}
+    runs: list[tuple[int, float, object]] = []  # (jobs, wall s, rows)
     with tempfile.TemporaryDirectory() as tmp:
-        for jobs in [int(j) for j in args.jobs.split(",")]:
-            out = Path(tmp) / f"jobs{jobs}.csv"
+        for k, jobs in enumerate(int(j) for j in args.jobs.split(",")):
+            out = Path(tmp) / f"run{k}.csv"
             cmd = [sys.executable, "-m", "cli.main", "sweep", *GRID, "--num-requests", str(args.num_requests),
                    "--jobs", str(jobs), "--out", str(out)]
             started = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            walls[jobs] = time.perf_counter() - started
-            tables[jobs] = read_table(out).drop(columns=["wall_s"])
-            print(f"--jobs {jobs}: {len(tables[jobs])} points in {walls[jobs]:.1f} s wall")
-        first = min(walls)
-        for jobs, wall in walls.items():
-            same = tables[jobs].equals(tables[first])
-            print(f"--jobs {jobs}: {walls[first] / wall:.2f}x the speed of --jobs {first}; rows equal: {same}")
+            wall = time.perf_counter() - started
+            rows = read_table(out).drop(columns=["wall_s"])
+            runs.append((jobs, wall, rows))
+            print(f"--jobs {jobs}: {len(rows)} points in {wall:.1f} s wall; rows equal to the first run's: "
+                  f"{rows.equals(runs[0][2])}")
+    for jobs in sorted({j for j, _, _ in runs}):
+        walls = sorted(w for j, w, _ in runs if j == jobs)
+        print(f"--jobs {jobs}: median {walls[len(walls) // 2]:.1f} s over {len(walls)} run(s)")
     load = os.getloadavg()
     print(f"load average now (1, 5, 15 min): {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}; cores: {os.cpu_count()}")
 
