@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import list_cmd, profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
+from cli import list_cmd, plan_cmd, profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
 from cli.errors import OneLineErrorsGroup
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app.add_typer(workloads_cmd.app, name="workloads")
 app.command("sweep")(sweep_cmd.sweep)
 app.add_typer(report_cmd.app, name="report")
 app.command("list")(list_cmd.list_catalog)
+app.command("plan", context_settings={"allow_extra_args": True})(plan_cmd.plan)
 
 
 def main() -> None:

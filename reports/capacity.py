@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -107,8 +107,9 @@ class RateScaler:
     """One workload's requests drawn once per seed, replayed at any mean rate (see the module
     docstring). `at(rate)` is a `simcore.request.Workload`."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, take: int | None = None):
         self.spec = spec
+        self.take = take  # replay only this many: the first arrival times, lengths spread over all
         self._drawn: dict[tuple, tuple[Any, float]] = {}  # seed key -> (arrays, nominal rate)
 
     def draw(self, seed: np.random.SeedSequence):
@@ -118,8 +119,24 @@ class RateScaler:
             if arrays.arrival_s is None:
                 raise ConfigError(f"workload {self.spec.name}: a rate search needs open-loop arrivals, "
                                   "not a closed loop of clients")
-            self._drawn[key] = (arrays, nominal_rate(self.spec, arrays))
+            self._drawn[key] = (self._subset(arrays), nominal_rate(self.spec, arrays))
         return self._drawn[key]
+
+    def _subset(self, arrays):
+        """`take` requests that stand for all of them: the arrival pattern's first `take` times
+        (same process, same rate) with the lengths of requests spread evenly over the whole
+        draw, so a short run sees the same mix of prompts and outputs as the long one (a trace's
+        later rows can differ from its first ones)."""
+        count = len(arrays.num_prompt_tokens)
+        if self.take is None or self.take >= count:
+            return arrays
+        import dataclasses
+
+        rows = np.linspace(0, count - 1, self.take).round().astype(np.int64)
+        fields = ("num_prompt_tokens", "num_output_tokens", "max_tokens", "n", "beam_width", "prefix_id",
+                  "num_prefix_tokens")
+        return dataclasses.replace(arrays, arrival_s=arrays.arrival_s[:self.take],
+                                   think_s=None, **{f: getattr(arrays, f)[rows] for f in fields})
 
     def at(self, rate: float) -> ScaledWorkload:
         if not (rate > 0 and math.isfinite(rate)):
@@ -140,7 +157,7 @@ class ScaledWorkload:
 
     @property
     def num_requests(self) -> int:
-        return int(self.scaler.spec.num_requests)
+        return int(self.scaler.take or self.scaler.spec.num_requests)
 
     def process(self, env, sink: RequestSink, seed: np.random.SeedSequence):
         from workloads.arrivals import open_loop_process
@@ -178,6 +195,7 @@ class Capacity:
     points: tuple[RatePoint, ...]  # every run, by rate
     at_least: bool = False  # the ceiling was reached without a failure
     binding: str = ""  # why the first failing rate above max_rate failed
+    below_floor: float = 0.0  # > 0: stopped early, the deployment sustains less than this
 
     @property
     def num_runs(self) -> int:
@@ -198,9 +216,12 @@ def max_sustainable_rate(
     start_rate: float,
     tolerance: float = DEFAULT_TOLERANCE,
     rate_cap: float | None = None,
+    rate_floor: float = 0.0,
 ) -> Capacity:
     """Bracket then bisect on the rate grid (module docstring); `evaluate(rate)` runs the
-    deployment at `rate` and returns its summary. Each grid rate is run at most once."""
+    deployment at `rate` and returns its summary. Each grid rate is run at most once. A failure
+    at or below `rate_floor` ends the search with `below_floor` (the caller does not care how
+    much less than that the deployment sustains)."""
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     if not (start_rate > 0 and math.isfinite(start_rate)):
@@ -241,6 +262,8 @@ def max_sustainable_rate(
     else:
         hi, lo = k, k - doubling
         for _ in range(MAX_HALVINGS):
+            if grid_rate(hi, tolerance) <= rate_floor:
+                return replace(done(None), below_floor=grid_rate(hi, tolerance))
             if passes(lo):
                 break
             hi, lo = lo, lo - doubling
