@@ -10,13 +10,14 @@ from typer.exceptions import Abort
 
 from simcore.errors import KvsimError
 
-USER_ERROR_EXIT = 2
+USER_ERROR_EXIT = 2  # bad input: refused before any work
+EMPTY_RESULT_EXIT = 1  # the run finished but served nothing: its numbers mean nothing
 
 
-def fail(message: str) -> None:
-    """Print one line to stderr and exit 2."""
+def fail(message: str, code: int = USER_ERROR_EXIT) -> None:
+    """Print one line to stderr and exit (2 for a user error)."""
     click.echo(f"kvsim: error: {message}", err=True)
-    sys.exit(USER_ERROR_EXIT)
+    sys.exit(code)
 
 
 class OneLineErrorsGroup(TyperGroup):
@@ -25,8 +26,9 @@ class OneLineErrorsGroup(TyperGroup):
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError:
-            sys.exit(0)  # typer has printed the help already
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(0)
         except click.exceptions.UsageError as exc:
             cmd = exc.ctx.command_path if exc.ctx else "kvsim"
             fail(f"{cmd}: {exc.format_message()}")

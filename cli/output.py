@@ -11,6 +11,8 @@ def _row(label: str, value: Any, fmt: str = ".2f") -> str:
     if value is None:
         return f"{label:<40} {'n/a':<10}"
     if isinstance(value, float):
+        if 0 < abs(value) < 0.005:  # never print a real, tiny throughput as 0.00
+            fmt = ".3g"
         return f"{label:<40} {value:<10{fmt}}"
     return f"{label:<40} {value:<10}"
 
@@ -97,3 +99,110 @@ def write_outputs(out_dir: Path, files: dict[str, Any]) -> None:
         return lambda path: path.write_text(json.dumps(content, indent=2, default=str) + "\n")
 
     write_files(out_dir, {name: writer(content) for name, content in files.items()})
+
+
+RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
+
+
+def check_out_folder(out: Path | None, names: tuple[str, ...] = RUN_FILES, flag: str = "--out") -> Path | None:
+    """Create and prove writable an output folder before any work (run, report, plan)."""
+    if out is None:
+        return None
+    from reports.files import check_out_folder as check
+
+    return check(out, names, flag)
+
+
+def check_out_file(out: Path | None, flag: str = "--out") -> Path | None:
+    """The same for a single output file (sweep's CSV)."""
+    if out is None:
+        return None
+    from reports.files import check_out_file as check
+
+    return check(out, flag)
+
+
+def _arrival_text(workload: dict[str, Any]) -> str:
+    a = workload.get("arrival", {})
+    kind = a.get("process", "?")
+    if kind in ("poisson", "fixed_rate"):
+        return f"{kind} arrivals at {a['rate']:g} req/s"
+    if kind == "gamma":
+        return f"gamma arrivals at {a['rate']:g} req/s (burstiness {a['burstiness']:g})"
+    if kind == "piecewise":
+        return f"piecewise-rate arrivals, mean {a['mean_rate']:g} req/s"
+    if kind == "batch":
+        return "all at t=0" if not a.get("size") else f"batches of {a['size']} every {a['interval_s']:g} s"
+    if kind == "closed_loop":
+        think = f", think {a['think_time_s']:g} s" if a.get("think_time_s") else ""
+        return f"closed loop of {a['concurrency']} clients{think}"
+    if kind == "trace":
+        trace = workload.get("trace") or {}
+        rate = trace.get("rescale_rate")
+        return "trace replay" + (f" rescaled to {rate:g} req/s" if rate else " at its own timestamps")
+    return f"{kind} arrivals"
+
+
+def describe_run(workload: dict[str, Any], config: dict[str, Any], model: str, gpu: str) -> str:
+    """One line saying what is simulated: workload, arrivals, requests, policy, GPUs = TP x DP."""
+    tp, dp = config["tensor_parallel_size"], config["data_parallel_size"]
+    policy = config["policy"]
+    if policy == "continuous":
+        kv = "paged" if config["allocator"] == "paged" else f"contiguous/{config['reservation']}"
+        policy = f"{policy} ({kv} KV, block {config['block_size']})"
+    elif policy == "static":
+        policy = f"static (batch {config['max_batch_size']})"
+    return (
+        f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
+        f"{_arrival_text(workload)}; {model} on {tp * dp} x {gpu} (TP {tp} x DP {dp}); policy {policy}"
+    )
+
+
+def rejected_lines(requests: Any, limit: int = 3) -> list[str]:
+    """'N of M requests rejected' plus the commonest reasons (numbers of one request folded)."""
+    status = requests["status"]
+    rejected = requests.loc[status == "rejected", "reject_reason"]
+    if rejected.empty:
+        return []
+    import re
+
+    kinds = rejected.map(lambda r: re.sub(r"\d+", "N", r, count=1))
+    counts = kinds.value_counts()
+    lines = [f"{len(rejected):,} of {len(requests):,} requests rejected (not served):"]
+    for kind, count in counts.head(limit).items():
+        example = rejected[kinds == kind].iloc[0]
+        lines.append(f"  {count:,} x {example}" + (" (and similar)" if count > 1 and kind != example else ""))
+    if len(counts) > limit:
+        lines.append(f"  ... and {int(counts.iloc[limit:].sum()):,} more with {len(counts) - limit} other reasons")
+    return lines
+
+
+IDLE_WARNING_SHARE = 0.01  # engine busy less than 1% of the makespan: throughput measures the arrivals
+
+
+def result_problems(summary: dict[str, Any], requests: Any, steps: Any) -> tuple[list[str], str | None]:
+    """(warnings, fatal): a run that served nothing or produced no throughput is fatal; an engine
+    idle nearly all the time, or a day-long gap between arrivals, is warned about."""
+    completed = summary.get("completed", 0)
+    if not completed:
+        reasons = requests.loc[requests["status"] == "rejected", "reject_reason"]
+        why = f": {reasons.iloc[0]}" if len(reasons) else ""
+        return [], f"no request was served ({summary.get('rejected', 0)} of {summary['num_requests']} rejected{why})"
+    if not summary.get("output_throughput"):
+        return [], "the run produced zero output throughput (every request finished at the instant it arrived)"
+    warnings = []
+    duration = summary.get("duration_s") or 0.0
+    busy = float(steps["duration_s"].sum()) if len(steps) else 0.0
+    if duration > 0 and busy / duration < IDLE_WARNING_SHARE:
+        warnings.append(
+            f"the engine was busy {100 * busy / duration:.2g}% of the {duration:,.0f} s makespan: "
+            "throughput here measures the arrival rate, not the deployment's capacity"
+        )
+    arrivals = requests["arrival_s"].to_numpy()
+    if len(arrivals) > 1:
+        import numpy as np
+
+        gap = float(np.max(np.diff(np.sort(arrivals))))
+        if gap > 86_400:
+            warnings.append(f"the longest gap between two arrivals is {gap:,.0f} s (over a day)")
+    return warnings, None

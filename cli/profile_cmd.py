@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer._click.core import ParameterSource
 
 from simcore.errors import ConfigError
 
@@ -63,6 +64,10 @@ def profile(
     if ctx.invoked_subcommand is not None:
         return
     if model is None:
+        given = [f"--{name.replace('_', '-')}" for name in ctx.params
+                 if ctx.get_parameter_source(name) != ParameterSource.DEFAULT]
+        if given:  # options but no model: a mistake, not a request for help
+            raise ConfigError(f"kvsim profile {given[0]} ...: --model is required to measure a profile")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
     from simcore.catalog import get_gpu, get_model

@@ -54,6 +54,9 @@ def seed_table(
     out_dir = out if out is not None else reference_dir()
     if out_dir is None:
         raise ConfigError("no writable reports/reference folder here (not a source checkout); pass --out DIR")
+    from cli.output import check_out_folder
+
+    check_out_folder(out_dir, ("seed-table.md", "seed-table.csv", "seed-table.png"))
     update, stop = _progress()
     try:
         report = build_seed_table(num_requests, seed, progress=update)

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from cli.errors import EMPTY_RESULT_EXIT, fail
 from cli.options import (
     Allocator,
     AsJson,
@@ -48,7 +49,15 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
-from cli.output import format_summary, write_outputs
+from cli.output import (
+    RUN_FILES,
+    check_out_folder,
+    describe_run,
+    format_summary,
+    rejected_lines,
+    result_problems,
+    write_outputs,
+)
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -167,10 +176,12 @@ def run(
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
     memory = plan_memory(model_spec, gpu_spec, config)
+    check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:
         _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
     if dp > 1:
@@ -182,8 +193,13 @@ def run(
         stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
-    for warning in result.warnings:
+    for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
+    problems, fatal = result_problems(result.summary, result.requests, result.steps)
+    for warning in [*result.warnings, *problems]:
+        typer.echo(f"WARNING {warning}", err=True)
+    for line in rejected_lines(result.requests):
+        typer.echo(line, err=True)
     if result.summary.get("saturation") == "overloaded":
         s = result.summary
         typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
@@ -209,6 +225,8 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:

@@ -1,8 +1,9 @@
-"""`kvsim sweep`: simulate a grid of engine settings and print one row per point.
+"""`kvsim sweep`: simulate a grid of engine settings (x seeds) in parallel; one row per point.
 
-    kvsim sweep --block-size 8,16,32 --gpu-memory-utilization 0.8,0.9 --rate 20
+    kvsim sweep --block-size 8,16,32 --gpu-memory-utilization 0.8,0.9 --rate 10,20 --out sweep.csv
 
-Every point runs with the same --seed, so every point serves identical traffic.
+Every cell runs with the same seeds, so every cell serves identical traffic. Rows go to --out as
+each point finishes; --resume finishes a killed sweep; --executor ray runs on a Ray cluster.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,10 +25,8 @@ from cli.options import (
     BatchTimeout,
     BeamWidth,
     Burstiness,
-    Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
-    Gpu,
     InputLen,
     MaxBatchSize,
     MaxModelLen,
@@ -38,7 +39,6 @@ from cli.options import (
     PolicyName,
     Preemption,
     ProfilePath,
-    Rate,
     Reservation,
     RouterOpt,
     SwapSpace,
@@ -49,6 +49,7 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
+from cli.output import check_out_file
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
@@ -56,8 +57,13 @@ from simcore.specs import EngineConfig
 LIST_HELP = "Comma-separated list to sweep."
 
 
-def _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs) -> dict[str, list]:
-    """The swept EngineConfig fields in grid order (first varies slowest); tp is always a column."""
+class ExecutorName(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency) -> dict[str, list]:
+    """The swept fields (SWEEPABLE names) -> values; tp is always a column."""
     from reports.sweep import parse_list
 
     lists: dict[str, list] = {}
@@ -67,13 +73,15 @@ def _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs) -> 
         for value in lists["policy"]:
             if value not in known:
                 raise ConfigError(f"--policy: {value!r} is not one of {', '.join(known)}")
+    lists["gpu"] = parse_list("--gpu", gpu, str)
     lists["tensor_parallel_size"] = parse_list("--tp", tp, int) if tp is not None else [1]
-    if dp is not None:
-        lists["data_parallel_size"] = parse_list("--dp", dp, int)
     for name, flag, text, kind in (
+        ("data_parallel_size", "--dp", dp, int),
         ("block_size", "--block-size", block_size, int),
         ("gpu_memory_utilization", "--gpu-memory-utilization", gpu_memory_utilization, float),
         ("max_num_seqs", "--max-num-seqs", max_num_seqs, int),
+        ("rate", "--rate", rate, float),
+        ("concurrency", "--concurrency", concurrency, int),
     ):
         if text is not None:
             lists[name] = parse_list(flag, text, kind)
@@ -84,22 +92,39 @@ def _format_cell(column: str, value: Any) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if column == "kv_cache_tokens":
-        return f"{int(value):,}"
+        return f"{value:,.0f}"
     if column == "kv_waste":
         return f"{100 * value:.1f}%"
     if column == "meets_slo":
         return "yes" if value else "no"
     if column.endswith("_ms") or column == "output_tok_s":
         return f"{value:,.1f}"
+    if column == "preemptions" and isinstance(value, float):
+        return f"{value:.1f}"
     return str(value)
+
+
+def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`."""
+    cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high"))]
+    cells = []
+    for _, row in frame.iterrows():
+        line = []
+        for c in cols:
+            text = _format_cell(c, row[c])
+            low, high = row.get(f"{c}_ci95_low"), row.get(f"{c}_ci95_high")
+            if text and low is not None and high is not None and not pd.isna(low) and not pd.isna(high):
+                text += " ±" + _format_cell(c, (high - low) / 2)
+            line.append(text)
+        cells.append(line)
+    return cols, cells
 
 
 def format_table(frame) -> str:
     """A plain aligned table (numbers right, text left) that pipes and diffs cleanly."""
-    cols = list(frame.columns)
-    cells = [[_format_cell(c, v) for c, v in zip(cols, row, strict=True)] for row in frame.itertuples(index=False)]
+    cols, cells = _with_interval(frame)
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    left = {"policy", "regime", "meets_slo", "load"}
+    left = {"policy", "gpu", "regime", "meets_slo", "load", "seeds"}
 
     def line(values: list[str]) -> str:
         parts = [v.ljust(w) if c in left else v.rjust(w) for c, v, w in zip(cols, values, widths, strict=True)]
@@ -108,17 +133,44 @@ def format_table(frame) -> str:
     return "\n".join([line(cols)] + [line(r) for r in cells])
 
 
-def _progress(total: int):
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+class _Progress:
+    """Points done / total with an ETA: a rich bar on a terminal, else a line every 10 s."""
 
-    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), transient=True, console=Console(stderr=True))
-    task = progress.add_task("sweep points", total=total)
-    progress.start()
-    return (lambda done: progress.update(task, completed=done)), progress.stop
+    def __init__(self, total: int, already: int = 0) -> None:
+        self.total, self.done, self.started = total, already, time.perf_counter()
+        self.first, self.last_line = already, self.started
+        self.bar = None
+        if sys.stderr.isatty() and total > already:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), "ETA", TimeRemainingColumn(), transient=True,
+                                console=Console(stderr=True))
+            self.task = self.bar.add_task("sweep points", total=total, completed=already)
+            self.bar.start()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+        elif now - self.last_line >= 10 or (self.done == self.total and self.last_line > self.started):
+            self.last_line = now
+            rate = (self.done - self.first) / max(now - self.started, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            typer.echo(f"sweep: {self.done}/{self.total} points, {now - self.started:.0f} s elapsed, "
+                       f"ETA {eta:.0f} s", err=True)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _records(frame) -> list[dict[str, Any]]:
@@ -129,7 +181,7 @@ def _records(frame) -> list[dict[str, Any]]:
 
 def sweep(
     model: Model = "llama3-8b",
-    gpu: Gpu = "H100-SXM-80GB",
+    gpu: Annotated[str, typer.Option(help=f"Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB. {LIST_HELP}")] = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
     dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x dp). {LIST_HELP} [default: 1]")] = None,
     router: RouterOpt = None,
@@ -148,8 +200,8 @@ def sweep(
     max_batch_size: MaxBatchSize = None,
     batch_timeout_s: BatchTimeout = None,
     workload: Workload = None,
-    rate: Rate = None,
-    concurrency: Concurrency = None,
+    rate: Annotated[str | None, typer.Option(help=f"Open loop: request rate in req/s. {LIST_HELP}")] = None,
+    concurrency: Annotated[str | None, typer.Option(help=f"Closed loop: concurrent clients. {LIST_HELP}")] = None,
     num_requests: NumRequests = None,
     burstiness: Burstiness = None,
     input_len: InputLen = None,
@@ -159,16 +211,23 @@ def sweep(
     beam_width: BeamWidth = None,
     think_time_s: ThinkTime = None,
     seed: Annotated[int, typer.Option(help="Seed; every point uses it, so every point sees identical traffic.")] = 0,
+    seeds: Annotated[str | None, typer.Option(help="Run every point with each of these seeds (e.g. 0,1,2) and print each metric's mean and 95% interval.")] = None,
+    repeats: Annotated[int | None, typer.Option(help="Run every point with K seeds: --seed, --seed+1, ...")] = None,
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write the table to this CSV file.")] = None,
+    out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
+    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install 'kvsim[ray]').")] = ExecutorName.local,
+    address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Simulate every combination of the listed engine settings; print one row per point."""
-    from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_points, run_sweep
+    """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
+    from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_sweep, summarize_points
+    from reports.sweep_runner import parse_seeds
 
-    lists = _lists(policy, tp, dp, block_size, gpu_memory_utilization, max_num_seqs)
+    lists = _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -178,66 +237,120 @@ def sweep(
     for flag, limit in (("--slo-ttft-p95-ms", slo_ttft_p95_ms), ("--slo-tpot-p95-ms", slo_tpot_p95_ms)):
         if limit is not None and not limit > 0:
             raise ConfigError(f"{flag} must be > 0, got {limit}")
-    if out is not None and out.suffix.lower() != ".csv":
-        raise ConfigError(f"--out {out}: give a .csv file")
-    model_spec, gpu_spec = get_model(model), get_gpu(gpu)
+    if resume and out is None:
+        raise ConfigError("--resume needs --out (the table to finish)")
+    if address is not None and executor is not ExecutorName.ray:
+        raise ConfigError("--address applies only with --executor ray")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    table = _table(out)
+    check_out_file(out)  # before the work: a bad --out never costs the sweep
+    model_spec = get_model(model)
+    gpu_specs = [get_gpu(g) for g in lists.pop("gpu")]
     check_common(seed, max_model_len, model_spec)
+    seed_list = parse_seeds(seeds, repeats, seed)
     if router is not None:
         fields["router"] = router.value
     base = EngineConfig(**fields)
-    points = plan_points(model_spec, gpu_spec, base, lists)
-    wl = _workload(workload, base, model_spec, workload_overrides(
-        num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
+    overrides = workload_overrides(
+        num_requests=num_requests, rate=None, concurrency=None, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
         beam_width=beam_width, think_time_s=think_time_s,
-    ))
-    profile_for = _profiles(profile, gpu_spec, model_spec, [p.config.tensor_parallel_size for p in points if not p.does_not_fit])
-
-    update, stop = _progress(len(points))
-    try:
-        frame, warnings = run_sweep(model_spec, gpu_spec, points, wl, profile_for, seed, update)
-    finally:
-        stop()
+    )
+    plan = plan_sweep(
+        model_spec, gpu_specs, base, lists, _workload_loader(workload, overrides),
+        _profiles(profile, model_spec, len(gpu_specs)), seed_list,
+        {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
+         "slo_tpot_p95_ms": slo_tpot_p95_ms},
+    )
+    rows = _run(plan, table, resume, jobs, executor.value, address)
+    frame = summarize_points(pd.DataFrame(rows), plan.swept)
+    wl = plan.points[0].workload
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
-    for warning in warnings:
+    for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
+    for row in rows:
+        if isinstance(row.get("warnings"), str) and row["warnings"]:
+            label = ", ".join(f"{SWEEPABLE[k][1]}={row[k]}" for k in plan.swept)
+            typer.echo(f"WARNING [{label}, seed={row['seed']}] {row['warnings']}", err=True)
     best = None
     if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
         frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
-        best = cheapest_passing(
-            frame, [p.config.tensor_parallel_size * p.config.data_parallel_size for p in points]
-        )
-    if out is not None:
-        from reports.files import write_files
-
-        write_files(out.parent, {out.name: lambda p: frame.to_csv(p, index=False)})
+        best = cheapest_passing(frame, [int(g) if not pd.isna(g) else 0 for g in frame["gpus"]])
     _print(frame, best, SWEEPABLE, as_json, {
-        "model": model_spec.name, "gpu": gpu_spec.name, "workload": wl.describe(), "seed": seed,
-        "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
+        "model": model_spec.name, "gpu": ", ".join(g.name for g in gpu_specs), "workload": wl.describe(),
+        "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
 
 
-def _workload(workload, base: EngineConfig, model_spec, overrides: dict[str, Any]):
+def _table(out: Path | None):
+    from reports.sweep_table import SweepTable
+
+    return None if out is None else SweepTable(out)
+
+
+def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: str | None) -> list[dict[str, Any]]:
+    """Run the points the table lacks (all without --resume), appending each row as it finishes;
+    return every row of the sweep, the table's earlier ones included."""
+    from reports.sweep_runner import run_points
+    from reports.sweep_table import read_table
+
+    done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
+    todo = [p for p in plan.points if p.options["point_id"] not in done_ids]
+    progress = _Progress(len(plan.points), len(plan.points) - len(todo))
+
+    def on_result(_: int, row: dict[str, Any]) -> None:
+        if table is not None:
+            table.append(row)
+        progress.step()
+
+    try:
+        new_rows = run_points(todo, jobs=jobs, executor=executor, on_result=on_result, address=address)
+    finally:
+        progress.stop()
+    if not done_ids:
+        return new_rows
+    earlier = read_table(table.path)
+    earlier = earlier[earlier["point_id"].isin(done_ids)]
+    return [{k: v for k, v in r.items() if not (not isinstance(v, str) and pd.isna(v))}
+            for r in earlier.to_dict("records")] + new_rows
+
+
+def _workload_loader(workload: str | None, overrides: dict[str, Any]):
+    """A cell's workload: --workload with the command's overrides and the cell's rate or clients."""
     from workloads import load_workload
 
-    return load_workload(workload, overrides, max_model_len=base.resolved_max_model_len(model_spec))
+    def load(load_values: dict[str, Any], max_model_len: int):
+        return load_workload(workload, {**overrides, **load_values}, max_model_len=max_model_len)
+
+    return load
 
 
-def _profiles(path: Path | None, gpu_spec, model_spec, tps: list[int]):
-    """A loader per TP (each loaded once); --profile is one file, so it allows one TP only."""
+def _profiles(path: Path | None, model_spec, num_gpus: int):
+    """A loader per (GPU, TP), each loaded once; --profile is one file for one GPU and TP."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
 
+    cache: dict[tuple[str, int], Any] = {}
+    fixed = None
     if path is not None:
-        if len(set(tps)) > 1:
-            raise ConfigError("--profile is one file for one TP; sweep --tp without --profile")
+        if num_gpus > 1:
+            raise ConfigError("--profile is one file for one GPU; sweep --gpu without --profile")
         fixed = load_profile(path)
-        for tp_ in set(tps):
-            check_profile_matches(fixed, model_spec, tp_)
-        return lambda tp_: fixed
-    loaded = {tp_: default_profile(gpu_spec, model_spec, tp_) for tp_ in sorted(set(tps))}
-    return loaded.__getitem__
+
+    def profile_for(gpu_spec, tp_: int):
+        if (gpu_spec.name, tp_) not in cache:
+            if fixed is not None:
+                if {t for _, t in cache} - {tp_}:
+                    raise ConfigError("--profile is one file for one TP; sweep --tp without --profile")
+                check_profile_matches(fixed, model_spec, tp_)
+                cache[(gpu_spec.name, tp_)] = fixed
+            else:
+                cache[(gpu_spec.name, tp_)] = default_profile(gpu_spec, model_spec, tp_)
+        return cache[(gpu_spec.name, tp_)]
+
+    return profile_for
 
 
 def _print(frame, best: int | None, sweepable, as_json: bool, context: dict[str, Any], out: Path | None) -> None:
@@ -248,9 +361,10 @@ def _print(frame, best: int | None, sweepable, as_json: bool, context: dict[str,
             doc["cheapest_passing"] = _records(frame.iloc[[best]])[0]
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
-    wl = context["workload"]
+    wl, seeds = context["workload"], context["seeds"]
+    said = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} (mean ±95% interval)"
     typer.echo(f"Sweep: {context['model']} on {context['gpu']}, workload {wl.get('name')}, "
-               f"seed {context['seed']} (every point serves the same requests)")
+               f"{said}; every point serves the same requests")
     typer.echo(format_table(frame))
     if slo:
         if best is None:

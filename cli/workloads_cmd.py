@@ -8,6 +8,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from cli.output import check_out_file
 from simcore.errors import WorkloadError
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 
 PERCENTILES = (50, 90, 99)
+SHOW_SAMPLE = 200_000  # requests drawn for the statistics: enough for p99, bounded memory
 
 
 @app.callback(invoke_without_command=True)
@@ -57,9 +59,13 @@ def show(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise WorkloadError(f"--plot writes a PNG; give a file name ending in .png, got {plot}")
+    if seed < 0:
+        raise WorkloadError(f"--seed must be an integer >= 0, got {seed}")
     spec = load_workload(workload, {"num_requests": num_requests}, max_model_len=max_model_len)
+    check_out_file(plot, "--plot")
     workload_seed = np.random.SeedSequence(seed).spawn(2)[0]  # the split simcore.simulate uses
-    requests = spec.sample_requests(workload_seed)
+    requests = spec.sample_requests(workload_seed, limit=SHOW_SAMPLE)  # bounded for 1e9 requests
+    sampled = len(requests) < spec.num_requests
     arrivals = np.array([r.arrival_s for r in requests])
     prompt = np.array([r.num_prompt_tokens for r in requests])
     output = np.array([r.num_output_tokens for r in requests])
@@ -72,7 +78,8 @@ def show(
     info = spec.describe()
     arrival = info["arrival"]
     console.print("arrival: " + ", ".join(f"{k}={v}" for k, v in arrival.items() if k != "schedule"))
-    console.print(f"requests: {len(requests)}")
+    console.print(f"requests: {int(spec.num_requests):,}"
+                  + (f" (statistics below from the first {len(requests):,})" if sampled else ""))
     if spec.is_closed_loop:
         console.print(f"rate: set by the engine (closed loop of {arrival['concurrency']} clients)")
     else:
@@ -90,6 +97,8 @@ def show(
         console.print(f"{key}: {value}", markup=False)
     for note in spec.notes():
         console.print(f"note: {note}", markup=False)
+    for warning in spec.warnings():
+        console.print(f"warning: {warning}", markup=False)
     if plot is not None:
         _plot(plot, spec.name, arrivals if not spec.is_closed_loop else None, prompt, output)
         console.print(f"wrote {plot}", markup=False)

@@ -163,7 +163,7 @@ class ScaledWorkload:
         from workloads.arrivals import open_loop_process
 
         arrays, base = self.scaler.draw(seed)
-        yield from open_loop_process(env, sink, arrays.to_requests(), arrays.arrival_s * (base / self.rate))
+        yield from open_loop_process(env, sink, [(arrays.to_requests(), arrays.arrival_s * (base / self.rate))])
 
     def notes(self) -> list[str]:
         return self.scaler.spec.notes()

@@ -1,31 +1,178 @@
-"""Writing a report's files all at once: every file or none, never a half-written report."""
+"""Writing results all or nothing: a new folder swapped in with one rename, or one file replaced.
+
+    out/            <- kept, untouched, until the swap
+    .out.kvsim-XXXX <- every new file is written here first (a sibling, same filesystem)
+    swap: renameat2(RENAME_EXCHANGE) on Linux: one rename, `out` is old or new, never a mix
+          (elsewhere: out -> backup, new -> out, backup restored if the second rename fails)
+
+Targets are checked (created, writable, not clashing with a folder) by `check_out_folder` /
+`check_out_file` before any simulation starts, so a bad `--out` never costs the work.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from simcore.errors import KvsimError
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return "a part of the path is a file, not a folder"
+    return exc.strerror or str(exc)
+
+
+def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
+    """Create `out_dir` if needed and prove the swap can happen: the folder and its parent are
+    writable, and none of `names` is a folder there. Returns the resolved folder."""
+    path = Path(out_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise KvsimError(f"{flag} {out_dir}: exists and is not a folder")
+    resolved = path.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise KvsimError(
+            f"{flag} {out_dir}: give a folder of its own (kvsim replaces the whole folder), "
+            "not the current directory or one above it"
+        )
+    for name in names:
+        if (resolved / name).is_dir() and not (resolved / name).is_symlink():
+            raise KvsimError(f"{flag} {out_dir}: {name} there is a folder; kvsim would have to replace it")
+    try:
+        resolved.mkdir(parents=True, exist_ok=True)
+        for where in (resolved, resolved.parent):  # a file inside, and the sibling staging folder
+            probe = tempfile.mkdtemp(prefix=".kvsim-probe-", dir=where)
+            os.rmdir(probe)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {out_dir}: cannot write there ({_why(exc)})") from None
+    return resolved
+
+
+def check_out_file(path: Path, flag: str = "--out") -> Path:
+    """Create the parent folder if needed and prove a file can be written and renamed into place."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise KvsimError(f"{flag} {path}: is a folder; give a file name")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvsim-probe-", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {path}: cannot write there ({_why(exc)})") from None
+    if target.exists() and not os.access(target, os.W_OK) and not os.access(target.parent, os.W_OK):
+        raise KvsimError(f"{flag} {path}: not writable")
+    return target
+
+
+def write_file(path: Path, write: Callable[[Path], None]) -> Path:
+    """Write one file through a temporary sibling and `os.replace` (atomic on POSIX)."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.kvsim-", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise KvsimError(f"cannot write {target}: {_why(exc)}; nothing was written") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return target
+
 
 def write_files(out_dir: Path, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
-    """Call each writer on a path in a staging folder inside `out_dir`, then move the files into
-    place; on any failure the staging folder is removed and earlier files are left untouched."""
+    """Call each writer on a path in a new sibling folder, carry over the other entries of the old
+    folder, then swap the new folder in with one rename. On any failure the old folder is left
+    exactly as it was and the new one is removed."""
+    target = check_out_folder(out_dir, writers)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".kvsim-", dir=out_dir))
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.kvsim-", dir=target.parent))
     except OSError as exc:
-        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+        raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
+    moved: list[str] = []
     try:
         for name, write in writers.items():
             write(staging / name)
-        for name in writers:
-            os.replace(staging / name, out_dir / name)
+        moved = _carry_over(target, staging, set(writers))
+        _swap(staging, target)
     except OSError as exc:
-        raise KvsimError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+        for name in moved:  # folders carried over by rename go back
+            with contextlib.suppress(OSError):
+                os.rename(staging / name, target / name)
+        raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}; nothing was written") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return [out_dir / name for name in writers]
+        shutil.rmtree(staging, ignore_errors=True)  # after the swap: the old folder
+    return [target / name for name in writers]
+
+
+def _carry_over(old: Path, new: Path, written: set[str]) -> list[str]:
+    """Entries of the old folder that this write does not replace: files hard-linked (copied
+    across filesystems), folders renamed (returned, so a failed swap can move them back)."""
+    moved = []
+    if not old.is_dir():
+        return moved
+    for entry in os.scandir(old):
+        if entry.name in written:
+            continue
+        src, dst = old / entry.name, new / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            os.rename(src, dst)
+            moved.append(entry.name)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+    return moved
+
+
+def _swap(new: Path, target: Path) -> None:
+    """Put `new` at `target`; afterwards `new` holds the old folder (or nothing)."""
+    if not target.exists():
+        os.rename(new, target)
+        return
+    if _exchange(new, target):
+        return
+    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.kvsim-old-", dir=target.parent))
+    os.rmdir(backup)
+    os.rename(target, backup)
+    try:
+        os.rename(new, target)
+    except OSError:
+        os.rename(backup, target)
+        raise
+    os.rename(backup, new)  # removed by the caller with the staging folder
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2); False where the call is not available."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False  # the filesystem or kernel cannot exchange: fall back to two renames
+    raise OSError(err, os.strerror(err))

@@ -1,9 +1,10 @@
-"""A grid of engine configurations, one simulation per point, one table row per point.
+"""A grid of engine configurations (x seeds): planning the points, and summarising their rows.
 
-Every point runs with the same seed, so every point sees identical traffic (the same arrival
-times and lengths): differences between rows are the configuration's, not the draw's. A point
-whose model does not fit (DoesNotFitError) becomes a row saying so; any other bad value is a
-ConfigError raised before anything runs.
+Every cell of the grid runs with the same seeds, so every cell sees identical traffic (the same
+arrival times and lengths): differences between cells are the configuration's, not the draw's;
+several seeds give each metric a mean and a 95% interval. A cell whose model does not fit
+(DoesNotFitError) becomes a row saying so; any other bad value is a ConfigError raised before
+anything runs. Running the points is `reports.sweep_runner`; the table they fill, `sweep_table`.
 """
 
 from __future__ import annotations
@@ -16,23 +17,37 @@ from typing import Any
 
 import pandas as pd
 
-from reports.regime import regime_of
+from reports.sweep_runner import Point, mean_ci95
+from reports.sweep_table import sweep_id_of
 from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
-# EngineConfig field -> (flag, column name) of the options a sweep accepts as lists
+# Swept dimension -> (flag, column name in the printed table); grid order is this order, the first
+# varying slowest. Engine fields, then the GPU, then the workload's load (rate or clients).
 SWEEPABLE = {
+    "policy": ("--policy", "policy"),
+    "gpu": ("--gpu", "gpu"),
+    "tensor_parallel_size": ("--tp", "tp"),
+    "data_parallel_size": ("--dp", "dp"),
     "block_size": ("--block-size", "block_size"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
-    "tensor_parallel_size": ("--tp", "tp"),
-    "data_parallel_size": ("--dp", "dp"),
-    "policy": ("--policy", "policy"),
+    "rate": ("--rate", "rate"),
+    "concurrency": ("--concurrency", "concurrency"),
 }
-METRIC_COLUMNS = (
-    "gpus", "kv_cache_tokens", "output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms",
-    "kv_waste", "preemptions", "load", "regime",
-)
+WORKLOAD_DIMS = ("rate", "concurrency")
+# printed column -> column of the tidy row (the sweep table) it shows
+METRIC_SOURCES = {
+    "gpus": "gpus", "kv_cache_tokens": "kv_cache_tokens", "output_tok_s": "output_throughput",
+    "ttft_p50_ms": "median_ttft_ms", "ttft_p95_ms": "p95_ttft_ms", "tpot_p50_ms": "median_tpot_ms",
+    "tpot_p95_ms": "p95_tpot_ms", "kv_waste": "kv_waste_rate", "preemptions": "num_preemptions",
+    "load": "saturation",  # sustained | overloaded | n/a (simcore.metrics.saturation)
+    "regime": "regime",
+}
+METRIC_COLUMNS = tuple(METRIC_SOURCES)
+INT_COLUMNS = ("gpus", "kv_cache_tokens", "preemptions")
+CONFIG_METRICS = ("gpus", "kv_cache_tokens")
+LABEL_METRICS = ("load", "regime")  # text; with several seeds, "mixed: ..." when they disagree
 
 
 def parse_list(flag: str, text: str, kind: type) -> list:
@@ -55,15 +70,6 @@ def parse_list(flag: str, text: str, kind: type) -> list:
     return values
 
 
-@dataclass(frozen=True, slots=True)
-class SweepPoint:
-    """One configuration of the grid; `does_not_fit` is the reason it cannot run ("" if it can)."""
-
-    values: dict[str, Any]  # EngineConfig field -> value, for the swept fields
-    config: EngineConfig
-    does_not_fit: str = ""
-
-
 def expand_grid(lists: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """Every combination of the listed values, the first field varying slowest."""
     names = list(lists)
@@ -80,60 +86,116 @@ def check_config(model: ModelSpec, config: EngineConfig) -> None:
         )
 
 
-def plan_points(model: ModelSpec, gpu: GPUSpec, base: EngineConfig, lists: dict[str, Sequence[Any]]) -> list[SweepPoint]:
-    """Build and validate every point; ConfigError for a bad value, a marked row for a misfit."""
-    from simcore.memory import plan_memory
-
-    points = []
-    for values in expand_grid(lists):
-        config = replace(base, **values)  # re-runs EngineConfig validation
-        check_config(model, config)
-        try:
-            plan_memory(model, gpu, config)
-            reason = ""
-        except DoesNotFitError as exc:
-            reason = str(exc)
-        points.append(SweepPoint(values, config, reason))
-    return points
-
-
-def _metrics(result) -> dict[str, Any]:
-    s, config = result.summary, result.record["config"]
+def workload_columns(described: dict[str, Any]) -> dict[str, Any]:
+    """The workload as flat row columns (name, load and lengths), from its description."""
+    arrival = described.get("arrival") or {}
+    prompt, output = described.get("prompt_len") or {}, described.get("output_len") or {}
     return {
-        "gpus": config["tensor_parallel_size"] * config["data_parallel_size"],
-        "kv_cache_tokens": result.memory.num_gpu_tokens, "output_tok_s": s["output_throughput"],
-        "ttft_p50_ms": s["median_ttft_ms"], "ttft_p95_ms": s["p95_ttft_ms"],
-        "tpot_p50_ms": s["median_tpot_ms"], "tpot_p95_ms": s["p95_tpot_ms"],
-        "kv_waste": s["kv_waste_rate"], "preemptions": s["num_preemptions"],
-        "load": s["saturation"],  # sustained | overloaded | n/a (simcore.metrics.saturation)
-        "regime": regime_of(result).label,
+        "workload": described.get("name"), "num_requests": described.get("num_requests"),
+        "arrival": arrival.get("process"), "rate": arrival.get("rate"), "burstiness": arrival.get("burstiness"),
+        "concurrency": arrival.get("concurrency"), "think_time_s": arrival.get("think_time_s"),
+        "input_len": prompt.get("mean"), "output_len": output.get("mean"),
+        "max_tokens": described.get("max_tokens"), "n": described.get("n"), "beam_width": described.get("beam_width"),
     }
 
 
-def run_sweep(
-    model: ModelSpec, gpu: GPUSpec, points: list[SweepPoint], workload, profile_for: Callable[[int], Any],
-    seed: int, progress: Callable[[int], None] | None = None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """Simulate every point that fits with the same seed; one row per point, in grid order."""
-    from simcore.simulate import simulate
+@dataclass(frozen=True)
+class SweepPlan:
+    """Every point of a sweep (one per grid cell and seed) and the sweep's id."""
 
-    rows, warnings = [], []
-    for i, point in enumerate(points):
-        row = {SWEEPABLE[k][1]: v for k, v in point.values.items()}
-        if point.does_not_fit:
-            row.update({c: None for c in METRIC_COLUMNS})
-            row["regime"] = f"does not fit: {point.does_not_fit}"
-        else:
-            profile = profile_for(point.config.tensor_parallel_size)
-            result = simulate(model, gpu, point.config, workload, profile, seed=seed)
-            row.update(_metrics(result))
-            label = ", ".join(f"{SWEEPABLE[k][1]}={v}" for k, v in point.values.items())
-            warnings += [f"[{label}] {w}" for w in result.warnings]
-        rows.append(row)
-        if progress is not None:
-            progress(i + 1)
-    frame = pd.DataFrame(rows)
-    return frame.astype({"gpus": "Int64", "kv_cache_tokens": "Int64", "preemptions": "Int64"}), warnings
+    points: list[Point]
+    sweep_id: str
+    swept: list[str]  # SWEEPABLE names given as lists, in grid order
+
+    @property
+    def num_cells(self) -> int:
+        return len({p.options["point"] for p in self.points})
+
+
+def plan_sweep(
+    model: ModelSpec, gpus: Sequence[GPUSpec], base: EngineConfig, lists: dict[str, Sequence[Any]],
+    load_workload: Callable[[dict[str, Any], int], Any], profile_for: Callable[[GPUSpec, int], Any],
+    seeds: Sequence[int], fixed: dict[str, Any],
+) -> SweepPlan:
+    """Build and validate every point before anything runs: a bad value is a ConfigError, a model
+    that does not fit a cell is a point marked so. `fixed` are extra option columns (SLOs, profile)."""
+    from simcore.memory import plan_memory
+
+    by_name = {g.name: g for g in gpus}
+    grid_lists = {k: v for k, v in lists.items() if k != "gpu"}
+    grid_lists = {"gpu": [g.name for g in gpus], **grid_lists} if len(gpus) > 1 else grid_lists
+    order = [k for k in SWEEPABLE if k in grid_lists]
+    cells = expand_grid({k: grid_lists[k] for k in order})
+    workloads: dict[tuple, Any] = {}
+    points = []
+    for index, values in enumerate(cells):
+        gpu = by_name[values.get("gpu", gpus[0].name)]
+        engine = {k: v for k, v in values.items() if k not in ("gpu", *WORKLOAD_DIMS)}
+        load = {k: v for k, v in values.items() if k in WORKLOAD_DIMS}
+        config = replace(base, **engine)  # re-runs EngineConfig validation
+        check_config(model, config)
+        mml = config.resolved_max_model_len(model)
+        key = (tuple(sorted(load.items())), mml)
+        if key not in workloads:
+            workloads[key] = load_workload(load, mml)
+        workload = workloads[key]
+        try:
+            plan_memory(model, gpu, config)
+            reason, profile = "", profile_for(gpu, config.tensor_parallel_size)
+        except DoesNotFitError as exc:
+            reason, profile = str(exc), None
+        options = {"point": index, "model": model.name, "gpu": gpu.name,
+                   **workload_columns(workload.describe()), **config.to_dict(), **fixed}
+        for seed in seeds:
+            points.append(Point(model, gpu, config, workload, profile, seed, options, reason))
+    ids = [p.point_id() for p in points]
+    sweep_id = sweep_id_of(ids)
+    points = [replace(p, options={"point": p.options["point"], "point_id": pid, "sweep_id": sweep_id, **p.options})
+              for p, pid in zip(points, ids, strict=True)]
+    return SweepPlan(points, sweep_id, [k for k in order if k in lists or k == "gpu"])
+
+
+_SHORT = {k: col for k, (_, col) in SWEEPABLE.items()}
+
+
+def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
+    """One row per grid cell in grid order: the swept values, then each metric's mean over seeds;
+    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval) and `seeds`."""
+    out = []
+    for _, group in rows.sort_values(["point", "seed"], kind="stable").groupby("point", sort=True):
+        first = group.iloc[0]
+        row: dict[str, Any] = {_SHORT[k]: _plain(first[k]) for k in swept}
+        many = len(group) > 1
+        for col, src in METRIC_SOURCES.items():
+            if src not in group.columns:
+                row[col] = None
+                continue
+            if col in LABEL_METRICS:
+                labels = [str(x) for x in group[src]]
+                row[col] = labels[0] if len(set(labels)) == 1 else "mixed: " + ", ".join(
+                    f"{lab} x{labels.count(lab)}" for lab in sorted(set(labels)))
+                continue
+            mean, low, high = mean_ci95(pd.to_numeric(group[src], errors="coerce").tolist())
+            row[col] = None if math.isnan(mean) else mean
+            if col in CONFIG_METRICS:  # set by the configuration, the same for every seed
+                row[col] = None if math.isnan(mean) else int(mean)
+            elif many:
+                row[f"{col}_ci95_low"] = None if math.isnan(low) else low
+                row[f"{col}_ci95_high"] = None if math.isnan(high) else high
+        if many:
+            row["seeds"] = ",".join(str(int(s)) for s in group["seed"])
+        out.append(row)
+    frame = pd.DataFrame(out)
+    if not any(f"{c}_ci95_low" in frame.columns for c in METRIC_COLUMNS):
+        frame = frame.astype({c: "Int64" for c in INT_COLUMNS if c in frame.columns})
+    else:
+        frame = frame.astype({c: "Int64" for c in CONFIG_METRICS if c in frame.columns})
+    return frame
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars -> Python ones (JSON-ready)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> pd.DataFrame:

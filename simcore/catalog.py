@@ -72,45 +72,110 @@ def get_model(name_or_path: str) -> ModelSpec:
     return _lookup(name_or_path, MODELS, "model")
 
 
+# torch_dtype (or `dtype`, its newer name) -> bytes per weight and KV element. An fp8 dtype or a
+# `quantization_config` is refused by `_refuse_quantized` until FP8 weights and KV are modelled.
+_HF_DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2,
+}
+_HF_INT_FIELDS = (
+    ("hidden_size", "d_model", "n_embd"), ("num_attention_heads", "n_head"),
+    ("num_hidden_layers", "n_layer"), ("intermediate_size", "ffn_dim", "n_inner"), ("vocab_size",),
+)
+
+
 def model_from_hf_config(path: Path) -> ModelSpec:
-    """Read the transformer shape from a Hugging Face `config.json` (Llama, Mistral, OPT...)."""
+    """Read the transformer shape from a Hugging Face `config.json` (Llama, Mistral, OPT...).
+
+    Strict: a count that is not a whole number (`true`, `31.5`, `"32"`), an unknown dtype or a
+    quantized checkpoint is refused with the file and the field named, never coerced."""
     if path.is_dir():
         path = path / "config.json"
     try:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        raise ConfigError(f"model config {path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a readable JSON config ({exc})") from None
+        raise ConfigError(f"model config {path}: not a readable JSON config ({exc})") from None
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-
-    def pick(*keys: str, default=None):
-        for key in keys:
-            if key in cfg:
-                return cfg[key]
-        if default is not None:
-            return default
-        raise ConfigError(f"{path}: missing field {keys[0]!r}")
-
-    try:
-        hidden = int(pick("hidden_size", "d_model", "n_embd"))
-        heads = int(pick("num_attention_heads", "n_head"))
-        dtype = str(cfg.get("torch_dtype", "bfloat16"))
-        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
-        return ModelSpec(
-            name=str(cfg.get("_name_or_path") or path.parent.name or "hf-model"),
-            num_layers=int(pick("num_hidden_layers", "n_layer")),
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_kv_heads=int(pick("num_key_value_heads", default=heads)),
-            head_dim=int(pick("head_dim", default=hidden // heads)),
-            intermediate_size=int(pick("intermediate_size", "ffn_dim", "n_inner")),
-            vocab_size=int(pick("vocab_size")),
-            dtype_bytes=4 if dtype in ("float32", "fp32") else 2,
-            max_position_embeddings=int(pick("max_position_embeddings", "n_positions", default=4096)),
-            gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        raise ConfigError(f"model config {path}: expected a JSON object")
+    _refuse_quantized(path, cfg)
+    ints = {keys[0]: _hf_int(path, cfg, keys) for keys in _HF_INT_FIELDS}
+    hidden, heads = ints["hidden_size"], ints["num_attention_heads"]
+    kv_heads = _hf_int(path, cfg, ("num_key_value_heads",), default=heads)
+    if heads % kv_heads:
+        raise ConfigError(
+            f"model config {path}: num_attention_heads ({heads}) must be a multiple of "
+            f"num_key_value_heads ({kv_heads})"
         )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: bad value in config ({exc})") from None
+    if hidden % heads and "head_dim" not in cfg:
+        raise ConfigError(
+            f"model config {path}: hidden_size ({hidden}) is not a multiple of num_attention_heads "
+            f"({heads}); give head_dim"
+        )
+    act = cfg.get("hidden_act", cfg.get("activation_function", "silu"))
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ConfigError(f"model config {path}: field 'tie_word_embeddings' must be true or false, got {tie!r}")
+    name = cfg.get("_name_or_path") or path.parent.name or "hf-model"
+    return ModelSpec(
+        name=str(name),
+        num_layers=ints["num_hidden_layers"],
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=_hf_int(path, cfg, ("head_dim",), default=hidden // heads),
+        intermediate_size=ints["intermediate_size"],
+        vocab_size=ints["vocab_size"],
+        dtype_bytes=_hf_dtype_bytes(path, cfg),
+        max_position_embeddings=_hf_int(
+            path, cfg, ("max_position_embeddings", "n_positions"), default=4096, minimum=2
+        ),
+        gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
+        tie_word_embeddings=tie,
+    )
+
+
+def _hf_int(path: Path, cfg: dict, keys: tuple[str, ...], default: int | None = None, minimum: int = 1) -> int:
+    """The first of `keys` present, as a whole number >= minimum (JSON true / 31.5 / "32" refused)."""
+    key = next((k for k in keys if k in cfg and cfg[k] is not None), None)
+    if key is None:
+        if default is None:
+            raise ConfigError(f"model config {path}: missing field {keys[0]!r}")
+        return default
+    value = cfg[key]
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < minimum:
+        raise ConfigError(f"model config {path}: field {key!r} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _hf_dtype_bytes(path: Path, cfg: dict) -> int:
+    key = "torch_dtype" if "torch_dtype" in cfg else "dtype"
+    value = cfg.get(key)
+    if value is None:
+        return 2  # no dtype: served as 16-bit, vLLM's dtype "auto" for an unlabelled checkpoint
+    if not isinstance(value, str) or value.lower().removeprefix("torch.") not in _HF_DTYPE_BYTES:
+        if isinstance(value, str) and "float8" in value.lower():
+            raise ConfigError(
+                f"model config {path}: {key} {value!r} is an FP8 checkpoint; kvsim does not model "
+                "FP8 weights yet (use a bf16/fp16 config of the same model)"
+            )
+        raise ConfigError(
+            f"model config {path}: unknown {key} {value!r} "
+            f"(known: {', '.join(sorted(_HF_DTYPE_BYTES))})"
+        )
+    return _HF_DTYPE_BYTES[value.lower().removeprefix("torch.")]
+
+
+def _refuse_quantized(path: Path, cfg: dict) -> None:
+    """A quantized checkpoint's weights are not `torch_dtype`-sized; sizing them as if they were
+    would be silently wrong, so refuse (the one place to change when quantization is modelled)."""
+    quant = cfg.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+    raise ConfigError(
+        f"model config {path}: quantization_config (quant_method {method!r}) is not supported yet; "
+        "kvsim sizes weights and KV cache from torch_dtype (use the unquantized config)"
+    )

@@ -178,5 +178,5 @@ def test_out_that_is_a_file_is_refused(tmp_path: Path):
     target = tmp_path / "taken"
     target.write_text("keep me")
     result = invoke(*FAST, "--out", str(target))
-    assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: cannot write")
+    assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: --out")
     assert target.read_text() == "keep me"

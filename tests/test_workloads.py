@@ -240,7 +240,7 @@ def test_closed_loop_with_fewer_requests_than_clients():
 
 @pytest.mark.parametrize("name", [n for n, _ in list_workloads()])
 def test_same_seed_same_requests(name):
-    spec = load_workload(name, {"num_requests": 300}, max_model_len=8192)
+    spec = load_workload(name, {"num_requests": 300}, max_model_len=32768 if name == "long-context" else 8192)
     seed = np.random.SeedSequence(42)
     first = spec.sample_requests(seed)
     assert first == spec.sample_requests(np.random.SeedSequence(42))
@@ -283,6 +283,9 @@ def test_prompt_longer_than_max_model_len_is_an_error():
         load_workload("sharegpt", {"input_len": 4096}, max_model_len=4096)
     with pytest.raises(WorkloadError, match="longer than max_model_len"):
         load_workload("shared-prefix", max_model_len=1024)
+    # a 8k-32k prompt workload on an 8k model would clip every prompt: refused, not run
+    with pytest.raises(WorkloadError, match="every prompt .at least 8192 tokens. is longer than max_model_len 8192"):
+        load_workload("long-context", max_model_len=8192)
 
 
 def test_fixed_max_tokens_caps_outputs():
@@ -341,7 +344,7 @@ def test_describe_is_json_serialisable():
     import json
 
     for name, _ in list_workloads():
-        spec = load_workload(name, {"num_requests": 100}, max_model_len=4096)
+        spec = load_workload(name, {"num_requests": 100}, max_model_len=32768 if name == "long-context" else 4096)
         spec.sample_requests(0)
         json.dumps(spec.describe())
 

@@ -1,14 +1,15 @@
 """Arrival processes: when requests reach the engine.
 
-Open-loop processes draw every arrival time up front with numpy (`arrival_times`), then one
-SimPy process waits one timeout per distinct arrival time and submits. A closed loop of N
+Open-loop processes draw arrival times with numpy a chunk at a time (`iter_times`, so a run of a
+billion requests never holds them all), then one SimPy process waits one timeout per distinct
+arrival time and submits. `arrival_times(rng, n)` is the same stream in one chunk. A closed loop of N
 clients cannot be precomputed: each client waits on the engine's completion event of its
 previous request (then an optional think time) before it submits the next one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,8 +41,18 @@ class GammaArrivals:
         _positive("burstiness", self.burstiness)
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        gaps = rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), size=max(size - 1, 0))
-        return np.concatenate(([0.0], np.cumsum(gaps)))[:size]
+        return _whole(self, rng, size)
+
+    def iter_times(self, rng: np.random.Generator, total: int, chunk: int) -> Iterator[np.ndarray]:
+        scale = 1.0 / (self.rate * self.burstiness)
+        last = None
+        for _, size in _chunks(total, chunk):
+            if last is None:
+                times = np.concatenate(([0.0], np.cumsum(rng.gamma(self.burstiness, scale, size=size - 1))))
+            else:
+                times = last + np.cumsum(rng.gamma(self.burstiness, scale, size=size))
+            last = float(times[-1])
+            yield times
 
     def describe(self) -> dict[str, Any]:
         name = "poisson" if self.burstiness == 1.0 else "gamma"
@@ -59,7 +70,11 @@ class FixedRateArrivals:
         _positive("arrival rate", self.rate)
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        return np.arange(size, dtype=np.float64) / self.rate
+        return _whole(self, rng, size)
+
+    def iter_times(self, rng: np.random.Generator, total: int, chunk: int) -> Iterator[np.ndarray]:
+        for start, size in _chunks(total, chunk):
+            yield np.arange(start, start + size, dtype=np.float64) / self.rate
 
     def describe(self) -> dict[str, Any]:
         return {"process": self.kind, "rate": float(self.rate)}
@@ -80,9 +95,14 @@ class BatchArrivals:
             raise WorkloadError("batch arrivals with a size need interval_s > 0 (or leave size out for all at once)")
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        if self.size == 0:
-            return np.zeros(size)
-        return (np.arange(size) // self.size) * float(self.interval_s)
+        return _whole(self, rng, size)
+
+    def iter_times(self, rng: np.random.Generator, total: int, chunk: int) -> Iterator[np.ndarray]:
+        for start, size in _chunks(total, chunk):
+            if self.size == 0:
+                yield np.zeros(size)
+            else:
+                yield (np.arange(start, start + size) // self.size) * float(self.interval_s)
 
     def describe(self) -> dict[str, Any]:
         return {"process": self.kind, "size": int(self.size), "interval_s": float(self.interval_s)}
@@ -123,12 +143,22 @@ class PiecewiseRateArrivals:
         return float(sum(r * (e - s) for s, e, r in zip(self.starts_s, ends, self.rates, strict=True)) / self.period_s)
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return _whole(self, rng, size)
+
+    def iter_times(self, rng: np.random.Generator, total: int, chunk: int) -> Iterator[np.ndarray]:
+        last = 0.0  # the unit-rate epoch of the previous chunk's last arrival
+        for _, size in _chunks(total, chunk):
+            epochs = last + np.cumsum(rng.exponential(1.0, size=size))
+            last = float(epochs[-1])
+            yield self._times_of_epochs(epochs)
+
+    def _times_of_epochs(self, epochs: np.ndarray) -> np.ndarray:
+        size = len(epochs)
         starts = np.asarray(self.starts_s, dtype=np.float64)
         rates = np.asarray(self.rates, dtype=np.float64)
         ends = np.append(starts[1:], self.period_s if self.period_s is not None else np.inf)
         mass = np.where(rates > 0, rates * (ends - starts), 0.0)  # inf only for the open last step
         cum = np.concatenate(([0.0], np.cumsum(mass[:-1])))  # Lambda at each step's start
-        epochs = np.cumsum(rng.exponential(1.0, size=size))
         offset = np.zeros(size)
         if self.period_s is not None:
             per_period = float(mass.sum())
@@ -146,6 +176,17 @@ class PiecewiseRateArrivals:
             "period_s": self.period_s,
             "mean_rate": self.mean_rate,
         }
+
+
+def _chunks(total: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """(first index, size) of each chunk of `total` items."""
+    for start in range(0, total, chunk):
+        yield start, min(chunk, total - start)
+
+
+def _whole(process: OpenLoopArrivals, rng: np.random.Generator, size: int) -> np.ndarray:
+    """All `size` arrival times at once: the chunked stream in one chunk."""
+    return next(iter(process.iter_times(rng, size, max(size, 1))), np.zeros(0))
 
 
 def diurnal_schedule(
@@ -212,35 +253,35 @@ ArrivalProcess = OpenLoopArrivals | TraceArrivals | ClosedLoop
 
 
 def open_loop_process(
-    env: simpy.Environment, sink: RequestSink, requests: Sequence[Request], arrival_s: np.ndarray
+    env: simpy.Environment, sink: RequestSink, chunks: Iterable[tuple[list[Request], np.ndarray]]
 ) -> Generator[simpy.Event, Any, None]:
-    """Submit request i at `arrival_s[i]` seconds after the process starts: one timeout per distinct time."""
+    """Submit each request at its planned time (seconds after the process starts), one chunk of
+    (requests, arrival_s) at a time: one timeout per distinct time."""
     start = env.now
     previous = start
-    for request, at in zip(requests, (start + arrival_s).tolist(), strict=True):
-        if at > previous:  # compare planned times, so same-time arrivals never cost a timeout
-            yield env.timeout(max(at - env.now, 0.0))
-            previous = at
-        sink.submit(request)
+    for requests, arrival_s in chunks:
+        for request, at in zip(requests, (start + arrival_s).tolist(), strict=True):
+            if at > previous:  # compare planned times, so same-time arrivals never cost a timeout
+                yield env.timeout(max(at - env.now, 0.0))
+                previous = at
+            sink.submit(request)
 
 
 def closed_loop_process(
     env: simpy.Environment,
     sink: RequestSink,
-    requests: Sequence[Request],
+    requests: Iterator[tuple[Request, float]],
     concurrency: int,
-    think_s: np.ndarray,
 ) -> Generator[simpy.Event, Any, None]:
-    """Run `concurrency` clients that share one queue of requests, in id order, until it is empty."""
-    next_index: Iterator[int] = iter(range(len(requests)))
-    think = think_s.tolist()
+    """Run `concurrency` clients that share one stream of (request, think time), in id order,
+    until it is exhausted."""
 
     def client() -> Generator[simpy.Event, Any, None]:
-        for i in next_index:  # shared iterator: whichever client is free takes the next request
-            yield sink.submit(requests[i])
-            if think[i] > 0:
-                yield env.timeout(think[i])
+        for request, think in requests:  # shared iterator: whichever client is free takes the next
+            yield sink.submit(request)
+            if think > 0:
+                yield env.timeout(think)
 
-    clients = [env.process(client()) for _ in range(min(concurrency, len(requests)))]
+    clients = [env.process(client()) for _ in range(concurrency)]
     if clients:
         yield env.all_of(clients)

@@ -7,6 +7,8 @@ type or an out-of-range value is a WorkloadError naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +102,7 @@ class _Fields:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        ok = _is_number(value) and (not integer or float(value).is_integer())
+        ok = _is_number(value) and math.isfinite(value) and (not integer or float(value).is_integer())
         ok = ok and (value > minimum if strict else value >= minimum)
         if not ok:
             kind = "an integer" if integer else "a number"
@@ -125,6 +127,13 @@ def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[s
         raise WorkloadError(f"workload file {file}: field '{where}' must be a mapping, got {data!r}")
     kind = data.get(key)
     if kind not in table:
+        known = {key, *(name for names in table.values() for name in names)}
+        unknown = [k for k in data if k not in known]
+        if unknown:  # `arrival: {kind: poisson}` is a misspelt key, not a missing one
+            raise WorkloadError(
+                f"workload file {file}: unknown field '{where}.{unknown[0]}' ('{where}.{key}' says which "
+                f"kind: one of {', '.join(table)})"
+            )
         raise WorkloadError(
             f"workload file {file}: field '{where}.{key}' must be one of {', '.join(table)}, got {kind!r}"
         )
@@ -174,9 +183,16 @@ def _find_data(file: str, base: Path, where: str, ref: str) -> Path:
     raise WorkloadError(f"workload file {file}: field '{where}' names {ref!r}, which is not a file")
 
 
+def _whole(value: Any) -> bool:
+    """An int, or a float with no fraction (`1e3` parses as 1000.0)."""
+    return _is_number(value) and math.isfinite(value) and float(value).is_integer()
+
+
 def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
-    if isinstance(data, int) and not isinstance(data, bool):
-        return Fixed(data)
+    if _whole(data):
+        if data < 1:
+            raise WorkloadError(f"workload file {file}: field '{where}' must be a length >= 1, got {data!r}")
+        return Fixed(int(data))
     kind, f = _kinded(file, where, data, "dist", LENGTH_FIELDS)
     if kind == "fixed":
         return Fixed(f.number("value", integer=True, minimum=1))
@@ -200,8 +216,8 @@ def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
 
 
 def _choice(file: str, where: str, data: Any) -> Categorical:
-    if isinstance(data, int) and not isinstance(data, bool):
-        return Categorical((data,))
+    if _whole(data):
+        return Categorical((int(data),))
     f = _Fields(file, where, data, CHOICE_FIELDS)
     values, weights = f.raw("values"), f.raw("weights", [])
     if not isinstance(values, list) or not isinstance(weights, list):
@@ -269,6 +285,18 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec:
     )
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1's safe loader, but `1e3` and `2.5e-3` are numbers (as in YAML 1.2, JSON and the CSV
+    trace reader), not strings: PyYAML's float pattern requires a dot and a signed exponent."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -277,7 +305,7 @@ def _read_yaml(path: Path) -> Any:
     if not text.strip():
         raise WorkloadError(f"workload file {path} is empty")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

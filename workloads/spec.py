@@ -1,13 +1,14 @@
 """A runnable workload: an arrival process plus per-request lengths (drawn or replayed from a trace).
 
-`WorkloadSpec` satisfies `simcore.request.Workload`. Generation draws every request's fields
-up front with numpy from named streams of one seed, clips them to `max_model_len` (counting
-what it clipped), then either replays fixed arrival times or runs a closed loop of clients.
+`WorkloadSpec` satisfies `simcore.request.Workload`. Generation draws the requests' fields with
+numpy from named streams of one seed, a chunk of requests at a time (memory does not grow with
+`num_requests`), clips drawn lengths to `max_model_len` (counting what it clipped), then either
+replays fixed arrival times or runs a closed loop of clients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ from workloads.arrivals import (
 from workloads.lengths import Categorical, LengthDist
 from workloads.traces import Trace, TraceOptions, select, window_rows
 
+LOUD_CLIP_SHARE = 0.10  # clipping 10%+ of the requests is a warning, not a note
+CHUNK = 65_536  # requests generated at a time: memory stays flat in num_requests
+CLIP_KEYS = ("prompt", "output", "output_capped_by_max_tokens", "max_tokens", "prompt_over_max_model_len")
 STREAMS = ("arrivals", "prompt", "output", "sampling", "prefix", "think", "trace")
 
 
@@ -77,6 +81,17 @@ class RequestArrays:
     num_prefix_tokens: np.ndarray
     think_s: np.ndarray | None
     stats: dict[str, Any]
+    first_id: int = 0  # request id of row 0 (chunks of one generation number their rows on)
+
+    @classmethod
+    def concat(cls, parts: list[RequestArrays], stats: dict[str, Any]) -> RequestArrays:
+        def join(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in parts]
+            return None if arrays[0] is None else np.concatenate(arrays)
+
+        names = ("arrival_s", "num_prompt_tokens", "num_output_tokens", "max_tokens", "n", "beam_width",
+                 "prefix_id", "num_prefix_tokens", "think_s")
+        return cls(**{name: join(name) for name in names}, stats=stats)
 
     def to_requests(self) -> list[Request]:
         count = len(self.num_prompt_tokens)
@@ -95,7 +110,8 @@ class RequestArrays:
                     prefix_ids,
                     self.num_prefix_tokens.tolist(),
                     strict=True,
-                )
+                ),
+                start=self.first_id,
             )
         ]
 
@@ -142,13 +158,19 @@ class WorkloadSpec:
             self._check_fits(self.max_model_len)
 
     def _check_fits(self, max_model_len: int) -> None:
+        """Refuse a workload whose every prompt would have to be clipped (e.g. `long-context`, 8k-32k
+        prompts, on an 8k model): what would run is not that workload."""
         prefix = self.shared_prefix.prefix_len if self.shared_prefix else 0
-        fixed = self.prompt_len.mean if self.prompt_len is not None and self.prompt_len.std == 0 else None
-        shortest = prefix + (fixed if fixed is not None else 0)
+        dist = self.prompt_len
+        if dist is None:
+            return
+        lowest = dist.mean if dist.std == 0 else getattr(dist, "low", 0)
+        shortest = prefix + lowest
         if shortest >= max_model_len:
+            what = f"prompt of {int(shortest)} tokens" if dist.std == 0 else f"every prompt (at least {int(shortest)} tokens)"
             raise WorkloadError(
-                f"workload {self.name}: prompt of {int(shortest)} tokens is longer than max_model_len "
-                f"{max_model_len} (a request needs room for at least one output token)"
+                f"workload {self.name}: {what} is longer than max_model_len {max_model_len} (a request "
+                "needs room for at least one output token); choose a model with a longer context, or --input-len"
             )
 
     @property
@@ -157,46 +179,71 @@ class WorkloadSpec:
 
     # --- generation -------------------------------------------------------------------------
 
-    def generate(self, seed: np.random.SeedSequence | int) -> RequestArrays:
-        """Every request's fields, drawn from `seed`'s named streams; records clip counts in `last_stats`."""
+    def iter_arrays(self, seed: np.random.SeedSequence | int, chunk: int = CHUNK) -> Iterator[RequestArrays]:
+        """Every request's fields, `chunk` requests at a time, drawn from `seed`'s named streams, so
+        memory stays bounded however many requests there are. When the last chunk is out,
+        `last_stats` holds the counts (clipped lengths, trace rows) of the whole generation."""
         rng = streams(seed)
         count = int(self.num_requests)
-        stats: dict[str, Any] = {}
-        times = None
-        extras: dict[str, np.ndarray] = {}
+        stats: dict[str, Any] = {"clipped": dict.fromkeys(CLIP_KEYS, 0)}
+        chosen = None
         if self.trace is not None:
             chosen = select(self.trace, self.trace_options, count, rng["trace"])
             stats["trace"] = chosen.stats
-            prompt = _scaled(self.trace.num_prompt_tokens[chosen.rows], self.prompt_scale)
-            output = _scaled(self.trace.num_output_tokens[chosen.rows], self.output_scale)
-            extras = {name: column[chosen.rows] for name, column in self.trace.extras.items()}
-            times = chosen.arrival_s if isinstance(self.arrival, TraceArrivals) else None
+        times = None
+        if chosen is None or not isinstance(self.arrival, TraceArrivals):
+            if not isinstance(self.arrival, (ClosedLoop, TraceArrivals)):
+                times = self.arrival.iter_times(rng["arrivals"], count, chunk)
+        for start in range(0, count, chunk):
+            size = min(chunk, count - start)
+            arrays = self._chunk(rng, start, size, chosen, times)
+            for key, value in arrays.stats.pop("clipped").items():
+                stats["clipped"][key] += value
+            yield arrays
+        self.last_stats.clear()
+        self.last_stats.update(stats)
+
+    def _chunk(self, rng: dict[str, np.random.Generator], start: int, size: int, chosen: Any,
+               times: Iterator[np.ndarray] | None) -> RequestArrays:  # fmt: skip
+        extras: dict[str, np.ndarray] = {}
+        arrival_s = next(times) if times is not None else None
+        if chosen is not None:
+            assert self.trace is not None
+            rows = chosen.rows[start:start + size]
+            prompt = _scaled(self.trace.num_prompt_tokens[rows], self.prompt_scale)
+            output = _scaled(self.trace.num_output_tokens[rows], self.output_scale)
+            extras = {name: column[rows] for name, column in self.trace.extras.items()}
+            if isinstance(self.arrival, TraceArrivals):
+                arrival_s = chosen.arrival_s[start:start + size]
         else:
             assert self.prompt_len is not None and self.output_len is not None
-            prompt = self.prompt_len.sample(rng["prompt"], count)
-            output = self.output_len.sample(rng["output"], count)
-        if times is None and not isinstance(self.arrival, (ClosedLoop, TraceArrivals)):
-            times = self.arrival.arrival_times(rng["arrivals"], count)
-        prefix_id, prefix_tokens = self._prefixes(rng["prefix"], count, extras)
+            prompt = self.prompt_len.sample(rng["prompt"], size)
+            output = self.output_len.sample(rng["output"], size)
+        prefix_id, prefix_tokens = self._prefixes(rng["prefix"], size, extras)
         prompt = prompt + (prefix_tokens if "num_prefix_tokens" not in extras else 0)
         n = extras.get("n", None)
         beam = extras.get("beam_width", None)
         arrays = RequestArrays(
-            arrival_s=times,
+            arrival_s=arrival_s,
             num_prompt_tokens=prompt,
             num_output_tokens=output,
             max_tokens=extras.get("max_tokens", output),
-            n=n if n is not None else self.n.sample(rng["sampling"], count),
-            beam_width=beam if beam is not None else self.beam_width.sample(rng["sampling"], count),
+            n=n if n is not None else self.n.sample(rng["sampling"], size),
+            beam_width=beam if beam is not None else self.beam_width.sample(rng["sampling"], size),
             prefix_id=prefix_id,
             num_prefix_tokens=prefix_tokens,
-            think_s=self.arrival.think_times(rng["think"], count) if isinstance(self.arrival, ClosedLoop) else None,
-            stats=stats,
+            think_s=self.arrival.think_times(rng["think"], size) if isinstance(self.arrival, ClosedLoop) else None,
+            stats={},
+            first_id=start,
         )
         self._clip(arrays, "max_tokens" in extras and self.max_tokens is None)
-        self.last_stats.clear()
-        self.last_stats.update(stats)
         return arrays
+
+    def generate(self, seed: np.random.SeedSequence | int) -> RequestArrays:
+        """Every request's fields in one set of arrays (small workloads and tests); the same
+        requests as `iter_arrays` and `process` draw."""
+        parts = list(self.iter_arrays(seed))
+        return RequestArrays.concat(parts, dict(self.last_stats))
 
     def _prefixes(
         self, rng: np.random.Generator, count: int, extras: dict[str, np.ndarray]
@@ -213,8 +260,11 @@ class WorkloadSpec:
         return np.where(shared, group, -1), np.where(shared, sp.prefix_len, 0).astype(np.int64)
 
     def _clip(self, a: RequestArrays, trace_max_tokens: bool) -> None:
-        """Cap outputs by a fixed max_tokens, then fit prompt + output into max_model_len; count each."""
-        clipped = {"prompt": 0, "output": 0, "output_capped_by_max_tokens": 0, "max_tokens": 0}
+        """Cap outputs by a fixed max_tokens, then fit prompt + output into max_model_len; count each.
+
+        A trace row's prompt is never shortened: a prompt longer than max_model_len is sent as it
+        is and the engine rejects it, as vLLM does (drawn prompts are clipped to the context)."""
+        clipped = dict.fromkeys(CLIP_KEYS, 0)
         if self.max_tokens is not None and not trace_max_tokens:
             over = a.num_output_tokens > self.max_tokens
             clipped["output_capped_by_max_tokens"] = int(over.sum())
@@ -230,41 +280,72 @@ class WorkloadSpec:
         mml = self.max_model_len
         if mml is not None:
             over = a.num_prompt_tokens > mml - 1
-            clipped["prompt"] = int(over.sum())
-            a.num_prompt_tokens = np.minimum(a.num_prompt_tokens, mml - 1)
-            room = mml - a.num_prompt_tokens
-            clipped["output"] = int((a.num_output_tokens > room).sum())
-            a.num_output_tokens = np.minimum(a.num_output_tokens, room)
-            clipped["max_tokens"] = int((a.max_tokens > room).sum())
-            a.max_tokens = np.minimum(a.max_tokens, room)
+            if self.trace is not None:
+                clipped["prompt_over_max_model_len"] = int((a.num_prompt_tokens > mml).sum())
+            else:
+                clipped["prompt"] = int(over.sum())
+                a.num_prompt_tokens = np.minimum(a.num_prompt_tokens, mml - 1)
+            room = np.maximum(mml - a.num_prompt_tokens, 1)
+            fits = a.num_prompt_tokens <= mml  # rows the engine will reject keep their lengths
+            clipped["output"] = int(((a.num_output_tokens > room) & fits).sum())
+            a.num_output_tokens = np.where(fits, np.minimum(a.num_output_tokens, room), a.num_output_tokens)
+            clipped["max_tokens"] = int(((a.max_tokens > room) & fits).sum())
+            a.max_tokens = np.where(fits, np.minimum(a.max_tokens, room), a.max_tokens)
         a.num_prefix_tokens = np.minimum(a.num_prefix_tokens, a.num_prompt_tokens)
         a.stats["clipped"] = clipped
 
-    def sample_requests(self, seed: np.random.SeedSequence | int) -> list[Request]:
-        """The requests as the process would submit them (arrival_s planned; 0 for a closed loop)."""
-        return self.generate(seed).to_requests()
+    def sample_requests(self, seed: np.random.SeedSequence | int, limit: int | None = None) -> list[Request]:
+        """The requests as the process would submit them (arrival_s planned; 0 for a closed loop);
+        with `limit`, only the first `limit` (what `kvsim workloads show` samples)."""
+        out: list[Request] = []
+        for arrays in self.iter_arrays(seed, min(CHUNK, limit or CHUNK)):
+            out.extend(arrays.to_requests())
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+        return out
 
     def process(
         self, env: simpy.Environment, sink: RequestSink, seed: np.random.SeedSequence
     ) -> Generator[simpy.Event, Any, None]:
-        """SimPy process: submit every request to `sink`, then return."""
-        arrays = self.generate(seed)
-        requests = arrays.to_requests()
+        """SimPy process: submit every request to `sink`, a chunk of requests at a time, then return."""
+        chunks = self.iter_arrays(seed)
         if isinstance(self.arrival, ClosedLoop):
-            assert arrays.think_s is not None
-            yield from closed_loop_process(env, sink, requests, self.arrival.concurrency, arrays.think_s)
+            stream = (pair for arrays in chunks for pair in zip(
+                arrays.to_requests(), arrays.think_s.tolist(), strict=True))  # fmt: skip
+            clients = min(self.arrival.concurrency, int(self.num_requests))
+            yield from closed_loop_process(env, sink, stream, clients)
         else:
-            assert arrays.arrival_s is not None
-            yield from open_loop_process(env, sink, requests, arrays.arrival_s)
+            yield from open_loop_process(env, sink, ((a.to_requests(), a.arrival_s) for a in chunks))
 
     # --- reporting --------------------------------------------------------------------------
 
+    def warnings(self) -> list[str]:
+        """Loud lines: clipping that changed a large share of the traffic (LOUD_CLIP_SHARE or more),
+        and trace prompts the engine will reject."""
+        clipped = self.last_stats.get("clipped") or {}
+        total = int(self.num_requests)
+        lines = [
+            f"clipped {count:,} of {total:,} {what} lengths ({100 * count / total:.0f}%) to fit "
+            f"max_model_len {self.max_model_len}: the traffic simulated is not the workload's"
+            for what in ("prompt", "output")
+            if (count := clipped.get(what, 0)) and count >= LOUD_CLIP_SHARE * total
+        ]
+        over = clipped.get("prompt_over_max_model_len", 0)
+        if over:
+            lines.append(
+                f"{over:,} trace rows have prompts longer than max_model_len {self.max_model_len}; "
+                "they are sent whole and rejected, as vLLM rejects them"
+            )
+        return lines
+
     def notes(self) -> list[str]:
-        """Human-readable lines about rows left out by options and lengths clipped by the latest generation."""
+        """Human-readable lines about rows left out by options and lengths clipped by the latest
+        generation (those not loud enough for `warnings`)."""
+        total = int(self.num_requests)
         lines = [
             f"clipped {count} {what} lengths to fit max_model_len {self.max_model_len}"
             for what, count in (self.last_stats.get("clipped") or {}).items()
-            if count and what in ("prompt", "output")
+            if count and what in ("prompt", "output") and count < LOUD_CLIP_SHARE * total
         ]
         capped = (self.last_stats.get("clipped") or {}).get("output_capped_by_max_tokens", 0)
         if capped:

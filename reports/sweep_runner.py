@@ -1,0 +1,217 @@
+"""Running many simulations at once: a local process pool or a Ray cluster, one tidy row each.
+
+    rows = run_points(points, jobs=4, executor="local", on_result=lambda i, row: table.append(row))
+
+A `Point` carries resolved objects (specs, loaded workload, loaded profile: all small and
+picklable), so a worker needs no files and a Ray node needs only kvsim installed. Each point is
+simulated with its own seed; the simulator is deterministic, so the executor, the number of jobs
+and the finishing order change nothing but `wall_s`. Rows come back in completion order through
+`on_result` (write them at once: a killed sweep loses no finished point) and in point order from
+the return value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simcore.errors import ConfigError
+from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+OnResult = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation: what to run, and the option columns its row starts with."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    config: EngineConfig
+    workload: Any  # a workloads spec (has .describe() and .notes())
+    profile: Any  # a loaded simcore.latency.Profile; None only when does_not_fit
+    seed: int
+    options: dict[str, Any] = field(default_factory=dict)  # column -> value, written first in the row
+    does_not_fit: str = ""  # why the model does not fit ("" if it does): the row says so, nothing runs
+
+    def point_id(self) -> str:
+        """A stable id of everything that defines the result (not wall time): resume keys on it."""
+        doc = {
+            "options": self.options, "model": self.model.to_dict(), "gpu": self.gpu.name,
+            "config": self.config.to_dict(), "workload": _without_source(self.workload.describe()),
+            "profile": None if self.profile is None else self.profile.sha256, "seed": self.seed,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _without_source(described: dict[str, Any]) -> dict[str, Any]:
+    """A workload's description minus the file path it was read from (same workload, any folder)."""
+    return {k: v for k, v in described.items() if k != "source"}
+
+
+def run_point(point: Point) -> dict[str, Any]:
+    """Simulate one point (in whatever process calls it) and return its tidy row."""
+    from reports.regime import regime_of
+    from simcore.simulate import KVSIM_VERSION, simulate
+
+    started = time.perf_counter()
+    row: dict[str, Any] = {**point.options, "seed": point.seed}
+    if point.does_not_fit:
+        row.update({"gpus": point.config.tensor_parallel_size * point.config.data_parallel_size,
+                    "does_not_fit": point.does_not_fit, "regime": f"does not fit: {point.does_not_fit}"})
+        row.update({"kvsim_version": KVSIM_VERSION, "wall_s": time.perf_counter() - started, "warnings": ""})
+        return row
+    result = simulate(point.model, point.gpu, point.config, point.workload, point.profile, seed=point.seed)
+    regime = regime_of(result)
+    record = result.record
+    row.update({
+        "profile_sha256": record["profile"]["sha256"], "profile_source": record["profile"]["source"],
+        "gpus": point.config.tensor_parallel_size * point.config.data_parallel_size,
+        "kv_cache_tokens": result.memory.num_gpu_tokens, "does_not_fit": "",
+        "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
+    })
+    row.update(result.summary)
+    row.update({"kvsim_version": record["kvsim_version"], "wall_s": time.perf_counter() - started,
+                "warnings": "; ".join(result.warnings)})
+    return row
+
+
+def _run_indexed(item: tuple[int, Point]) -> tuple[int, dict[str, Any]]:
+    index, point = item
+    return index, run_point(point)
+
+
+def default_jobs() -> int:
+    """All cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_points(
+    points: Sequence[Point], jobs: int | None = None, executor: str = "local",
+    on_result: OnResult | None = None, address: str | None = None,
+) -> list[dict[str, Any]]:
+    """Run every point; call `on_result(index, row)` as each finishes; rows in point order.
+
+    executor "local": `jobs` worker processes (default all cores; 1 runs in this process).
+    executor "ray": tasks on the Ray cluster at `address` ("auto", "HOST:PORT", or None to start a
+    local instance); `jobs` caps the tasks in flight (default: no cap, the cluster decides).
+    """
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    rows: list[dict[str, Any] | None] = [None] * len(points)
+
+    def done(index: int, row: dict[str, Any]) -> None:
+        rows[index] = row
+        if on_result is not None:
+            on_result(index, row)
+
+    if executor == "local":
+        _run_local(points, jobs or default_jobs(), done)
+    elif executor == "ray":
+        _run_ray(points, jobs, address, done)
+    else:
+        raise ConfigError(f"--executor: {executor!r} is not one of local, ray")
+    assert all(r is not None for r in rows)
+    return rows  # type: ignore[return-value]
+
+
+def _run_local(points: Sequence[Point], jobs: int, done: OnResult) -> None:
+    """Points that cannot run (does_not_fit) never reach a worker; the rest go to the pool."""
+    work = [(i, p) for i, p in enumerate(points) if not p.does_not_fit]
+    for i, p in enumerate(points):
+        if p.does_not_fit:
+            done(i, run_point(p))
+    if jobs == 1 or len(work) <= 1:
+        for item in work:
+            done(*_run_indexed(item))
+        return
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+        pending = {pool.submit(_run_indexed, item) for item in work}
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    done(*future.result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+
+
+def _run_ray(points: Sequence[Point], jobs: int | None, address: str | None, done: OnResult) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+    if not ray.is_initialized():
+        try:
+            if address is None:
+                ray.init(include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except ConnectionError as exc:
+            raise ConfigError(f"--address {address}: cannot reach a Ray cluster ({exc})") from None
+    task = ray.remote(num_cpus=1)(_run_indexed)
+    cap = jobs or len(points)
+    queue = list(enumerate(points))
+    queue.reverse()
+    pending: list[Any] = []
+    while queue or pending:
+        while queue and len(pending) < cap:
+            pending.append(task.remote(queue.pop()))
+        ready, pending = ray.wait(pending, num_returns=1)
+        done(*ray.get(ready[0]))
+
+
+# -- seeds ----------------------------------------------------------------------------------
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard table, e.g. NIST/SEMATECH
+# e-Handbook of Statistical Methods, section 1.3.6.7.2); beyond 30 the normal 1.96 is within 4%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95% Student-t interval over seeds; NaNs dropped; one value
+    (or none) gives an interval of NaN, since one draw says nothing about the spread."""
+    xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    mean = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return mean, math.nan, math.nan
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    df = len(xs) - 1
+    t = _T975[df - 1] if df <= len(_T975) else 1.96
+    half = t * math.sqrt(var / len(xs))
+    return mean, mean - half, mean + half
+
+
+def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
+    """--seeds 0,1,2 or --repeats K (seeds seed .. seed+K-1), else [seed]."""
+    if seeds is not None and repeats is not None:
+        raise ConfigError("give --seeds or --repeats, not both")
+    if repeats is not None:
+        if repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+        return [seed + k for k in range(repeats)]
+    if seeds is None:
+        return [seed]
+    from reports.sweep import parse_list
+
+    values = parse_list("--seeds", seeds, int)
+    for v in values:
+        if v < 0:
+            raise ConfigError(f"--seeds: {v} is negative; seeds are integers >= 0")
+    return values
