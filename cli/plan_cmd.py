@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,9 +26,11 @@ from cli.options import (
     check_slos,
     parse_goodput,
 )
+from cli.output import check_out_folder
 from simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
 
 
 def _list(flag: str, text: str | None, kind: type, default: list) -> list:
@@ -48,19 +49,6 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
             raise ConfigError(f"{flag}: {item!r} is not on or off")
         values.append(words[item.lower()])
     return values
-
-
-def _check_out(out: Path | None) -> None:
-    """Refuse an --out we could not write before spending a minute on the plan."""
-    if out is None:
-        return
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {probe} is not writable")
 
 
 def plan(
@@ -117,7 +105,7 @@ def plan(
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
     prices = load_prices(price)
-    _check_out(out)
+    check_out_folder(out, PLAN_FILES)  # before any work
     dims = default_dimensions(
         gpus, _list("--tp", tp, int, [1, 2, 4, 8]),
         block_size=_list("--block-size", block_size, int, []),

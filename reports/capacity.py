@@ -168,6 +168,9 @@ class ScaledWorkload:
     def notes(self) -> list[str]:
         return self.scaler.spec.notes()
 
+    def warnings(self) -> list[str]:
+        return self.scaler.spec.warnings()
+
     def describe(self) -> dict[str, Any]:
         return {**self.scaler.spec.describe(), "rescaled_to_rate": self.rate}
 
