@@ -9,13 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from simcore.errors import ConfigError
+from simcore.policies.registry import policy_names
 from simcore.specs import ModelSpec
 
-
-class PolicyName(str, Enum):
-    static = "static"
-    dynamic = "dynamic"
-    continuous = "continuous"
+PolicyName = Enum("PolicyName", {name: name for name in policy_names()}, type=str)  # the registry's
 
 
 class AllocatorName(str, Enum):
@@ -69,30 +66,12 @@ Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-reques
 SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
 SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]
 
-# Options that mean something only for some policies (refused, not ignored, elsewhere).
-_ONLY_FOR = {
-    "--max-batch-size": ("static",),
-    "--batch-timeout-s": ("static",),
-    "--allocator": ("continuous",),
-    "--preemption-mode": ("continuous",),
-    "--swap-space": ("continuous",),
-    "--enable-chunked-prefill": ("continuous",),
-    "--enable-prefix-caching": ("continuous",),
-}
-
-
 def refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, object]) -> None:
-    """Options that mean nothing for the chosen policy are refused, not ignored."""
-    for flag, policies in _ONLY_FOR.items():
-        if given.get(flag) is not None and policy not in policies:
-            raise ConfigError(f"{flag} applies only to --policy {'/'.join(policies)}, not {policy}")
-    if given.get("--enable-prefix-caching") is not None and (allocator or "paged") != "paged":
-        raise ConfigError("--enable-prefix-caching applies only to the paged allocator")
-    if given.get("--reservation") is not None and (policy != "continuous" or (allocator or "paged") == "paged"):
-        raise ConfigError(
-            "--reservation applies only to --policy continuous --allocator contiguous (Orca); "
-            "static reserves max_model_len and dynamic prompt + max_tokens"
-        )
+    """Options that mean nothing for the chosen policy are refused, not ignored (the policy
+    registry says which options each policy reads)."""
+    from simcore.policies.registry import select
+
+    select(policy, allocator, {flag[2:].replace("-", "_") for flag, value in given.items() if value is not None})
 
 
 def engine_options(

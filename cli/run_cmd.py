@@ -167,18 +167,19 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
     if profile is not None:
         prof = load_profile(profile)
-        check_profile_matches(prof, model_spec, tp)
+        check_profile_matches(prof, model_spec, tp, gpu_spec)
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
 
     from reports.capacity import SLO
-    from simcore.memory import plan_memory
+    from simcore.config import resolve
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    memory = plan_memory(model_spec, gpu_spec, config)
+    resolved = resolve(model_spec, gpu_spec, config)  # validated and memory planned, once
+    memory = resolved.memory
     check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:
-        _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json)
+        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
@@ -188,7 +189,7 @@ def run(
         say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
     update, stop = _progress_reporter(getattr(wl, "num_requests", None))
     try:
-        result = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, progress=update)
+        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=update)
     finally:
         stop()
     for note in wl.notes():
@@ -246,7 +247,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
-        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.to_dict(),
+        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.engine.to_dict(),
                    "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source},
                    "workload": wl.describe()},
     }

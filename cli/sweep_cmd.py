@@ -344,7 +344,7 @@ def _profiles(path: Path | None, model_spec, num_gpus: int):
             if fixed is not None:
                 if {t for _, t in cache} - {tp_}:
                     raise ConfigError("--profile is one file for one TP; sweep --tp without --profile")
-                check_profile_matches(fixed, model_spec, tp_)
+                check_profile_matches(fixed, model_spec, tp_, gpu_spec)
                 cache[(gpu_spec.name, tp_)] = fixed
             else:
                 cache[(gpu_spec.name, tp_)] = default_profile(gpu_spec, model_spec, tp_)

@@ -213,24 +213,30 @@ def _lm_head(torch, model: ModelSpec, tp: int, seqs: int, dtype, device: str, ge
     return run
 
 
-def _collective(torch, cfg: HarnessConfig, grid: Grid, dtype) -> tuple[list[float] | None, str]:
-    """Two all-reduces per layer: NCCL when tp GPUs are visible, else priced from bandwidth."""
+def _collective(torch, cfg: HarnessConfig, grid: Grid, dtype) -> tuple[dict | None, str]:
+    """The profile's `collectives` block: NCCL all-reduce per call vs message bytes when tp GPUs
+    are visible (the same (GPUs, bytes) table the H100 profiles carry), else the measured H100 table
+    scaled by the `--gpu`'s interconnect datasheet (`profiles.collectives`)."""
     if cfg.tp <= 1:
         return None, "none (tp 1)"
-    if cfg.device == "cuda" and torch.cuda.device_count() >= cfg.tp:
-        from profiles.harness_nccl import measure_allreduce
-
-        sizes = [t * cfg.model.hidden_size for t in grid.num_tokens]
-        times = measure_allreduce(cfg.tp, sizes, dtype, cfg.warmup, cfg.repeats)
-        return [_r(2 * t) for t in times], f"measured with NCCL on {cfg.tp} GPUs"
-    from profiles.roofline import collective_ms
+    from profiles.collectives import collectives_for
     from simcore.catalog import get_gpu
 
     gpu = cfg.gpu or get_gpu("H100-SXM-80GB")
-    return (
-        [_r(collective_ms(gpu, cfg.model, cfg.tp, t)) for t in grid.num_tokens],
-        f"priced from {gpu.name} interconnect bandwidth ({gpu.interconnect_gbps} GB/s), not measured",
-    )
+    block = collectives_for(gpu, cfg.tp)
+    if cfg.device == "cuda" and torch.cuda.device_count() >= cfg.tp:
+        from profiles.harness_nccl import measure_allreduce
+
+        elem = torch.tensor([], dtype=dtype).element_size()
+        sizes = sorted({t * cfg.model.hidden_size for t in grid.num_tokens})
+        times = measure_allreduce(cfg.tp, sizes, dtype, cfg.warmup, cfg.repeats)
+        block["all_reduce"] = {"bytes": [n * elem for n in sizes], "time_ms": [_r(t) for t in times]}
+        block["source"] = f"measured with NCCL on {cfg.tp} GPUs (per call, vs message bytes)"
+        from profiles.harness_nccl import measure_send_recv
+
+        sr = measure_send_recv(sizes, dtype, cfg.warmup, cfg.repeats)
+        block["send_recv"] = {"bytes": [n * elem for n in sizes], "time_ms": [_r(t) for t in sr]}
+    return block, block["source"]
 
 
 def _kv_budget_bytes(torch, cfg: HarnessConfig) -> float:
@@ -347,10 +353,10 @@ def _device_name(torch, device: str) -> str:
 
 def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, decode, lm_head,
               collective, coll_note, scaled) -> dict[str, Any]:
-    from profiles.roofline import step_overhead_by_policy
+    from profiles.host import host_overhead_block
 
     model = cfg.model
-    overhead = step_overhead_by_policy(model)
+    host, host_by_policy = host_overhead_block(model.num_layers, cfg.tp)
     gpu_name = cfg.gpu.name if cfg.gpu else ("cpu" if cfg.device == "cpu" else _device_name(torch, "cuda"))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -361,8 +367,8 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
         "tensor_parallel_size": cfg.tp,
         "dtype": dtype_name,
         "model_shape": model.to_dict(),
-        "step_overhead_ms": overhead["continuous"],
-        "step_overhead_ms_by_policy": overhead,
+        "host_overhead": host,
+        "host_overhead_by_policy": host_by_policy,
         "linear": linear,
         "prefill_attention": prefill,
         "decode_attention": decode,
@@ -387,11 +393,11 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
             "scope": "one layer measured, priced x num_layers by the latency model",
             "collective": coll_note,
             "scaled_decode_points": scaled,
-            "step_overhead": "defaults per policy (profiles/README.md), not measured by the harness",
+            "host_overhead": "defaults per policy (profiles/host.py, README), not measured by the harness",
         },
     }
     if collective is not None:
-        doc["collective"] = {"num_tokens": list(grid.num_tokens), "time_ms": collective}
+        doc["collectives"] = collective
     return doc
 
 

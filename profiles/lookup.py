@@ -37,9 +37,15 @@ def shape_mismatches(profile: Profile, model: ModelSpec) -> list[str]:
     ]
 
 
-def check_profile_matches(profile: Profile, model: ModelSpec, tp: int) -> None:
-    """Raise ProfileError when a profile was made for another model shape or TP degree."""
+def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUSpec | None = None) -> None:
+    """Raise ProfileError when a profile was made for another GPU, model shape or TP degree.
+    A CPU profile (`gpu: cpu`, the harness on this machine) is accepted with any --gpu: it exists
+    to exercise the measured path and its label says CPU."""
     where = profile.path or profile.label
+    if gpu is not None:
+        pgpu = str(profile.data.get("gpu", ""))
+        if pgpu.lower() not in (gpu.name.lower(), "cpu"):
+            raise ProfileError(f"{where}: profile is for GPU {pgpu!r}, but the run uses --gpu {gpu.name}")
     diffs = shape_mismatches(profile, model)
     if diffs:
         raise ProfileError(f"{where}: profile model shape differs from {model.name}: {'; '.join(diffs)}")

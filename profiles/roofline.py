@@ -1,11 +1,15 @@
-"""Price a GPU nobody has profiled from its datasheet: a roofline profile (schema v1).
+"""Price a GPU nobody has profiled from its datasheet: a roofline profile (schema v2).
+
+Structured per operator, each a function of (gpu, model, tp, shape): `linear_ops` (one layer's GEMMs
+and elementwise kernels), `prefill_attention_ms`, `decode_attention_ms`, `lm_head_ms`, plus the
+collectives (`profiles.collectives`, measured NCCL) and the host model (`profiles.host`). A new
+operator (FP8 GEMMs, MoE experts, pipeline hand-offs) is one more function and one more table.
 
 Every kernel costs `launch_floor + max(flops / (peak * compute_eff), bytes / (hbm * bandwidth_eff))`.
-The efficiency factors for linear work (GEMMs, norms, elementwise) are fitted by `profiles.fit`
-on measured H100 operator timings (`efficiency_h100.json`); attention kernels and the LM head
-reuse the GEMM factors (no attention timings are in the fit data, so prefill attention is
-likely optimistic). The TP all-reduce is priced from the interconnect bandwidth plus an assumed
-per-call latency. Such a profile is labelled `source: roofline` wherever it is used.
+The GEMM and elementwise factors are fitted by `profiles.fit` on measured H100 operator timings
+(`efficiency_h100.json`). Prefill attention has its own efficiency (FlashAttention, cited in
+FLASH_ATTENTION) and wave occupancy; paged decode attention pays a per-block cost (cited in
+PAGED_BLOCK_OVERHEAD_TOKENS) and reads whole blocks. Such a profile is labelled `source: roofline`.
 """
 
 from __future__ import annotations
@@ -21,9 +25,25 @@ from simcore.specs import GPUSpec, ModelSpec
 
 EFFICIENCY_FILE = Path(__file__).with_name("efficiency_h100.json")
 ELEMENTWISE_KINDS = ("norm", "rope", "act", "add")
-ALLREDUCE_LATENCY_MS = 0.010  # assumed per-call NCCL latency on NVLink; not fitted, not measured
 SAMPLING_KERNELS = 4  # temperature, softmax, top-p/top-k filter, multinomial draw
 SAMPLING_PASSES = 4  # fp32 passes over the logits by those kernels
+
+# FlashAttention forward efficiency on the H100, e(S) = E_MAX * S / (S + S_HALF) of dense bf16 peak at
+# key length S, fitted to FlashAttention-3's measured TFLOP/s at head dim 128 with the GPU filled
+# (pytorch/benchmark PR #2391, B*S = 16k, 16 heads: 430, 517, 566, 590, 614, 621 TFLOP/s at
+# S = 512..16384; 0.435 and 0.628 of 989 TFLOP/s at the ends give E_MAX 0.637, S_HALF 238 tokens).
+# FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023), so the same curve is used for the A100.
+FLASH_ATTENTION = {"e_max": 0.637, "s_half": 238.0, "tile_tokens": 128}
+# Streaming multiprocessors (NVIDIA datasheets: H100 SXM5 132, H200 132, A100 108).
+NUM_SMS = {"H100-SXM-80GB": 132, "H200-141GB": 132, "A100-80GB": 108, "A100-40GB": 108}
+# Paged decode reads each KV block through the block table: one table read and a new, dependent
+# load per block and head. Kwon et al. (vLLM, SOSP 2023, sec. 7.1 / Fig. 18a) measured the paged
+# kernel 20-26% slower than FasterTransformer's contiguous one at block size 16; charging that 23%
+# as a per-block cost gives 0.23 x 16 = 3.68 token rows' worth of bandwidth per block, so a block of
+# B tokens costs B + 3.68 rows: x4.7 at B = 1, x1.23 at 16, x1.03 at 128 (plus the unfilled rows
+# of the last block, read and masked).
+PAGED_BLOCK_OVERHEAD_TOKENS = 0.23 * 16
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 # Grids (issue 4): tokens 1..16384 log-spaced; chunk 1..16384 x context 0..32768;
 # batch 1..1024 x context 1..32768 (small chunks and contexts are common: prompt tails).
@@ -33,14 +53,6 @@ PREFILL_CONTEXT = [0] + [2**k for k in range(7, 16)]
 DECODE_BATCH = [2**k for k in range(0, 11)]
 DECODE_CONTEXT = [2**k for k in range(0, 16)]
 NUM_SEQS = [2**k for k in range(0, 11)]
-
-# Fixed CPU cost of one engine step (scheduling, input preparation, kernel launches,
-# detokenisation), per batching policy: base + per_layer * num_layers, in ms. See README.
-OVERHEAD_MS = {
-    "static": (1.0, 0.10),  # HF generate: eager PyTorch, every kernel launched from Python
-    "dynamic": (1.5, 0.05),  # early TGI: router + Python model server, custom kernels, no graphs
-    "continuous": (1.5, 0.01),  # vLLM: CUDA graphs for decode, CPU scheduler on the critical path
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,58 +142,47 @@ def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: E
     return total
 
 
-def prefill_attention_ms(
-    gpu: GPUSpec, model: ModelSpec, tp: int, chunk: int, context: int, eff: Efficiency
-) -> float:
-    """Causal attention of a `chunk` of new tokens over `context` prior tokens plus itself."""
-    heads, kv_heads = model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
-    d, b = model.head_dim, model.dtype_bytes
+def flash_efficiency(keys: float) -> float:
+    fa = FLASH_ATTENTION
+    return fa["e_max"] * keys / (keys + fa["s_half"])
+
+
+def prefill_attention_ms(gpu: GPUSpec, model: ModelSpec, tp: int, chunk: int, context: int) -> float:
+    """Causal attention of a `chunk` over `context` prior tokens plus itself, on a GPU that other
+    chunks of the step keep full (no floor, no occupancy loss: the latency model adds both once per
+    step from the profile's `occupancy`)."""
+    heads = model.num_attention_heads // tp
     attended = chunk * (context + (chunk + 1) / 2)  # query-key pairs under the causal mask
-    flops = 4.0 * attended * heads * d
-    nbytes = (2.0 * (context + chunk) * kv_heads + 2.0 * chunk * heads) * d * b
-    return gemm_ms(gpu, eff, flops, nbytes)
+    flops = 4.0 * attended * heads * model.head_dim
+    return 1e3 * flops / (gpu.bf16_tflops * 1e12 * flash_efficiency(context + chunk))
 
 
 def decode_attention_ms(
     gpu: GPUSpec, model: ModelSpec, tp: int, batch: int, context: float, block_size: int,
     eff: Efficiency,
 ) -> float:
-    """Paged decode: each sequence reads its whole blocks, so the block size enters only
-    through the last, partly filled block (context rounded up to a multiple of block_size)."""
+    """Paged decode: each sequence reads whole blocks through its block table, the last one
+    padded (a batch's lengths are ragged: on average (B-1)/2B of a block is padding), and each
+    block costs PAGED_BLOCK_OVERHEAD_TOKENS rows more (see above)."""
     heads, kv_heads = model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
     d, b = model.head_dim, model.dtype_bytes
-    read_tokens = math.ceil(context / block_size) * block_size
+    blocks = max(1.0, context / block_size + (block_size - 1) / (2 * block_size))
+    rows = blocks * (block_size + PAGED_BLOCK_OVERHEAD_TOKENS)
     flops = 4.0 * batch * context * heads * d
-    nbytes = batch * (2.0 * read_tokens * kv_heads + 2.0 * heads) * d * b + batch * 4 * math.ceil(context / block_size)
+    nbytes = batch * (2.0 * rows * kv_heads + 2.0 * heads) * d * b + batch * 4 * blocks
     return gemm_ms(gpu, eff, flops, nbytes)
 
 
-def allreduce_ms(gpu: GPUSpec, tp: int, nbytes: float) -> float:
-    """Ring all-reduce: 2 (tp-1)/tp of the buffer crosses each link, plus a fixed latency."""
-    if tp <= 1:
-        return 0.0
-    return ALLREDUCE_LATENCY_MS + 1e3 * 2.0 * (tp - 1) / tp * nbytes / (gpu.interconnect_gbps * 1e9)
-
-
-def collective_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int) -> float:
-    """One layer's two all-reduces (after attention and after the MLP)."""
-    return 2.0 * allreduce_ms(gpu, tp, tokens * model.hidden_size * model.dtype_bytes)
-
-
 def lm_head_ms(gpu: GPUSpec, model: ModelSpec, tp: int, seqs: int, eff: Efficiency) -> float:
-    """Final norm, vocab-sharded LM head, logits gather and sampling, for the whole model."""
+    """Final norm, vocab-sharded LM head and sampling, for the whole model (the logits gather is
+    a collective, priced by the latency model from the profile's all-reduce table)."""
     h, v, b = model.hidden_size, model.vocab_size, model.dtype_bytes
     vs = math.ceil(v / tp)
     total = elementwise_ms(gpu, eff, "norm", 2.0 * seqs * h * b)
     total += gemm_ms(gpu, eff, 2.0 * seqs * h * vs, float(h * vs + seqs * h + seqs * vs) * b)
-    total += allreduce_ms(gpu, tp, seqs * vs * 4) / 2 if tp > 1 else 0.0  # all-gather ~ half
     total += SAMPLING_KERNELS * eff.elementwise_floor_ms
     total += 1e3 * SAMPLING_PASSES * seqs * v * 4 / (gpu.hbm_tbps * 1e12 * eff.elementwise["act"])
     return total
-
-
-def step_overhead_by_policy(model: ModelSpec) -> dict[str, float]:
-    return {p: round(base + per_layer * model.num_layers, 3) for p, (base, per_layer) in OVERHEAD_MS.items()}
 
 
 def _r(x: float) -> float:
@@ -192,12 +193,16 @@ def build_roofline_profile(
     gpu: GPUSpec,
     model: ModelSpec,
     tp: int,
-    block_sizes: tuple[int, ...] = (8, 16, 32),
+    block_sizes: tuple[int, ...] = BLOCK_SIZES,
     efficiency: Efficiency | None = None,
 ) -> dict[str, Any]:
-    """A schema-v1 profile document priced from the datasheet and the fitted efficiencies."""
+    """A schema-v2 profile document priced from the datasheet and the fitted efficiencies."""
+    from profiles.collectives import collectives_for
+    from profiles.host import host_overhead_block
+
     eff = efficiency or load_efficiency()
-    overhead = step_overhead_by_policy(model)
+    host, host_by_policy = host_overhead_block(model.num_layers, tp)
+    collectives = collectives_for(gpu, tp)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -207,8 +212,8 @@ def build_roofline_profile(
         "tensor_parallel_size": tp,
         "dtype": "bfloat16" if model.dtype_bytes == 2 else "float32",
         "model_shape": model.to_dict(),
-        "step_overhead_ms": overhead["continuous"],
-        "step_overhead_ms_by_policy": overhead,
+        "host_overhead": host,
+        "host_overhead_by_policy": host_by_policy,
         "linear": {
             "num_tokens": NUM_TOKENS,
             "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff)) for t in NUM_TOKENS],
@@ -217,9 +222,15 @@ def build_roofline_profile(
             "chunk_tokens": CHUNK_TOKENS,
             "context_tokens": PREFILL_CONTEXT,
             "time_ms": [
-                [_r(prefill_attention_ms(gpu, model, tp, c, p, eff)) for p in PREFILL_CONTEXT]
+                [_r(prefill_attention_ms(gpu, model, tp, c, p)) for p in PREFILL_CONTEXT]
                 for c in CHUNK_TOKENS
             ],
+            "launch_floor_ms": eff.gemm_floor_ms,
+            "occupancy": {
+                "tile_tokens": FLASH_ATTENTION["tile_tokens"],
+                "ctas_per_tile": max(1, model.num_attention_heads // tp),
+                "num_sms": NUM_SMS.get(gpu.name, 108),
+            },
         },
         "decode_attention": {
             str(bs): {
@@ -241,13 +252,12 @@ def build_roofline_profile(
             },
             "efficiency": eff.to_dict(),
             "efficiency_fitted_on": "H100 Llama-2-7B operator timings (profiles/efficiency_h100.json)",
-            "allreduce_latency_ms": ALLREDUCE_LATENCY_MS,
-            "collective": "priced from interconnect bandwidth (not measured)" if tp > 1 else "none (tp 1)",
+            "prefill_attention": "FlashAttention-3 H100 efficiency curve + wave occupancy (profiles/README.md)",
+            "decode_attention": f"paged: whole blocks + {PAGED_BLOCK_OVERHEAD_TOKENS:.2f} rows per block (vLLM paper)",
+            "host_overhead": "defaults per policy from public measurements (profiles/host.py, README)",
+            "collective": collectives["source"] if collectives else "none (tp 1)",
         },
     }
-    if tp > 1:
-        doc["collective"] = {
-            "num_tokens": NUM_TOKENS,
-            "time_ms": [_r(collective_ms(gpu, model, tp, t)) for t in NUM_TOKENS],
-        }
+    if collectives:
+        doc["collectives"] = collectives
     return doc

@@ -3,7 +3,7 @@
 The harness times each operator alone; the latency model adds them up. This runs a fixed set
 of mixed steps as ONE timed region per step, with the harness's own kernels, and compares:
 
-    measured  = overhead + L * (layer(step) + collective(T)) + lm_head(S)
+    measured  = host + collectives + L * layer(step) + lm_head(S)
     predicted = StepLatencyModel(profile).step_time_s(step)
 
 `layer(step)` is one transformer layer at the profile's TP shard, run end to end: the linear
@@ -353,10 +353,12 @@ def _measure_step(torch, hc, step: ValidationStep, backend: str, dtype, gens, ti
     if hc.device == "cuda":
         torch.cuda.empty_cache()
     layers, t = latency.num_layers, step.num_tokens
-    coll_ms = layers * latency.collective(t) if latency.collective is not None else 0.0
-    overhead = latency.step_overhead_ms
     before = latency.extrapolated.steps
     predicted = 1e3 * latency.step_time_s(
+        t, list(step.prefill_chunks), step.num_decode_seqs, step.num_decode_seqs * step.decode_context,
+        step.num_sampled,
+    )
+    _, coll_ms, overhead = latency.step_breakdown_ms(
         t, list(step.prefill_chunks), step.num_decode_seqs, step.num_decode_seqs * step.decode_context,
         step.num_sampled,
     )

@@ -67,6 +67,5 @@ def classify_regime(steps: pd.DataFrame, capacity_tokens: int, paged: bool, bloc
 
 def regime_of(result) -> Regime:
     """The regime of a `simcore.simulate.Result`."""
-    config = result.record["config"]
-    paged = config["policy"] == "continuous" and config["allocator"] == "paged"
-    return classify_regime(result.steps, result.memory.num_gpu_tokens, paged, config["block_size"])
+    paged = result.record["policy"]["allocator"] == "paged"
+    return classify_regime(result.steps, result.memory.num_gpu_tokens, paged, result.memory.block_size)

@@ -14,7 +14,11 @@ Prefix caching (vLLM's automatic prefix caching): a full block whose content is 
 hash (here: block i of a shared system prompt) is registered under it; a later sequence
 starting with the same content adopts the block instead of computing it. A cached block
 whose last holder lets go stays cached but counts as free ("evictable"); it is evicted, least
-recently freed first, only when no uncached free block is left.
+recently freed first, only when no uncached free block is left. As in vLLM v1
+(`KVCacheManager.get_computed_blocks` then `allocate_slots`), admission looks up the cached
+prefix without side effects (`num_cached_prefix_blocks`), then takes the hits and the new
+blocks in one all-or-nothing call (`allocate_slots`). The pool that evicts owns the hash map
+(vLLM's `BlockPool.cached_block_hash_to_block`), so eviction calls nobody back.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class AllocStatus(IntEnum):
 class Block:
     block_id: int  # index into its pool, fixed at creation
     ref_cnt: int = 0  # number of block tables holding it; written only by BlockPool
-    block_hash: Hashable | None = None  # content key while cached; written by PagedAllocator
+    block_hash: Hashable | None = None  # content key while cached; written only by BlockPool
 
 
 class BlockPool:
@@ -53,7 +57,7 @@ class BlockPool:
         self.blocks: list[Block] = []  # materialised blocks, index == block_id
         self._free_ids: list[int] = []  # recycled uncached ids; never-used ids are implicit
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
-        self.on_evict = None  # callback(block) when a cached block is reused for other content
+        self.cached_hash_to_block: dict[Hashable, int] = {}  # content hash -> block id, while cached
 
     @property
     def num_blocks(self) -> int:
@@ -73,10 +77,18 @@ class BlockPool:
         else:
             assert self._evictable, "pool exhausted"
             block = self.blocks[self._evictable.popitem(last=False)[0]]
-            self.on_evict(block)
+            del self.cached_hash_to_block[block.block_hash]  # evicted: the content is gone
             block.block_hash = None
         block.ref_cnt = 1
         return block.block_id
+
+    def cache(self, block_id: int, block_hash: Hashable) -> None:
+        """Register a full, held block under its content hash (the first block with it wins)."""
+        block = self.blocks[block_id]
+        assert block.ref_cnt > 0, "only a held block can be registered"
+        if block.block_hash is None and block_hash not in self.cached_hash_to_block:
+            block.block_hash = block_hash
+            self.cached_hash_to_block[block_hash] = block_id
 
     def touch(self, block_id: int) -> None:
         """Take a reference to a cached block, reviving it if it was evictable."""
@@ -122,44 +134,56 @@ class PagedAllocator:
         self.cpu = BlockPool(num_cpu_blocks)
         self._seqs: dict[int, _SeqBlocks] = {}
         self.num_cow_copies = 0  # blocks copied on write, for reporting
-        self.cached: dict[Hashable, int] = {}  # content hash -> GPU block id (prefix caching)
-        self.gpu.on_evict = self._forget
 
     # -- prefix caching ------------------------------------------------------------------
-    def _forget(self, block: Block) -> None:
-        if self.cached.get(block.block_hash) == block.block_id:
-            del self.cached[block.block_hash]
+    @property
+    def cached(self) -> dict[Hashable, int]:
+        """Content hash -> GPU block id of every cached block (owned by the GPU pool)."""
+        return self.gpu.cached_hash_to_block
 
     def num_cached_prefix_blocks(self, block_hashes: list[Hashable]) -> int:
-        """How many leading blocks of this content are cached (computed KV to adopt)."""
+        """How many leading blocks of this content are cached (computed KV to adopt). Changes
+        nothing."""
         hits = 0
+        cached = self.gpu.cached_hash_to_block
         for block_hash in block_hashes:
-            if block_hash not in self.cached:
+            if block_hash not in cached:
                 break
             hits += 1
         return hits
 
-    def adopt_cached(self, seq_id: int, block_hashes: list[Hashable]) -> None:
-        """Start a new sequence on cached blocks: they count as written, nothing is computed."""
-        assert seq_id not in self._seqs
+    def allocate_slots(self, seq_id: int, num_new_tokens: int, cached_hashes: list[Hashable] = ()) -> bool:
+        """Start a new sequence: adopt the cached blocks named by `cached_hashes` (their tokens
+        count as computed), then `num_new_tokens` slots after them. All or nothing: returns
+        False and changes nothing (LRU order included) if the GPU pool is short.
+
+            [ cached b3 | cached b8 | new ... new ]
+              touched: revived if evictable      taken from the free pool
+        """
+        assert seq_id not in self._seqs, "allocate_slots starts a new sequence"
+        gpu = self.gpu
+        hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
+        num_cached_tokens = len(hits) * self.block_size
+        num_new_blocks = self.blocks_for(num_cached_tokens + num_new_tokens) - len(hits)
+        num_revived = sum(1 for block_id in hits if gpu.blocks[block_id].ref_cnt == 0)
+        if num_revived + num_new_blocks > gpu.num_free:
+            return False
         seq = self._seqs[seq_id] = _SeqBlocks()
-        for block_hash in block_hashes:
-            block_id = self.cached[block_hash]
-            self.gpu.touch(block_id)
+        for block_id in hits:
+            gpu.touch(block_id)
             seq.table.append(block_id)
-        seq.num_tokens = len(block_hashes) * self.block_size
+        for _ in range(num_new_blocks):
+            seq.table.append(gpu.take())
+        seq.num_tokens = num_cached_tokens + num_new_tokens
+        return True
 
     def cache_full_blocks(self, seq_id: int, block_hashes: list[Hashable]) -> None:
         """Register the sequence's full blocks whose content these hashes name (first wins)."""
         seq = self._seqs[seq_id]
+        assert not seq.on_cpu, "only blocks on the GPU are cached"
         full = min(len(block_hashes), seq.num_tokens // self.block_size, len(seq.table))
-        blocks = self.gpu.blocks
         for index in range(full):
-            block = blocks[seq.table[index]]
-            block_hash = block_hashes[index]
-            if block.block_hash is None and block_hash not in self.cached:
-                block.block_hash = block_hash
-                self.cached[block_hash] = block.block_id
+            self.gpu.cache(seq.table[index], block_hashes[index])
 
     # -- sizes ---------------------------------------------------------------------------
     @property

@@ -1,31 +1,32 @@
 """One engine replica as a SimPy process: one timeout per step, never one per token.
 
-    loop: plan = policy.schedule(now)        (None -> sleep until an arrival or a timer)
-          dt   = latency(plan) + swap time    (one env.timeout)
-          policy.apply(plan, now)             (emit tokens, finish, free KV)
-          record the step
+    loop: plan = policy.schedule(queues, now)     (None -> sleep until an arrival or a timer)
+          lifecycle.begin_step(plan)               (preempt, swap in, admit)
+          dt   = latency(plan) + swap time         (one env.timeout)
+          finished = lifecycle.emit(plan)          (tokens, timestamps, counters)
+          mem  = policy.end_step(plan, finished)   (the policy frees / forks / keeps its KV)
+          lifecycle.finish(finished); record the step
+
+The engine asks, prices, waits and hands over; it owns neither the request state (the
+lifecycle does) nor the KV (the policy's allocator does).
 """
 
 from __future__ import annotations
 
-from array import array
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import simpy
 
 from simcore.latency import StepLatencyModel
+from simcore.lifecycle import Lifecycle
 from simcore.metrics import StepRecorder
+from simcore.policies.base import Policy
 from simcore.request import Request
-from simcore.state import ReqState, RequestStatus
-
-if TYPE_CHECKING:
-    from simcore.policies.base import Policy, StepPlan
+from simcore.state import ReqState
 
 
 class Engine:
-    """Queues, token bookkeeping and the step loop; the policy decides what runs."""
+    """The step loop of one replica and its RequestSink."""
 
     def __init__(
         self,
@@ -39,94 +40,49 @@ class Engine:
         self.latency = latency
         self.max_model_len = max_model_len
         self.swap_block_s = swap_block_s  # seconds to copy one block over PCIe
+        self.lifecycle = Lifecycle(env, max_model_len, progress)
         self.policy: Policy | None = None  # set by attach()
-        self.states: list[ReqState] = []  # every submitted request, in arrival order
-        self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
-        self.running: list[ReqState] = []  # admission order; preemption takes the tail
-        self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
-        self.live_tokens = 0  # computed KV slots of running requests, written by apply/preempt
-        self.num_done = 0
-        self.itl_s = array("d")  # every gap between consecutive tokens, pooled
-        self.recorder = StepRecorder()
-        self._progress = progress
+        self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
         self._wakeup: simpy.Event | None = None
 
     def attach(self, policy: Policy) -> None:
         self.policy = policy
 
+    @property
+    def states(self) -> list[ReqState]:
+        """Every submitted request, in arrival order."""
+        return self.lifecycle.states
+
+    @property
+    def load(self) -> int:
+        """Requests waiting, running or swapped out (what a least-loaded router compares)."""
+        return self.lifecycle.num_in_system
+
     # -- RequestSink ---------------------------------------------------------------------
     def submit(self, request: Request) -> simpy.Event:
-        request.arrival_s = self.env.now
-        st = ReqState(request, self.env.event(), self.max_model_len)
-        self.states.append(st)
+        life = self.lifecycle
+        st = life.arrive(request)
         if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
             reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
         else:
             reason = self.policy.check(st)
         if reason:
-            st.status = RequestStatus.REJECTED
-            st.reject_reason = reason
-            self._leave(st)
+            life.reject(st, reason)
         else:
-            self.waiting.append(st)
+            life.enqueue(st)
             if self._wakeup is not None and not self._wakeup.triggered:
                 self._wakeup.succeed()
         return st.done
 
-    # -- token bookkeeping (called by policies) --------------------------------------------
-    def emit_tokens(self, plan: StepPlan, now: float) -> list[ReqState]:
-        """Advance every scheduled request; return those that produced their last token."""
-        itl = self.itl_s.append
-        finished = []
-        live = 0
-        for st, num_new in plan.scheduled:
-            st.num_computed_tokens += num_new
-            if len(st.seq_ids) == 1:  # forked requests' KV is counted by their policy
-                live += num_new
-            if st.num_computed_tokens == st.num_tokens:
-                if st.num_generated:
-                    itl(now - st.last_token_s)
-                else:
-                    st.first_token_s = now
-                st.last_token_s = now
-                st.num_generated += 1
-                st.num_tokens += 1
-                if st.num_generated >= st.num_output_target:
-                    finished.append(st)
-        self.live_tokens += live
-        return finished
-
-    def retire_finished(
-        self, finished: list[ReqState], now: float, release: Callable[[ReqState], None]
-    ) -> None:
-        """Finish requests that produced their last token; `release` hands back their KV (or,
-        for static batching, marks it stale). Drops them from `running`."""
-        for st in finished:
-            if len(st.seq_ids) == 1:  # forked requests' KV is counted by their policy
-                self.live_tokens -= st.num_computed_tokens
-            release(st)
-            self.finish(st, now)
-        self.running = [s for s in self.running if s.status == RequestStatus.RUNNING]
-
-    def finish(self, st: ReqState, now: float) -> None:
-        st.status = RequestStatus.FINISHED
-        st.finish_s = now
-        self._leave(st)
-
-    def _leave(self, st: ReqState) -> None:
-        st.done.succeed()
-        self.num_done += 1
-        if self._progress is not None and self.num_done % 256 == 0:
-            self._progress(self.num_done)
-
     # -- the step loop ---------------------------------------------------------------------
     def run(self):
         env, policy, latency, record = self.env, self.policy, self.latency, self.recorder.record
+        life = self.lifecycle
         while True:
-            plan = policy.schedule(env.now)
+            plan = policy.schedule(life, env.now)
             if plan is None:
                 self._wakeup = env.event()
-                timeout = policy.idle_timeout(env.now) if self.waiting else None
+                timeout = policy.idle_timeout(life, env.now) if life.waiting else None
                 if timeout is None:
                     yield self._wakeup
                 else:
@@ -134,10 +90,13 @@ class Engine:
                 self._wakeup = None
                 continue
             start = env.now
+            life.begin_step(plan, start)
             dt = latency.step_time_s(
                 plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
                 plan.decode_context_tokens, plan.num_sampled,
             ) + plan.num_swap_blocks * self.swap_block_s
             yield env.timeout(dt)
-            mem = policy.apply(plan, env.now)
-            record(start, dt, plan, mem, len(self.running), len(self.waiting), len(self.swapped))
+            finished = life.emit(plan, env.now)
+            mem = policy.end_step(plan, finished, life)
+            life.finish(finished, env.now)
+            record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))

@@ -1,22 +1,32 @@
-"""Step latency from a profile: interpolated per-operator tables priced for a mixed step.
+"""Step latency from a profile: kernels + collectives + host/engine time, priced for a mixed step.
 
-A profile (schema `kvsim-profile` v1, `profiles/<gpu>-<model>-tp<N>.json`) holds, for one GPU,
-model shape, dtype and tensor-parallel degree, times in milliseconds on one GPU:
+A profile (schema `kvsim-profile` v2, `profiles/<gpu>-<model>-tp<N>.json`; v1 still reads) holds,
+for one GPU, model shape, dtype and tensor-parallel degree, times in milliseconds on one GPU:
 
     linear             one layer's GEMMs, norms, activation, residual     vs num_tokens
     prefill_attention  one layer, a prompt chunk over prior context       vs (chunk_tokens, context_tokens)
+                       optional `occupancy` + `launch_floor_ms`: the table is then the chunk's time on a
+                       full GPU, and the step's chunks share one launch whose CTAs fill the SMs in waves
     decode_attention   one layer, paged decode, per block size            vs (batch_size, context_tokens)
     lm_head            final norm + LM head + sampling, whole model       vs num_seqs
-    collective         one layer's tensor-parallel all-reduces (tp > 1)   vs num_tokens
-    step_overhead_ms   fixed CPU scheduling / launch cost of every step (ms)
-    step_overhead_ms_by_policy   optional {"static", "dynamic", "continuous"} -> ms: the same
-                       cost for the engine each batching policy models (HF generate, early
-                       TGI, vLLM); a policy missing here falls back to step_overhead_ms
+    collectives        per-call NCCL times vs message bytes: `all_reduce` (two per layer, of
+                       num_tokens x hidden x dtype bytes) and `send_recv` (pipeline hand-offs);
+                       v1's `collective` (one layer's all-reduces vs num_tokens) is still read
+    host_overhead      the engine's CPU time on the step's critical path, in ms:
+                       per_step + per_seq * sequences + per_prefill_step * [step has a prefill]
+                       + per_prefill_token * prefill tokens; `host_overhead_by_policy` holds the
+                       same per batching policy (the engine each one models); v1's
+                       `step_overhead_ms[_by_policy]` reads as per_step alone
 
-A step costs   overhead + L * (linear(T) + sum_i prefill(c_i, ctx_i) + decode(B, ctx_mean)
-+ collective(T)) + lm_head(S)   where T is the step's batched tokens, B the decoding sequences
-and S the sequences sampled. Tables are interpolated piecewise-linearly in log-log space after
-being made monotone; points outside a table are extrapolated along the edge segment and counted.
+A step costs  host + L * (linear(T) + attention + all_reduce(T)) + lm_head(S)  where T is the step's
+batched tokens and S the sequences sampled; `step_breakdown_ms` returns (kernels, collectives, host).
+Tables are interpolated piecewise-linearly in log-log space after being made monotone; points outside
+a table are extrapolated along the edge segment and counted.
+
+`decode_span_times_s(num_seqs, context_sums)` prices a run of decode-only steps (same batch, the
+contexts' sum given per step) in one numpy call; it equals `step_time_s(num_seqs, [], num_seqs,
+context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), so an engine may
+price a decode span without one Python call per step.
 """
 
 from __future__ import annotations
@@ -29,11 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from simcore.errors import ProfileError
 
 SCHEMA = "kvsim-profile"
-SCHEMA_VERSION = 1
-SOURCES = ("measured", "roofline")
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+SOURCES = ("measured", "roofline", "calibrated")
+HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_token_ms")
+ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
 POLICIES = ("static", "dynamic", "continuous")
 
 
@@ -113,6 +128,26 @@ class Table2D:
         bot = lz[i1][j] + t * (lz[i1][j1] - lz[i1][j])
         return math.exp(top + s * (bot - top))
 
+    def row(self, a: float, bs: np.ndarray) -> np.ndarray:
+        """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b."""
+        if a <= 0:
+            return np.zeros(len(bs))
+        i, s = self._locate(self.la, math.log(a))
+        lz = self.lz
+        i1 = min(i + 1, len(lz) - 1)
+        lb = np.log1p(np.asarray(bs, dtype=np.float64))
+        top_row, bot_row = np.asarray(lz[i]), np.asarray(lz[i1])
+        if len(self.lb) == 1:
+            top = np.full(len(lb), top_row[0])
+            bot = np.full(len(lb), bot_row[0])
+        else:
+            grid = np.asarray(self.lb)
+            j = np.clip(np.searchsorted(grid, lb, side="right") - 1, 0, len(grid) - 2)
+            t = (lb - grid[j]) / (grid[j + 1] - grid[j])
+            top = top_row[j] + t * (top_row[j + 1] - top_row[j])
+            bot = bot_row[j] + t * (bot_row[j + 1] - bot_row[j])
+        return np.exp(top + s * (bot - top))
+
 
 @dataclass
 class Profile:
@@ -186,27 +221,58 @@ def _table2d(d: dict, a_key: str, b_key: str, where: str) -> Table2D:
     return Table2D(a, b, rows)
 
 
+def _check_absurd(data: dict, where: str) -> None:
+    """Refuse timings no GPU could produce: a linear table that is all zero, or one layer's GEMMs
+    at the largest token count more than 10x faster than the GPU's datasheet peak allows."""
+    linear = data["linear"]
+    times = linear["time_ms"]
+    if max(times) <= 0:
+        raise ProfileError(f"{where}.linear.time_ms: every timing is zero; not a real profile")
+    from simcore.catalog import GPUS  # the datasheet; simcore-internal
+
+    gpu = next((g for g in GPUS.values() if g.name.lower() == str(data.get("gpu", "")).lower()), None)
+    shape = data.get("model_shape", {})
+    if gpu is None or not all(k in shape for k in ("hidden_size", "intermediate_size", "num_attention_heads")):
+        return
+    tp = data["tensor_parallel_size"]
+    h, inter = float(shape["hidden_size"]), float(shape["intermediate_size"])
+    tokens = float(linear["num_tokens"][-1])
+    flops = 2.0 * tokens * (2.0 * h * h + 2.0 * h * inter) / tp  # a lower bound: QKV >= Q, MLP >= up+down
+    floor_ms = 1e3 * flops / (gpu.bf16_tflops * 1e12)
+    if times[-1] < 0.1 * floor_ms:
+        raise ProfileError(
+            f"{where}.linear: {times[-1]:.3g} ms for {tokens:.0f} tokens is over 10x faster than "
+            f"{gpu.name}'s datasheet peak allows ({floor_ms:.3g} ms); not a real profile"
+        )
+
+
 def parse_profile(data: Any, where: str = "profile") -> Profile:
     """Validate a profile document; raise ProfileError naming the file and field."""
     if not isinstance(data, dict):
         raise ProfileError(f"{where}: expected a JSON object")
     if data.get("schema") != SCHEMA:
         raise ProfileError(f"{where}: not a kvsim profile (schema {data.get('schema')!r})")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    if data.get("schema_version") not in READABLE_VERSIONS:
         raise ProfileError(
             f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-            f"(this kvsim reads {SCHEMA_VERSION})"
+            f"(this kvsim reads {', '.join(map(str, READABLE_VERSIONS))})"
         )
     if data.get("source") not in SOURCES:
         raise ProfileError(f"{where}: source must be one of {SOURCES}, got {data.get('source')!r}")
-    for key in ("gpu", "model", "tensor_parallel_size", "model_shape", "step_overhead_ms"):
+    for key in ("gpu", "model", "tensor_parallel_size", "model_shape"):
         _need(data, key, where)
+    if data["schema_version"] == 1:
+        _need(data, "step_overhead_ms", where)
+    else:
+        _need(data, "host_overhead", where)
     tp = data["tensor_parallel_size"]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
         raise ProfileError(f"{where}.tensor_parallel_size: expected a positive integer, got {tp!r}")
     if not isinstance(data["model_shape"], dict):
         raise ProfileError(f"{where}.model_shape: expected an object")
-    StepLatencyModel(data, where)  # builds every table, so any malformed table fails here
+    for policy in POLICIES:  # builds every table and host model, so anything malformed fails here
+        StepLatencyModel(data, where, policy=policy)
+    _check_absurd(data, where)
     return Profile(data=data, sha256=profile_hash(data))
 
 
@@ -216,32 +282,71 @@ def load_profile(path: str | Path) -> Profile:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such profile") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ProfileError(f"{path}: not a readable JSON profile ({exc})") from None
     profile = parse_profile(data, str(path))
     profile.path = str(path)
     return profile
 
 
-def _overhead_ms(data: dict, where: str, policy: str) -> float:
-    """The fixed per-step cost for `policy`: its entry in step_overhead_ms_by_policy if the
-    profile has one, else step_overhead_ms."""
+@dataclass(frozen=True, slots=True)
+class HostOverhead:
+    """The engine's CPU time on a step's critical path (ms); see the module docstring."""
+
+    per_step_ms: float = 0.0  # every step: schedule, prepare inputs, launch, sample bookkeeping
+    per_seq_ms: float = 0.0  # each scheduled sequence (decode or prefill chunk)
+    per_prefill_step_ms: float = 0.0  # once in a step that holds any prefill chunk
+    per_prefill_token_ms: float = 0.0  # each prompt token computed in the step
+
+    def ms(self, num_seqs: int, num_prefill_tokens: int) -> float:
+        ms = self.per_step_ms + self.per_seq_ms * num_seqs
+        if num_prefill_tokens:
+            ms += self.per_prefill_step_ms + self.per_prefill_token_ms * num_prefill_tokens
+        return ms
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in HOST_TERMS}
+
+
+def _host_terms(value: Any, where: str) -> HostOverhead:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: expected an object with {', '.join(HOST_TERMS)}")
+    unknown = sorted(set(value) - set(HOST_TERMS))
+    if unknown:
+        raise ProfileError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(HOST_TERMS)}")
+    terms = {}
+    for key in HOST_TERMS:
+        v = _numbers([value.get(key, 0.0)], f"{where}.{key}", positive=False)[0]
+        if v > ABSURD_MS:
+            raise ProfileError(f"{where}.{key}: {v:g} ms is not a plausible host cost")
+        terms[key] = v
+    return HostOverhead(**terms)
+
+
+def host_overhead(data: dict, where: str, policy: str) -> HostOverhead:
+    """The host model for `policy`: its entry in host_overhead_by_policy if the profile has one,
+    else host_overhead (v1: step_overhead_ms[_by_policy] as the per-step term alone)."""
     if policy not in POLICIES:
         raise ProfileError(f"{where}: unknown batching policy {policy!r}; known: {', '.join(POLICIES)}")
-    overhead = _need(data, "step_overhead_ms", where)
-    default = _numbers([overhead], f"{where}.step_overhead_ms", positive=False)[0]
-    by_policy = data.get("step_overhead_ms_by_policy")
+    v1 = data.get("schema_version") == 1
+    base_key, by_key = (
+        ("step_overhead_ms", "step_overhead_ms_by_policy") if v1 else ("host_overhead", "host_overhead_by_policy")
+    )
+    wrap = (lambda v: {"per_step_ms": v}) if v1 else (lambda v: v)
+    default = _host_terms(wrap(_need(data, base_key, where)), f"{where}.{base_key}")
+    by_policy = data.get(by_key)
     if by_policy is None:
         return default
     if not isinstance(by_policy, dict):
-        raise ProfileError(f"{where}.step_overhead_ms_by_policy: expected an object keyed by policy")
+        raise ProfileError(f"{where}.{by_key}: expected an object keyed by policy")
+    chosen = default
     for key, value in by_policy.items():
         if key not in POLICIES:
-            raise ProfileError(
-                f"{where}.step_overhead_ms_by_policy: unknown policy {key!r}; known: {', '.join(POLICIES)}"
-            )
-        _numbers([value], f"{where}.step_overhead_ms_by_policy.{key}", positive=False)
-    return float(by_policy.get(policy, default))
+            raise ProfileError(f"{where}.{by_key}: unknown policy {key!r}; known: {', '.join(POLICIES)}")
+        terms = _host_terms(wrap(value), f"{where}.{by_key}.{key}")
+        if key == policy:
+            chosen = terms
+    return chosen
 
 
 @dataclass
@@ -255,21 +360,52 @@ class ExtrapolationCounter:
         self.tables[table] = self.tables.get(table, 0) + 1
 
 
+def _check_table_values(table: dict, where: str) -> None:
+    z = table.get("time_ms") if isinstance(table, dict) else None
+    flat = [v for row in z for v in (row if isinstance(row, list) else [row])] if isinstance(z, list) else []
+    for v in flat:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > ABSURD_MS:
+            raise ProfileError(f"{where}.time_ms: {v:g} ms is not a plausible kernel time")
+
+
+class PrefillOccupancy:
+    """A varlen prefill-attention launch: each chunk of c tokens gives `ctas_per_tile * ceil(c /
+    tile_tokens)` thread blocks, which run on `num_sms` SMs in waves; the last wave's idle SMs are
+    the loss (FlashAttention-2, Dao 2023, sec. 3.2: parallelism over batch, heads and sequence)."""
+
+    __slots__ = ("tile", "ctas", "sms", "floor_ms")
+
+    def __init__(self, d: dict, floor_ms: float, where: str):
+        vals = [_numbers([_need(d, k, where)], f"{where}.{k}")[0] for k in ("tile_tokens", "ctas_per_tile", "num_sms")]
+        self.tile, self.ctas, self.sms = vals
+        self.floor_ms = floor_ms
+
+    def share(self, chunks: list[tuple[int, int]]) -> float:
+        ctas = sum(math.ceil(c / self.tile) for c, _ in chunks) * self.ctas
+        return ctas / (math.ceil(ctas / self.sms) * self.sms)
+
+
 class StepLatencyModel:
     """Prices one engine step from a profile; the engine never knows how it was measured."""
 
     def __init__(self, data: dict[str, Any], where: str = "profile", policy: str = "continuous"):
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object")
-        layers = _need(_need(data, "model_shape", where), "num_layers", f"{where}.model_shape")
+        shape = _need(data, "model_shape", where)
+        layers = _need(shape, "num_layers", f"{where}.model_shape")
         self.num_layers = int(_numbers([layers], f"{where}.model_shape.num_layers")[0])
         self.policy = policy
-        self.step_overhead_ms = _overhead_ms(data, where, policy)
+        self.host = host_overhead(data, where, policy)
+        self.step_overhead_ms = self.host.per_step_ms  # v1 name, kept for readers of the old field
+        for key in ("linear", "prefill_attention", "lm_head"):
+            _check_table_values(data.get(key), f"{where}.{key}")
         self.linear = _table1d(_need(data, "linear", where), "num_tokens", f"{where}.linear")
-        self.prefill = _table2d(
-            _need(data, "prefill_attention", where), "chunk_tokens", "context_tokens",
-            f"{where}.prefill_attention",
-        )
+        pre = _need(data, "prefill_attention", where)
+        self.prefill = _table2d(pre, "chunk_tokens", "context_tokens", f"{where}.prefill_attention")
+        self.occupancy: PrefillOccupancy | None = None
+        if isinstance(pre, dict) and "occupancy" in pre:
+            floor = _numbers([pre.get("launch_floor_ms", 0.0)], f"{where}.prefill_attention.launch_floor_ms", False)[0]
+            self.occupancy = PrefillOccupancy(pre["occupancy"], floor, f"{where}.prefill_attention.occupancy")
         decode = _need(data, "decode_attention", where)
         if not isinstance(decode, dict) or not decode:
             raise ProfileError(f"{where}.decode_attention: expected tables keyed by block size")
@@ -281,14 +417,41 @@ class StepLatencyModel:
                 raise ProfileError(f"{where}.decode_attention: block size {key!r} is not an integer") from None
             if bs <= 0:
                 raise ProfileError(f"{where}.decode_attention: block size {key!r} must be positive")
+            _check_table_values(table, f"{where}.decode_attention.{key}")
             self.decode_by_block_size[bs] = _table2d(
                 table, "batch_size", "context_tokens", f"{where}.decode_attention.{key}"
             )
         self.lm_head = _table1d(_need(data, "lm_head", where), "num_seqs", f"{where}.lm_head")
-        coll = data.get("collective")
-        self.collective = _table1d(coll, "num_tokens", f"{where}.collective") if coll else None
+        self._init_collectives(data, shape, where)
         self.extrapolated = ExtrapolationCounter()
+        self._last_key: tuple | None = None
+        self._last_chunks: list[tuple[int, int]] = []
+        self._last_parts = (0.0, 0.0, 0.0)
         self.set_block_size(16)
+
+    def _init_collectives(self, data: dict, shape: dict, where: str) -> None:
+        """v2: per-call all-reduce vs bytes; v1: one layer's all-reduces vs tokens."""
+        self.collective = None  # v1 per-layer table
+        self.all_reduce: Table1D | None = None
+        self.send_recv: Table1D | None = None
+        coll = data.get("collectives")
+        if coll:
+            where = f"{where}.collectives"
+            if not isinstance(coll, dict):
+                raise ProfileError(f"{where}: expected an object")
+            if "all_reduce" in coll:
+                _check_table_values(coll["all_reduce"], f"{where}.all_reduce")
+                self.all_reduce = _table1d(coll["all_reduce"], "bytes", f"{where}.all_reduce")
+            if "send_recv" in coll:
+                self.send_recv = _table1d(coll["send_recv"], "bytes", f"{where}.send_recv")
+            calls = coll.get("all_reduce_calls_per_layer", 2)
+            self.calls_per_layer = _numbers([calls], f"{where}.all_reduce_calls_per_layer", positive=False)[0]
+            dtype_bytes = float(shape.get("dtype_bytes", 2))
+            self.token_bytes = float(_need(shape, "hidden_size", f"{where[:-12]}.model_shape")) * dtype_bytes
+            self.logit_bytes = float(shape.get("vocab_size", 0)) * dtype_bytes
+        elif data.get("collective"):
+            self.collective = _table1d(data["collective"], "num_tokens", f"{where}.collective")
+        self._coll_memo: dict[tuple[int, int], float] = {}
 
     def set_block_size(self, block_size: int) -> bool:
         """Use the decode table of this block size, else the nearest one; True if exact."""
@@ -296,7 +459,85 @@ class StepLatencyModel:
         best = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(block_size)), s))
         self.decode = self.decode_by_block_size[best]
         self.decode_block_size = best
+        self._last_key = None  # the cached breakdown was priced with another table
         return best == block_size
+
+    def collectives_ms(self, num_tokens: int, num_sampled: int) -> float:
+        """The step's TP collectives: per layer, all-reduces of the hidden states; once, the
+        logits gather (an all-gather moves half an all-reduce's bytes)."""
+        key = (num_tokens, num_sampled)
+        hit = self._coll_memo.get(key)
+        if hit is not None:
+            return hit
+        ms = 0.0
+        if self.all_reduce is not None:
+            ms = self.num_layers * self.calls_per_layer * self.all_reduce(num_tokens * self.token_bytes)
+            if num_sampled:
+                ms += self.all_reduce(num_sampled * self.logit_bytes / 2)
+        elif self.collective is not None:
+            ms = self.num_layers * self.collective(num_tokens)
+        if len(self._coll_memo) < 65536:
+            self._coll_memo[key] = ms
+        return ms
+
+    def send_recv_ms(self, nbytes: float) -> float:
+        """One point-to-point hand-off (pipeline stages); 0 when the profile has no table."""
+        return self.send_recv(nbytes) if self.send_recv is not None else 0.0
+
+    def _attention_ms(self, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
+                      decode_context_tokens: int) -> tuple[float, bool]:
+        out = False
+        ms = 0.0
+        prefill = self.prefill
+        for chunk, ctx in prefill_chunks:
+            ms += prefill(chunk, ctx)
+            if prefill.outside(chunk, ctx):
+                out = True
+                self.extrapolated.note("prefill_attention")
+        if prefill_chunks and self.occupancy is not None:
+            ms = self.occupancy.floor_ms + ms / self.occupancy.share(prefill_chunks)
+        if num_decode_seqs:
+            mean_ctx = decode_context_tokens / num_decode_seqs
+            ms += self.decode(num_decode_seqs, mean_ctx)
+            if self.decode.outside(num_decode_seqs, mean_ctx):
+                out = True
+                self.extrapolated.note("decode_attention")
+        return ms, out
+
+    def step_parts_ms(
+        self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
+        decode_context_tokens: int, num_sampled: int,
+    ) -> tuple[float, float, float, float]:
+        """(GEMM-like kernels: linear + LM head, attention kernels, collectives, host) in ms."""
+        out = False
+        linear = self.linear(num_tokens)
+        if self.linear.outside(num_tokens):
+            out = True
+            self.extrapolated.note("linear")
+        attention, attn_out = self._attention_ms(prefill_chunks, num_decode_seqs, decode_context_tokens)
+        if out or attn_out:
+            self.extrapolated.steps += 1
+        L = self.num_layers
+        prefill_tokens = num_tokens - num_decode_seqs
+        host = self.host.ms(len(prefill_chunks) + num_decode_seqs, prefill_tokens)
+        return (L * linear + self.lm_head(num_sampled), L * attention,
+                self.collectives_ms(num_tokens, num_sampled), host)
+
+    def step_breakdown_ms(
+        self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
+        decode_context_tokens: int, num_sampled: int,
+    ) -> tuple[float, float, float]:
+        """(kernels, collectives, host) in ms; the step just priced by step_time_s is reused."""
+        key = (num_tokens, num_decode_seqs, decode_context_tokens, num_sampled)
+        if key == self._last_key and prefill_chunks == self._last_chunks:
+            return self._last_parts
+        counter, self.extrapolated = self.extrapolated, ExtrapolationCounter()
+        try:
+            g, a, c, h = self.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
+                                            decode_context_tokens, num_sampled)
+        finally:
+            self.extrapolated = counter
+        return g + a, c, h
 
     def step_time_s(
         self,
@@ -308,26 +549,27 @@ class StepLatencyModel:
     ) -> float:
         """Seconds for one step: `prefill_chunks` are (chunk_tokens, prior_context_tokens);
         decodes are `num_decode_seqs` sequences attending to `decode_context_tokens` in all."""
-        out = False
-        per_layer = self.linear(num_tokens)
-        if self.linear.outside(num_tokens):
-            out = True
-            self.extrapolated.note("linear")
-        prefill = self.prefill
-        for chunk, ctx in prefill_chunks:
-            per_layer += prefill(chunk, ctx)
-            if prefill.outside(chunk, ctx):
-                out = True
-                self.extrapolated.note("prefill_attention")
-        if num_decode_seqs:
-            mean_ctx = decode_context_tokens / num_decode_seqs
-            per_layer += self.decode(num_decode_seqs, mean_ctx)
-            if self.decode.outside(num_decode_seqs, mean_ctx):
-                out = True
-                self.extrapolated.note("decode_attention")
-        if self.collective is not None:
-            per_layer += self.collective(num_tokens)
-        ms = self.step_overhead_ms + self.num_layers * per_layer + self.lm_head(num_sampled)
-        if out:
-            self.extrapolated.steps += 1
-        return ms / 1000.0
+        g, a, c, h = self.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
+                                        decode_context_tokens, num_sampled)
+        self._last_key = (num_tokens, num_decode_seqs, decode_context_tokens, num_sampled)
+        self._last_chunks = list(prefill_chunks)
+        self._last_parts = (g + a, c, h)
+        return (h + g + a + c) / 1000.0
+
+    def decode_span_times_s(self, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
+        """Seconds of each decode-only step of a span: `num_seqs` sequences, their context sum
+        per step in `context_sums`; equal to step_time_s per step (to 1e-12 relative)."""
+        ctx = np.asarray(context_sums, dtype=np.float64)
+        if num_seqs <= 0:
+            raise ValueError("decode_span_times_s needs num_seqs >= 1")
+        L = self.num_layers
+        fixed_g = L * self.linear(num_seqs) + self.lm_head(num_seqs)
+        coll = self.collectives_ms(num_seqs, num_seqs)
+        host = self.host.ms(num_seqs, 0)
+        mean_ctx = ctx / num_seqs
+        attention = L * self.decode.row(num_seqs, mean_ctx)
+        if len(ctx) and (self.linear.outside(num_seqs) or self.decode.outside(num_seqs, float(mean_ctx.min()))
+                         or self.decode.outside(num_seqs, float(mean_ctx.max()))):
+            self.extrapolated.steps += len(ctx)
+            self.extrapolated.note("decode_attention")
+        return (host + fixed_g + attention + coll) / 1000.0

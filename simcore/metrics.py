@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -9,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from simcore.policies.base import MemorySnapshot, StepPlan
+    from simcore.latency import StepLatencyModel
     from simcore.state import ReqState
+    from simcore.step import MemorySnapshot, StepPlan
 
 STEP_COLUMNS = (
     "start_s", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -18,14 +20,20 @@ STEP_COLUMNS = (
     "kv_allocated", "kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external",
     "kv_unshared",
 )
+# The step's cost by part (ms): GPU kernels, TP collectives, host/engine time (see simcore.latency);
+# NaN when the recorder has no latency model. duration_s may add swap time on top of their sum.
+COST_COLUMNS = ("kernels_ms", "collectives_ms", "host_ms")
 
 
 class StepRecorder:
-    """Column arrays, one value per step; cheap enough to call on every step."""
+    """Column arrays, one value per step; cheap enough to call on every step. With a latency
+    model it also records each step's cost breakdown (the model reuses the step it just priced)."""
 
-    def __init__(self) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS}
+    def __init__(self, latency: StepLatencyModel | None = None) -> None:
+        self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}
         self._appends = [self.columns[name].append for name in STEP_COLUMNS]
+        self._cost_appends = [self.columns[name].append for name in COST_COLUMNS]
+        self._breakdown = latency.step_breakdown_ms if latency is not None else None
 
     def record(
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
@@ -38,6 +46,12 @@ class StepRecorder:
             mem.stale, mem.external, mem.unshared or mem.allocated,
         )
         for append, value in zip(self._appends, values, strict=True):
+            append(value)
+        parts = (math.nan, math.nan, math.nan) if self._breakdown is None else self._breakdown(
+            plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
+            plan.num_sampled,
+        )
+        for append, value in zip(self._cost_appends, parts, strict=True):
             append(value)
 
     def frame(self) -> pd.DataFrame:

@@ -33,7 +33,7 @@ class Router:
             engine = self.engines[self._next]
             self._next = (self._next + 1) % len(self.engines)
             return engine
-        return min(self.engines, key=lambda e: len(e.waiting) + len(e.running) + len(e.swapped))
+        return min(self.engines, key=lambda e: e.load)
 
     def submit(self, request: Request) -> simpy.Event:
         return self._pick().submit(request)

@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from simcore.config import ResolvedConfig, resolve
 from simcore.engine import Engine
 from simcore.errors import ConfigError
 from simcore.latency import Profile, StepLatencyModel
-from simcore.memory import MemoryPlan, plan_memory
+from simcore.memory import MemoryPlan
 from simcore.metrics import requests_frame, summarize
 from simcore.policies import make_policy
 from simcore.request import Workload
@@ -49,6 +50,7 @@ class Simulation:
     latency: StepLatencyModel
     record: dict[str, Any]
     workload: Workload
+    config: ResolvedConfig | None = None
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
 
@@ -67,9 +69,12 @@ class Simulation:
         requests, steps, itl_s = self._tables()
         summary = summarize(requests, steps, itl_s)
         summary["extrapolated_steps"] = latency.extrapolated.steps
-        queried = sum(getattr(e.policy, "prefix_query_tokens", 0) for e in engines)
-        if queried:  # vLLM's "prefix cache hit rate", over prompts that share a prefix
-            summary["prefix_cache_hit_rate"] = sum(e.policy.prefix_hit_tokens for e in engines) / queried
+        counters: dict[str, int] = {}
+        for engine in engines:
+            for name, value in engine.policy.counters().items():
+                counters[name] = counters.get(name, 0) + value
+        if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
+            summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -94,7 +99,7 @@ class Simulation:
                 steps.insert(0, "replica", index)
             frames.append(requests)
             step_frames.append(steps)
-            itls.append(np.frombuffer(engine.itl_s, dtype=np.float64))
+            itls.append(np.frombuffer(engine.lifecycle.itl_s, dtype=np.float64))
         if len(self.engines) == 1:
             return frames[0], step_frames[0], itls[0].copy()
         requests = pd.concat(frames, ignore_index=True).sort_values("request_id", ignore_index=True)
@@ -104,25 +109,24 @@ class Simulation:
 def prepare(
     model: ModelSpec,
     gpu: GPUSpec,
-    config: EngineConfig,
+    config: EngineConfig | ResolvedConfig,
     workload: Workload,
     profile: Profile,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> Simulation:
-    """Validate the inputs and wire the engine, policy and workload; nothing runs yet."""
+    """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
+    engine, policy and workload; nothing runs yet."""
     started = time.perf_counter()
-    if not isinstance(seed, int) or seed < 0:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
-    memory = plan_memory(model, gpu, config)
-    max_model_len = memory.max_model_len
-    if not config.enable_chunked_prefill and config.resolved_max_num_batched_tokens(model) < max_model_len:
-        raise ConfigError(
-            f"--max-num-batched-tokens ({config.max_num_batched_tokens}) is smaller than "
-            f"max_model_len ({max_model_len}) with chunked prefill off; enable chunked prefill "
-            "or raise it"
-        )
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=config.policy)
+    if isinstance(config, ResolvedConfig):
+        assert config.model == model and config.gpu == gpu, "resolved for another model or GPU"
+        cfg = config
+    else:
+        cfg = resolve(model, gpu, config)
+    config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
+    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=cfg.policy.overhead)
     warnings = []
     if not latency.set_block_size(config.block_size):
         warnings.append(
@@ -131,7 +135,7 @@ def prepare(
         )
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     env = simpy.Environment()
-    swap_block_s = memory.kv_bytes_per_token * config.block_size / (gpu.pcie_gbps * 1e9)
+    swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
     done_by_replica = [0] * dp
@@ -149,7 +153,7 @@ def prepare(
     engines = []
     for index in range(dp):
         engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index))
-        engine.attach(make_policy(config, model, memory, engine, np.random.default_rng(policy_seeds[index])))
+        engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)
@@ -160,19 +164,20 @@ def prepare(
         "model": model.to_dict(),
         "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib},
         "config": config.to_dict(),
+        "policy": {"name": cfg.policy.name, "allocator": cfg.policy.allocator, "models": cfg.policy.models},
         "profile": {
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engines, memory, latency, record, workload, warnings, started)
+    return Simulation(env, engines, memory, latency, record, workload, cfg, warnings, started)
 
 
 def simulate(
     model: ModelSpec,
     gpu: GPUSpec,
-    config: EngineConfig,
+    config: EngineConfig | ResolvedConfig,
     workload: Workload,
     profile: Profile,
     seed: int = 0,

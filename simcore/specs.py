@@ -109,8 +109,6 @@ class ModelSpec:
 
 
 PREEMPTION_MODES = ("recompute", "swap")
-POLICIES = ("static", "dynamic", "continuous")
-ALLOCATORS = ("paged", "contiguous")
 RESERVATIONS = ("max", "pow2", "oracle")
 ROUTERS = ("round-robin", "least-loaded")
 
@@ -134,8 +132,8 @@ class EngineConfig:
     preemption_mode: str = "recompute"  # recompute | swap
     max_model_len: int | None = None  # longest prompt + output a request may have
     tensor_parallel_size: int = 1  # GPUs one replica is sharded over
-    policy: str = "continuous"  # static | dynamic | continuous
-    allocator: str = "paged"  # paged | contiguous
+    policy: str = "continuous"  # a registered policy (simcore.policies.registry)
+    allocator: str = "paged"  # paged | contiguous; ignored by policies with one allocator
     reservation: str = "max"  # contiguous sizing: max | pow2 | oracle
     max_batch_size: int = 64  # static batching: requests per batch
     batch_timeout_s: float = 0.1  # static batching: longest wait for a full batch
@@ -168,8 +166,6 @@ class EngineConfig:
             raise ConfigError(f"--batch-timeout-s must be >= 0, got {self.batch_timeout_s}")
         for name, allowed in (
             ("preemption_mode", PREEMPTION_MODES),
-            ("policy", POLICIES),
-            ("allocator", ALLOCATORS),
             ("reservation", RESERVATIONS),
             ("router", ROUTERS),
         ):

@@ -1,4 +1,5 @@
-"""Per-request simulation state, shared by the engine, the policies and the metrics."""
+"""Per-request simulation state. Read by the policies and the metrics; written only by
+`simcore.lifecycle.Lifecycle`, through the transitions `LEGAL_TRANSITIONS` allows."""
 
 from __future__ import annotations
 
@@ -19,8 +20,19 @@ class RequestStatus(IntEnum):
     REJECTED = 4  # can never be served (reason in `reject_reason`)
 
 
+_W, _R, _S = RequestStatus.WAITING, RequestStatus.RUNNING, RequestStatus.SWAPPED
+LEGAL_TRANSITIONS: frozenset[tuple[RequestStatus, RequestStatus]] = frozenset({
+    (_W, _R),  # admitted
+    (_R, _W),  # preempted by recompute (back to the front of the queue)
+    (_R, _S),  # preempted by swap
+    (_S, _R),  # swapped back in
+    (_R, RequestStatus.FINISHED),  # produced its last token
+    (_W, RequestStatus.REJECTED),  # refused on arrival
+})
+
+
 class ReqState:
-    """One request inside an engine. Written by the engine and its policy only.
+    """One request inside an engine.
 
     Token arithmetic follows vLLM: `num_tokens` = prompt + tokens generated so far, and
     `num_computed_tokens` catches up to it. A step that makes them equal emits a token:
@@ -30,16 +42,15 @@ class ReqState:
     """
 
     __slots__ = (
-        "request", "request_id", "seq_ids", "status", "num_prompt_tokens",
+        "request", "request_id", "status", "num_prompt_tokens",
         "num_output_target", "num_tokens", "num_computed_tokens", "num_generated",
         "first_scheduled_s", "first_token_s", "last_token_s", "finish_s", "num_preemptions",
-        "reject_reason", "done", "reserved_tokens", "padded_len",
+        "reject_reason", "done",
     )
 
     def __init__(self, request: Request, done: simpy.Event, max_model_len: int):
         self.request = request
         self.request_id = request.request_id
-        self.seq_ids = [request.request_id]  # allocator ids; one per live sample
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = request.num_prompt_tokens
         # vLLM stops a sequence at max_model_len (finish reason "length").
@@ -49,19 +60,13 @@ class ReqState:
         self.num_tokens = request.num_prompt_tokens  # grows by one per emitted token
         self.num_computed_tokens = 0  # tokens whose KV is written, <= num_tokens
         self.num_generated = 0  # output tokens emitted so far
-        self.first_scheduled_s = -1.0
+        self.first_scheduled_s = -1.0  # first admission; kept across preemptions
         self.first_token_s = -1.0
         self.last_token_s = -1.0
         self.finish_s = -1.0
         self.num_preemptions = 0
         self.reject_reason = ""
         self.done = done  # succeeds when the request leaves (finished or rejected)
-        self.reserved_tokens = 0  # contiguous reservation size, 0 for paged
-        self.padded_len = 0  # static batching: padded prompt length of its batch
-
-    @property
-    def seq_id(self) -> int:
-        return self.seq_ids[0]
 
     @property
     def final_len(self) -> int:

@@ -18,7 +18,7 @@ def flat_profile(model_name: str = "tiny", linear_ms: float = 1.0, overhead_ms: 
     zero = 1e-12
     data = {
         "schema": "kvsim-profile", "schema_version": 1, "source": "roofline",
-        "gpu": "H100-SXM-80GB", "model": model.name, "tensor_parallel_size": tp,
+        "gpu": "synthetic", "model": model.name, "tensor_parallel_size": tp,  # no datasheet: flat times pass
         "model_shape": model.to_dict(), "dtype": "bf16", "provenance": {"generator": "tests"},
         "step_overhead_ms": overhead_ms,
         "linear": {"num_tokens": [1, 65536], "time_ms": [linear_ms, linear_ms]},

@@ -46,7 +46,7 @@ def test_chunked_prefill_splits_prompt_and_keeps_decodes_running():
     # budget 8 tokens/step: r0 (prompt 3) prefills in step 1; r1 (prompt 20) arrives at once and
     # takes the remaining 5 tokens of step 1, then 7 in step 2 (r0 decodes 1), then 7, then 1.
     result = run(
-        [req(0, 0.0, 3, 4), req(1, 0.0, 20, 2)], max_num_batched_tokens=8,
+        [req(0, 0.0, 3, 4), req(1, 0.0, 20, 2)], max_num_batched_tokens=8, max_num_seqs=8,
         enable_chunked_prefill=True,
     )
     assert result.steps["num_prefill_tokens"].tolist()[:4] == [3 + 5, 7, 7, 1]
@@ -56,7 +56,7 @@ def test_chunked_prefill_splits_prompt_and_keeps_decodes_running():
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_whole_step():
     result = run(
-        [req(0, 0.0, 3, 2), req(1, 0.0, 20, 2)], max_num_batched_tokens=22, max_model_len=22,
+        [req(0, 0.0, 3, 2), req(1, 0.0, 20, 2)], max_num_batched_tokens=22, max_model_len=22, max_num_seqs=8,
         enable_chunked_prefill=False,
     )
     # 3 + 20 > 22: r1 cannot join step 1 and prefills whole in step 2 with r0's decode.

@@ -38,10 +38,17 @@ def broken(path: tuple, value=None, delete: bool = False) -> dict:
         (("decode_attention",), {"x": {}}, False, "decode_attention: block size 'x'"),
         (("model_shape", "num_layers"), None, True, "model_shape: missing field 'num_layers'"),
         (("tensor_parallel_size",), 0, False, "tensor_parallel_size"),
-        (("step_overhead_ms",), -1, False, "step_overhead_ms"),
-        (("step_overhead_ms_by_policy",), {"orca": 1.0}, False, "unknown policy 'orca'"),
-        (("step_overhead_ms_by_policy", "static"), float("nan"), False, "step_overhead_ms_by_policy.static"),
-        (("schema_version",), 2, False, "schema_version 2"),
+        (("host_overhead", "per_step_ms"), -1, False, "host_overhead.per_step_ms"),
+        (("host_overhead", "per_seq_ms"), 1e300, False, "host_overhead.per_seq_ms"),
+        (("host_overhead", "per_token"), 1.0, False, "unknown term 'per_token'"),
+        (("host_overhead_by_policy",), {"orca": {}}, False, "unknown policy 'orca'"),
+        (("host_overhead_by_policy", "static", "per_step_ms"), float("nan"), False,
+         "host_overhead_by_policy.static.per_step_ms"),
+        (("schema_version",), 3, False, "schema_version 3"),
+        (("linear", "time_ms"), [0.0] * 28, False, "every timing is zero"),
+        (("linear", "time_ms"), [1e-9] * 28, False, "faster than"),
+        (("linear", "time_ms"), [1e300] * 28, False, "not a plausible kernel time"),
+        (("collectives", "all_reduce", "time_ms"), "x", False, "collectives.all_reduce.time_ms"),
         (("source",), "guess", False, "source must be one of"),
     ],
 )
@@ -52,18 +59,75 @@ def test_malformed_profile_names_the_field(path, value, delete, needle):
     assert str(info.value).startswith("p.json")
 
 
-def test_overhead_by_policy_and_fallback():
-    by = DOC["step_overhead_ms_by_policy"]
+def test_host_overhead_by_policy_and_fallback():
+    by = DOC["host_overhead_by_policy"]
     for policy in ("static", "dynamic", "continuous"):
-        assert StepLatencyModel(DOC, policy=policy).step_overhead_ms == by[policy]
-    doc = broken(("step_overhead_ms_by_policy",), delete=True)
-    assert StepLatencyModel(doc, policy="static").step_overhead_ms == DOC["step_overhead_ms"]
-    with pytest.raises(ProfileError, match="unknown batching policy"):
-        StepLatencyModel(DOC, policy="orca")
-    # the overhead is the whole cost difference between policies
-    a = StepLatencyModel(DOC, policy="static").step_time_s(8, [], 8, 8000, 8)
-    b = StepLatencyModel(DOC, policy="continuous").step_time_s(8, [], 8, 8000, 8)
-    assert math.isclose(a - b, (by["static"] - by["continuous"]) / 1e3, rel_tol=1e-9)
+        assert StepLatencyModel(DOC, policy=policy).host.to_dict() == pytest.approx(by[policy])
+    doc = broken(("host_overhead_by_policy",), delete=True)
+    assert StepLatencyModel(doc, policy="static").host.to_dict() == pytest.approx(DOC["host_overhead"])
+
+
+def test_v1_profile_still_reads_with_step_overhead_as_per_step_term():
+    doc = copy.deepcopy(DOC)
+    doc["schema_version"] = 1
+    del doc["host_overhead"], doc["host_overhead_by_policy"], doc["collectives"]
+    doc["step_overhead_ms"] = 2.0
+    doc["step_overhead_ms_by_policy"] = {"static": 5.0}
+    doc["collective"] = {"num_tokens": [1, 4096], "time_ms": [0.02, 0.2]}
+    parse_profile(doc)
+    assert StepLatencyModel(doc, policy="static").host.per_step_ms == 5.0
+    m = StepLatencyModel(doc, policy="continuous")
+    assert m.host.per_step_ms == 2.0 and m.host.per_seq_ms == 0.0
+    assert m.collectives_ms(1, 1) == pytest.approx(m.num_layers * 0.02)
+
+
+def test_host_model_terms_enter_the_step_as_stated():
+    doc = copy.deepcopy(DOC)
+    doc["host_overhead"] = {"per_step_ms": 1.0, "per_seq_ms": 0.5, "per_prefill_step_ms": 3.0,
+                            "per_prefill_token_ms": 0.01}
+    del doc["host_overhead_by_policy"]
+    m = StepLatencyModel(doc)
+    assert m.step_breakdown_ms(8, [], 8, 800, 8)[2] == pytest.approx(1.0 + 8 * 0.5)
+    assert m.step_breakdown_ms(108, [(100, 0)], 8, 800, 9)[2] == pytest.approx(1.0 + 9 * 0.5 + 3.0 + 100 * 0.01)
+
+
+def test_breakdown_sums_to_step_time_and_collectives_grow_with_tp():
+    m = StepLatencyModel(DOC)
+    args = (600, [(512, 0)], 88, 88 * 700, 89)
+    assert sum(m.step_breakdown_ms(*args)) == pytest.approx(1e3 * m.step_time_s(*args), rel=1e-12)
+    m1 = StepLatencyModel(build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 1))
+    m8 = StepLatencyModel(build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 8))
+    assert m1.step_breakdown_ms(*args)[1] == 0.0
+    # 2 all-reduces per layer of a few KB each: the measured latency floor (~20-40 us) dominates
+    small = m8.step_breakdown_ms(1, [], 1, 100, 1)[1] / (2 * m8.num_layers + 1)
+    assert 0.015 < small < 0.05
+
+
+def test_decode_span_equals_scalar_steps():
+    import numpy as np
+
+    for tp in (1, 4):
+        m = StepLatencyModel(build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), tp))
+        for bs in (1, 16, 128):
+            m.set_block_size(bs)
+            for n in (1, 3, 64, 700, 5000):
+                sums = np.array([n * c + k for k, c in enumerate((1, 7, 100, 1000, 4097, 40000))], dtype=float)
+                span = m.decode_span_times_s(n, sums)
+                scalar = np.array([m.step_time_s(n, [], n, int(s), n) for s in sums])
+                assert np.allclose(span, scalar, rtol=1e-12, atol=0)
+
+
+def test_decode_tables_differ_by_block_size_for_a_stated_reason():
+    m = StepLatencyModel(DOC)
+    times = {}
+    for bs in (1, 2, 4, 8, 16, 32, 64, 128):
+        m.set_block_size(bs)
+        times[bs] = m.decode(64, 4096)  # long contexts: the per-block cost dominates the padding
+    assert all(times[a] > times[b] for a, b in zip((1, 2, 4, 8, 16, 32, 64), (2, 4, 8, 16, 32, 64, 128), strict=True))
+    m.set_block_size(128)
+    padded = m.decode(64, 128)
+    m.set_block_size(16)
+    assert padded > m.decode(64, 128)  # ragged lengths: ~64 padded rows per sequence at 128, ~8 at 16
 
 
 def test_interpolation_exact_at_grid_points():
@@ -104,6 +168,8 @@ def test_extrapolation_is_counted():
 
 
 def test_set_block_size_picks_nearest():
-    m = StepLatencyModel(DOC)
+    doc = copy.deepcopy(DOC)
+    doc["decode_attention"] = {k: v for k, v in DOC["decode_attention"].items() if k in ("8", "16", "32")}
+    m = StepLatencyModel(doc)
     assert m.set_block_size(32) is True and m.decode_block_size == 32
     assert m.set_block_size(64) is False and m.decode_block_size == 32

@@ -18,7 +18,7 @@ from tests.helpers import ListWorkload, flat_profile, req
 TINY = MODELS["tiny"]
 H100 = GPUS["H100-SXM-80GB"]
 STEP_MS = 2.0  # flat profile: 2 layers x 1 ms per step, whatever the batch
-SMALL = dict(block_size=4, max_model_len=32, swap_space=0.0)  # 32-token slots, no CPU swap pool
+SMALL = dict(block_size=4, max_model_len=32)  # 32-token slots
 
 
 def run(requests, **config):
@@ -35,8 +35,8 @@ def run_direct(requests, policy_factory=None, **config):
     plans = []
     schedule = policy.schedule
 
-    def spy(now):
-        plan = schedule(now)
+    def spy(queues, now):
+        plan = schedule(queues, now)
         if plan is not None:
             plans.append((plan.num_tokens, list(plan.prefill_chunks), plan.num_decode_seqs,
                           plan.decode_context_tokens, plan.num_sampled))
@@ -152,7 +152,7 @@ def test_dynamic_admits_only_while_reservations_fit():
 
 
 def _tgi(engine, memory, ratio):
-    return DynamicPolicy(engine, ContiguousAllocator(memory.num_gpu_tokens), 256, 2048,
+    return DynamicPolicy(ContiguousAllocator(memory.num_gpu_tokens), engine.max_model_len, 256, 2048,
                          waiting_served_ratio=ratio, max_waiting_tokens=3)
 
 
@@ -204,9 +204,9 @@ def test_combinations_that_make_no_sense_are_config_errors(config):
 
 def test_reservation_policies_reject_what_can_never_fit():
     cfg = dict(num_gpu_blocks_override=8, **SMALL)
-    for policy in ("static", "dynamic"):
+    for policy, extra in (("static", {"batch_timeout_s": 0.0}), ("dynamic", {})):
         result = run([req(0, 0.0, 40, 2), req(1, 0.0, 4, 2), req(2, 0.0, 4, 2, n=2)], policy=policy,
-                     batch_timeout_s=0.0, **cfg)
+                     **extra, **cfg)
         status = result.requests["status"].tolist()
         assert status == ["rejected", "finished", "rejected"]
         reasons = result.requests["reject_reason"].tolist()
@@ -219,8 +219,8 @@ POLICY_CONFIGS = [
     dict(policy="dynamic"),
     dict(allocator="contiguous", reservation="max"),
     dict(allocator="contiguous", reservation="pow2"),
-    dict(allocator="contiguous", reservation="oracle", max_num_batched_tokens=16),
-    dict(max_num_batched_tokens=16),
+    dict(allocator="contiguous", reservation="oracle", max_num_batched_tokens=16, max_num_seqs=16),
+    dict(max_num_batched_tokens=16, max_num_seqs=16),
 ]
 
 request_lists = hs.lists(
@@ -253,10 +253,12 @@ def test_every_policy_finishes_or_rejects_within_capacity_and_returns_its_kv(con
     for col in ("kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external"):
         assert (steps[col] >= 0).all(), col
     assert (steps["kv_external"] <= capacity - steps["kv_allocated"]).all()
-    assert engine.live_tokens == 0 and not engine.running and not engine.waiting
+    life = engine.lifecycle
+    assert not life.running and not life.waiting and not life.swapped
     if isinstance(policy.allocator, ContiguousAllocator):
         assert policy.allocator.num_reserved_tokens == 0
         assert policy.allocator.num_free_extents == 1
-        assert (policy.ledger.running_reserved, policy.ledger.running_final, policy.ledger.stale) == (0, 0, 0)
+        ledger = policy.ledger
+        assert (ledger.running_reserved, ledger.running_final, ledger.stale, ledger.live) == (0, 0, 0, 0)
     else:
         assert policy.allocator.num_used_blocks == 0

@@ -64,7 +64,7 @@ def test_cached_blocks_are_evicted_least_recently_freed_first_and_only_when_need
     assert alloc.num_cached_prefix_blocks(hashes_a) == 2 and alloc.num_cached_prefix_blocks(hashes_b) == 1
     assert alloc.append_slots(3, 2)  # evicts the least recently freed: a's tail block
     assert alloc.num_cached_prefix_blocks(hashes_a) == 1 and alloc.num_cached_prefix_blocks(hashes_b) == 1
-    alloc.adopt_cached(4, hashes_a[:1])  # a hit revives the block: no longer evictable
+    assert alloc.allocate_slots(4, 0, hashes_a[:1])  # a hit revives the block: no longer evictable
     assert alloc.num_free_blocks == 1
     alloc.free(4)
     alloc.free(3)
@@ -82,7 +82,8 @@ def test_cached_blocks_are_evicted_least_recently_freed_first_and_only_when_need
 def test_prefix_sharing_under_memory_pressure_drains_and_returns_every_block(block_size, extra_blocks, mode, rows):
     mml = 32
     cfg = EngineConfig(block_size=block_size, num_gpu_blocks_override=-(-mml // block_size) + extra_blocks,
-                       max_model_len=mml, preemption_mode=mode, swap_space=0.0001, max_num_batched_tokens=8)
+                       max_model_len=mml, preemption_mode=mode, swap_space=0.0001, max_num_batched_tokens=8,
+                       max_num_seqs=8)
     requests = [req(i, 0.001 * i, prefix + tail, out, prefix_id=group, num_prefix_tokens=prefix)
                 for i, (group, tail, out, prefix) in enumerate(rows)]
     sim = prepare(TINY, H100, cfg, ListWorkload(requests), flat_profile())

@@ -30,17 +30,17 @@ def test_fork_shares_prompt_blocks_and_first_append_copies_the_partial_block():
     alloc = PagedAllocator(num_gpu_blocks=20, block_size=4)
     groups = SequenceGroups(alloc, np.random.default_rng(0))
     st = _state(prompt=10, n=3)
-    assert alloc.append_slots(st.seq_id, 10)  # 3 blocks, the last one half full
+    assert alloc.append_slots(st.request_id, 10)  # 3 blocks, the last one half full
     st.num_computed_tokens = 10
     groups.fork(st)
-    assert len(st.seq_ids) == 3 and alloc.num_used_blocks == 3
-    tables = [alloc.block_table(s) for s in st.seq_ids]
+    assert len(groups.seq_ids(st)) == 3 and alloc.num_used_blocks == 3
+    tables = [alloc.block_table(s) for s in groups.seq_ids(st)]
     assert tables[0] == tables[1] == tables[2]
-    for seq_id in st.seq_ids:  # each sample writes its first own token
+    for seq_id in groups.seq_ids(st):  # each sample writes its first own token
         assert alloc.append_slots(seq_id, 1)
     # two copies-on-write; the last writer owns the original partial block alone
     assert alloc.num_cow_copies == 2 and alloc.num_used_blocks == 5
-    firsts = {tuple(alloc.block_table(s)[:2]) for s in st.seq_ids}
+    firsts = {tuple(alloc.block_table(s)[:2]) for s in groups.seq_ids(st)}
     assert len(firsts) == 1  # full prompt blocks still shared
     groups.release(st)
     assert alloc.num_free_blocks == 20
@@ -50,15 +50,15 @@ def test_beam_reselection_keeps_width_and_frees_unpicked_beams():
     alloc = PagedAllocator(num_gpu_blocks=64, block_size=4)
     groups = SequenceGroups(alloc, np.random.default_rng(1))
     st = _state(prompt=8, beam_width=4)
-    alloc.append_slots(st.seq_id, 8)
+    alloc.append_slots(st.request_id, 8)
     st.num_computed_tokens = 8
     groups.fork(st)
     for _ in range(20):
-        for seq_id in st.seq_ids:
+        for seq_id in groups.seq_ids(st):
             assert alloc.append_slots(seq_id, 1)
         st.num_computed_tokens += 1
         groups.reselect_beams(st)
-        assert len(st.seq_ids) == 4
+        assert len(groups.seq_ids(st)) == 4
         gpu_refs, _ = alloc.ref_counts_from_tables()
         assert all(alloc.gpu.blocks[b].ref_cnt == c for b, c in gpu_refs.items())
         assert alloc.num_used_blocks == len(gpu_refs)  # nothing leaked
@@ -141,7 +141,7 @@ def test_paged_engine_with_groups_always_drains(block_size, extra_blocks, mode, 
     result = sim.run()
     alloc = sim.engine.policy.allocator
     assert alloc.num_used_blocks == 0 and alloc.cpu.num_free == alloc.cpu.num_blocks
-    assert not sim.engine.policy.groups.active and sim.engine.live_tokens == 0
+    assert not sim.engine.policy.groups.active and not sim.engine.policy.groups.num_extra_seqs()
     df = result.requests
     assert set(df["status"]) <= {"finished", "rejected"}
     assert (df.loc[df["status"] == "rejected", "reject_reason"] != "").all()

@@ -1,4 +1,8 @@
-"""Batching policies behind one protocol; `make_policy` picks one from an EngineConfig."""
+"""Batching policies behind one protocol (`base.Policy`), each registered once (`registry`).
+
+Importing this package registers the built-in policies; `make_policy` builds the one a
+resolved configuration names.
+"""
 
 from __future__ import annotations
 
@@ -8,65 +12,82 @@ import numpy as np
 
 from simcore.block_pool import PagedAllocator
 from simcore.contiguous import ContiguousAllocator
-from simcore.errors import ConfigError
-from simcore.memory import MemoryPlan
-from simcore.policies.base import MemorySnapshot, Policy, StepPlan
-from simcore.specs import EngineConfig, ModelSpec
+from simcore.policies.base import Policy, Queues
+from simcore.policies.registry import PolicySpec, lookup, policy_names, register, variants
+from simcore.step import MemorySnapshot, StepPlan
 
 if TYPE_CHECKING:
-    from simcore.engine import Engine
+    from simcore.config import ResolvedConfig
 
-__all__ = ["MemorySnapshot", "Policy", "StepPlan", "make_policy"]
+__all__ = [
+    "MemorySnapshot", "Policy", "PolicySpec", "Queues", "StepPlan", "lookup", "make_policy",
+    "policy_names", "register", "variants",
+]
 
 
-def make_policy(
-    config: EngineConfig, model: ModelSpec, memory: MemoryPlan, engine: Engine,
-    rng: np.random.Generator,
-) -> Policy:
+def make_policy(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
+    """A fresh policy (with its own allocator) for one replica."""
+    return cfg.policy.build(cfg, rng)
+
+
+def paged_allocator(cfg: ResolvedConfig) -> PagedAllocator:
+    return PagedAllocator(cfg.memory.num_gpu_blocks, cfg.engine.block_size, cfg.memory.num_cpu_blocks)
+
+
+def contiguous_allocator(cfg: ResolvedConfig) -> ContiguousAllocator:
+    return ContiguousAllocator(cfg.memory.num_gpu_tokens)
+
+
+def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from simcore.policies.continuous import ContinuousPagedPolicy
 
-    if config.policy == "continuous" and config.allocator == "paged":
-        if config.reservation != "max":
-            raise ConfigError(
-                "--reservation applies only to contiguous reservations (--allocator contiguous)"
-            )
-        allocator = PagedAllocator(memory.num_gpu_blocks, config.block_size, memory.num_cpu_blocks)
-        return ContinuousPagedPolicy(
-            engine, allocator, config.max_num_seqs, config.resolved_max_num_batched_tokens(model),
-            config.enable_chunked_prefill, config.preemption_mode, rng,
-            enable_prefix_caching=config.enable_prefix_caching,
-        )
-    return _make_reserving_policy(config, model, memory, engine)
+    e = cfg.engine
+    return ContinuousPagedPolicy(
+        paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
+        e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
+    )
 
 
-def _make_reserving_policy(
-    config: EngineConfig, model: ModelSpec, memory: MemoryPlan, engine: Engine
-) -> Policy:
-    """Policies over contiguous reservations: static, dynamic, and Orca (continuous)."""
-    from simcore.policies.dynamic import DynamicPolicy
+def _orca(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from simcore.policies.orca import OrcaPolicy
+
+    e = cfg.engine
+    return OrcaPolicy(
+        contiguous_allocator(cfg), e.reservation, cfg.max_model_len, e.max_num_seqs,
+        cfg.max_num_batched_tokens, e.enable_chunked_prefill,
+    )
+
+
+def _dynamic(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
+    from simcore.policies.dynamic import DynamicPolicy
+
+    return DynamicPolicy(
+        contiguous_allocator(cfg), cfg.max_model_len, cfg.engine.max_num_seqs, cfg.max_num_batched_tokens,
+    )
+
+
+def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from simcore.policies.static import StaticPolicy
 
-    if config.preemption_mode != "recompute":
-        raise ConfigError(
-            f"--preemption-mode {config.preemption_mode}: contiguous reservations cover the "
-            "whole request, so nothing is preempted; use --allocator paged"
-        )
-    allocator = ContiguousAllocator(memory.num_gpu_tokens)
-    if config.policy == "continuous":
-        return OrcaPolicy(
-            engine, allocator, config.reservation, config.max_num_seqs,
-            config.resolved_max_num_batched_tokens(model), config.enable_chunked_prefill,
-        )
-    # static and dynamic always reserve contiguously; `allocator` keeps its default there
-    if config.reservation != "max":
-        sizes = {"static": "max_model_len per slot", "dynamic": "prompt + max_tokens per request"}
-        raise ConfigError(
-            f"--reservation {config.reservation} applies only to --policy continuous "
-            f"--allocator contiguous; {config.policy} batching reserves {sizes[config.policy]}"
-        )
-    if config.policy == "static":
-        return StaticPolicy(engine, allocator, config.max_batch_size, config.batch_timeout_s)
-    return DynamicPolicy(
-        engine, allocator, config.max_num_seqs, config.resolved_max_num_batched_tokens(model)
-    )
+    e = cfg.engine
+    return StaticPolicy(contiguous_allocator(cfg), cfg.max_model_len, e.max_batch_size, e.batch_timeout_s)
+
+
+_CONTINUOUS = {"allocator", "enable_chunked_prefill"}
+register(PolicySpec(
+    "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
+    _static, frozenset({"max_batch_size", "batch_timeout_s"}), overhead="static",
+))
+register(PolicySpec(
+    "dynamic", "contiguous", "early TGI: prefill-only join steps, prompt + max_tokens reservations",
+    _dynamic, overhead="dynamic",
+))
+register(PolicySpec(
+    "continuous", "paged", "vLLM: iteration-level scheduling over a paged KV cache",
+    _continuous,
+    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching"}),
+))
+register(PolicySpec(
+    "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",
+    _orca, frozenset(_CONTINUOUS | {"reservation"}),
+))

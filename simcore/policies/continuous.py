@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from simcore.block_pool import AllocStatus, PagedAllocator
-from simcore.engine import Engine
-from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.policies.base import Queues
 from simcore.sampling import SequenceGroups, group_width
-from simcore.state import ReqState, RequestStatus
+from simcore.state import ReqState
+from simcore.step import MemorySnapshot, StepPlan
 
 
 class ContinuousPagedPolicy:
@@ -34,7 +34,6 @@ class ContinuousPagedPolicy:
 
     def __init__(
         self,
-        engine: Engine,
         allocator: PagedAllocator,
         max_num_seqs: int,
         max_num_batched_tokens: int,
@@ -43,13 +42,12 @@ class ContinuousPagedPolicy:
         rng: np.random.Generator | None = None,
         enable_prefix_caching: bool = False,
     ):
-        self.engine = engine
         self.enable_prefix_caching = enable_prefix_caching
         self._filling_prefix: list[ReqState] = []  # planned requests writing shared-prefix blocks
         self.prefix_query_tokens = 0  # prompt tokens of admitted requests that share a prefix
         self.prefix_hit_tokens = 0  # of those, tokens adopted from the prefix cache
         self.groups = SequenceGroups(allocator, rng or np.random.default_rng(0))
-        self._scheduled_groups: list[tuple[ReqState, int]] = []  # multi-seq requests planned
+        self._emitting_groups: list[ReqState] = []  # multi-seq requests whose step emits a token
         self.allocator = allocator
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -73,7 +71,7 @@ class ContinuousPagedPolicy:
         if width > 1:
             need = self.groups.num_blocks_for(st)
             if need > alloc.num_gpu_blocks:
-                return f"needs {need} KV blocks for {group_width(st)} sequences but the cache has {alloc.num_gpu_blocks}"
+                return f"needs {need} KV blocks for {width} sequences but the cache has {alloc.num_gpu_blocks}"
         elif alloc.can_allocate(st.final_len) == AllocStatus.NEVER:
             return (
                 f"needs {alloc.blocks_for(st.final_len)} KV blocks but the cache has "
@@ -81,192 +79,173 @@ class ContinuousPagedPolicy:
             )
         return ""
 
-    def idle_timeout(self, now: float) -> float | None:
+    def idle_timeout(self, queues: Queues, now: float) -> float | None:
         return None
 
+    def counters(self) -> dict[str, int]:
+        return {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
+
     # -- scheduling ------------------------------------------------------------------------
-    def schedule(self, now: float) -> StepPlan | None:
-        eng, alloc = self.engine, self.allocator
-        running = eng.running
+    def schedule(self, queues: Queues, now: float) -> StepPlan | None:
+        groups = self.groups
+        running = list(queues.running)  # this step's running set, as the plan changes it
         plan = StepPlan()
-        self._scheduled_groups = []
+        self._emitting_groups = []
         self._filling_prefix = []
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(running) and budget > 0:
             st = running[i]
-            k = len(st.seq_ids)
+            seq_ids = groups.seq_ids(st)
+            k = len(seq_ids)
             if k == 1:
                 num_new = min(st.num_tokens - st.num_computed_tokens, budget)
-                scheduled = alloc.append_slots(st.seq_ids[0], num_new)
             else:
                 num_new = 1  # a forked request only decodes
                 if k > budget:
                     break
-                scheduled = self._grow_group(st)
+            scheduled = self._grow(seq_ids, num_new)
             while not scheduled:
                 victim = running.pop()
                 self._preempt(victim, plan)
                 if victim is st:
                     break
-                scheduled = alloc.append_slots(st.seq_ids[0], num_new) if k == 1 else self._grow_group(st)
+                scheduled = self._grow(seq_ids, num_new)
             if not scheduled:
                 break
-            self._add(plan, st, num_new)
+            self._add(plan, st, num_new, k)
             budget -= num_new * k
             i += 1
         if not plan.num_preempted:
-            budget = self._swap_in(plan, budget, now)
-            if not eng.swapped:
-                self._admit_waiting(plan, budget, now)
+            budget = self._swap_in(queues, plan, running, budget)
+            if len(plan.swapped_in) == len(queues.swapped):
+                self._admit_waiting(queues, plan, running, budget)
         return plan if plan.scheduled else None
 
-    def _grow_group(self, st: ReqState) -> bool:
-        """One decode slot for every sequence of a forked request, all or nothing."""
+    def _grow(self, seq_ids: list[int], num_new: int) -> bool:
+        """`num_new` slots for a one-sequence request, or one decode slot for every sequence of
+        a forked one; all or nothing."""
         alloc = self.allocator
-        need = sum(alloc.num_blocks_needed(s, 1) for s in st.seq_ids)
+        if len(seq_ids) == 1:
+            return alloc.append_slots(seq_ids[0], num_new)
+        need = sum(alloc.num_blocks_needed(s, 1) for s in seq_ids)
         if need > alloc.num_free_blocks:
             return False
-        for seq_id in st.seq_ids:
+        for seq_id in seq_ids:
             alloc.append_slots(seq_id, 1)
         return True
 
-    def _add(self, plan: StepPlan, st: ReqState, num_new: int) -> None:
+    def _add(self, plan: StepPlan, st: ReqState, num_new: int, k: int, num_computed: int | None = None) -> None:
+        computed = st.num_computed_tokens if num_computed is None else num_computed
         if num_new == 1 and st.num_generated:
-            plan.add_decode(st, len(st.seq_ids))
+            plan.add_decode(st, k)
         else:
-            plan.add_prefill(st, num_new)
-            if self.enable_prefix_caching and st.num_computed_tokens < st.request.num_prefix_tokens:
+            plan.add_prefill(st, num_new, computed)
+            if self.enable_prefix_caching and computed < st.request.num_prefix_tokens:
                 self._filling_prefix.append(st)
-        if group_width(st) > 1:
-            self._scheduled_groups.append((st, num_new))
+        if group_width(st) > 1 and computed + num_new == st.num_tokens:
+            self._emitting_groups.append(st)
 
     def _prefix_hashes(self, st: ReqState) -> list[tuple[int, int]]:
         """Content keys of the request's full blocks inside its shared prefix (none if caching
         is off or the request shares nothing): block i of prefix p is (p, i)."""
         req = st.request
-        if not self.enable_prefix_caching or req.prefix_id is None or len(st.seq_ids) > 1:
+        if not self.enable_prefix_caching or req.prefix_id is None or self.groups.is_forked(st):
             return []
         return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
 
-    def _num_seqs(self) -> int:
-        extra = sum(len(st.seq_ids) - 1 for st in self.groups.active.values())
-        return len(self.engine.running) + extra
+    def _num_seqs(self, running: list[ReqState]) -> int:
+        return len(running) + self.groups.num_extra_seqs()
 
-    def _swap_in(self, plan: StepPlan, budget: int, now: float) -> int:
-        eng, alloc = self.engine, self.allocator
-        while eng.swapped and budget > 0 and self._num_seqs() < self.max_num_seqs:
-            st = eng.swapped[0]
-            k = len(st.seq_ids)
+    def _swap_in(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> int:
+        alloc, swapped = self.allocator, queues.swapped
+        j = 0
+        while j < len(swapped) and budget > 0 and self._num_seqs(running) < self.max_num_seqs:
+            st = swapped[j]
+            seq_ids = self.groups.seq_ids(st)
+            k = len(seq_ids)
             if k == 1:  # exactly the blocks it will hold after this step's tokens
                 num_new = min(st.num_tokens - st.num_computed_tokens, budget)
                 need = alloc.blocks_for(st.num_computed_tokens + num_new)
             else:  # its blocks, plus a new or copied-on-write block per sequence
-                need = len(alloc.distinct_blocks(st.seq_ids)) + 2 * k
-                if not eng.running:
+                num_new = 1
+                need = len(alloc.distinct_blocks(seq_ids)) + 2 * k
+                if not running:
                     need = min(need, alloc.num_gpu_blocks)
             if alloc.num_free_blocks < need or k > budget:
                 break
-            plan.num_swap_blocks += alloc.swap_in(st.seq_ids)
-            eng.swapped.popleft()
-            st.status = RequestStatus.RUNNING
-            eng.running.append(st)
-            if k == 1:
-                eng.live_tokens += st.num_computed_tokens
-                num_new = min(st.num_tokens - st.num_computed_tokens, budget)
-                ok = alloc.append_slots(st.seq_ids[0], num_new)
-            else:
-                num_new = 1
-                ok = self._grow_group(st)
+            plan.num_swap_blocks += alloc.swap_in(seq_ids)
+            plan.swapped_in.append(st)
+            running.append(st)
+            j += 1
+            ok = self._grow(seq_ids, num_new)
             assert ok, "swap-in checked room for the next token"
-            self._add(plan, st, num_new)
+            self._add(plan, st, num_new, k)
             budget -= num_new * k
         return budget
 
-    def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
-        eng, alloc = self.engine, self.allocator
-        waiting, running = eng.waiting, eng.running
-        num_seqs = self._num_seqs()
-        while waiting and budget > 0 and num_seqs + group_width(waiting[0]) <= self.max_num_seqs:
-            st = waiting[0]
+    def _admit_waiting(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> None:
+        alloc = self.allocator
+        num_seqs = self._num_seqs(running)
+        for st in queues.waiting:
+            if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
+                break
             hashes = self._prefix_hashes(st)
             hit_blocks = 0
-            if hashes:  # adopt the cached prefix; at least one prompt token is still computed
+            if hashes:  # look up the cached prefix; at least one prompt token is still computed
                 hit_blocks = min(alloc.num_cached_prefix_blocks(hashes), (st.num_tokens - 1) // alloc.block_size)
-                if hit_blocks:
-                    alloc.adopt_cached(st.seq_ids[0], hashes[:hit_blocks])
-                    st.num_computed_tokens = hit_blocks * alloc.block_size
-                    eng.live_tokens += st.num_computed_tokens
-            num_new = st.num_tokens - st.num_computed_tokens
+            num_cached = hit_blocks * alloc.block_size
+            num_new = st.num_tokens - num_cached
             if num_new > budget:
                 if not self.enable_chunked_prefill:
-                    num_new = 0
-                num_new = min(num_new, budget)
-            if not num_new or not alloc.append_slots(st.seq_ids[0], num_new):
-                if hit_blocks:  # undo the adoption: the blocks go back to the cache
-                    eng.live_tokens -= st.num_computed_tokens
-                    alloc.free(st.seq_ids[0])
-                    st.num_computed_tokens = 0
+                    break
+                num_new = budget
+            if not alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks]):
                 break
             self.prefix_query_tokens += st.num_tokens if hashes else 0
-            self.prefix_hit_tokens += hit_blocks * alloc.block_size
-            waiting.popleft()
-            st.status = RequestStatus.RUNNING
-            if st.first_scheduled_s < 0:
-                st.first_scheduled_s = now
+            self.prefix_hit_tokens += num_cached
+            plan.admit(st, num_cached)
             running.append(st)
             num_seqs += group_width(st)
-            self._add(plan, st, num_new)
+            self._add(plan, st, num_new, 1, num_cached)
             budget -= num_new
 
     def _preempt(self, st: ReqState, plan: StepPlan) -> None:
-        eng, alloc = self.engine, self.allocator
-        if len(st.seq_ids) == 1:
-            eng.live_tokens -= st.num_computed_tokens
-        st.num_preemptions += 1
-        plan.num_preempted += 1
-        if self.swap and alloc.can_swap_out(st.seq_ids):
-            plan.num_swap_blocks += alloc.swap_out(st.seq_ids)
-            st.status = RequestStatus.SWAPPED
-            eng.swapped.append(st)
+        alloc = self.allocator
+        seq_ids = self.groups.seq_ids(st)
+        if self.swap and alloc.can_swap_out(seq_ids):
+            plan.num_swap_blocks += alloc.swap_out(seq_ids)
+            plan.preempt(st, by_swap=True)
         else:
             self._release(st)
-            st.num_computed_tokens = 0
-            st.status = RequestStatus.WAITING
-            eng.waiting.appendleft(st)
+            plan.preempt(st, by_swap=False)
 
     # -- commit ----------------------------------------------------------------------------
     def _release(self, st: ReqState) -> None:
-        if len(st.seq_ids) == 1:
-            self.allocator.free(st.seq_ids[0])
-        else:
+        if self.groups.is_forked(st):
             self.groups.release(st)
+        else:
+            self.allocator.free(st.request_id)
 
-    def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
-        eng, alloc, groups = self.engine, self.allocator, self.groups
-        emitting = [
-            st for st, num_new in self._scheduled_groups
-            if st.num_computed_tokens + num_new == st.num_tokens
-        ]
-        finished = eng.emit_tokens(plan, now)
-        for st in emitting:
+    def end_step(self, plan: StepPlan, finished: list[ReqState], queues: Queues) -> MemorySnapshot:
+        alloc, groups = self.allocator, self.groups
+        for st in self._emitting_groups:
             if st.num_generated >= st.num_output_target:
                 continue
-            if len(st.seq_ids) == 1:
-                eng.live_tokens -= st.num_computed_tokens  # now counted by the group
+            if not groups.is_forked(st):
                 groups.fork(st)
             elif st.request.beam_width > 1:
                 groups.reselect_beams(st)
         for st in self._filling_prefix:
-            if st.status == RequestStatus.RUNNING and len(st.seq_ids) == 1:
-                alloc.cache_full_blocks(st.seq_ids[0], self._prefix_hashes(st))
+            if not groups.is_forked(st):
+                alloc.cache_full_blocks(st.request_id, self._prefix_hashes(st))
         bs = alloc.block_size
         allocated = alloc.num_used_blocks * bs
         # Only last blocks can be partly filled, and those are never shared across requests,
         # so live = allocated - unfilled slots of last blocks (right even when prefixes are shared).
         internal, saved = groups.internal_and_saved() if groups.active else (0, 0)
-        internal += sum([(-st.num_computed_tokens) % bs for st in eng.running if len(st.seq_ids) == 1])
+        internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
-        if finished:
-            eng.retire_finished(finished, now, self._release)
+        for st in finished:
+            self._release(st)
         return mem

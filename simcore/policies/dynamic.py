@@ -29,14 +29,14 @@ from __future__ import annotations
 import math
 
 from simcore.contiguous import ContiguousAllocator
-from simcore.engine import Engine
-from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.policies.base import Queues
 from simcore.policies.reserved import (
     ReservationLedger,
     reservation_check,
     reservation_size,
 )
-from simcore.state import ReqState, RequestStatus
+from simcore.state import ReqState
+from simcore.step import MemorySnapshot, StepPlan
 
 WAITING_SERVED_RATIO = 1.2  # TGI --waiting-served-ratio default
 MAX_WAITING_TOKENS = 20  # TGI --max-waiting-tokens default (decode steps a queue may wait)
@@ -46,13 +46,13 @@ class DynamicPolicy:
     name = "dynamic"
 
     def __init__(
-        self, engine: Engine, allocator: ContiguousAllocator, max_num_seqs: int,
+        self, allocator: ContiguousAllocator, max_model_len: int, max_num_seqs: int,
         max_prefill_tokens: int, waiting_served_ratio: float = WAITING_SERVED_RATIO,
         max_waiting_tokens: int = MAX_WAITING_TOKENS,
     ):
-        self.engine = engine
         self.allocator = allocator
-        self.ledger = ReservationLedger(allocator, engine)
+        self.ledger = ReservationLedger(allocator)
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting_served_ratio = waiting_served_ratio
@@ -61,7 +61,7 @@ class DynamicPolicy:
         self.just_prefilled = False  # the last step was a prefill: decode before admitting again
 
     def _size(self, st: ReqState) -> int:
-        return reservation_size("max_tokens", st, self.engine.max_model_len)
+        return reservation_size("max_tokens", st, self.max_model_len)
 
     def check(self, st: ReqState) -> str:
         if st.num_prompt_tokens > self.max_prefill_tokens:
@@ -71,31 +71,33 @@ class DynamicPolicy:
             )
         return reservation_check(st, self.allocator, self._size(st))
 
-    def idle_timeout(self, now: float) -> float | None:
+    def idle_timeout(self, queues: Queues, now: float) -> float | None:
         return None
 
+    def counters(self) -> dict[str, int]:
+        return {}
+
     # -- scheduling ------------------------------------------------------------------------
-    def schedule(self, now: float) -> StepPlan | None:
-        eng = self.engine
-        if eng.running and self.just_prefilled:
-            return self._decode_plan()
-        if eng.waiting:
-            if not eng.running or self.waiting_steps >= self.max_waiting_tokens:
+    def schedule(self, queues: Queues, now: float) -> StepPlan | None:
+        running, waiting = queues.running, queues.waiting
+        if running and self.just_prefilled:
+            return self._decode_plan(running)
+        if waiting:
+            if not running or self.waiting_steps >= self.max_waiting_tokens:
                 min_size = 1
             else:
-                min_size = max(1, math.floor(len(eng.running) * self.waiting_served_ratio))
-            plan = self._admit(min_size, now)
+                min_size = max(1, math.floor(len(running) * self.waiting_served_ratio))
+            plan = self._admit(queues, min_size)
             if plan is not None:
                 return plan
-        return self._decode_plan() if eng.running else None
+        return self._decode_plan(running) if running else None
 
-    def _admit(self, min_size: int, now: float) -> StepPlan | None:
+    def _admit(self, queues: Queues, min_size: int) -> StepPlan | None:
         """A prefill-only step for the queue's head, if at least `min_size` requests fit."""
-        eng, ledger = self.engine, self.ledger
-        waiting = eng.waiting
+        ledger, waiting = self.ledger, queues.waiting
         if len(waiting) < min_size:
             return None
-        room = self.max_num_seqs - len(eng.running)
+        room = self.max_num_seqs - len(queues.running)
         chosen: list[ReqState] = []
         num_tokens = 0
         for st in waiting:
@@ -111,30 +113,28 @@ class DynamicPolicy:
             return None
         plan = StepPlan()
         for st in chosen:
-            waiting.popleft()
-            st.status = RequestStatus.RUNNING
-            st.first_scheduled_s = now
-            eng.running.append(st)
-            plan.add_prefill(st, st.num_prompt_tokens)
+            plan.admit(st)
+            plan.add_prefill(st, st.num_prompt_tokens, 0)
         return plan
 
-    def _decode_plan(self) -> StepPlan:
+    @staticmethod
+    def _decode_plan(running) -> StepPlan:
         plan = StepPlan()
-        for st in self.engine.running:
+        for st in running:
             plan.add_decode(st, 1)
         return plan
 
     # -- commit ----------------------------------------------------------------------------
-    def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
-        eng, ledger = self.engine, self.ledger
-        finished = eng.emit_tokens(plan, now)
-        mem = ledger.snapshot(self._size(eng.waiting[0]) if eng.waiting else 0)
+    def end_step(self, plan: StepPlan, finished: list[ReqState], queues: Queues) -> MemorySnapshot:
+        ledger = self.ledger
+        ledger.advance(plan)
+        mem = ledger.snapshot(self._size(queues.waiting[0]) if queues.waiting else 0)
         if plan.num_decode_seqs:
             self.waiting_steps += 1
             self.just_prefilled = False
         else:
             self.waiting_steps = 1
             self.just_prefilled = True
-        if finished:
-            eng.retire_finished(finished, now, ledger.release)
+        for st in finished:
+            ledger.release(st)
         return mem

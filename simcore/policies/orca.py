@@ -24,33 +24,33 @@ priced with the same kernel table as paged decode.
 from __future__ import annotations
 
 from simcore.contiguous import ContiguousAllocator
-from simcore.engine import Engine
-from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.policies.base import Queues
 from simcore.policies.reserved import (
     ReservationLedger,
     reservation_check,
     reservation_size,
 )
-from simcore.state import ReqState, RequestStatus
+from simcore.state import ReqState
+from simcore.step import MemorySnapshot, StepPlan
 
 
 class OrcaPolicy:
-    name = "continuous"
+    name = "orca"
 
     def __init__(
-        self, engine: Engine, allocator: ContiguousAllocator, reservation: str,
+        self, allocator: ContiguousAllocator, reservation: str, max_model_len: int,
         max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
     ):
-        self.engine = engine
         self.allocator = allocator
-        self.ledger = ReservationLedger(allocator, engine)
+        self.ledger = ReservationLedger(allocator)
         self.reservation = reservation
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
 
     def _size(self, st: ReqState) -> int:
-        return reservation_size(self.reservation, st, self.engine.max_model_len)
+        return reservation_size(self.reservation, st, self.max_model_len)
 
     def check(self, st: ReqState) -> str:
         if not self.enable_chunked_prefill and st.num_prompt_tokens > self.max_num_batched_tokens:
@@ -60,14 +60,17 @@ class OrcaPolicy:
             )
         return reservation_check(st, self.allocator, self._size(st))
 
-    def idle_timeout(self, now: float) -> float | None:
+    def idle_timeout(self, queues: Queues, now: float) -> float | None:
         return None
 
+    def counters(self) -> dict[str, int]:
+        return {}
+
     # -- scheduling ------------------------------------------------------------------------
-    def schedule(self, now: float) -> StepPlan | None:
+    def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
-        for st in self.engine.running:
+        for st in queues.running:
             if budget <= 0:
                 break
             num_new = min(st.num_tokens - st.num_computed_tokens, budget)
@@ -76,33 +79,31 @@ class OrcaPolicy:
             else:
                 plan.add_prefill(st, num_new)
             budget -= num_new
-        self._admit_waiting(plan, budget, now)
+        self._admit_waiting(queues, plan, budget)
         return plan if plan.scheduled else None
 
-    def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
-        eng = self.engine
-        waiting, running = eng.waiting, eng.running
-        while waiting and budget > 0 and len(running) < self.max_num_seqs:
-            st = waiting[0]
-            num_new = st.num_tokens - st.num_computed_tokens
+    def _admit_waiting(self, queues: Queues, plan: StepPlan, budget: int) -> None:
+        num_running = len(queues.running)
+        for st in queues.waiting:
+            if budget <= 0 or num_running >= self.max_num_seqs:
+                break
+            num_new = st.num_tokens
             if num_new > budget:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
             if not self.ledger.reserve(st, self._size(st)):
                 break
-            waiting.popleft()
-            st.status = RequestStatus.RUNNING
-            st.first_scheduled_s = now
-            running.append(st)
-            plan.add_prefill(st, num_new)
+            plan.admit(st)
+            num_running += 1
+            plan.add_prefill(st, num_new, 0)
             budget -= num_new
 
     # -- commit ----------------------------------------------------------------------------
-    def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
-        eng, ledger = self.engine, self.ledger
-        finished = eng.emit_tokens(plan, now)
-        mem = ledger.snapshot(self._size(eng.waiting[0]) if eng.waiting else 0)
-        if finished:
-            eng.retire_finished(finished, now, ledger.release)
+    def end_step(self, plan: StepPlan, finished: list[ReqState], queues: Queues) -> MemorySnapshot:
+        ledger = self.ledger
+        ledger.advance(plan)
+        mem = ledger.snapshot(self._size(queues.waiting[0]) if queues.waiting else 0)
+        for st in finished:
+            ledger.release(st)
         return mem

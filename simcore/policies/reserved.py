@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from simcore.block_pool import AllocStatus
 from simcore.contiguous import ContiguousAllocator, reservation_tokens
-from simcore.engine import Engine
-from simcore.policies.base import MemorySnapshot
 from simcore.state import ReqState
+from simcore.step import MemorySnapshot, StepPlan
 
 
 def reservation_size(kind: str, st: ReqState, max_model_len: int) -> int:
@@ -52,45 +51,63 @@ def reservation_check(st: ReqState, allocator: ContiguousAllocator, size: int) -
 
 
 class ReservationLedger:
-    """A policy's contiguous reservations and the KV breakdown they imply. Written by its policy."""
+    """A policy's contiguous reservations and the KV breakdown they imply. Written by its policy.
 
-    def __init__(self, allocator: ContiguousAllocator, engine: Engine):
+    It counts live KV itself (tokens computed by the requests holding a running reservation),
+    from the plans it is shown, so the breakdown needs no one else's state."""
+
+    def __init__(self, allocator: ContiguousAllocator):
         self.allocator = allocator
-        self.engine = engine
         self.running_reserved = 0  # sum of reservations of unfinished requests that hold one
         self.running_final = 0  # sum of final_len of those requests
         self.stale = 0  # sum of reservations of finished requests that still hold theirs
+        self.live = 0  # computed KV slots of unfinished requests holding a reservation
+        self._held: dict[int, tuple[int, int]] = {}  # request id -> (reserved, final_len), unfinished
+        self._stale: dict[int, int] = {}  # request id -> reserved, finished but still held
 
-    def reserve(self, st: ReqState, num_tokens: int) -> bool:
-        """First-fit reservation for an admitted request; False (nothing changed) if no extent fits."""
-        if not self.allocator.reserve(st.seq_id, num_tokens):
+    def reserve(self, st: ReqState, num_tokens: int, final_len: int | None = None) -> bool:
+        """First-fit reservation for a request being admitted (`final_len`: the KV it will write,
+        if the admission caps its output); False (nothing changed) if no extent fits."""
+        if not self.allocator.reserve(st.request_id, num_tokens):
             return False
-        st.reserved_tokens = num_tokens
+        final = st.final_len if final_len is None else final_len
+        self._held[st.request_id] = (num_tokens, final)
         self.running_reserved += num_tokens
-        self.running_final += st.final_len
+        self.running_final += final
         return True
+
+    def advance(self, plan: StepPlan) -> None:
+        """The plan's tokens were computed: they are live KV now."""
+        self.live += sum([num_new for _, num_new in plan.scheduled])
+
+    def _drop_running(self, st: ReqState) -> int:
+        reserved, final = self._held.pop(st.request_id)
+        self.running_reserved -= reserved
+        self.running_final -= final
+        self.live -= st.num_computed_tokens
+        return reserved
 
     def retire(self, st: ReqState) -> None:
         """The request finished but keeps its slot (static batching): its reservation turns stale."""
-        self.running_reserved -= st.reserved_tokens
-        self.running_final -= st.final_len
-        self.stale += st.reserved_tokens
+        reserved = self._drop_running(st)
+        self._stale[st.request_id] = reserved
+        self.stale += reserved
 
-    def release(self, st: ReqState, stale: bool = False) -> None:
-        """Return the request's extent to the allocator (`stale`: it was retired before)."""
-        if stale:
-            self.stale -= st.reserved_tokens
+    def release(self, st: ReqState) -> None:
+        """Return the request's extent to the allocator (finished, or stale until now)."""
+        stale = self._stale.pop(st.request_id, None)
+        if stale is None:
+            self._drop_running(st)
         else:
-            self.running_reserved -= st.reserved_tokens
-            self.running_final -= st.final_len
-        self.allocator.free(st.seq_id)
+            self.stale -= stale
+        self.allocator.free(st.request_id)
 
     def snapshot(self, head_reservation: int) -> MemorySnapshot:
         """KV breakdown now; `head_reservation` is what the head of the queue needs (0: no queue)."""
         alloc = self.allocator
         allocated = alloc.num_reserved_tokens
         assert allocated == self.running_reserved + self.stale, "ledger out of step with allocator"
-        live = self.engine.live_tokens
+        live = self.live
         return MemorySnapshot(
             allocated=allocated,
             live=live,

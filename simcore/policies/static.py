@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from simcore.block_pool import AllocStatus
 from simcore.contiguous import ContiguousAllocator
-from simcore.engine import Engine
-from simcore.policies.base import MemorySnapshot, StepPlan
+from simcore.policies.base import Queues
 from simcore.policies.reserved import ReservationLedger, unsupported_sampling
-from simcore.state import ReqState, RequestStatus
+from simcore.state import ReqState
+from simcore.step import MemorySnapshot, StepPlan
 
 _EPS_S = 1e-9  # a timer that wakes the engine at the deadline must count as reaching it
 
@@ -39,19 +39,19 @@ class StaticPolicy:
     name = "static"
 
     def __init__(
-        self, engine: Engine, allocator: ContiguousAllocator, max_batch_size: int,
+        self, allocator: ContiguousAllocator, max_model_len: int, max_batch_size: int,
         batch_timeout_s: float,
     ):
-        self.engine = engine
         self.allocator = allocator
-        self.ledger = ReservationLedger(allocator, engine)
+        self.ledger = ReservationLedger(allocator)
         self.batch_timeout_s = batch_timeout_s
-        self.slot_tokens = engine.max_model_len  # every slot reserves a full context window
+        self.slot_tokens = max_model_len  # every slot reserves a full context window
         # a full batch: max_batch_size requests, or as many slots as the cache holds
         self.num_slots = max(1, min(max_batch_size, allocator.capacity_tokens // self.slot_tokens))
         self.batch: list[ReqState] = []  # the batch in flight, finished members included
         self.padded_len = 0  # longest prompt of the batch in flight
         self.num_decode_steps = 0  # decode steps the batch in flight has run
+        self._num_unfinished = 0  # members of the batch in flight still generating
 
     def check(self, st: ReqState) -> str:
         reason = unsupported_sampling(st)
@@ -64,54 +64,55 @@ class StaticPolicy:
             )
         return ""
 
-    def _deadline(self) -> float:
-        return self.engine.waiting[0].request.arrival_s + self.batch_timeout_s
+    def _deadline(self, queues: Queues) -> float:
+        return queues.waiting[0].request.arrival_s + self.batch_timeout_s
 
-    def idle_timeout(self, now: float) -> float | None:
-        if self.batch or not self.engine.waiting:
+    def idle_timeout(self, queues: Queues, now: float) -> float | None:
+        if self.batch or not queues.waiting:
             return None
-        return max(self._deadline() - now, 0.0)
+        return max(self._deadline(queues) - now, 0.0)
+
+    def counters(self) -> dict[str, int]:
+        return {}
 
     # -- scheduling ------------------------------------------------------------------------
-    def schedule(self, now: float) -> StepPlan | None:
+    def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         if self.batch:
-            return self._decode_plan()
-        waiting = self.engine.waiting
+            return self._decode_plan(queues)
+        waiting = queues.waiting
         if not waiting:
             return None
-        if len(waiting) < self.num_slots and now < self._deadline() - _EPS_S:
+        if len(waiting) < self.num_slots and now < self._deadline(queues) - _EPS_S:
             return None
-        return self._launch(now)
+        return self._launch(queues)
 
-    def _launch(self, now: float) -> StepPlan:
+    def _launch(self, queues: Queues) -> StepPlan:
         """Take up to a full batch from the queue, pad its prompts and prefill them together."""
-        eng = self.engine
-        waiting = eng.waiting
-        batch = [waiting.popleft() for _ in range(min(self.num_slots, len(waiting)))]
+        waiting = queues.waiting
+        batch = [waiting[i] for i in range(min(self.num_slots, len(waiting)))]
         padded_len = max(st.num_prompt_tokens for st in batch)
+        # the padded sequence must fit its slot: FasterTransformer stops at max_seq_len
+        output_cap = self.slot_tokens - padded_len
         plan = StepPlan()
         for st in batch:
-            # the padded sequence must fit its slot: FasterTransformer stops at max_seq_len
-            st.num_output_target = max(1, min(st.num_output_target, self.slot_tokens - padded_len))
-            ok = self.ledger.reserve(st, self.slot_tokens)
+            num_output = max(1, min(st.num_output_target, output_cap))
+            ok = self.ledger.reserve(st, self.slot_tokens, st.num_prompt_tokens + num_output - 1)
             assert ok, "an empty cache holds num_slots slots"
-            st.padded_len = padded_len
-            st.status = RequestStatus.RUNNING
-            st.first_scheduled_s = now
-            eng.running.append(st)
+            plan.admit(st, 0, max(1, output_cap))
             plan.scheduled.append((st, st.num_prompt_tokens))
             plan.prefill_chunks.append((padded_len, 0))
         plan.num_tokens = len(batch) * padded_len
         plan.num_sampled = len(batch)
         self.batch = batch
+        self._num_unfinished = len(batch)
         self.padded_len = padded_len
         self.num_decode_steps = 0
         return plan
 
-    def _decode_plan(self) -> StepPlan:
+    def _decode_plan(self, queues: Queues) -> StepPlan:
         """Every slot decodes, finished or not; only unfinished sequences emit a token."""
         size = len(self.batch)
-        plan = StepPlan(scheduled=[(st, 1) for st in self.engine.running])
+        plan = StepPlan(scheduled=[(st, 1) for st in queues.running])
         plan.num_tokens = size
         plan.num_decode_seqs = size
         plan.decode_context_tokens = size * (self.padded_len + self.num_decode_steps + 1)
@@ -119,16 +120,17 @@ class StaticPolicy:
         return plan
 
     # -- commit ----------------------------------------------------------------------------
-    def apply(self, plan: StepPlan, now: float) -> MemorySnapshot:
-        eng, ledger = self.engine, self.ledger
-        finished = eng.emit_tokens(plan, now)
-        mem = ledger.snapshot(self.slot_tokens if eng.waiting else 0)
+    def end_step(self, plan: StepPlan, finished: list[ReqState], queues: Queues) -> MemorySnapshot:
+        ledger = self.ledger
+        ledger.advance(plan)
+        mem = ledger.snapshot(self.slot_tokens if queues.waiting else 0)
         if plan.num_decode_seqs:
             self.num_decode_steps += 1
-        if finished:
-            eng.retire_finished(finished, now, ledger.retire)
-        if not eng.running:  # the longest sequence ended: the whole batch lets go of its slots
+        for st in finished:
+            ledger.retire(st)
+        self._num_unfinished -= len(finished)
+        if not self._num_unfinished:  # the longest sequence ended: the batch lets go of its slots
             for st in self.batch:
-                ledger.release(st, stale=True)
+                ledger.release(st)
             self.batch = []
         return mem

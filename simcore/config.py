@@ -1,0 +1,121 @@
+"""One resolved, validated configuration: model, GPU, engine options, the policy variant and
+the memory plan, built once. `simulate()`, the sweep and the CLI all go through `resolve`, so
+the Python API refuses exactly what `kvsim run` refuses.
+
+Checks, in order: every numeric option is a finite number in its range; the policy variant
+exists and reads every policy-specific option that was set (registry); vLLM's cross-field
+rules (`vllm/config.py`, `SchedulerConfig._verify_args` and `ModelConfig` /
+`_get_and_verify_max_len`); the memory plan (the model fits, one max_model_len request fits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from simcore.errors import ConfigError
+from simcore.memory import MemoryPlan, plan_memory
+from simcore.policies import PolicySpec
+from simcore.policies.registry import select
+from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+_INT_OPTIONS = ("max_num_seqs", "tensor_parallel_size", "data_parallel_size", "max_batch_size")
+_OPTIONAL_INT_OPTIONS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConfig:
+    """Everything one run needs to know about the deployment, validated together."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    engine: EngineConfig  # as given, with `allocator` set to the variant's
+    policy: PolicySpec  # the registry entry the engine options select
+    memory: MemoryPlan  # per replica; computed once, here
+    max_model_len: int  # resolved as vLLM does (the model's context by default)
+    max_num_batched_tokens: int  # resolved step token budget
+
+    @property
+    def swap_block_s(self) -> float:
+        """Seconds to copy one KV block over the host link (swap out or in)."""
+        return self.memory.kv_bytes_per_token * self.engine.block_size / (self.gpu.pcie_gbps * 1e9)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_numbers(config: EngineConfig) -> None:
+    """Every numeric engine option is finite and in range (NaN passes `<` tests, so say it)."""
+    u = config.gpu_memory_utilization
+    if not _is_number(u) or not 0.0 < u <= 1.0:
+        raise ConfigError(f"--gpu-memory-utilization must be a finite number in (0, 1], got {u!r}")
+    for name in ("swap_space", "batch_timeout_s"):
+        value = getattr(config, name)
+        if not _is_number(value) or value < 0:
+            raise ConfigError(f"{_flag(name)} must be a finite number >= 0, got {value!r}")
+    for name in _INT_OPTIONS:
+        value = getattr(config, name)
+        if not _is_int(value) or value < 1:
+            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {value!r}")
+    for name in _OPTIONAL_INT_OPTIONS:
+        value = getattr(config, name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {value!r}")
+
+
+def select_policy(config: EngineConfig) -> PolicySpec:
+    """The registry variant the options select; options it does not read must keep their
+    defaults (the CLI refuses them whenever they are given)."""
+    allocator = None if config.allocator == _DEFAULTS["allocator"] else config.allocator
+    set_options = {name for name, default in _DEFAULTS.items() if getattr(config, name) != default}
+    return select(config.policy, allocator, set_options)
+
+
+def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
+    """vLLM's cross-field rules; returns the resolved (max_model_len, max_num_batched_tokens)."""
+    context = model.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > context:
+        # vLLM refuses unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (or rope scaling lengthens the
+        # context); kvsim models neither, so it refuses too.
+        raise ConfigError(
+            f"--max-model-len {config.max_model_len} exceeds {model.name}'s context length {context}"
+        )
+    max_model_len = config.resolved_max_model_len(model)
+    if max_model_len < 2:
+        raise ConfigError(
+            f"--max-model-len must leave room for one prompt and one output token (>= 2), got {max_model_len}"
+        )
+    budget = config.resolved_max_num_batched_tokens(model)
+    if budget < config.max_num_seqs:
+        raise ConfigError(
+            f"--max-num-batched-tokens ({budget}) must be >= --max-num-seqs ({config.max_num_seqs}), "
+            "as vLLM requires"
+        )
+    if not config.enable_chunked_prefill and budget < max_model_len:
+        raise ConfigError(
+            f"--max-num-batched-tokens ({budget}) is smaller than max_model_len ({max_model_len}) "
+            "with chunked prefill off; enable chunked prefill or raise it"
+        )
+    return max_model_len, budget
+
+
+def resolve(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> ResolvedConfig:
+    """Validate the whole configuration and plan memory once; ConfigError (or DoesNotFitError)
+    with a message naming the flag to change."""
+    check_numbers(config)
+    spec = select_policy(config)
+    max_model_len, budget = check_vllm_rules(model, config)
+    memory = plan_memory(model, gpu, config)
+    engine = config if config.allocator == spec.allocator else replace(config, allocator=spec.allocator)
+    return ResolvedConfig(model, gpu, engine, spec, memory, max_model_len, budget)

@@ -1,0 +1,161 @@
+"""The one owner of a request's life inside a replica: its queues, status, timestamps and
+token counters. Nothing else writes them.
+
+    arrive ──► WAITING ──admit──► RUNNING ──emit (last token)──► FINISHED
+      │           ▲                 │  ▲
+      └─reject─►  └──preempt (recompute, to the front)
+      REJECTED                      └──preempt (swap) ──► SWAPPED ──swap_in──┘
+
+A policy never calls these: it puts the transitions it chose into its `StepPlan`, and the
+engine hands the plan here (`begin_step`) and then the step's outcome (`emit`, `finish`).
+Every move is checked against `LEGAL_TRANSITIONS`, and a request admitted twice keeps its
+first `first_scheduled_s`.
+
+Token emission and per-request counters go through `emit` only, so a faster representation
+(counters in arrays by slot, many decode steps as one event) changes this module alone.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable
+
+import simpy
+
+from simcore.request import Request
+from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus
+from simcore.step import StepPlan
+
+_PROGRESS_EVERY = 256  # requests between progress callbacks
+
+
+class Lifecycle:
+    """Queues and per-request state of one replica; the policies read them (`Queues`)."""
+
+    def __init__(
+        self, env: simpy.Environment, max_model_len: int,
+        progress: Callable[[int], None] | None = None,
+    ):
+        self.env = env
+        self.max_model_len = max_model_len
+        self.states: list[ReqState] = []  # every submitted request, in arrival order
+        self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
+        self.running: list[ReqState] = []  # admission order; preemption takes the tail
+        self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
+        self.itl_s = array("d")  # every gap between consecutive tokens, pooled
+        self.num_done = 0  # finished + rejected
+        self._progress = progress
+
+    @property
+    def num_in_system(self) -> int:
+        """Requests waiting, running or swapped out: what a load balancer sees."""
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def _move(self, st: ReqState, to: RequestStatus) -> None:
+        if (st.status, to) not in LEGAL_TRANSITIONS:
+            raise AssertionError(f"request {st.request_id}: illegal transition {st.status.name} -> {to.name}")
+        st.status = to
+
+    # -- arrival -----------------------------------------------------------------------------
+    def arrive(self, request: Request) -> ReqState:
+        """A new request, stamped with its arrival time; not queued yet."""
+        request.arrival_s = self.env.now
+        st = ReqState(request, self.env.event(), self.max_model_len)
+        self.states.append(st)
+        return st
+
+    def enqueue(self, st: ReqState) -> None:
+        assert st.status == RequestStatus.WAITING and st.num_computed_tokens == 0
+        self.waiting.append(st)
+
+    def reject(self, st: ReqState, reason: str) -> None:
+        assert reason, "a rejection needs a reason"
+        self._move(st, RequestStatus.REJECTED)
+        st.reject_reason = reason
+        self._leave(st)
+
+    # -- the transitions a plan asks for -----------------------------------------------------
+    def begin_step(self, plan: StepPlan, now: float) -> None:
+        """Apply the plan's preemptions, swap-ins and admissions, in that order."""
+        for st, by_swap in plan.preempted:
+            self.preempt(st, by_swap)
+        for st in plan.swapped_in:
+            self.swap_in(st)
+        for st, num_cached, output_cap in plan.admitted:
+            self.admit(st, now, num_cached, output_cap)
+
+    def preempt(self, st: ReqState, by_swap: bool) -> None:
+        """Take a running request off the GPU: by swap (its KV is kept on the CPU) to the back
+        of `swapped`, or by recompute (its KV is dropped) to the front of `waiting`."""
+        running = self.running
+        if running and running[-1] is st:
+            running.pop()
+        else:
+            running.remove(st)
+        st.num_preemptions += 1
+        if by_swap:
+            self._move(st, RequestStatus.SWAPPED)
+            self.swapped.append(st)
+        else:
+            self._move(st, RequestStatus.WAITING)
+            st.num_computed_tokens = 0
+            self.waiting.appendleft(st)
+
+    def swap_in(self, st: ReqState) -> None:
+        assert self.swapped and self.swapped[0] is st, "swap-in takes the head of the swapped queue"
+        self.swapped.popleft()
+        self._move(st, RequestStatus.RUNNING)
+        self.running.append(st)
+
+    def admit(self, st: ReqState, now: float, num_cached_tokens: int = 0, output_cap: int = 0) -> None:
+        """Start (or restart, after recompute) a waiting request; the head of the queue unless
+        the policy orders the queue otherwise."""
+        waiting = self.waiting
+        if waiting and waiting[0] is st:
+            waiting.popleft()
+        else:
+            waiting.remove(st)
+        self._move(st, RequestStatus.RUNNING)
+        assert st.num_computed_tokens == 0 and 0 <= num_cached_tokens < st.num_tokens
+        st.num_computed_tokens = num_cached_tokens
+        if output_cap > 0:
+            st.num_output_target = max(1, min(st.num_output_target, output_cap))
+        if st.first_scheduled_s < 0:
+            st.first_scheduled_s = now
+        self.running.append(st)
+
+    # -- the step's outcome ------------------------------------------------------------------
+    def emit(self, plan: StepPlan, now: float) -> list[ReqState]:
+        """Advance every scheduled request; return those that produced their last token."""
+        itl = self.itl_s.append
+        finished = []
+        for st, num_new in plan.scheduled:
+            st.num_computed_tokens += num_new
+            if st.num_computed_tokens == st.num_tokens:
+                if st.num_generated:
+                    itl(now - st.last_token_s)
+                else:
+                    st.first_token_s = now
+                st.last_token_s = now
+                st.num_generated += 1
+                st.num_tokens += 1
+                if st.num_generated >= st.num_output_target:
+                    finished.append(st)
+        return finished
+
+    def finish(self, finished: list[ReqState], now: float) -> None:
+        """Requests that produced their last token leave `running` (their KV is already back)."""
+        if not finished:
+            return
+        for st in finished:
+            self._move(st, RequestStatus.FINISHED)
+            st.finish_s = now
+            self._leave(st)
+        self.running = [s for s in self.running if s.status == RequestStatus.RUNNING]
+
+    def _leave(self, st: ReqState) -> None:
+        st.done.succeed()
+        self.num_done += 1
+        if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:
+            self._progress(self.num_done)
