@@ -72,7 +72,7 @@ def plan(
     tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
     search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
     confirm_requests: Annotated[int, typer.Option(help="Requests per confirming multi-replica run.")] = 2000,
-    confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm.")] = 3,
+    confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,

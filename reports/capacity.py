@@ -220,11 +220,13 @@ def max_sustainable_rate(
     tolerance: float = DEFAULT_TOLERANCE,
     rate_cap: float | None = None,
     rate_floor: float = 0.0,
+    first_step: int | None = None,
 ) -> Capacity:
     """Bracket then bisect on the rate grid (module docstring); `evaluate(rate)` runs the
     deployment at `rate` and returns its summary. Each grid rate is run at most once. A failure
     at or below `rate_floor` ends the search with `below_floor` (the caller does not care how
-    much less than that the deployment sustains)."""
+    much less than that the deployment sustains). `first_step` (grid steps) starts the bracket
+    small when `start_rate` is a good guess; the steps double up to a factor of 2 in rate."""
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     if not (start_rate > 0 and math.isfinite(start_rate)):
@@ -246,12 +248,16 @@ def max_sustainable_rate(
         return Capacity(0.0 if lo is None else grid_rate(lo, tolerance), tolerance, points, at_least, binding)
 
     doubling = max(1, math.ceil(math.log(2.0) / math.log1p(tolerance)))
+    step = doubling if first_step is None else max(1, min(first_step, doubling))
+    floor_k = math.ceil(math.log(rate_floor) / math.log1p(tolerance) - 1e-9) if rate_floor > 0 else None
     k = grid_index(start_rate, tolerance)
     top = grid_index(rate_cap, tolerance) if rate_cap else None
+    bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
     if passes(k):
         lo = k
         while True:
-            hi = lo + doubling
+            hi = lo + step
+            step = min(2 * step, doubling)  # gallop: a good guess costs few runs, a bad one log2 more
             if top is not None and hi >= top:
                 hi = top
                 if hi <= lo:
@@ -263,21 +269,30 @@ def max_sustainable_rate(
                 break
             lo = hi
     else:
-        hi, lo = k, k - doubling
-        for _ in range(MAX_HALVINGS):
-            if grid_rate(hi, tolerance) <= rate_floor:
-                return replace(done(None), below_floor=grid_rate(hi, tolerance))
+        hi = k
+        while True:
+            lo = hi - step
+            step = min(2 * step, doubling)
+            if floor_k is not None and lo < floor_k:  # below the floor nothing matters: try it
+                if floor_k >= hi or not passes(floor_k):
+                    return replace(done(None), below_floor=grid_rate(min(hi, floor_k), tolerance))
+                lo = floor_k
+                break
+            if lo < bottom:
+                return done(None)
             if passes(lo):
                 break
-            hi, lo = lo, lo - doubling
-        else:
-            return done(None)
+            hi = lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
+        if floor_k is not None and lo < floor_k < hi:
+            mid = floor_k  # first settle whether the answer can reach the floor at all
         if passes(mid):
             lo = mid
         else:
             hi = mid
+            if floor_k is not None and hi <= floor_k:
+                return replace(done(None), below_floor=grid_rate(hi, tolerance))
     return done(lo)
 
 

@@ -40,9 +40,10 @@ from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 # traffic, i.e. dozens of end-to-end latencies. The confirmation runs use more (CONFIRM_REQUESTS).
 SEARCH_REQUESTS = 600
 CONFIRM_REQUESTS = 2000
-CONFIRM_TOP = 3  # candidates confirmed with a full multi-replica run
+CONFIRM_TOP = 2  # candidates confirmed with a full multi-replica run
 MAX_EXTRA_REPLICAS = 2  # replicas added when a confirmation run fails, before giving up
 PLAN_TOLERANCE = 0.04  # the rate search's bracket width for planning
+GUESSED_STEP = 3  # first bracket move (grid steps) when the start is guessed from searched candidates
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +110,12 @@ class Bounds:
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
+    from simcore.config import resolve
     from simcore.latency import StepLatencyModel
 
     config, model = candidate.config, candidate.model
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=config.policy)
+    resolved = resolve(model, candidate.gpu, config)
+    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=resolved.policy.overhead)
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}
@@ -130,9 +133,14 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     tpot = np.array([tpot_by_ctx[c] for c in ctx.tolist()])
     sizes = [t for t in (256, 512, 1024, 2048, 4096, 8192, 16384) if t <= budget] or [budget]
     per_token = min(_step_s(latency, t, 0, 0, 0, 0) / t for t in sizes)
-    tokens = float(np.mean(prompts + outputs))
+    throughput_ub = 1.0 / (float(np.mean(prompts + outputs)) * per_token)
+    # KV: a request holds at least its prompt's KV through each of its decode steps, and a step
+    # takes at least a one-sequence decode step, so the cache's token-seconds bound the rate
+    step1 = min(tpot_by_ctx.values())
+    kv_seconds = float(np.mean(prompts * np.maximum(outputs - 1, 0))) * step1
+    kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
     return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
-                  1.0 / (tokens * per_token))
+                  min(throughput_ub, kv_ub))
 
 
 # -- assessing candidates ---------------------------------------------------------------------
@@ -176,6 +184,7 @@ class SearchTask:
     tolerance: float
     rate_cap: float
     rate_floor: float  # below this the candidate cannot be the cheapest: stop searching
+    first_step: int | None = None  # grid steps of the first bracket move (None: a factor of 2)
 
 
 def run_search(task: SearchTask) -> Capacity:
@@ -189,7 +198,7 @@ def run_search(task: SearchTask) -> Capacity:
         return summary_with_goodput(result, task.slo)
 
     return max_sustainable_rate(evaluate, task.slo, task.start_rate, task.tolerance, task.rate_cap,
-                                task.rate_floor)
+                                task.rate_floor, task.first_step)
 
 
 def assess(
@@ -197,7 +206,7 @@ def assess(
     profile_for: Callable[[Candidate], Any],
 ) -> list[Assessment]:
     """Memory and single-step pruning; no simulation runs here."""
-    from simcore.memory import plan_memory
+    from simcore.config import resolve
 
     scaler = RateScaler(spec, take)
     arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
@@ -208,7 +217,7 @@ def assess(
     for c in candidates:
         price = prices.get(c.gpu.name)
         try:
-            plan_memory(c.model, c.gpu, c.config)
+            resolve(c.model, c.gpu, c.config)
         except DoesNotFitError as exc:
             out.append(Assessment(c, price, "memory", str(exc)))
             continue
@@ -245,7 +254,11 @@ def search_all(
     """Search r1 for every live candidate, cheapest lower bound first, in batches handed to
     `map_fn` (builtin map, or an executor's map); skip what its bound says cannot win."""
     live = [a for a in assessments if a.status == "searched"]
-    live.sort(key=lambda a: (a.cost_lower_bound(max(targets)), a.candidate.label))
+    # Largest replicas first: their runs are at high rates (big batches, few steps per token, so
+    # cheap to simulate) and the cost they set lets smaller ones stop at their floor rate
+    # (`_floor`) instead of being searched at low, slow-to-simulate rates. The order changes
+    # only how much is simulated: every skip is justified by a bound or a floor.
+    live.sort(key=lambda a: (-a.bounds.rate_ub, a.candidate.label))
     best = {t: math.inf for t in targets}
     cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
     done = 0
@@ -259,8 +272,14 @@ def search_all(
                 done += 1
                 continue
             group.append(a)
-        tasks = [SearchTask(a.candidate, a.profile, spec, take, seed, slo, max(a.bounds.rate_ub / 2, 1e-3),
-                            tolerance, cap, _floor(a, best)) for a in group]
+        tasks = []
+        found = [b.r1 / b.bounds.rate_ub for b in live if b.capacity is not None and b.r1 > 0]
+        share = float(np.median(found)) if found else 0.5  # what share of its bound a replica reached
+        for a in group:
+            floor = _floor(a, best)
+            start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
+            tasks.append(SearchTask(a.candidate, a.profile, spec, take, seed, slo, start, tolerance, cap, floor,
+                                    GUESSED_STEP if found else None))
         for a, capacity in zip(group, map_fn(run_search, tasks), strict=True):
             a.capacity = capacity
             if capacity.below_floor:
