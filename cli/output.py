@@ -206,3 +206,68 @@ def result_problems(summary: dict[str, Any], requests: Any, steps: Any) -> tuple
         if gap > 86_400:
             warnings.append(f"the longest gap between two arrivals is {gap:,.0f} s (over a day)")
     return warnings, None
+
+
+class LiveProgress:
+    """Work done / total with an ETA on stderr: a transient rich bar on a terminal (shown once the
+    work outlasts half a second), else one plain line every `period_s` (logs, CI, pipes)."""
+
+    def __init__(self, description: str, total: int | None, unit: str, period_s: float = 10.0) -> None:
+        import sys
+        import time
+
+        self.description, self.total, self.unit, self.period_s = description, total, unit, period_s
+        self._clock = time.perf_counter
+        self.started = self.last_line = self._clock()
+        self.done = 0
+        self.tty = sys.stderr.isatty()
+        self.bar = None
+
+    def update(self, done: int, total: int | None = None) -> None:
+        self.done = done
+        if total is not None:
+            self.total = total
+        now = self._clock()
+        if self.tty:
+            self._bar_update(now)
+        elif now - self.last_line >= self.period_s:
+            self.last_line = now
+            import typer
+
+            typer.echo(self.line(now), err=True)
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.started
+        text = f"{self.description}: {self.done:,}"
+        if self.total:
+            text += f" of {self.total:,} {self.unit} ({100 * self.done / self.total:.0f}%)"
+        else:
+            text += f" {self.unit}"
+        text += f", {elapsed:,.0f} s elapsed"
+        if self.total and self.done:
+            text += f", ETA {elapsed * (self.total - self.done) / self.done:,.0f} s"
+        return text
+
+    def _bar_update(self, now: float) -> None:
+        if self.bar is None:
+            if now - self.started < 0.5:
+                return
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), "ETA", TimeRemainingColumn(), transient=True,
+                                console=Console(stderr=True))
+            self.task = self.bar.add_task(self.description, total=self.total)
+            self.bar.start()
+        self.bar.update(self.task, completed=self.done, total=self.total)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +49,7 @@ from cli.options import (
 )
 from cli.output import (
     RUN_FILES,
+    LiveProgress,
     check_out_folder,
     describe_run,
     format_summary,
@@ -61,33 +60,6 @@ from cli.output import (
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
 from simcore.specs import EngineConfig
-
-
-def _progress_reporter(total: int | None):
-    """A rich progress bar on a terminal, shown only once a run outlasts half a second."""
-    if not total or not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    progress = Progress(
-        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), transient=True, console=None,
-    )
-    task = progress.add_task("simulating", total=total)
-    started = time.perf_counter()
-    state = {"live": False}
-
-    def update(done: int) -> None:
-        if not state["live"] and time.perf_counter() - started > 0.5:
-            progress.start()
-            state["live"] = True
-        progress.update(task, completed=done)
-
-    def stop() -> None:
-        if state["live"]:
-            progress.stop()
-
-    return update, stop
 
 
 def run(
@@ -187,11 +159,11 @@ def run(
     say(memory.describe())
     if dp > 1:
         say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
-    update, stop = _progress_reporter(getattr(wl, "num_requests", None))
+    progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=update)
+        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update)
     finally:
-        stop()
+        progress.stop()
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings():

@@ -331,7 +331,7 @@ def test_overrides():
         ({"burstiness": 0.5}, "burstiness applies"),
         ({"think_time_s": 1.0}, "think time applies"),
         ({"bogus": 1}, "unknown workload override"),
-        ({"num_requests": 0}, "num_requests"),
+        ({"num_requests": 0}, "--num-requests must be an integer >= 1"),
     ],
 )
 def test_bad_overrides(overrides, match):

@@ -366,6 +366,8 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
     unknown = sorted(set(given) - set(OVERRIDE_KEYS))
     if unknown:
         raise WorkloadError(f"unknown workload override {unknown[0]!r} (known: {', '.join(OVERRIDE_KEYS)})")
+    for key, value in given.items():
+        _check_override(key, value)
     if "rate" in given and "concurrency" in given:
         raise WorkloadError("give either a request rate (open loop) or a concurrency (closed loop), not both")
     changes: dict[str, Any] = {}
@@ -412,6 +414,25 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
         if key in given:
             changes[key] = Categorical((int(given[key]),))
     return dataclasses.replace(spec, **changes)
+
+
+# CLI override -> (integer?, lowest allowed, lowest excluded?); each is the flag `--key-with-dashes`.
+_OVERRIDE_RANGES = {
+    "num_requests": (True, 1, False), "rate": (False, 0, True), "concurrency": (True, 1, False),
+    "burstiness": (False, 0, True), "input_len": (False, 1, False), "output_len": (False, 1, False),
+    "max_tokens": (True, 1, False), "n": (True, 1, False), "beam_width": (True, 1, False),
+    "think_time_s": (False, 0, False),
+}
+
+
+def _check_override(key: str, value: Any) -> None:
+    """An override is a command-line flag: its error names the flag, not the workload field."""
+    integer, lowest, strict = _OVERRIDE_RANGES[key]
+    ok = _is_number(value) and math.isfinite(value) and (not integer or float(value).is_integer())
+    ok = ok and (value > lowest if strict else value >= lowest)
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise WorkloadError(f"--{key.replace('_', '-')} must be {kind} {'>' if strict else '>='} {lowest}, got {value}")
 
 
 def load_workload(
