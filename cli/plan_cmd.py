@@ -74,6 +74,7 @@ def plan(
     confirm_requests: Annotated[int, typer.Option(help="Requests per confirming multi-replica run.")] = 2000,
     confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
+    jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -102,6 +103,8 @@ def plan(
     for flag, value in (("--search-requests", search_requests), ("--confirm-requests", confirm_requests)):
         if value < 50:
             raise ConfigError(f"{flag} must be >= 50 (a run needs a warm-up and a tail), got {value}")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
     prices = load_prices(price)
@@ -126,12 +129,20 @@ def plan(
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
     update, stop = _progress()
+    pool = None
+    if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs)
     try:
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
-                           confirm_top=confirm_top, progress=update)
+                           confirm_top=confirm_top, progress=update, map_fn=pool.map if pool else map,
+                           batch=jobs)
     finally:
         stop()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
 

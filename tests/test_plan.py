@@ -133,3 +133,10 @@ def test_plan_bad_input_is_one_line(args, needle):
     result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", *args])
     assert result.exit_code == 2, result.stdout
     assert needle in result.stderr and result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_parallel_searches_give_the_same_answer():
+    args = [*PLAN, "--rate", "30", "--json"]
+    one = json.loads(CliRunner().invoke(app, args).stdout)["answers"][0]["best"]
+    two = json.loads(CliRunner().invoke(app, [*args, "--jobs", "2"]).stdout)["answers"][0]["best"]
+    assert {k: one[k] for k in ("gpu", "tp", "replicas", "max_rate")} == {k: two[k] for k in ("gpu", "tp", "replicas", "max_rate")}
