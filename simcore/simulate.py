@@ -126,7 +126,7 @@ def prepare(
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if isinstance(config, ResolvedConfig):
-        assert config.model == model and config.gpu == gpu, "resolved for another model or GPU"
+        assert config.model == config.engine.resolve_model(model) and config.gpu == gpu, "resolved for another model or GPU"
         cfg = config
     else:
         cfg = resolve(model, gpu, config)
