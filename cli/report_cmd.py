@@ -1,4 +1,4 @@
-"""`kvsim report ...`: build a report (markdown, CSV, figure) from simulations and write it."""
+"""`kvsim report ...`: build a report (markdown, CSV, figures, one HTML page) and write it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from cli.options import SloTpotP95, SloTtftP95, check_slos
 from simcore.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Build reports: tables, figures and their markdown.")
@@ -44,19 +45,18 @@ def _progress():
 def seed_table(
     num_requests: Annotated[int, typer.Option(min=1, help="Requests per simulated run.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed; every run uses it, so policies see the same traffic.")] = 0,
-    out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.png. [default: reports/reference in a checkout]")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.html and its PNGs. [default: reports/reference in a source checkout, else ./reports/seed-table in the current directory]")] = None,
 ) -> None:
     """Rerun the seed article's benchmark table (3 settings x 3 policies) and write the report."""
     from reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
     if seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
-    out_dir = out if out is not None else reference_dir()
-    if out_dir is None:
-        raise ConfigError("no writable reports/reference folder here (not a source checkout); pass --out DIR")
+    out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")
     from cli.output import check_out_folder
+    from reports.seed_table import FILES
 
-    check_out_folder(out_dir, ("seed-table.md", "seed-table.csv", "seed-table.png"))
+    check_out_folder(out_dir, FILES)
     update, stop = _progress()
     try:
         report = build_seed_table(num_requests, seed, progress=update)
@@ -65,3 +65,27 @@ def seed_table(
     paths = write_seed_table(report, out_dir)
     typer.echo(markdown_table(report))
     typer.echo(f"Wrote {', '.join(str(p) for p in paths)} (simulated in {report.wall_s:.1f} s)", err=True)
+
+
+@app.command("sweep")
+def sweep_report(
+    table: Annotated[Path, typer.Argument(help="A table written by `kvsim sweep --out`.")],
+    out: Annotated[Path | None, typer.Option(help="Folder for the PNGs and sweep-report.html. [default: ./reports/sweep-TABLE in the current directory]")] = None,
+    slo_ttft_p95_ms: SloTtftP95 = None,
+    slo_tpot_p95_ms: SloTpotP95 = None,
+) -> None:
+    """Draw a sweep table: heatmaps over block size x utilisation, throughput-latency curves, one HTML page."""
+    from reports.sweep_report import load_report, write_sweep_report
+
+    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from cli.output import check_out_folder
+    from reports.sweep_report import FILES
+
+    out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
+    report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)  # a bad table: nothing created
+    check_out_folder(out_dir, FILES)
+    command = " ".join(["kvsim report sweep", str(table)] + (["--out", str(out)] if out else []) + [
+        f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
+                                                       ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None])
+    paths = write_sweep_report(report, out_dir, command)
+    typer.echo(f"Wrote {len(paths)} files to {out_dir}: {', '.join(p.name for p in paths)}")

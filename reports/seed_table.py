@@ -75,6 +75,7 @@ class SeedTableReport:
     max_model_len: int
     wall_s: float = 0.0  # not part of the deterministic result
     warnings: list[str] = field(default_factory=list)
+    series: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (setting, policy) -> _series()
 
 
 def run_point(setting: Setting, policy: str, num_requests: int, seed: int):
@@ -121,7 +122,7 @@ def _row(setting: Setting, policy: str, result) -> dict[str, Any]:
 def build_seed_table(num_requests: int = 1000, seed: int = 0, progress=None) -> SeedTableReport:
     """Run every setting x policy with the same seed (so each policy sees the same traffic)."""
     started = time.perf_counter()
-    rows, profiles, warnings = [], {}, []
+    rows, profiles, warnings, series = [], {}, [], {}
     version, max_model_len = "", 0
     cells = [(st, pol) for st in SETTINGS for pol in POLICIES]
     for i, (setting, policy) in enumerate(cells):
@@ -131,11 +132,43 @@ def build_seed_table(num_requests: int = 1000, seed: int = 0, progress=None) -> 
         profiles[setting.tp] = {"label": p["label"], "source": p["source"], "sha256": p["sha256"]}
         version, max_model_len = result.record["kvsim_version"], result.memory.max_model_len
         warnings += [f"{setting.name}/{policy}: {w}" for w in result.warnings]
+        series[(setting.name, policy)] = _series(result)
         if progress is not None:
             progress(i + 1, len(cells))
     frame = pd.DataFrame(rows).astype({"max_tokens": "Int64"})
     return SeedTableReport(frame, num_requests, seed, version, profiles, max_model_len,
-                           time.perf_counter() - started, warnings)
+                           time.perf_counter() - started, warnings, series)
+
+
+FILES = ("seed-table.md", "seed-table.csv", "seed-table.html", "seed-table.png", "seed-table-kv.png",
+         "seed-table-ttft.png")
+KV_PARTS = (  # step-table column, legend label (DESIGN.md "KV waste")
+    ("kv_live", "live tokens"), ("kv_reserved_future", "reserved for future tokens"),
+    ("kv_internal", "over-reserved / internal fragmentation"), ("kv_stale", "stale (finished, still held)"),
+    ("kv_external", "external fragmentation (free, unusable)"),
+)
+MAX_POINTS = 400  # time bins per KV series: enough for the figure, small in memory
+
+
+def _series(result) -> dict[str, Any]:
+    """What the figures need from one run: the KV breakdown over time (time-weighted means in at
+    most MAX_POINTS bins, as % of the KV cache) and the sorted TTFTs of finished requests."""
+    import numpy as np
+
+    steps, capacity = result.steps, max(1, result.memory.num_gpu_tokens)
+    start, dt = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
+    t0, t1 = (float(start.min()), float((start + dt).max())) if len(steps) else (0.0, 1.0)
+    edges = np.linspace(t0, t1, MAX_POINTS + 1)
+    which = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, MAX_POINTS - 1)
+    weight = np.bincount(which, weights=dt, minlength=MAX_POINTS)
+    keep = weight > 0
+    out: dict[str, Any] = {"t_s": ((edges[:-1] + edges[1:]) / 2)[keep], "capacity": capacity}
+    for col, _ in KV_PARTS:
+        total = np.bincount(which, weights=steps[col].to_numpy() * dt, minlength=MAX_POINTS)
+        out[col] = 100.0 * total[keep] / weight[keep] / capacity
+    done = result.requests[result.requests["status"] == "finished"]
+    out["ttft_ms"] = np.sort(1000.0 * done["ttft_s"].to_numpy())
+    return out
 
 
 # -- markdown ------------------------------------------------------------------------------
@@ -344,6 +377,8 @@ def render_figure(report: SeedTableReport, path: Path) -> None:
                label="article")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(policies))], policies)
         ax.set_title(title)
+        ax.set_ylabel(title)
+        ax.set_xlabel("batching policy")
         if col == "ttft_p95_ms":
             ax.set_yscale("log")
     axes[0].legend(fontsize=8, title="hatched: memory-bound", title_fontsize=8)
@@ -354,6 +389,89 @@ def render_figure(report: SeedTableReport, path: Path) -> None:
     plt.close(fig)
 
 
+def render_kv_figure(report: SeedTableReport, path: Path) -> None:
+    """KV memory over time, stacked by what it holds, one panel per setting (row) and policy (column)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = list(POLICIES)
+    fig, axes = plt.subplots(len(SETTINGS), len(policies), figsize=(14, 2.6 * len(SETTINGS)), squeeze=False,
+                             sharey=True)
+    colours = ("#2b8a3e", "#74b816", "#f08c00", "#c92a2a", "#868e96")
+    for r, setting in enumerate(SETTINGS):
+        for c, policy in enumerate(policies):
+            ax, data = axes[r][c], report.series.get((setting.name, policy))
+            if data is None:
+                ax.set_visible(False)
+                continue
+            ax.stackplot(data["t_s"], *[data[col] for col, _ in KV_PARTS], colors=colours,
+                         labels=[label for _, label in KV_PARTS], linewidth=0)
+            ax.set_ylim(0, 100)
+            ax.set_xlim(float(data["t_s"].min()) if len(data["t_s"]) else 0, None)
+            ax.set_title(f"{setting.name} / {policy} ({_regime(report.rows, setting.name, policy)})", fontsize=9)
+            if c == 0:
+                ax.set_ylabel("% of KV cache")
+            if r == len(SETTINGS) - 1:
+                ax.set_xlabel("simulated time (s)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(KV_PARTS), fontsize=9, frameon=False)
+    fig.suptitle(f"KV cache over time by what it holds (seed {report.seed}, {report.num_requests} requests); "
+                 "white: free", fontsize=11)
+    fig.tight_layout(rect=(0, 0.035, 1, 0.98))
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def render_ttft_cdf(report: SeedTableReport, path: Path) -> None:
+    """TTFT CDF per policy, one panel per setting (log time axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(15, 3.8), sharey=True)
+    for ax, setting in zip(axes, SETTINGS, strict=True):
+        for policy in POLICIES:
+            data = report.series.get((setting.name, policy))
+            if data is None or not len(data["ttft_ms"]):
+                continue
+            ttft = np.maximum(data["ttft_ms"], 1e-3)
+            ax.step(ttft, np.arange(1, len(ttft) + 1) / len(ttft), where="post", label=policy)
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (ms, log scale)")
+        ax.set_title(f"{setting.name}: TP {setting.tp}, {setting.clients} clients", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("share of requests with TTFT <= x")
+    axes[0].legend(title="policy", fontsize=9)
+    fig.suptitle(f"TTFT distribution per policy (seed {report.seed}, {report.num_requests} requests per run)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def render_html(report: SeedTableReport, pngs: dict[str, Path]) -> str:
+    """The markdown report as one self-contained page, with the three figures and the CSV rows."""
+    from reports import html
+
+    captions = {
+        "seed-table.png": "Output throughput, KV waste and TTFT p95 per policy, one bar per setting and the "
+                          "article's figures in black; hatched bars are memory-bound runs.",
+        "seed-table-kv.png": "KV cache over simulated time, stacked by what it holds (live tokens, reserved for "
+                             "future tokens, over-reservation / internal fragmentation, stale, external "
+                             "fragmentation) as % of the cache; one panel per setting and policy.",
+        "seed-table-ttft.png": "TTFT cumulative distribution per policy (finished requests), one panel per setting.",
+    }
+    body = [html.markdown(render_markdown(report)), "<h2>Figures</h2>"]
+    body += [html.figure(path, captions[name]) for name, path in pngs.items()]
+    meta = {"Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items())}
+    body += ["<h2>Every row (click a header to sort)</h2>", html.table(csv_frame(report)), html.meta_table(meta)]
+    return html.page("kvsim: the seed article's benchmark table", body)
+
+
 def csv_frame(report: SeedTableReport) -> pd.DataFrame:
     """The rows as written to seed-table.csv (with the run's seed and version on each row)."""
     return report.rows.assign(seed=report.seed, num_requests=report.num_requests,
@@ -361,12 +479,22 @@ def csv_frame(report: SeedTableReport) -> pd.DataFrame:
 
 
 def write_seed_table(report: SeedTableReport, out_dir: Path) -> list[Path]:
-    """seed-table.md, seed-table.csv and seed-table.png in `out_dir`, all or none."""
+    """seed-table.md/.csv/.html and its three PNGs in `out_dir`, all or none."""
+    import tempfile
+
     from reports.files import write_files
 
     text = render_markdown(report)
-    return write_files(out_dir, {
-        "seed-table.md": lambda p: p.write_text(text),
-        "seed-table.csv": lambda p: csv_frame(report).to_csv(p, index=False, float_format="%.6g"),
-        "seed-table.png": lambda p: render_figure(report, p),
-    })
+    with tempfile.TemporaryDirectory(prefix="kvsim-report-") as tmp:
+        pngs = {name: Path(tmp) / name for name in ("seed-table.png", "seed-table-kv.png", "seed-table-ttft.png")}
+        render_figure(report, pngs["seed-table.png"])
+        render_kv_figure(report, pngs["seed-table-kv.png"])
+        render_ttft_cdf(report, pngs["seed-table-ttft.png"])
+        page = render_html(report, pngs)
+        writers = {name: (lambda dst, src=src: dst.write_bytes(src.read_bytes())) for name, src in pngs.items()}
+        writers.update({
+            "seed-table.md": lambda p: p.write_text(text),
+            "seed-table.csv": lambda p: csv_frame(report).to_csv(p, index=False, float_format="%.6g"),
+            "seed-table.html": lambda p: p.write_text(page),
+        })
+        return write_files(out_dir, writers)

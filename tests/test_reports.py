@@ -89,22 +89,29 @@ def test_disagreement_ratios_are_arithmetic_on_both_tables(report):
     assert f"| continuous | output tok/s | 1,850 | {ours:,.0f} | {ours / theirs:.2f}x |" in text
 
 
-def test_cli_writes_md_csv_png_and_prints_the_table(tmp_path: Path):
-    out = tmp_path / "rep"
-    result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "40", "--out", str(out)])
+def test_cli_outside_a_checkout_writes_md_csv_html_pngs_to_reports_here(monkeypatch, tmp_path: Path):
+    """As after a plain `pip install .` (no reference folder): the report goes to ./reports/seed-table;
+    the page renders in headless Chromium with its three figures, every row and no console error."""
+    import cli.report_cmd
+    from tests.chromium import console_errors, render
+
+    monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "40"])
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["seed-table.csv", "seed-table.md", "seed-table.png"]
+    out = tmp_path / "reports" / "seed-table"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "seed-table-kv.png", "seed-table-ttft.png", "seed-table.csv", "seed-table.html", "seed-table.md",
+        "seed-table.png"]
     assert (out / "seed-table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     csv = pd.read_csv(out / "seed-table.csv")
     assert len(csv) == 3 * len(SETTINGS) and (csv["num_requests"] == 40).all() and "regime" in csv.columns
     assert "| setting | policy | regime |" in result.stdout
     assert "--num-requests 40 --seed 0" in (out / "seed-table.md").read_text()
-
-
-def test_cli_without_a_reference_folder_requires_out(monkeypatch):
-    import cli.report_cmd
-
-    monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)
-    result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "5"])
-    assert result.exit_code == 2
-    assert result.stderr.strip().count("\n") == 0 and "--out" in result.stderr
+    page = (out / "seed-table.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 3 and "## " not in page
+    dom, log = render(out / "seed-table.html")
+    assert console_errors(log) == []
+    assert dom.count("<figure>") == 3 and 'data-sortable-ready="1"' in dom
+    rows = dom.split("Every row")[-1].split("<tbody>")[1].split("</tbody>")[0]
+    assert rows.count("<tr") == len(SETTINGS) * len(POLICIES)

@@ -1,0 +1,384 @@
+"""`kvsim report sweep TABLE`: pictures of a sweep table, as PNG files and one HTML page.
+
+- Heatmaps of output throughput, TTFT p95, TPOT p95 and KV waste over block size x
+  gpu_memory_utilization, one panel per policy (and GPU); cells that miss the SLO are hatched,
+  the SLO boundary is a thick line between passing and failing cells, the best point a star.
+- Throughput-latency curves: TTFT p95 and TPOT p95 against output throughput as the offered load
+  (rate, or clients) rises, one line per policy (and GPU); the SLO limits dashed, the best point starred.
+
+Other swept settings (TP, DP, max_num_seqs, and the load for the heatmaps) are held at the best
+point's values; each figure says which. Several seeds: each cell is the mean (curves carry the
+95% interval as error bars). The best point is the cheapest that meets the SLO (fewest GPUs, then
+highest throughput), or without an SLO the highest throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, summarize_points
+from simcore.errors import ConfigError
+
+HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
+    ("throughput", "output_tok_s", "Output throughput", "output tok/s", True, 1.0),
+    ("ttft-p95", "ttft_p95_ms", "TTFT p95", "ms", False, 1.0),
+    ("tpot-p95", "tpot_p95_ms", "TPOT p95", "ms", False, 1.0),
+    ("kv-waste", "kv_waste", "KV cache waste", "% of allocated KV", False, 100.0),
+)
+FACETS = ("policy", "gpu")
+HEAT_AXES = ("block_size", "gpu_mem_util")
+FILES = tuple(f"heatmap-{h[0]}.png" for h in HEATMAPS) + ("throughput-latency.png", "sweep-report.html")
+LOADS = (("rate", "offered rate (req/s)"), ("concurrency", "clients"))
+
+
+@dataclass
+class SweepReport:
+    """A sweep table summarised per grid cell, with what the figures need."""
+
+    table: Path
+    cells: pd.DataFrame  # one row per cell: swept values (short names), means, meets_slo
+    varying: list[str]  # short names of the settings that take more than one value
+    best: int | None  # row of `cells`
+    slo: dict[str, float | None]  # ttft_p95_ms, tpot_p95_ms
+    context: dict[str, Any]  # model, workload, seeds, versions, profiles
+
+
+def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_ms: float | None = None) -> SweepReport:
+    """Read a sweep table and summarise it; SLOs default to the ones the sweep was run with."""
+    from reports.sweep_table import read_table
+
+    rows = read_table(table)
+    if rows.empty:
+        raise ConfigError(f"{table}: the sweep table has no rows")
+    swept = [k for k in SWEEPABLE if k in rows.columns]
+    cells = summarize_points(rows, swept)
+    varying = [SWEEPABLE[k][1] for k in swept if rows[k].nunique(dropna=False) > 1]
+    slo = {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms}
+    for key in slo:
+        if slo[key] is None and f"slo_{key}" in rows.columns and rows[f"slo_{key}"].notna().any():
+            slo[key] = float(rows[f"slo_{key}"].dropna().iloc[0])
+    if slo["ttft_p95_ms"] is not None or slo["tpot_p95_ms"] is not None:
+        cells = add_slo(cells, slo["ttft_p95_ms"], slo["tpot_p95_ms"])
+        best = cheapest_passing(cells, [0 if pd.isna(g) else int(g) for g in cells["gpus"]])
+    else:
+        ran = cells["output_tok_s"].astype(float)
+        best = None if ran.isna().all() else int(ran.idxmax())
+    return SweepReport(table, cells, varying, best, slo, _context(rows))
+
+
+def _context(rows: pd.DataFrame) -> dict[str, Any]:
+    def values(col: str) -> str:
+        if col not in rows.columns:
+            return ""
+        return ", ".join(str(v) for v in pd.unique(rows[col].dropna()))
+
+    profiles = rows.dropna(subset=["profile_sha256"]) if "profile_sha256" in rows.columns else rows.iloc[:0]
+    return {
+        "model": values("model"), "workload": values("workload"), "num_requests": values("num_requests"),
+        "seeds": sorted(int(s) for s in pd.unique(rows["seed"])), "kvsim_versions": values("kvsim_version"),
+        "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
+                            for r in profiles.itertuples()}),
+        "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
+    }
+
+
+# -- slicing --------------------------------------------------------------------------------
+def _facets(report: SweepReport) -> list[tuple[str, pd.DataFrame]]:
+    """(title, cells) per panel: one per policy / GPU combination that varies."""
+    keys = [k for k in FACETS if k in report.varying]
+    if not keys:
+        return [("", report.cells)]
+    return [(", ".join(f"{k}={v}" for k, v in zip(keys, vals if isinstance(vals, tuple) else (vals,), strict=True)), g)
+            for vals, g in report.cells.groupby(keys if len(keys) > 1 else keys[0], sort=False)]
+
+
+def _anchor(report: SweepReport) -> pd.Series:
+    return report.cells.iloc[report.best if report.best is not None else 0]
+
+
+def _held(report: SweepReport, free: tuple[str, ...]) -> dict[str, Any]:
+    """The settings a figure holds fixed (at the best point's values): every varying one not free."""
+    anchor = _anchor(report)
+    return {k: anchor[k] for k in report.varying if k not in free and k not in FACETS}
+
+
+def _slice(cells: pd.DataFrame, held: dict[str, Any]) -> pd.DataFrame:
+    mask = np.ones(len(cells), dtype=bool)
+    for k, v in held.items():
+        mask &= (cells[k] == v).to_numpy() if not pd.isna(v) else cells[k].isna().to_numpy()
+    return cells[mask]
+
+
+def _held_text(held: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in held.items()) or "nothing else varies"
+
+
+# -- heatmaps -------------------------------------------------------------------------------
+def render_heatmap(report: SweepReport, spec: tuple, path: Path) -> str:
+    """One metric over block size x utilisation, a panel per facet; returns the caption."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem, col, title, unit, higher_better, scale = spec
+    held = _held(report, HEAT_AXES)
+    facets = [(name, _slice(cells, held)) for name, cells in _facets(report)]
+    xs = sorted(report.cells["block_size"].dropna().unique())
+    ys = sorted(report.cells["gpu_mem_util"].dropna().unique())
+    values = [_grid(cells, xs, ys, col, scale) for _, cells in facets]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values] + [np.zeros(0)])
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    ncols = min(len(facets), 3)
+    nrows = -(-len(facets) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(1.2 + 4.3 * ncols, 0.9 + 3.6 * nrows), squeeze=False)
+    cmap = plt.get_cmap("viridis" if higher_better else "viridis_r").copy()
+    cmap = cmap.with_extremes(bad="#d9d9d9")
+    norm = _norm(vmin, vmax, log=unit == "ms")
+    image = None
+    for k, (ax, (name, cells), grid) in enumerate(zip(axes.flat, facets, values, strict=False)):
+        image = ax.imshow(grid, origin="lower", cmap=cmap, norm=norm, aspect="auto")
+        _annotate(ax, grid, cells, xs, ys, report, lambda v: cmap(norm(v)))
+        ax.set_xticks(range(len(xs)), [str(int(x)) for x in xs])
+        ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
+        ax.set_xlabel("block size (tokens per KV block)")
+        if k % ncols == 0:
+            ax.set_ylabel("gpu_memory_utilization\n(share of GPU memory)")
+        ax.set_title(name or title)
+    for ax in list(axes.flat)[len(facets):]:
+        ax.set_visible(False)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), label=f"{title} ({unit})", shrink=0.9)
+    _heat_legend(fig, report)
+    fig.suptitle(f"{title} ({unit}) over block size x gpu_memory_utilization; held: {_held_text(held)}",
+                 fontsize=11)
+    fig.savefig(path, dpi=100, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    lower = "higher is better" if higher_better else "lower is better"
+    return (f"{title} ({unit}, {lower}) per block size and gpu_memory_utilization, one panel per "
+            f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; other settings held at "
+            f"{_held_text(held)}. Grey: the model does not fit. Hatched: misses the SLO; thick line: SLO "
+            "boundary; star: best point.")
+
+
+def _norm(vmin: float, vmax: float, log: bool):
+    """Colour scale: logarithmic for latencies spanning more than 20x (a slow policy would
+    otherwise flatten every other cell into one colour)."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    if log and vmin > 0 and vmax / vmin > 20:
+        return LogNorm(vmin=vmin, vmax=vmax)
+    return Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1)
+
+
+def _grid(cells: pd.DataFrame, xs: list, ys: list, col: str, scale: float) -> np.ndarray:
+    grid = np.full((len(ys), len(xs)), np.nan)
+    for _, row in cells.iterrows():
+        if row["block_size"] in xs and row["gpu_mem_util"] in ys and not pd.isna(row[col]):
+            grid[ys.index(row["gpu_mem_util"]), xs.index(row["block_size"])] = float(row[col]) * scale
+    return grid
+
+
+def _annotate(ax, grid: np.ndarray, cells: pd.DataFrame, xs: list, ys: list, report: SweepReport, colour_of) -> None:
+    """Values in the cells, hatching for SLO misses, the SLO boundary, the best point's star."""
+    from matplotlib.patches import Rectangle
+
+    passing = np.full(grid.shape, False)
+    has_slo = "meets_slo" in cells.columns
+    best_label = report.cells.index[report.best] if report.best is not None else None
+    for idx, row in cells.iterrows():
+        if row["block_size"] not in xs or row["gpu_mem_util"] not in ys:
+            continue
+        i, j = ys.index(row["gpu_mem_util"]), xs.index(row["block_size"])
+        v = grid[i, j]
+        text = "does not\nfit" if np.isnan(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}")
+        ax.text(j, i, text, ha="center", va="center", fontsize=9, color=_ink(colour_of(v)) if not np.isnan(v) else "#444")
+        if has_slo:
+            passing[i, j] = bool(row["meets_slo"])
+            if not passing[i, j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#b22222",
+                                       linewidth=0))
+        if idx == best_label:
+            ax.plot(j, i + 0.3, marker="*", markersize=18, color="#e6007e", markeredgecolor="white")
+    if has_slo:
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if j + 1 < grid.shape[1] and passing[i, j] != passing[i, j + 1]:
+                    ax.plot([j + 0.5, j + 0.5], [i - 0.5, i + 0.5], color="black", linewidth=3)
+                if i + 1 < grid.shape[0] and passing[i, j] != passing[i + 1, j]:
+                    ax.plot([j - 0.5, j + 0.5], [i + 0.5, i + 0.5], color="black", linewidth=3)
+
+
+def _ink(rgba) -> str:
+    """Black text on light cells, white on dark ones (relative luminance, ITU-R BT.709 weights)."""
+    r, g, b = rgba[:3]
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "white"
+
+
+def _heat_legend(fig, report: SweepReport) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Line2D([], [], marker="*", linestyle="", markersize=14, color="#e6007e", markeredgecolor="white",
+                      label=_best_label(report)),
+               Patch(facecolor="#d9d9d9", label="model does not fit")]
+    if "meets_slo" in report.cells.columns:
+        handles += [Patch(facecolor="white", edgecolor="#b22222", hatch="///", label=f"misses SLO ({_slo_text(report)})"),
+                    Line2D([], [], color="black", linewidth=3, label="SLO boundary")]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, -0.06))
+
+
+def _slo_text(report: SweepReport) -> str:
+    parts = []
+    if report.slo["ttft_p95_ms"] is not None:
+        parts.append(f"TTFT p95 <= {report.slo['ttft_p95_ms']:g} ms")
+    if report.slo["tpot_p95_ms"] is not None:
+        parts.append(f"TPOT p95 <= {report.slo['tpot_p95_ms']:g} ms")
+    return ", ".join(parts) or "no SLO"
+
+
+def _best_label(report: SweepReport) -> str:
+    if "meets_slo" in report.cells.columns:
+        return "best: cheapest point meeting the SLO" if report.best is not None else "no point meets the SLO"
+    return "best: highest throughput"
+
+
+# -- throughput-latency curves ----------------------------------------------------------------
+def _load_axis(report: SweepReport) -> tuple[str, str] | None:
+    for col, label in LOADS:
+        if col in report.varying:
+            return col, label
+    return None
+
+
+def render_curves(report: SweepReport, path: Path) -> str | None:
+    """TTFT p95 and TPOT p95 vs output throughput over the load, a line per facet; None if the
+    load was not swept."""
+    load = _load_axis(report)
+    if load is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    load_col, load_label = load
+    held = _held(report, (load_col,))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    best = _anchor(report) if report.best is not None else None
+    for name, cells in _facets(report):
+        cells = _slice(cells, held).sort_values(load_col)
+        cells = cells[cells["output_tok_s"].notna()]
+        if cells.empty:
+            continue
+        for ax, col in zip(axes, ("ttft_p95_ms", "tpot_p95_ms"), strict=True):
+            yerr = None
+            if f"{col}_ci95_low" in cells.columns:
+                yerr = np.vstack([cells[col] - cells[f"{col}_ci95_low"], cells[f"{col}_ci95_high"] - cells[col]])
+                yerr = np.nan_to_num(yerr.astype(float))
+            ax.errorbar(cells["output_tok_s"], cells[col], yerr=yerr, marker="o", capsize=3, label=name or "sweep")
+            for _, row in cells.iterrows():
+                ax.annotate(f"{row[load_col]:g}", (row["output_tok_s"], row[col]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color="#555")
+    for ax, col, title in zip(axes, ("ttft_p95_ms", "tpot_p95_ms"), ("TTFT p95", "TPOT p95"), strict=True):
+        limit = report.slo[col]
+        if limit is not None:
+            ax.axhline(limit, color="#b22222", linestyle="--", label=f"SLO {title} <= {limit:g} ms")
+        if best is not None and best[load_col] in set(_slice(report.cells, held)[load_col]):
+            ax.plot(best["output_tok_s"], best[col], marker="*", markersize=18, color="#e6007e",
+                    markeredgecolor="white", linestyle="", label=_best_label(report), zorder=5)
+        ax.set_xlabel("output throughput (tok/s)")
+        ax.set_ylabel(f"{title} (ms)")
+        shown = report.cells[col].dropna().astype(float)
+        if len(shown) and shown.min() > 0 and shown.max() / shown.min() > 10:
+            ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"{title} vs throughput (point labels: {load_label})")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Throughput-latency as the {load_label} rises; held: {_held_text(held)}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return (f"TTFT p95 and TPOT p95 (ms) against output throughput (tok/s) as the {load_label} "
+            f"rises (each point labelled with it), one line per "
+            f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; held: {_held_text(held)}. "
+            "Dashed: SLO limit; star: best point; error bars: 95% interval over seeds (if several).")
+
+
+# -- page -----------------------------------------------------------------------------------
+def _formats() -> dict[str, Any]:
+    def num(fmt: str):
+        return lambda v: format(float(v), fmt)
+
+    out: dict[str, Any] = {c: num(",.1f") for c in ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
+                                                    "tpot_p95_ms")}
+    out.update({"kv_waste": lambda v: f"{100 * float(v):.1f}%", "kv_cache_tokens": num(",.0f"),
+                "meets_slo": lambda v: "yes" if v else "no", "gpus": num(".0f")})
+    for col in list(out):
+        for side in ("low", "high"):
+            out[f"{col}_ci95_{side}"] = out[col]
+    return out
+
+
+def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: str) -> str:
+    from reports import html
+
+    ctx = report.context
+    meta = {
+        "Command": html.code(command),
+        "Table": html.code(str(report.table)) + f" ({ctx['num_points']} rows, made by kvsim {ctx['kvsim_versions']})",
+        "Model / workload": f"{ctx['model']}; workload {ctx['workload']}, {ctx['num_requests']} requests per point",
+        "Seeds": ", ".join(map(str, ctx["seeds"])) + (" (cells show the mean; tables give 95% intervals)"
+                                                       if len(ctx["seeds"]) > 1 else ""),
+        "Swept": ", ".join(f"{k} ({report.cells[k].nunique()} values)" for k in report.varying) or "nothing",
+        "SLO": html.escape_text(_slo_text(report)),
+        "Profiles": "<br>".join(ctx["profiles"]) or "none ran",
+        "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
+    }
+    best = "No point ran." if report.best is None else _best_sentence(report)
+    body = [f"<h1>kvsim sweep report: {html.code(report.table.name)}</h1>", html.meta_table(meta),
+            f"<p><b>Best point.</b> {best}</p>", "<h2>Figures</h2>"]
+    body += [html.figure(png, caption) for png, caption in figures]
+    if not figures:
+        body.append("<p>No figure: neither block size x utilisation nor the load was swept.</p>")
+    classes = ["best" if i == report.best else "" for i in range(len(report.cells))]
+    body += ["<h2>Every cell (click a header to sort)</h2>",
+             html.table(report.cells, _formats(), classes)]
+    return html.page(f"kvsim sweep report: {report.table.name}", body)
+
+
+def _best_sentence(report: SweepReport) -> str:
+    row = report.cells.iloc[report.best]
+    settings = ", ".join(f"{k}={row[k]}" for k in report.varying)
+    what = _best_label(report).removeprefix("best: ")
+    return (f"{what[0].upper()}{what[1:]}: {settings or 'the only point'}: {row['output_tok_s']:,.1f} output tok/s, TTFT p95 "
+            f"{row['ttft_p95_ms']:,.1f} ms, TPOT p95 {row['tpot_p95_ms']:,.1f} ms, KV waste "
+            f"{100 * row['kv_waste']:.1f}%, {row['gpus']} GPU(s).")
+
+
+def write_sweep_report(report: SweepReport, out_dir: Path, command: str) -> list[Path]:
+    """PNG per figure and sweep-report.html (figures embedded) in `out_dir`, all or none."""
+    import tempfile
+
+    from reports.files import write_files
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-report-") as tmp:
+        pngs: dict[str, tuple[Path, str]] = {}
+        if {"block_size", "gpu_mem_util"} & set(report.varying):
+            for spec in HEATMAPS:
+                path = Path(tmp) / f"heatmap-{spec[0]}.png"
+                pngs[path.name] = (path, render_heatmap(report, spec, path))
+        curves = Path(tmp) / "throughput-latency.png"
+        caption = render_curves(report, curves)
+        if caption is not None:
+            pngs[curves.name] = (curves, caption)
+        page = render_html(report, list(pngs.values()), command)
+        writers = {name: (lambda dst, src=src: dst.write_bytes(src.read_bytes())) for name, (src, _) in pngs.items()}
+        writers["sweep-report.html"] = lambda dst: dst.write_text(page)
+        return write_files(out_dir, writers)
