@@ -27,29 +27,46 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def list_catalog(what: Annotated[What, typer.Argument(help="models, gpus or profiles.")]) -> None:
     """List the catalog's models or GPUs, or the committed latency profiles."""
     if what is What.models:
-        rows = [[m.name, f"{m.num_params / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
+        rows = [[m.name, f"{m.num_params / 1e9:.1f}B", f"{m.num_active_params / 1e9:.1f}B",
+                 f"{m.num_experts} top-{m.num_experts_per_tok}" if m.is_moe else "-",
+                 str(m.num_layers), str(m.hidden_size),
                  f"{m.num_attention_heads}/{m.num_kv_heads}", f"{m.max_position_embeddings:,}",
                  f"{m.kv_bytes_per_token() / 1024:.0f} KiB", f"{m.weight_bytes / GIB:.1f} GiB"]
                 for m in MODELS.values()]
-        typer.echo(_table(["model", "params", "layers", "hidden", "heads/kv", "context",
-                           "KV/token", "weights"], rows))
+        typer.echo(_table(["model", "params", "active", "experts", "layers", "hidden", "heads/kv",
+                           "context", "KV/token", "weights"], rows))
+        typer.echo("KV/token and weights in bf16; --kv-cache-dtype fp8 halves KV/token, "
+                   "--quantization fp8 stores the linear layers in 1 byte.")
     elif what is What.gpus:
-        rows = [[g.name, f"{g.memory_gib:.1f} GiB", f"{g.bf16_tflops:g}", f"{g.hbm_tbps:g}",
-                 f"{g.interconnect_gbps:g}", f"{g.pcie_gbps:g}"] for g in GPUS.values()]
-        typer.echo(_table(["gpu", "memory", "bf16 TFLOP/s", "HBM TB/s", "NVLink GB/s", "PCIe GB/s"], rows))
+        rows = [[g.name, f"{g.memory_gib:.1f} GiB", f"{g.bf16_tflops:g}",
+                 f"{g.fp8_tflops:g}" if g.fp8_tflops else "none", f"{g.hbm_tbps:g}",
+                 f"{g.interconnect_gbps:g}", f"{g.pcie_gbps:g}", str(g.gpus_per_node),
+                 f"{g.internode_gbps:g}"] for g in GPUS.values()]
+        typer.echo(_table(["gpu", "memory", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "NVLink GB/s",
+                           "PCIe GB/s", "GPUs/node", "inter-node GB/s"], rows))
     else:
-        import json
+        _list_profiles()
 
-        from profiles import PROFILE_DIR
 
-        rows = []
-        for path in sorted(PROFILE_DIR.glob("*.json")):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if data.get("schema") != "kvsim-profile":
-                continue
-            rows.append([path.name, str(data.get("gpu")), str(data.get("model")),
-                         str(data.get("tensor_parallel_size")), str(data.get("source"))])
-        typer.echo(_table(["file", "gpu", "model", "tp", "source"], rows))
+def _list_profiles() -> None:
+    """Every committed profile with what it covers: GPU, model, weight and KV dtypes, TP, and
+    whether it was measured, calibrated or priced from the datasheet (roofline)."""
+    import json
+
+    from profiles import PROFILE_DIR
+
+    rows = []
+    for path in sorted(PROFILE_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("schema") != "kvsim-profile":
+            continue
+        base = "float32" if data.get("dtype") in ("float32", "fp32") else "bfloat16"
+        rows.append([path.name, str(data.get("gpu")), str(data.get("model")),
+                     str(data.get("weight_dtype", base)), str(data.get("kv_cache_dtype", base)),
+                     str(data.get("tensor_parallel_size")), "any", str(data.get("source"))])
+    typer.echo(_table(["file", "gpu", "model", "weights", "kv cache", "tp", "pp", "source"], rows))
+    typer.echo("Profiles are per layer, so every --pp reuses the TP profile. Any catalog (model, "
+               "GPU, dtype, TP) without a file here runs on a roofline profile built in memory.")

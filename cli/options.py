@@ -31,6 +31,17 @@ class PreemptionMode(str, Enum):
     swap = "swap"
 
 
+class KvCacheDtype(str, Enum):
+    auto = "auto"
+    fp8 = "fp8"
+    fp8_e4m3 = "fp8_e4m3"
+    fp8_e5m2 = "fp8_e5m2"
+
+
+class QuantizationName(str, Enum):
+    fp8 = "fp8"
+
+
 class RouterName(str, Enum):
     round_robin = "round-robin"
     least_loaded = "least-loaded"
@@ -60,6 +71,9 @@ N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request
 BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
 ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
 ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")]
+KvCacheDtypeOpt = Annotated[KvCacheDtype, typer.Option("--kv-cache-dtype", help="KV cache storage: auto (the model dtype) or fp8 (1 byte per element: twice the KV tokens).")]
+QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantization", "-q", help="Weight quantization: fp8 (FP8 linear layers, FP8 tensor-core GEMMs; Hopper only). [default: the checkpoint's own]")]
+PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]
 RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas. [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]

@@ -231,3 +231,49 @@ def _print_validation(result: dict, out: Path | None) -> None:
         console.print(f"skipped (beyond the model's context limit): {'; '.join(result['skipped_steps'])}")
     if out is not None:
         console.print(f"wrote {out}")
+
+
+@app.command("check")
+def check_cmd(
+    measurements: Annotated[Path, typer.Argument(help="CSV: tp, batch_size, input_len, output_len and prefill_ms / decode_ms / latency_ms.")],
+    profile_paths: Annotated[list[Path], typer.Option("--profile", help="Profile JSON (repeat for several TPs); rows go to the profile of their TP.")],
+    model: Annotated[str | None, typer.Option(help="Catalog model or HF config.json [default: the profile's model].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print rows and medians as JSON.")] = False,
+) -> None:
+    """Price every row of a measurements file with a profile (as `kvsim calibrate` does: a batch of
+    B requests at t = 0) and print per-row and median errors."""
+    from profiles.calibrate import check_rows, price_all, read_measurements
+    from profiles.lookup import check_profile_matches
+    from simcore.catalog import get_gpu, get_model
+    from simcore.latency import load_profile
+
+    rows, _ = read_measurements(measurements)
+    by_tp = {}
+    for path in profile_paths:
+        p = load_profile(path)
+        by_tp.setdefault(p.data["tensor_parallel_size"], p)
+    first = next(iter(by_tp.values()))
+    model_spec = get_model(model or first.data["model"])
+    gpu_spec = get_gpu(first.data["gpu"])
+    for t, p in by_tp.items():
+        check_profile_matches(p, model_spec, t, gpu_spec)
+    usable = [r for r in rows if r.tp in by_tp]
+    skipped = len(rows) - len(usable)
+    if not usable:
+        raise ConfigError(f"{measurements}: no row has a TP of the profiles given ({', '.join(map(str, sorted(by_tp)))})")
+    priced = _with_progress("pricing rows", len(usable),
+                            lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
+    table, medians = check_rows(usable, priced)
+    if as_json:
+        typer.echo(json.dumps({"rows": table, "median_abs_error": medians, "skipped_rows": skipped}, indent=2))
+        return
+    out = Table(title=f"{measurements} priced by {', '.join(p.label for p in by_tp.values())}")
+    for col in ("line", "tp", "B", "in", "out", "quantity", "measured ms", "kvsim ms", "error"):
+        out.add_column(col, justify="right")
+    for t in table:
+        out.add_row(str(t["line"]), str(t["tp"]), str(t["batch_size"]), str(t["input_len"]), str(t["output_len"]),
+                    t["quantity"], f"{t['measured_ms']:.2f}", f"{t['kvsim_ms']:.2f}", f"{t['error']:+.1%}")
+    Console(width=120).print(out)
+    typer.echo("median |error|: " + ", ".join(f"{q} {v:.1%}" for q, v in medians.items()))
+    if skipped:
+        typer.echo(f"skipped {skipped} rows whose TP has no profile here", err=True)

@@ -21,6 +21,8 @@ from cli.options import (
     Goodput,
     Gpu,
     InputLen,
+    KvCacheDtype,
+    KvCacheDtypeOpt,
     MaxBatchSize,
     MaxModelLen,
     MaxNumBatchedTokens,
@@ -29,9 +31,11 @@ from cli.options import (
     N,
     NumRequests,
     OutputLen,
+    PipelineParallel,
     PolicyName,
     Preemption,
     ProfilePath,
+    QuantizationOpt,
     Rate,
     Reservation,
     RouterOpt,
@@ -67,7 +71,10 @@ def run(
     model: Model = "llama3-8b",
     gpu: Gpu = "H100-SXM-80GB",
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
-    dp: Annotated[int, typer.Option("--dp", "--data-parallel-size", help="Engine replicas behind a router (GPUs = tp x dp).")] = 1,
+    pp: PipelineParallel = 1,
+    dp: Annotated[int, typer.Option("--dp", "--data-parallel-size", help="Engine replicas behind a router (GPUs = tp x pp x dp).")] = 1,
+    kv_cache_dtype: KvCacheDtypeOpt = KvCacheDtype.auto,
+    quantization: QuantizationOpt = None,
     router: RouterOpt = None,
     policy: Annotated[PolicyName, typer.Option(help="Batching policy.")] = PolicyName.continuous,
     allocator: Allocator = None,
@@ -129,8 +136,10 @@ def run(
     config = EngineConfig(
         block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
-        policy=policy.value, **fields,
+        pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype.value,
+        quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
+    model_spec = config.resolve_model(model_spec)
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
@@ -157,8 +166,12 @@ def run(
     say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
+    if pp > 1:
+        say(f"Pipeline: {pp} stages x TP {tp}, layers {'/'.join(map(str, memory.layers_per_stage))}")
     if dp > 1:
-        say(f"Replicas: {dp} x TP {tp} ({dp * tp} GPUs), router {config.router}; KV cache is per replica")
+        layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
+        say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
+            "KV cache is per replica")
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
         result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update)

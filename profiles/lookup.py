@@ -1,4 +1,9 @@
-"""Which profile a run uses: the committed file for (GPU, model, TP), else a roofline."""
+"""Which profile a run uses: the committed file for (GPU, model, dtypes, TP), else a roofline.
+
+Files are `<gpu>-<model>[-fp8][-kvfp8]-tp<N>.json`: `-fp8` for FP8 weights (`--quantization
+fp8`), `-kvfp8` for an FP8 KV cache (its decode attention reads half the bytes). A profile
+without `weight_dtype` / `kv_cache_dtype` fields is one of the model's own dtype.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,36 @@ from simcore.specs import GPUSpec, ModelSpec
 PROFILE_DIR = Path(__file__).resolve().parent
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-    "intermediate_size", "vocab_size",
+    "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size",
 )
 
 
-def profile_filename(gpu_name: str, model_name: str, tp: int) -> str:
-    return f"{gpu_name}-{model_name}-tp{tp}.json"
+def dtype_tag(weight_dtype: str = "bfloat16", kv_dtype: str = "bfloat16") -> str:
+    return ("-fp8" if weight_dtype == "fp8" else "") + ("-kvfp8" if kv_dtype == "fp8" else "")
 
 
-def find_profile_path(gpu_name: str, model_name: str, tp: int, directory: Path = PROFILE_DIR) -> Path | None:
-    """The committed `profiles/<gpu>-<model>-tp<N>.json` (names matched case-insensitively)."""
-    wanted = profile_filename(gpu_name, model_name, tp).lower()
+def profile_filename(gpu_name: str, model_name: str, tp: int, tag: str = "") -> str:
+    return f"{gpu_name}-{model_name}{tag}-tp{tp}.json"
+
+
+def profile_dtypes(profile: Profile) -> tuple[str, str]:
+    """(weight dtype, KV cache dtype) a profile was made for."""
+    d = profile.data
+    base = "float32" if d.get("dtype") in ("float32", "fp32") else "bfloat16"
+    return d.get("weight_dtype", base), d.get("kv_cache_dtype", base)
+
+
+def _fp8(weight_dtype: str, kv_dtype: str) -> tuple[bool, bool]:
+    """What a profile must agree on: FP8 or not (a CPU profile's fp32 stands in for bf16)."""
+    return weight_dtype == "fp8", kv_dtype == "fp8"
+
+
+def find_profile_path(
+    gpu_name: str, model_name: str, tp: int, directory: Path = PROFILE_DIR, tag: str = ""
+) -> Path | None:
+    """The committed `profiles/<gpu>-<model><tag>-tp<N>.json` (matched case-insensitively)."""
+    wanted = profile_filename(gpu_name, model_name, tp, tag).lower()
     for path in sorted(directory.glob("*.json")):
         if path.name.lower() == wanted:
             return path
@@ -52,16 +76,24 @@ def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUS
     ptp = profile.data.get("tensor_parallel_size")
     if ptp != tp:
         raise ProfileError(f"{where}: profile is for --tp {ptp}, but the run uses --tp {tp}")
+    weight, kv = profile_dtypes(profile)
+    if _fp8(weight, kv) != _fp8(model.weight_dtype, model.kv_dtype):
+        raise ProfileError(
+            f"{where}: profile is for {weight} weights and a {kv} KV cache, but the run uses "
+            f"{model.weight_dtype} weights and a {model.kv_dtype} KV cache"
+        )
 
 
 def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int) -> Profile:
-    """The committed profile for this GPU, model and TP when it exists and matches the shape,
+    """The committed profile for this GPU, model, dtypes and TP when it exists and matches,
     else a roofline profile built in memory (its label says `roofline`)."""
-    path = find_profile_path(gpu.name, model.name, tp)
+    path = find_profile_path(gpu.name, model.name, tp, tag=dtype_tag(model.weight_dtype, model.kv_dtype))
     if path is not None:
         profile = load_profile(path)
-        if not shape_mismatches(profile, model) and profile.data.get("tensor_parallel_size") == tp:
+        if (not shape_mismatches(profile, model) and profile.data.get("tensor_parallel_size") == tp
+                and _fp8(*profile_dtypes(profile)) == _fp8(model.weight_dtype, model.kv_dtype)):
             return profile
     from profiles.roofline import build_roofline_profile
 
-    return parse_profile(build_roofline_profile(gpu, model, tp), f"roofline {gpu.name} {model.name} tp{tp}")
+    tag = dtype_tag(model.weight_dtype, model.kv_dtype)
+    return parse_profile(build_roofline_profile(gpu, model, tp), f"roofline {gpu.name} {model.name}{tag} tp{tp}")

@@ -1,7 +1,13 @@
 """Built-in GPUs and model shapes, and a reader for a Hugging Face `config.json`.
 
 GPU memory is what `torch.cuda.mem_get_info` reports (what vLLM budgets from), not the
-marketing figure; compute and bandwidth are the vendors' dense datasheet peaks.
+marketing figure; compute and bandwidth are the vendors' dense datasheet peaks. FP8 peaks are
+the datasheets' dense figures (half the "with sparsity" number): H100 SXM 1,979 TFLOP/s
+(nvidia.com/en-us/data-center/h100, datasheet table), H200 1,979 TFLOP/s
+(nvidia.com/en-us/data-center/h200); A100 (Ampere, compute capability 8.0) has no FP8 tensor
+cores. Nodes are 8-GPU HGX/DGX boards; the inter-node link is one NIC per GPU: DGX H100/H200
+have 8 x 400 Gb/s ConnectX-7 (50 GB/s per GPU), DGX A100 8 x 200 Gb/s ConnectX-6 HDR
+(25 GB/s) (NVIDIA DGX H100/H200 and DGX A100 datasheets).
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from simcore.specs import GPUSpec, ModelSpec
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("H100-SXM-80GB", 79.19, 989.4, 3.35, 450.0, pcie_gbps=64.0),
-        GPUSpec("H200-141GB", 139.8, 989.4, 4.8, 450.0, pcie_gbps=64.0),
-        GPUSpec("A100-80GB", 79.15, 312.0, 2.039, 300.0, pcie_gbps=32.0),
-        GPUSpec("A100-40GB", 39.39, 312.0, 1.555, 300.0, pcie_gbps=32.0),
+        GPUSpec("H100-SXM-80GB", 79.19, 989.4, 3.35, 450.0, pcie_gbps=64.0, fp8_tflops=1978.9,
+                internode_gbps=50.0),
+        GPUSpec("H200-141GB", 139.8, 989.4, 4.8, 450.0, pcie_gbps=64.0, fp8_tflops=1978.9,
+                internode_gbps=50.0),
+        GPUSpec("A100-80GB", 79.15, 312.0, 2.039, 300.0, pcie_gbps=32.0, internode_gbps=25.0),
+        GPUSpec("A100-40GB", 39.39, 312.0, 1.555, 300.0, pcie_gbps=32.0, internode_gbps=25.0),
     )
 }
 
@@ -34,6 +42,19 @@ MODELS: dict[str, ModelSpec] = {
             "opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, max_position_embeddings=2048,
             gated_mlp=False, tie_word_embeddings=True,
         ),
+        # Mixture-of-experts, from the Hugging Face config.json of each:
+        # huggingface.co/mistralai/Mixtral-8x7B-v0.1 (8 experts, top-2, 46.7B parameters in
+        # all, 12.9B active: Mistral AI, "Mixtral of experts", 2023-12-11) and
+        # huggingface.co/Qwen/Qwen3-30B-A3B (128 experts of width 768, top-8; model card:
+        # 30.5B in all, 3.3B activated).
+        ModelSpec(
+            "mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, max_position_embeddings=32768,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
+        ),
+        ModelSpec(
+            "qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, max_position_embeddings=40960,
+            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        ),
         # A toy shape small enough to profile on a CPU in seconds (tests, smoke runs).
         ModelSpec("tiny", 2, 256, 4, 2, 64, 688, 1024, max_position_embeddings=2048),
     )
@@ -48,6 +69,8 @@ _ALIASES = {
     "meta-llama/llama-2-7b-hf": "llama2-7b", "llama-2-7b": "llama2-7b",
     "meta-llama/llama-2-70b-hf": "llama2-70b", "llama-2-70b": "llama2-70b",
     "mistralai/mistral-7b-v0.1": "mistral-7b", "facebook/opt-13b": "opt-13b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral": "mixtral-8x7b", "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
 }
 
 
@@ -72,8 +95,8 @@ def get_model(name_or_path: str) -> ModelSpec:
     return _lookup(name_or_path, MODELS, "model")
 
 
-# torch_dtype (or `dtype`, its newer name) -> bytes per weight and KV element. An fp8 dtype or a
-# `quantization_config` is refused by `_refuse_quantized` until FP8 weights and KV are modelled.
+# torch_dtype (or `dtype`, its newer name) -> bytes per weight and KV element. FP8 weights come
+# from a `quantization_config` (`_quantization`); an fp8 torch_dtype itself is refused.
 _HF_DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
     "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2,
@@ -85,10 +108,11 @@ _HF_INT_FIELDS = (
 
 
 def model_from_hf_config(path: Path) -> ModelSpec:
-    """Read the transformer shape from a Hugging Face `config.json` (Llama, Mistral, OPT...).
+    """Read the transformer shape from a Hugging Face `config.json` (Llama, Mistral, OPT, Mixtral,
+    Qwen-MoE...), with an FP8 `quantization_config` read as FP8 weights.
 
     Strict: a count that is not a whole number (`true`, `31.5`, `"32"`), an unknown dtype or a
-    quantized checkpoint is refused with the file and the field named, never coerced."""
+    quantization other than fp8 is refused with the file and the field named, never coerced."""
     if path.is_dir():
         path = path / "config.json"
     try:
@@ -99,7 +123,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         raise ConfigError(f"model config {path}: not a readable JSON config ({exc})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"model config {path}: expected a JSON object")
-    _refuse_quantized(path, cfg)
+    quantization = _quantization(path, cfg)
     ints = {keys[0]: _hf_int(path, cfg, keys) for keys in _HF_INT_FIELDS}
     hidden, heads = ints["hidden_size"], ints["num_attention_heads"]
     kv_heads = _hf_int(path, cfg, ("num_key_value_heads",), default=heads)
@@ -133,6 +157,8 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         ),
         gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
         tie_word_embeddings=tie,
+        quantization=quantization,
+        **_moe_fields(path, cfg),
     )
 
 
@@ -158,8 +184,8 @@ def _hf_dtype_bytes(path: Path, cfg: dict) -> int:
     if not isinstance(value, str) or value.lower().removeprefix("torch.") not in _HF_DTYPE_BYTES:
         if isinstance(value, str) and "float8" in value.lower():
             raise ConfigError(
-                f"model config {path}: {key} {value!r} is an FP8 checkpoint; kvsim does not model "
-                "FP8 weights yet (use a bf16/fp16 config of the same model)"
+                f"model config {path}: {key} {value!r} is not a serving dtype; an FP8 checkpoint "
+                "keeps torch_dtype bfloat16 and says quant_method fp8 in its quantization_config"
             )
         raise ConfigError(
             f"model config {path}: unknown {key} {value!r} "
@@ -168,14 +194,36 @@ def _hf_dtype_bytes(path: Path, cfg: dict) -> int:
     return _HF_DTYPE_BYTES[value.lower().removeprefix("torch.")]
 
 
-def _refuse_quantized(path: Path, cfg: dict) -> None:
-    """A quantized checkpoint's weights are not `torch_dtype`-sized; sizing them as if they were
-    would be silently wrong, so refuse (the one place to change when quantization is modelled)."""
+def _quantization(path: Path, cfg: dict) -> str | None:
+    """An FP8 checkpoint (`quantization_config.quant_method: fp8`, as vLLM reads it) is served
+    with FP8 linear layers; any other quantization is refused: sizing its weights from
+    torch_dtype would be silently wrong."""
     quant = cfg.get("quantization_config")
     if quant is None:
-        return
+        return None
     method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+    if method == "fp8":
+        return "fp8"
     raise ConfigError(
-        f"model config {path}: quantization_config (quant_method {method!r}) is not supported yet; "
-        "kvsim sizes weights and KV cache from torch_dtype (use the unquantized config)"
+        f"model config {path}: quantization_config (quant_method {method!r}) is not supported; "
+        "kvsim prices fp8 checkpoints only (or use the unquantized config)"
     )
+
+
+def _moe_fields(path: Path, cfg: dict) -> dict:
+    """Mixture-of-experts fields as ModelSpec keywords: Mixtral's `num_local_experts`, Qwen-MoE's
+    `num_experts`, `num_experts_per_tok`, `moe_intermediate_size` (Mixtral: `intermediate_size`)
+    and `shared_expert_intermediate_size`. Models mixing dense and MoE layers are refused."""
+    key = next((k for k in ("num_local_experts", "num_experts") if cfg.get(k)), None)
+    if key is None:
+        return {}
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ConfigError(f"model config {path}: MoE models with some dense MLP layers are not modelled")
+    return {
+        "num_experts": _hf_int(path, cfg, (key,)),
+        "num_experts_per_tok": _hf_int(path, cfg, ("num_experts_per_tok",)),
+        "moe_intermediate_size": _hf_int(path, cfg, ("moe_intermediate_size", "intermediate_size")),
+        "shared_expert_intermediate_size": _hf_int(
+            path, cfg, ("shared_expert_intermediate_size",), default=0, minimum=0
+        ),
+    }

@@ -21,7 +21,10 @@ from simcore.policies.registry import select
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
-_INT_OPTIONS = ("max_num_seqs", "tensor_parallel_size", "data_parallel_size", "max_batch_size")
+_INT_OPTIONS = (
+    "max_num_seqs", "tensor_parallel_size", "data_parallel_size", "max_batch_size",
+    "pipeline_parallel_size",
+)
 _OPTIONAL_INT_OPTIONS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override")
 
 
@@ -114,6 +117,7 @@ def resolve(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> ResolvedCon
     """Validate the whole configuration and plan memory once; ConfigError (or DoesNotFitError)
     with a message naming the flag to change."""
     check_numbers(config)
+    model = config.resolve_model(model)  # --quantization / --kv-cache-dtype applied
     spec = select_policy(config)
     max_model_len, budget = check_vllm_rules(model, config)
     memory = plan_memory(model, gpu, config)

@@ -1,8 +1,11 @@
 """GPU memory budget: how many KV blocks one engine replica gets (DESIGN.md, "Memory model").
 
     kv_budget  = gpu_memory * gpu_memory_utilization - weights_per_gpu - activation_reserve
-    kv_bytes_per_token_per_gpu = 2 * layers * (kv_heads / tp) * head_dim * dtype_bytes
-    num_blocks = floor(kv_budget / (block_size * kv_bytes_per_token_per_gpu))
+    kv_bytes_per_token_per_gpu = 2 * stage_layers * (kv_heads / tp) * head_dim * kv_dtype_bytes
+    num_blocks = min over pipeline stages of floor(kv_budget / (block_size * kv_bytes_per_token_per_gpu))
+
+Weights count every expert of an MoE model (all are resident), in FP8 (1 byte) for the linear
+layers under `--quantization fp8`; `--kv-cache-dtype fp8` stores KV in 1 byte per element.
 
 The activation reserve stands in for vLLM's profiling run: the peak of one forward pass over
 `max_num_batched_tokens` tokens plus the sampler's fp32 logits, and a fixed allowance for the
@@ -11,9 +14,10 @@ CUDA context, NCCL buffers and CUDA graphs that torch's allocator does not see.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simcore.errors import ConfigError, DoesNotFitError
+from simcore.parallel import check_deployment, layer_partition
 from simcore.specs import GIB, EngineConfig, GPUSpec, ModelSpec
 
 NON_TORCH_RESERVE_BYTES = int(0.5 * GIB)  # CUDA context + NCCL + CUDA graphs (approximate)
@@ -31,6 +35,9 @@ class MemoryPlan:
     num_gpu_blocks: int
     num_cpu_blocks: int  # swap pool
     max_model_len: int
+    layers_per_stage: tuple[int, ...] = ()  # pipeline stages' layer counts (one entry: no PP)
+    weight_dtype: str = "bfloat16"  # linear-layer weights as stored: bfloat16 | float32 | fp8
+    kv_cache_dtype: str = "bfloat16"  # KV cache as stored
 
     @property
     def num_gpu_tokens(self) -> int:
@@ -60,75 +67,126 @@ class MemoryPlan:
             "num_gpu_tokens": self.num_gpu_tokens,
             "max_model_len": self.max_model_len,
             "max_concurrency": self.max_concurrency,
+            "layers_per_stage": list(self.layers_per_stage),
+            "weight_dtype": self.weight_dtype,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }
 
 
-def activation_reserve_bytes(model: ModelSpec, config: EngineConfig) -> int:
-    """Peak activations of one forward over the step's token budget, per GPU."""
+def activation_reserve_bytes(model: ModelSpec, config: EngineConfig, last_stage: bool = True) -> int:
+    """Peak activations of one forward over the step's token budget, per GPU. An MoE layer's
+    fused-experts workspace holds top-k copies of each token (gate+up, activation, down);
+    only the last pipeline stage computes the sampler's logits."""
     tp = config.tensor_parallel_size
     tokens = config.resolved_max_num_batched_tokens(model)
-    per_token = 4 * model.hidden_size + 3 * model.intermediate_size // tp
-    logits = config.max_num_seqs * (model.vocab_size // tp) * 4
+    h = model.hidden_size
+    if model.is_moe:
+        k = model.num_experts_per_tok
+        per_token = 4 * h + k * (3 * model.moe_intermediate_size // tp + h)
+        per_token += 3 * model.shared_expert_intermediate_size // tp
+    else:
+        per_token = 4 * h + 3 * model.intermediate_size // tp
+    logits = config.max_num_seqs * (model.vocab_size // tp) * 4 if last_stage else 0
     return tokens * per_token * model.dtype_bytes + logits + NON_TORCH_RESERVE_BYTES
 
 
-def _kv_budget(model: ModelSpec, gpu: GPUSpec, config: EngineConfig, tp: int) -> int:
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """One pipeline stage's budget on each of its GPUs."""
+
+    num_layers: int
+    weights_bytes: int
+    reserve_bytes: int
+    kv_budget_bytes: int
+    kv_bytes_per_token: int
+
+
+def _stages(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> list[_Stage]:
+    """Per-stage weights, activations and KV budget; weights are sharded over TP (vocab-
+    parallel embedding and LM head included). The first stage holds the embedding, the last
+    the final norm and LM head (a tied head is a separate copy once PP splits them)."""
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     usable = gpu.memory_bytes * config.gpu_memory_utilization
-    weights = model.weight_bytes / tp
-    from dataclasses import replace
+    parts = layer_partition(model.num_layers, pp)
+    stages = []
+    for s, n in enumerate(parts):
+        last = s == pp - 1
+        weights = n * model.layer_weight_bytes
+        if s == 0:
+            weights += model.embedding_bytes
+        if last:
+            weights += model.hidden_size * model.dtype_bytes
+            if pp > 1 or not model.tie_word_embeddings:
+                weights += model.embedding_bytes
+        weights //= tp
+        reserve = activation_reserve_bytes(model, config, last_stage=last)
+        stages.append(_Stage(n, weights, reserve, int(usable - weights - reserve),
+                             model.kv_bytes_per_token(tp, n)))
+    return stages
 
-    reserve = activation_reserve_bytes(model, replace(config, tensor_parallel_size=tp))
-    return int(usable - weights - reserve)
 
-
-def _smallest_fitting_tp(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> int | None:
-    tp = config.tensor_parallel_size * 2
-    while tp <= 64:
-        if _kv_budget(model, gpu, config, tp) > 0:
-            return tp
-        tp *= 2
-    return None
+def _what_fits(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> str:
+    """The smallest larger layout (TP inside a node first, then PP stages) that fits."""
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    tried = [(t, pp) for t in (2 * tp, 4 * tp, 8 * tp, 16 * tp) if t <= gpu.gpus_per_node]
+    tried += [(max(tp, gpu.gpus_per_node), p) for p in (2 * pp, 4 * pp, 8 * pp)]
+    for t, p in tried:
+        if p > model.num_layers or model.num_attention_heads % t:
+            continue
+        layout = replace(config, tensor_parallel_size=t, pipeline_parallel_size=p)
+        if min(st.kv_budget_bytes for st in _stages(model, gpu, layout)) > 0:
+            return f"--tp {t}" + (f" --pp {p}" if p > 1 else "") + " would fit"
+    return "no layout up to 8 pipeline stages of a full node fits"
 
 
 def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryPlan:
-    """Budget KV blocks for one replica; raise DoesNotFitError saying by how much and what fits."""
-    tp = config.tensor_parallel_size
+    """Budget KV blocks for one replica; raise DoesNotFitError saying by how much and what fits.
+
+    `--quantization` and `--kv-cache-dtype` from `config` are applied to `model` first. With
+    pipeline parallelism every stage budgets its own layers' KV and, as in vLLM, the engine
+    takes the smallest block count of all workers."""
+    model = config.resolve_model(model)
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     if model.num_attention_heads % tp:
         raise ConfigError(
             f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
         )
+    check_deployment(model, gpu, config)
     max_model_len = config.resolved_max_model_len(model)
-    weights = model.weight_bytes // tp
-    reserve = activation_reserve_bytes(model, config)
-    budget = _kv_budget(model, gpu, config, tp)
-    if budget <= 0:
+    stages = _stages(model, gpu, config)
+    worst = min(stages, key=lambda st: st.kv_budget_bytes)
+    if worst.kv_budget_bytes <= 0:
         usable = gpu.memory_bytes * config.gpu_memory_utilization
-        better = _smallest_fitting_tp(model, gpu, config)
-        hint = f"--tp {better} would fit" if better else "no tensor-parallel size up to 64 fits"
+        where = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         raise DoesNotFitError(
-            f"{model.name} does not fit on {gpu.name} at TP {tp}: weights {weights / GIB:.1f} GiB "
-            f"+ activations {reserve / GIB:.1f} GiB per GPU exceed the {usable / GIB:.1f} GiB "
-            f"allowed by gpu_memory_utilization={config.gpu_memory_utilization} by "
-            f"{-budget / GIB:.1f} GiB; {hint}"
+            f"{model.name} does not fit on {gpu.name} at {where}: weights "
+            f"{worst.weights_bytes / GIB:.1f} GiB + activations {worst.reserve_bytes / GIB:.1f} GiB "
+            f"per GPU exceed the {usable / GIB:.1f} GiB allowed by gpu_memory_utilization="
+            f"{config.gpu_memory_utilization} by {-worst.kv_budget_bytes / GIB:.1f} GiB; "
+            f"{_what_fits(model, gpu, config)}"
         )
-    per_token = model.kv_bytes_per_token(tp)
-    block_bytes = per_token * config.block_size
-    num_gpu_blocks = config.num_gpu_blocks_override or budget // block_bytes
+    blocks = [st.kv_budget_bytes // (st.kv_bytes_per_token * config.block_size) for st in stages]
+    binding = stages[blocks.index(min(blocks))]
+    block_bytes = binding.kv_bytes_per_token * config.block_size
+    num_gpu_blocks = config.num_gpu_blocks_override or min(blocks)
     num_cpu_blocks = int(config.swap_space * GIB) // block_bytes
     plan = MemoryPlan(
-        weights_bytes_per_gpu=weights,
-        activation_reserve_bytes=reserve,
-        kv_budget_bytes=budget,
-        kv_bytes_per_token=per_token,
+        weights_bytes_per_gpu=max(st.weights_bytes for st in stages),
+        activation_reserve_bytes=binding.reserve_bytes,
+        kv_budget_bytes=binding.kv_budget_bytes,
+        kv_bytes_per_token=binding.kv_bytes_per_token,
         block_size=config.block_size,
         num_gpu_blocks=num_gpu_blocks,
         num_cpu_blocks=num_cpu_blocks,
         max_model_len=max_model_len,
+        layers_per_stage=tuple(st.num_layers for st in stages),
+        weight_dtype=model.weight_dtype,
+        kv_cache_dtype=model.kv_dtype,
     )
     if plan.num_gpu_tokens < max_model_len:
         raise DoesNotFitError(
             f"the model's max_model_len ({max_model_len:,}) is larger than the KV cache can hold "
             f"({plan.num_gpu_tokens:,} tokens); raise --gpu-memory-utilization, lower "
-            f"--max-model-len, or use a larger --tp"
+            f"--max-model-len, use --kv-cache-dtype fp8, or use a larger --tp or --pp"
         )
     return plan

@@ -6,7 +6,7 @@ can read a kvsim config without a glossary.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from simcore.errors import ConfigError
@@ -27,7 +27,8 @@ def _positive(obj: Any, *names: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
-    """Datasheet figures of one GPU, enough to budget memory and price a roofline."""
+    """Datasheet figures of one GPU and the node it sits in, enough to budget memory and price
+    a roofline. A node is `gpus_per_node` GPUs on NVLink; nodes talk over `internode_gbps`."""
 
     name: str
     memory_gib: float  # total device memory as torch reports it (GiB)
@@ -35,18 +36,36 @@ class GPUSpec:
     hbm_tbps: float  # HBM bandwidth (TB/s)
     interconnect_gbps: float  # GPU-to-GPU bandwidth per direction (NVLink, GB/s)
     pcie_gbps: float = 32.0  # host link per direction (GB/s), prices swap traffic
+    fp8_tflops: float | None = None  # dense FP8 tensor-core peak (TFLOP/s); None: no FP8 units
+    gpus_per_node: int = 8  # GPUs sharing one NVLink domain (HGX/DGX board)
+    internode_gbps: float = 50.0  # one GPU's network link to other nodes, per direction (GB/s)
 
     def __post_init__(self) -> None:
-        _positive(self, "memory_gib", "bf16_tflops", "hbm_tbps", "interconnect_gbps", "pcie_gbps")
+        _positive(
+            self, "memory_gib", "bf16_tflops", "hbm_tbps", "interconnect_gbps", "pcie_gbps",
+            "gpus_per_node", "internode_gbps",
+        )
+        if self.fp8_tflops is not None:
+            _positive(self, "fp8_tflops")
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
 
+QUANTIZATIONS = ("fp8",)  # vLLM --quantization methods kvsim can price (None: unquantized)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM --kv-cache-dtype choices
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """Shape of a decoder-only transformer (grouped-query attention when kv heads < heads)."""
+    """Shape of a decoder-only transformer (grouped-query attention when kv heads < heads),
+    dense or mixture-of-experts, and the dtypes its weights and KV cache are stored in.
+
+    MoE (`num_experts > 0`): every layer's MLP is `num_experts` SwiGLU experts of width
+    `moe_intermediate_size`, of which a router picks `num_experts_per_tok` per token, plus
+    optional always-on shared experts of total width `shared_expert_intermediate_size`.
+    """
 
     name: str
     num_layers: int
@@ -60,6 +79,12 @@ class ModelSpec:
     max_position_embeddings: int = 4096  # the model's own context limit
     gated_mlp: bool = True  # SwiGLU (gate+up+down) vs a plain two-matrix MLP (OPT)
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
+    num_experts: int = 0  # routed experts per MoE layer; 0: dense MLP
+    num_experts_per_tok: int = 0  # experts the router picks per token (top-k)
+    moe_intermediate_size: int = 0  # one routed expert's MLP width
+    shared_expert_intermediate_size: int = 0  # total width of always-on shared experts
+    quantization: str | None = None  # weight format: None (dtype_bytes) or "fp8" (vLLM's names)
+    kv_cache_dtype: str = "auto"  # KV cache: "auto" (dtype_bytes) or an fp8 variant (1 byte)
 
     def __post_init__(self) -> None:
         _positive(
@@ -72,6 +97,43 @@ class ModelSpec:
                 f"model {self.name}: num_attention_heads ({self.num_attention_heads}) must be a "
                 f"multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.num_experts:
+            _positive(self, "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ConfigError(
+                    f"model {self.name}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
+                    f"num_experts ({self.num_experts})"
+                )
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"model {self.name}: quantization {self.quantization!r} is not supported; "
+                f"kvsim prices {', '.join(QUANTIZATIONS)}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def weight_dtype_bytes(self) -> int:
+        """Bytes per parameter of the quantized linear layers (FP8: 1)."""
+        return 1 if self.quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        return 1 if self.kv_cache_dtype.startswith("fp8") else self.dtype_bytes
+
+    @property
+    def weight_dtype(self) -> str:
+        return "fp8" if self.quantization == "fp8" else _DTYPE_NAMES.get(self.dtype_bytes, "bfloat16")
+
+    @property
+    def kv_dtype(self) -> str:
+        return "fp8" if self.kv_dtype_bytes == 1 else _DTYPE_NAMES.get(self.dtype_bytes, "bfloat16")
 
     @property
     def q_size(self) -> int:
@@ -82,30 +144,88 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def params_per_layer(self) -> int:
+    def expert_params(self) -> int:
+        """One routed expert (gate, up and down projections)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def linear_params_per_layer(self) -> int:
+        """The weights `--quantization fp8` stores in FP8 (vLLM's Fp8LinearMethod and
+        Fp8MoEMethod): attention projections, MLP or experts. Norms, the MoE router, the
+        embedding and the LM head stay in the model dtype."""
         h = self.hidden_size
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
-        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        return attn + mlp + 2 * h  # two norms
+        if self.is_moe:
+            mlp = self.num_experts * self.expert_params + 3 * h * self.shared_expert_intermediate_size
+        else:
+            mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def other_params_per_layer(self) -> int:
+        """Two norms, plus the router for an MoE layer."""
+        return 2 * self.hidden_size + self.hidden_size * self.num_experts
+
+    @property
+    def params_per_layer(self) -> int:
+        return self.linear_params_per_layer + self.other_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
 
     @property
     def num_params(self) -> int:
-        embed = self.vocab_size * self.hidden_size
-        head = 0 if self.tie_word_embeddings else embed
-        return embed + head + self.num_layers * self.params_per_layer + self.hidden_size
+        head = 0 if self.tie_word_embeddings else self.embedding_params
+        return self.embedding_params + head + self.num_layers * self.params_per_layer + self.hidden_size
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token passes through (MoE: the top-k experts, not all of them)."""
+        if not self.is_moe:
+            return self.num_params
+        idle = (self.num_experts - self.num_experts_per_tok) * self.expert_params
+        return self.num_params - self.num_layers * idle
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        return (self.linear_params_per_layer * self.weight_dtype_bytes
+                + self.other_params_per_layer * self.dtype_bytes)
+
+    @property
+    def embedding_bytes(self) -> int:
+        return self.embedding_params * self.dtype_bytes
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        head = 0 if self.tie_word_embeddings else self.embedding_bytes
+        return (self.embedding_bytes + head + self.num_layers * self.layer_weight_bytes
+                + self.hidden_size * self.dtype_bytes)
 
-    def kv_bytes_per_token(self, tensor_parallel_size: int = 1) -> int:
-        """K and V of every layer for one token, on one GPU (KV heads are split by TP,
-        and replicated when TP exceeds the number of KV heads, as vLLM does)."""
+    def kv_bytes_per_token(self, tensor_parallel_size: int = 1, num_layers: int | None = None) -> int:
+        """K and V of every layer (or of `num_layers`, one pipeline stage's) for one token, on
+        one GPU (KV heads are split by TP, and replicated when TP exceeds the number of KV
+        heads, as vLLM does), in the KV cache dtype."""
         kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
-        return 2 * self.num_layers * kv_heads_per_gpu * self.head_dim * self.dtype_bytes
+        layers = self.num_layers if num_layers is None else num_layers
+        return 2 * layers * kv_heads_per_gpu * self.head_dim * self.kv_dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """All fields; the MoE and quantization ones only when set, so a dense bf16 model's
+        record (and the profiles that embed it) reads as before they existed."""
+        d = asdict(self)
+        for name in _OPTIONAL_FIELDS:
+            if d[name] == _DEFAULTS[name]:
+                del d[name]
+        return d
+
+
+_OPTIONAL_FIELDS = (
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "quantization", "kv_cache_dtype",
+)
+_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
+_DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -138,8 +258,11 @@ class EngineConfig:
     max_batch_size: int = 64  # static batching: requests per batch
     batch_timeout_s: float = 0.1  # static batching: longest wait for a full batch
     num_gpu_blocks_override: int | None = None  # vLLM's override of the profiled block count
-    data_parallel_size: int = 1  # engine replicas, each on tensor_parallel_size GPUs
+    data_parallel_size: int = 1  # engine replicas, each on tensor x pipeline parallel GPUs
     router: str = "least-loaded"  # how requests are spread over replicas (simcore.router)
+    pipeline_parallel_size: int = 1  # pipeline stages, each `tensor_parallel_size` GPUs
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | fp8 | fp8_e4m3 | fp8_e5m2
+    quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -150,10 +273,22 @@ class EngineConfig:
                 "--gpu-memory-utilization must be in (0, 1], got "
                 f"{self.gpu_memory_utilization}"
             )
-        _positive(self, "max_num_seqs", "tensor_parallel_size", "max_batch_size", "data_parallel_size")
+        _positive(
+            self, "max_num_seqs", "tensor_parallel_size", "max_batch_size", "data_parallel_size",
+            "pipeline_parallel_size",
+        )
         tp = self.tensor_parallel_size
         if tp & (tp - 1):
             raise ConfigError(f"--tp must be a power of two, got {tp}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"--quantization {self.quantization!r} is not supported; kvsim prices "
+                f"{', '.join(QUANTIZATIONS)} (or none)"
+            )
         if self.max_num_batched_tokens is not None:
             _positive(self, "max_num_batched_tokens")
         if self.max_model_len is not None:
@@ -174,6 +309,27 @@ class EngineConfig:
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
 
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the whole deployment uses: TP x PP x DP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    def resolve_model(self, model: ModelSpec) -> ModelSpec:
+        """The model as this engine stores it: `--quantization` and `--kv-cache-dtype` applied.
+        A checkpoint that is already quantized keeps its format; asking for another one is an
+        error, as in vLLM."""
+        quantization = model.quantization
+        if self.quantization is not None:
+            if model.quantization not in (None, self.quantization):
+                raise ConfigError(
+                    f"{model.name} is a {model.quantization} checkpoint; it cannot be served with "
+                    f"--quantization {self.quantization}"
+                )
+            quantization = self.quantization
+        if quantization == model.quantization and self.kv_cache_dtype == model.kv_cache_dtype:
+            return model
+        return replace(model, quantization=quantization, kv_cache_dtype=self.kv_cache_dtype)
+
     def resolved_max_model_len(self, model: ModelSpec) -> int:
         return self.max_model_len or model.max_position_embeddings
 
@@ -188,4 +344,4 @@ class EngineConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB"]
+__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS"]

@@ -59,8 +59,8 @@ def hf_config(tmp_path: Path, **changes) -> str:
     ("zero-kv-heads", {"num_key_value_heads": 0}, ("'num_key_value_heads'",)),
     ("unknown-torch-dtype", {"torch_dtype": "int4"}, ("unknown torch_dtype 'int4'",)),
     ("fp8-torch-dtype", {"torch_dtype": "float8_e4m3fn"}, ("FP8",)),
-    ("fp8-quantization-config", {"quantization_config": {"quant_method": "fp8"}},
-     ("quantization_config", "'fp8'", "not supported")),
+    ("gptq-quantization-config", {"quantization_config": {"quant_method": "gptq"}},
+     ("quantization_config", "'gptq'", "not supported")),  # fp8 is read as FP8 weights
     ("max-position-embeddings-1", {"max_position_embeddings": 1}, ("'max_position_embeddings'",)),
     ("bool-tie-embeddings", {"tie_word_embeddings": "yes"}, ("'tie_word_embeddings'",)),
 ])

@@ -13,9 +13,14 @@ def test_list_models_gpus_and_profiles():
     models = runner.invoke(app, ["list", "models"])
     assert models.exit_code == 0
     assert all(name in models.stdout for name in MODELS)
-    assert "llama3-8b   8.0B    32" in models.stdout
+    row = next(line for line in models.stdout.splitlines() if line.startswith("llama3-8b "))
+    assert row.split()[:5] == ["llama3-8b", "8.0B", "8.0B", "-", "32"]
+    mixtral = next(line for line in models.stdout.splitlines() if line.startswith("mixtral-8x7b "))
+    assert mixtral.split()[:5] == ["mixtral-8x7b", "46.7B", "12.9B", "8", "top-2"]
     gpus = runner.invoke(app, ["list", "gpus"])
     assert gpus.exit_code == 0 and all(name in gpus.stdout for name in GPUS)
+    a100 = next(line for line in gpus.stdout.splitlines() if line.startswith("A100-80GB "))
+    assert a100.split()[4] == "none"  # no FP8 tensor cores
     profiles = runner.invoke(app, ["list", "profiles"])
     assert profiles.exit_code == 0
     assert "H100-SXM-80GB-llama3-70b-tp8.json" in profiles.stdout

@@ -1,0 +1,92 @@
+"""`kvsim calibrate`: fit kvsim's host terms and efficiency scalars to your own batch measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from simcore.errors import ConfigError
+
+
+def _tps(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        tps = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--tp must be comma-separated integers, got {text!r}") from None
+    if not tps or any(t < 1 or t & (t - 1) for t in tps):
+        raise ConfigError(f"--tp must list powers of two >= 1, got {text!r}")
+    return tps
+
+
+def _progress(total: int):
+    from cli.profile_cmd import _with_progress
+
+    return lambda work: _with_progress("pricing rows", total, work)
+
+
+def calibrate(
+    measurements: Annotated[Path, typer.Argument(help="CSV: tp, batch_size, input_len, output_len and prefill_ms / decode_ms / latency_ms.")],
+    model: Annotated[str, typer.Option(help="Catalog model name or a HF config.json.")],
+    gpu: Annotated[str, typer.Option(help="Catalog GPU the measurements were taken on.")],
+    out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json).")],
+    tp: Annotated[str | None, typer.Option(help="TPs to write profiles for, e.g. 2,4,8 [default: the TPs in the data].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the fit as JSON.")] = False,
+) -> None:
+    """Fit host/engine terms and kernel, attention and collective scalars to measured batch runs;
+    print in-sample and leave-one-out error per TP; write one calibrated profile per TP."""
+    from cli.output import check_out_folder, write_outputs
+    from profiles import default_profile, profile_filename
+    from profiles.calibrate import (
+        PARAMS,
+        calibrated_profile,
+        fit_rows,
+        price_all,
+        profile_params,
+        read_measurements,
+    )
+    from simcore.catalog import get_gpu, get_model
+
+    model_spec, gpu_spec = get_model(model), get_gpu(gpu)
+    out_tps = _tps(tp)
+    rows, sha = read_measurements(measurements)
+    data_tps = sorted({r.tp for r in rows})
+    out_tps = out_tps or data_tps
+    names = tuple(profile_filename(gpu_spec.name, model_spec.name, t) for t in out_tps)
+    check_out_folder(out, names)
+    bases = {t: default_profile(gpu_spec, model_spec, t) for t in sorted(set(out_tps) | set(data_tps))}
+    priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
+    prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
+    fit = fit_rows(rows, priced, prior)
+    provenance = {
+        "calibration": {
+            "input": str(measurements), "input_sha256": sha, "rows": len(rows), "data_tps": data_tps,
+            "fitted": fit.params, "prior": dict(zip(PARAMS, map(float, prior), strict=True)),
+            "errors_by_tp": {str(k): v for k, v in fit.by_tp.items()}, "residuals": fit.rows,
+            "pricing": "each row as kvsim run --workload fixed-batch --num-requests B --input-len P "
+                       "--output-len O --max-num-seqs max(256,B): mean TTFT, mean TPOT, makespan",
+            "method": "profiles/calibrate.py: non-negative least squares on relative error",
+        },
+    }
+    docs = {name: calibrated_profile(bases[t], fit.params, t, provenance) for name, t in zip(names, out_tps, strict=True)}
+    write_outputs(out, docs)
+    if as_json:
+        typer.echo(json.dumps({"fitted": fit.params, "errors_by_tp": fit.by_tp,
+                               "written": [str(out / n) for n in names]}, indent=2))
+        return
+    typer.echo(f"Calibrated {model_spec.name} on {gpu_spec.name} from {len(rows)} rows of {measurements}")
+    typer.echo("Fitted terms: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.params.items()))
+    typer.echo(f"{'TP':>4} {'points':>7} {'in-sample median |err|':>24} {'leave-one-out median |err|':>28}")
+    for t, e in fit.by_tp.items():
+        typer.echo(f"{t:>4} {e['points']:>7} {e['in_sample_median_abs_error']:>24.1%} "
+                   f"{e['loo_median_abs_error']:>28.1%}")
+    for name, t in zip(names, out_tps, strict=True):
+        note = "" if t in data_tps else " (no rows at this TP: host terms carried over, kernels re-derived)"
+        typer.echo(f"Wrote {out / name}{note}")
+
+
+__all__ = ["calibrate"]

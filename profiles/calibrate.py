@@ -1,0 +1,338 @@
+"""Fit kvsim to a user's own measurements (`kvsim calibrate`) and check a profile against them
+(`kvsim profile check`).
+
+A measurements file has one row per batch run: `tp, batch_size, input_len, output_len` and at least one
+of `prefill_ms` (the batch's time to first token), `decode_ms` (mean time per output token after the
+first), `latency_ms` (the whole batch, as `vllm bench latency` reports). kvsim prices a row exactly as
+
+    kvsim run --workload fixed-batch --num-requests B --input-len P --output-len O \
+        --max-num-seqs max(256, B) --tp N --profile PROFILE
+
+would: B identical requests arrive at t = 0 and the engine schedules them (chunked prefill under the
+default token budget); prefill_ms = mean TTFT, decode_ms = mean TPOT, latency_ms = the makespan.
+
+Because every request arrives at once, the schedule does not depend on step times, so each step's time is
+linear in the calibrated parameters
+
+    step_ms = s_gemm * (linear + LM head) + s_attn * attention + s_coll * collectives
+              + host_step + host_rank * (tp - 1) + host_seq * seqs
+              + host_prefill_step * [prefill] + host_prefill_token * prefill_tokens
+
+and so is every row's prefill / decode / latency (sums of step times). The fit is least squares on relative
+error with non-negative parameters and a faint pull (1e-8, relative) towards the profile's own values, so a term the
+data cannot see (e.g. prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP) stays
+at the profile's value. With one TP in the data, host_rank stays 0: the stack's host terms carry over to
+other TPs while kernels and collectives are re-derived for each TP.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simcore.errors import KvsimError
+from simcore.latency import Profile, StepLatencyModel, parse_profile
+from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+QUANTITIES = ("prefill_ms", "decode_ms", "latency_ms")
+KEYS = ("tp", "batch_size", "input_len", "output_len")
+PARAMS = ("s_gemm", "s_attn", "s_coll", "host_step", "host_rank", "host_seq", "host_prefill_step",
+          "host_prefill_token")
+PRIOR_WEIGHT = 1e-8
+# Typical size of each parameter: the prior's pull is relative to max(|prior|, this).
+TYPICAL = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.1, 1.0, 1e-3])
+MAX_ROWS = 10_000
+
+
+class MeasurementError(KvsimError):
+    """A measurements file kvsim cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    line: int  # 1-based line in the file (header = 1)
+    tp: int
+    batch_size: int
+    input_len: int
+    output_len: int
+    measured: dict[str, float]  # quantity -> ms, only those present
+
+
+def _int(value: str, name: str, where: str) -> int:
+    try:
+        f = float(value)
+    except ValueError:
+        raise MeasurementError(f"{where}: {name} {value!r} is not a number") from None
+    if not math.isfinite(f) or f != int(f) or f < 1:
+        raise MeasurementError(f"{where}: {name} must be an integer >= 1, got {value!r}")
+    return int(f)
+
+
+def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
+    """Rows of a measurements CSV and the file's sha256; MeasurementError names file, line, column."""
+    path = Path(path)
+    try:
+        blob = path.read_bytes()
+        text = blob.decode("utf-8-sig")
+    except FileNotFoundError:
+        raise MeasurementError(f"{path}: no such measurements file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MeasurementError(f"{path}: not a readable CSV file ({exc})") from None
+    try:
+        reader = csv.DictReader(text.splitlines())
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        raw_rows = list(reader)
+    except csv.Error as exc:
+        raise MeasurementError(f"{path}: not a readable CSV file ({exc})") from None
+    missing = [k for k in KEYS if k not in header]
+    if missing:
+        raise MeasurementError(f"{path}: missing column {missing[0]!r} (need {', '.join(KEYS)})")
+    given = [q for q in QUANTITIES if q in header]
+    if not given:
+        raise MeasurementError(f"{path}: needs at least one of the columns {', '.join(QUANTITIES)}")
+    if not raw_rows:
+        raise MeasurementError(f"{path}: no measurement rows")
+    if len(raw_rows) > MAX_ROWS:
+        raise MeasurementError(f"{path}: {len(raw_rows)} rows; at most {MAX_ROWS} are accepted")
+    rows = []
+    for i, raw in enumerate(raw_rows, start=2):
+        raw = {(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in raw.items()}
+        if None in raw or "" in raw and raw[""]:
+            raise MeasurementError(f"{path}:{i}: more values than columns")
+        where = f"{path}:{i}"
+        keys = {k: _int(raw.get(k) or "", k, where) for k in KEYS}
+        measured = {}
+        for q in given:
+            v = raw.get(q) or ""
+            if v == "":
+                continue
+            try:
+                ms = float(v)
+            except ValueError:
+                raise MeasurementError(f"{where}: {q} {v!r} is not a number") from None
+            if not math.isfinite(ms) or ms <= 0 or ms > 1e8:
+                raise MeasurementError(f"{where}: {q} must be a positive, finite time in ms, got {v!r}")
+            measured[q] = ms
+        if not measured:
+            raise MeasurementError(f"{where}: no value in {', '.join(given)}")
+        if "decode_ms" in measured and keys["output_len"] < 2:
+            raise MeasurementError(f"{where}: decode_ms needs output_len >= 2")
+        rows.append(Measurement(i, measured=measured, **keys))
+    return rows, hashlib.sha256(blob).hexdigest()
+
+
+@dataclass
+class RowPricing:
+    """One row priced by a simulated batch run: the simulated values and, per quantity, the
+    linear features whose dot product with the parameters gives it (see the module docstring)."""
+
+    simulated: dict[str, float]
+    features: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def batch_config(tp: int, batch_size: int) -> EngineConfig:
+    return EngineConfig(tensor_parallel_size=tp, max_num_seqs=max(256, batch_size))
+
+
+def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement) -> RowPricing:
+    """Simulate the row's batch with `profile`; record each step's linear features."""
+    from simcore.simulate import prepare
+    from workloads import load_workload
+
+    config = batch_config(row.tp, row.batch_size)
+    overrides = {"num_requests": row.batch_size, "input_len": row.input_len, "output_len": row.output_len}
+    workload = load_workload("fixed-batch", overrides, max_model_len=config.resolved_max_model_len(model))
+    sim = prepare(model, gpu, config, workload, profile)
+    latency: StepLatencyModel = sim.latency
+    priced = latency.step_time_s
+    feats: list[list[float]] = []
+
+    def probe(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled):
+        g, a, c, _ = latency.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
+                                           decode_context_tokens, num_sampled)
+        ptok = num_tokens - num_decode_seqs
+        feats.append([g, a, c, 1.0, row.tp - 1.0, len(prefill_chunks) + num_decode_seqs,
+                      1.0 if ptok else 0.0, float(ptok)])
+        return priced(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled)
+
+    def span_probe(num_seqs, context_sums):
+        for ctx in np.asarray(context_sums):
+            g, a, c, _ = latency.step_parts_ms(num_seqs, [], num_seqs, ctx, num_seqs)
+            feats.append([g, a, c, 1.0, row.tp - 1.0, num_seqs, 0.0, 0.0])
+        return priced_span(num_seqs, context_sums)
+
+    priced_span = latency.decode_span_times_s
+    latency.step_time_s = probe  # this run's model only
+    latency.decode_span_times_s = span_probe
+    result = sim.run()
+    steps, requests = result.steps, result.requests
+    ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
+    cum = np.cumsum(np.asarray(feats), axis=0)
+    assert len(cum) == len(ends), "one feature row per priced step"
+    done = requests[requests["status"] == "finished"]
+    if len(done) != row.batch_size:
+        raise MeasurementError(
+            f"line {row.line}: kvsim could not run {row.batch_size} requests of {row.input_len} + "
+            f"{row.output_len} tokens at TP {row.tp} ({row.batch_size - len(done)} rejected)"
+        )
+    first = np.searchsorted(ends, done["first_token_s"].to_numpy() - 1e-12)
+    last = np.searchsorted(ends, done["finish_s"].to_numpy() - 1e-12)
+    out = RowPricing(simulated={
+        "prefill_ms": 1e3 * float(done["ttft_s"].mean()),
+        "latency_ms": 1e3 * float(done["finish_s"].max() - done["arrival_s"].min()),
+    })
+    out.features["prefill_ms"] = cum[first].mean(axis=0)
+    out.features["latency_ms"] = cum[last.max()]
+    if row.output_len >= 2:
+        out.simulated["decode_ms"] = 1e3 * float(done["tpot_s"].mean())
+        out.features["decode_ms"] = ((cum[last] - cum[first]) / (row.output_len - 1)).mean(axis=0)
+    return out
+
+
+def profile_params(profile: Profile, tp: int) -> np.ndarray:
+    """The parameters that reproduce `profile` itself (scales 1, its continuous host terms)."""
+    host = StepLatencyModel(profile.data, policy="continuous").host
+    return np.array([1.0, 1.0, 1.0, host.per_step_ms, 0.0, host.per_seq_ms, host.per_prefill_step_ms,
+                     host.per_prefill_token_ms])
+
+
+def _solve(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error, with a faint pull towards `prior`; parameters
+    where `free` is False stay at the prior."""
+    scale = np.maximum(np.abs(prior), TYPICAL)
+    a = x / y[:, None]
+    b = np.ones_like(y)
+    active = free.copy()
+    theta = prior.copy()
+    for _ in range(len(prior) + 1):
+        idx = np.flatnonzero(active)
+        rhs = b - a[:, ~active] @ theta[~active] if (~active).any() else b
+        aa = np.vstack([a[:, idx], math.sqrt(PRIOR_WEIGHT) * np.diag(1.0 / scale[idx])])
+        bb = np.concatenate([rhs, math.sqrt(PRIOR_WEIGHT) * prior[idx] / scale[idx]])
+        sol, *_ = np.linalg.lstsq(aa, bb, rcond=None)
+        theta[idx] = sol
+        negative = idx[sol < 0]
+        if not len(negative):
+            return theta
+        theta[negative] = 0.0
+        active[negative] = False
+    return np.maximum(theta, 0.0)
+
+
+@dataclass
+class Fit:
+    params: dict[str, float]
+    rows: list[dict[str, Any]]  # per row and quantity: measured, fitted, loo, errors
+    by_tp: dict[int, dict[str, float]]  # in-sample and leave-one-out median |error| per TP
+
+
+def _design(rows: list[Measurement], priced: list[RowPricing]) -> tuple[np.ndarray, np.ndarray, list]:
+    xs, ys, index = [], [], []
+    for r, p in zip(rows, priced, strict=True):
+        for q, ms in r.measured.items():
+            xs.append(p.features[q])
+            ys.append(ms)
+            index.append((r, q))
+    return np.asarray(xs), np.asarray(ys), index
+
+
+def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarray) -> Fit:
+    x, y, index = _design(rows, priced)
+    free = np.ones(len(PARAMS), dtype=bool)
+    free[PARAMS.index("host_rank")] = len({r.tp for r in rows}) > 1
+    theta = _solve(x, y, prior, free)
+    fitted = x @ theta
+    loo = np.empty_like(fitted)
+    for r in rows:  # leave one measured row (all its quantities) out
+        out = np.array([ri is r for ri, _ in index])
+        if out.all():
+            loo[out] = fitted[out]
+            continue
+        held_free = free.copy()
+        held_free[PARAMS.index("host_rank")] = free[PARAMS.index("host_rank")] and len({ri.tp for ri in rows if ri is not r}) > 1
+        t = _solve(x[~out], y[~out], prior, held_free)
+        loo[out] = x[out] @ t
+    table = []
+    for (r, q), ms, f, lo in zip(index, y, fitted, loo, strict=True):
+        table.append({"line": r.line, "tp": r.tp, "batch_size": r.batch_size, "input_len": r.input_len,
+                      "output_len": r.output_len, "quantity": q, "measured_ms": float(ms),
+                      "fitted_ms": float(f), "error": float(f / ms - 1), "loo_ms": float(lo),
+                      "loo_error": float(lo / ms - 1)})
+    by_tp = {}
+    for tp in sorted({r.tp for r in rows}):
+        sub = [t for t in table if t["tp"] == tp]
+        by_tp[tp] = {"points": len(sub),
+                     "in_sample_median_abs_error": float(np.median([abs(t["error"]) for t in sub])),
+                     "loo_median_abs_error": float(np.median([abs(t["loo_error"]) for t in sub]))}
+    return Fit({k: float(v) for k, v in zip(PARAMS, theta, strict=True)}, table, by_tp)
+
+
+def _scale(table: dict | None, factor: float, keys=("time_ms",)) -> None:
+    if not table:
+        return
+    for key in keys:
+        if key in table:
+            z = table[key]
+            table[key] = [[v * factor for v in row] for row in z] if z and isinstance(z[0], list) else [v * factor for v in z]
+
+
+def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provenance: dict[str, Any]) -> dict:
+    """`base` (the default profile at this TP) with its kernel, attention and collective tables
+    scaled and the fitted host terms; every policy uses those host terms."""
+    doc = copy.deepcopy(base.data)
+    _scale(doc["linear"], params["s_gemm"])
+    _scale(doc["lm_head"], params["s_gemm"])
+    _scale(doc["prefill_attention"], params["s_attn"])
+    if "launch_floor_ms" in doc["prefill_attention"]:
+        doc["prefill_attention"]["launch_floor_ms"] *= params["s_attn"]
+    for table in doc["decode_attention"].values():
+        _scale(table, params["s_attn"])
+    if doc.get("collectives"):
+        _scale(doc["collectives"].get("all_reduce"), params["s_coll"])
+    _scale(doc.get("collective"), params["s_coll"])
+    doc["schema_version"] = 2
+    doc.pop("step_overhead_ms", None)
+    doc.pop("step_overhead_ms_by_policy", None)
+    doc.pop("host_overhead_by_policy", None)
+    doc["host_overhead"] = {
+        "per_step_ms": params["host_step"] + params["host_rank"] * (tp - 1),
+        "per_seq_ms": params["host_seq"],
+        "per_prefill_step_ms": params["host_prefill_step"],
+        "per_prefill_token_ms": params["host_prefill_token"],
+    }
+    doc["source"] = "calibrated"
+    doc["provenance"] = {**provenance, "base_profile": {"sha256": base.sha256, "source": base.source,
+                                                         "path": base.path}}
+    parse_profile(doc, f"calibrated {doc['gpu']} {doc['model']} tp{tp}")
+    return doc
+
+
+def price_all(model: ModelSpec, gpu: GPUSpec, rows: list[Measurement], profile_for, progress=None) -> list[RowPricing]:
+    """Price every row with `profile_for(tp)`; `progress(label, n)` after each row."""
+    out = []
+    for n, row in enumerate(rows, start=1):
+        out.append(price_row(model, gpu, profile_for(row.tp), row))
+        if progress is not None:
+            progress(f"line {row.line}: B={row.batch_size} P={row.input_len} O={row.output_len} TP {row.tp}", n)
+    return out
+
+
+def check_rows(rows: list[Measurement], priced: list[RowPricing]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Per row and quantity: measured, kvsim's price and the error; the median |error| per quantity."""
+    table = []
+    for r, p in zip(rows, priced, strict=True):
+        for q, ms in r.measured.items():
+            table.append({"line": r.line, "tp": r.tp, "batch_size": r.batch_size, "input_len": r.input_len,
+                          "output_len": r.output_len, "quantity": q, "measured_ms": ms,
+                          "kvsim_ms": p.simulated[q], "error": p.simulated[q] / ms - 1})
+    medians = {q: float(np.median([abs(t["error"]) for t in table if t["quantity"] == q]))
+               for q in QUANTITIES if any(t["quantity"] == q for t in table)}
+    medians["all"] = float(np.median([abs(t["error"]) for t in table]))
+    return table, medians
