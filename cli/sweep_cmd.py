@@ -14,10 +14,12 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from cli.options import (
     Allocator,
@@ -89,6 +91,8 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
 
 
 def _format_cell(column: str, value: Any) -> str:
+    import pandas as pd  # here, not at module level: `kvsim run` never needs pandas to start
+
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if column == "kv_cache_tokens":
@@ -106,6 +110,8 @@ def _format_cell(column: str, value: Any) -> str:
 
 def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`."""
+    import pandas as pd
+
     cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high"))]
     cells = []
     for _, row in frame.iterrows():
@@ -175,6 +181,8 @@ class _Progress:
 
 def _records(frame) -> list[dict[str, Any]]:
     """Rows as JSON-ready dicts (NaN / NA -> null)."""
+    import pandas as pd
+
     return [{k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v)
              for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
 
@@ -224,6 +232,8 @@ def sweep(
     as_json: AsJson = False,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
+    import pandas as pd
+
     from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_sweep, summarize_points
     from reports.sweep_runner import parse_seeds
 
@@ -293,6 +303,8 @@ def _table(out: Path | None):
 def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: str | None) -> list[dict[str, Any]]:
     """Run the points the table lacks (all without --resume), appending each row as it finishes;
     return every row of the sweep, the table's earlier ones included."""
+    import pandas as pd
+
     from reports.sweep_runner import run_points
     from reports.sweep_table import read_table
 
