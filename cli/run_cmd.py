@@ -111,6 +111,7 @@ def run(
     tolerance: Annotated[float, typer.Option(help="--find-max-rate: relative width of the answer's bracket.")] = 0.02,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
     as_json: AsJson = False,
+    exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
 ) -> None:
     """Simulate one engine replica serving a workload; print a `vllm bench serve`-style summary."""
     from profiles import check_profile_matches, default_profile
@@ -176,7 +177,8 @@ def run(
             "KV cache is per replica")
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update)
+        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
+                          exact_steps=exact_steps)
     finally:
         progress.stop()
     for note in wl.notes():

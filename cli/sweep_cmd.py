@@ -14,10 +14,12 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from cli.options import (
     Allocator,
@@ -89,6 +91,8 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
 
 
 def _format_cell(column: str, value: Any) -> str:
+    import pandas as pd  # here, not at module level: `kvsim run` never needs pandas to start
+
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if column == "kv_cache_tokens":
@@ -106,6 +110,8 @@ def _format_cell(column: str, value: Any) -> str:
 
 def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`."""
+    import pandas as pd
+
     cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high"))]
     cells = []
     for _, row in frame.iterrows():
@@ -175,6 +181,8 @@ class _Progress:
 
 def _records(frame) -> list[dict[str, Any]]:
     """Rows as JSON-ready dicts (NaN / NA -> null)."""
+    import pandas as pd
+
     return [{k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v)
              for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
 
@@ -224,6 +232,8 @@ def sweep(
     as_json: AsJson = False,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
+    import pandas as pd
+
     from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_sweep, summarize_points
     from reports.sweep_runner import parse_seeds
 
@@ -243,6 +253,9 @@ def sweep(
         raise ConfigError("--address applies only with --executor ray")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    from reports.sweep_runner import check_executor
+
+    check_executor(executor.value, address)
     table = _table(out)
     check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_spec = get_model(model)
@@ -270,10 +283,8 @@ def sweep(
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
-    for row in rows:
-        if isinstance(row.get("warnings"), str) and row["warnings"]:
-            label = ", ".join(f"{SWEEPABLE[k][1]}={row[k]}" for k in plan.swept)
-            typer.echo(f"WARNING [{label}, seed={row['seed']}] {row['warnings']}", err=True)
+    for line in _warning_lines(rows, plan.swept):
+        typer.echo(line, err=True)
     best = None
     if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
         frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
@@ -282,6 +293,28 @@ def sweep(
         "model": model_spec.name, "gpu": ", ".join(g.name for g in gpu_specs), "workload": wl.describe(),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
+
+
+def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
+    """Each distinct warning once (numbers aside), with how many points gave it and one of them."""
+    import re
+
+    from reports.sweep import SWEEPABLE
+
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for row in sorted(rows, key=lambda r: (r["point"], r["seed"])):
+        text = row.get("warnings")
+        if not isinstance(text, str) or not text:
+            continue
+        label = ", ".join([f"{SWEEPABLE[k][1]}={row[k]}" for k in swept] + [f"seed={row['seed']}"])
+        for warning in text.split("; "):
+            groups.setdefault(re.sub(r"\d[\d,.]*", "N", warning), []).append((label, warning))
+    lines = []
+    for items in groups.values():
+        label, example = items[0]
+        many = f"{len(items)} of {len(rows)} points, e.g. " if len(items) > 1 else ""
+        lines.append(f"WARNING [{many}{label}] {example}")
+    return lines
 
 
 def _table(out: Path | None):
@@ -293,6 +326,8 @@ def _table(out: Path | None):
 def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: str | None) -> list[dict[str, Any]]:
     """Run the points the table lacks (all without --resume), appending each row as it finishes;
     return every row of the sweep, the table's earlier ones included."""
+    import pandas as pd
+
     from reports.sweep_runner import run_points
     from reports.sweep_table import read_table
 

@@ -149,7 +149,7 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
     config = batch_config(row.tp, row.batch_size)
     overrides = {"num_requests": row.batch_size, "input_len": row.input_len, "output_len": row.output_len}
     workload = load_workload("fixed-batch", overrides, max_model_len=config.resolved_max_model_len(model))
-    sim = prepare(model, gpu, config, workload, profile)
+    sim = prepare(model, gpu, config, workload, profile, exact_steps=True)  # one step-table row per step
     latency: StepLatencyModel = sim.latency
     priced = latency.step_time_s
     feats: list[list[float]] = []

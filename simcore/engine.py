@@ -9,12 +9,21 @@
 
 The engine asks, prices, waits and hands over; it owns neither the request state (the
 lifecycle does) nor the KV (the policy's allocator does).
+
+Decode spans (simcore.span): when the policy says its plan would repeat unchanged for K steps
+(`decode_span`), the engine prices all K at once and waits once, to the end of step K, or to
+the first step boundary after an arrival that could change the next plan. Steps 1..k-1 are
+applied in bulk (`extend_span`, `emit_span`, one step-table row) and step k like any other
+step. `exact_steps=True` keeps one event per step, the reference the fast path is tested
+against (tests/test_fastpath_equivalence.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+import numpy as np
 import simpy
 
 from simcore.latency import StepLatencyModel
@@ -22,7 +31,16 @@ from simcore.lifecycle import Lifecycle
 from simcore.metrics import StepRecorder
 from simcore.policies.base import Policy
 from simcore.request import Request
+from simcore.span import (
+    SpanShape,
+    boundaries,
+    decode_span_times_s,
+    decode_step_fixed_ms,
+    delay_to,
+    internal_slots,
+)
 from simcore.state import ReqState
+from simcore.step import StepPlan
 
 
 class Engine:
@@ -35,8 +53,10 @@ class Engine:
         max_model_len: int,
         swap_block_s: float,
         progress: Callable[[int], None] | None = None,
+        exact_steps: bool = False,
     ):
         self.env = env
+        self.exact_steps = exact_steps  # one event per step, never a decode span
         self.latency = latency
         self.max_model_len = max_model_len
         self.swap_block_s = swap_block_s  # seconds to copy one block over PCIe
@@ -78,6 +98,7 @@ class Engine:
     def run(self):
         env, policy, latency, record = self.env, self.policy, self.latency, self.recorder.record
         life = self.lifecycle
+        span_of = None if self.exact_steps else getattr(policy, "decode_span", None)
         while True:
             plan = policy.schedule(life, env.now)
             if plan is None:
@@ -91,12 +112,54 @@ class Engine:
                 continue
             start = env.now
             life.begin_step(plan, start)
-            dt = latency.step_time_s(
-                plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
-                plan.decode_context_tokens, plan.num_sampled,
-            ) + plan.num_swap_blocks * self.swap_block_s
-            yield env.timeout(dt)
+            shape = span_of(plan, life) if span_of is not None else None
+            if shape is not None:
+                plan, start, dt = yield from self._span(plan, shape, start)
+            else:
+                dt = latency.step_time_s(
+                    plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
+                    plan.decode_context_tokens, plan.num_sampled,
+                ) + plan.num_swap_blocks * self.swap_block_s
+                yield env.timeout(dt)
             finished = life.emit(plan, env.now)
             mem = policy.end_step(plan, finished, life)
             life.finish(finished, env.now)
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
+
+    def _span(self, plan: StepPlan, shape: SpanShape, start: float):
+        """Wait out steps 1..k of a decode span and apply steps 1..k-1; returns the plan, start
+        and duration of step k, which the caller finishes like a single step."""
+        env, life, policy = self.env, self.lifecycle, self.policy
+        num_seqs = plan.num_decode_seqs
+        steps = shape.num_steps
+        durations = decode_span_times_s(
+            self.latency, num_seqs, plan.decode_context_tokens + num_seqs * np.arange(steps)
+        )
+        ends = boundaries(start, durations)
+        k = steps
+        if life.waiting:  # its head cannot be admitted before the span ends; arrivals queue behind it
+            yield env.timeout(delay_to(start, float(ends[-1])))
+        else:  # an arrival is planned for at the first step boundary at or after it
+            self._wakeup = env.event()
+            yield self._wakeup | env.timeout(delay_to(start, float(ends[-1])))
+            woke = self._wakeup.triggered
+            self._wakeup = None
+            if woke and env.now < ends[-1]:
+                k = int(np.searchsorted(ends, env.now, side="left")) + 1
+                if ends[k - 1] > env.now:
+                    yield env.timeout(delay_to(env.now, float(ends[k - 1])))
+        policy.extend_span(plan, k)
+        if k > 1:
+            life.emit_span(plan, ends[: k - 1])
+            bs = policy.allocator.block_size
+            allocated = (shape.used_blocks + shape.new_blocks_cum[: k - 1]) * bs
+            internal = internal_slots(shape.computed, bs, k - 1)
+            coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
+            span_ms = float(durations[: k - 1].sum()) * 1000.0
+            n = k - 1
+            costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
+            self.recorder.record_span(start, durations[: k - 1], plan, allocated, internal,
+                                      len(life.running), len(life.waiting), len(life.swapped), costs)
+            start = float(ends[k - 2])
+            plan = replace(plan, decode_context_tokens=plan.decode_context_tokens + (k - 1) * num_seqs)
+        return plan, start, float(durations[k - 1])

@@ -21,6 +21,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from simcore.request import Request
@@ -143,6 +144,26 @@ class Lifecycle:
                 if st.num_generated >= st.num_output_target:
                     finished.append(st)
         return finished
+
+    def emit_span(self, plan: StepPlan, ends_s: np.ndarray) -> None:
+        """Steps 1..m of a decode span (m = len(ends_s), step k ending at ends_s[k-1]): every
+        request of a decode-only plan emits one token per step and none finishes. The same
+        counters, timestamps and pooled ITLs, in the same order, as m calls of `emit`."""
+        num_steps = len(ends_s)
+        if not num_steps:
+            return
+        scheduled = plan.scheduled
+        first, last = float(ends_s[0]), float(ends_s[-1])
+        itl = self.itl_s
+        itl.extend([first - st.last_token_s for st, _ in scheduled])
+        if num_steps > 1:  # every request's gap in step k is ends_s[k-1] - ends_s[k-2]
+            itl.frombytes(np.repeat(np.diff(ends_s), len(scheduled)).tobytes())
+        for st, num_new in scheduled:
+            assert num_new == 1 and st.num_generated and st.num_generated + num_steps < st.num_output_target
+            st.num_computed_tokens += num_steps
+            st.num_tokens += num_steps
+            st.num_generated += num_steps
+            st.last_token_s = last
 
     def finish(self, finished: list[ReqState], now: float) -> None:
         """Requests that produced their last token leave `running` (their KV is already back)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,35 +16,76 @@ if TYPE_CHECKING:
     from simcore.step import MemorySnapshot, StepPlan
 
 STEP_COLUMNS = (
-    "start_s", "duration_s", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
+    "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
     "num_running", "num_waiting", "num_swapped", "num_preempted", "num_swap_blocks",
     "kv_allocated", "kv_live", "kv_reserved_future", "kv_internal", "kv_stale", "kv_external",
     "kv_unshared",
 )
 # The step's cost by part (ms): GPU kernels, TP collectives, host/engine time (see simcore.latency);
 # NaN when the recorder has no latency model. duration_s may add swap time on top of their sum.
+# A span row holds the sums over its steps.
 COST_COLUMNS = ("kernels_ms", "collectives_ms", "host_ms")
+KV_KINDS = ("allocated", "live", "reserved_future", "internal", "stale", "external", "unshared")
+
+
+@dataclass
+class StepTotals:
+    """Running sums over every engine step, whatever the step table keeps: what the summary's
+    step-weighted and time-weighted figures need."""
+
+    num_steps: int = 0
+    duration_s: float = 0.0
+    seq_steps: int = 0  # sum over steps of the sequences scheduled
+    kv_slot_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KV_KINDS, 0.0))  # sum kv * dt
+
+    def add(self, other: StepTotals) -> None:
+        """Sum another replica's totals into these."""
+        self.num_steps += other.num_steps
+        self.duration_s += other.duration_s
+        self.seq_steps += other.seq_steps
+        for kind, value in other.kv_slot_s.items():
+            self.kv_slot_s[kind] += value
+
+    @classmethod
+    def from_frame(cls, steps: pd.DataFrame) -> StepTotals:
+        """Totals of a step table whose rows are single steps (or spans, weighted by num_steps)."""
+        totals = cls()
+        if not len(steps):
+            return totals
+        dt = steps["duration_s"].to_numpy()
+        counts = steps["num_steps"].to_numpy() if "num_steps" in steps else np.ones(len(steps), dtype=np.int64)
+        totals.num_steps = int(counts.sum())
+        totals.duration_s = float(dt.sum())
+        totals.seq_steps = int(np.dot(steps["num_seqs"].to_numpy(), counts))
+        for kind in KV_KINDS:
+            totals.kv_slot_s[kind] = float(np.dot(steps[f"kv_{kind}"].to_numpy(), dt))
+        return totals
 
 
 class StepRecorder:
-    """Column arrays, one value per step; cheap enough to call on every step. With a latency
-    model it also records each step's cost breakdown (the model reuses the step it just priced)."""
+    """Column arrays, one row per step, or per decode span (`num_steps` > 1: its duration is the
+    span's, its counts and KV the state at the end of its last step); cheap enough to call on
+    every step. `totals` sums every step exactly, spans included. With a latency model it also
+    records each step's cost breakdown (the model reuses the step it just priced)."""
 
     def __init__(self, latency: StepLatencyModel | None = None) -> None:
         self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}
         self._appends = [self.columns[name].append for name in STEP_COLUMNS]
         self._cost_appends = [self.columns[name].append for name in COST_COLUMNS]
         self._breakdown = latency.step_breakdown_ms if latency is not None else None
+        self.totals = StepTotals()
 
     def record(
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
         num_running: int, num_waiting: int, num_swapped: int,
     ) -> None:
+        num_seqs = len(plan.scheduled)
+        unshared = mem.unshared or mem.allocated
         values = (
-            start, dt, len(plan.scheduled), plan.num_tokens - plan.num_decode_seqs,
+            start, dt, 1, num_seqs, plan.num_tokens - plan.num_decode_seqs,
             plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
             plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
-            mem.stale, mem.external, mem.unshared or mem.allocated,
+            mem.stale, mem.external, unshared,
         )
         for append, value in zip(self._appends, values, strict=True):
             append(value)
@@ -53,12 +95,58 @@ class StepRecorder:
         )
         for append, value in zip(self._cost_appends, parts, strict=True):
             append(value)
+        t = self.totals
+        t.num_steps += 1
+        t.duration_s += dt
+        t.seq_steps += num_seqs
+        kv = t.kv_slot_s
+        kv["allocated"] += mem.allocated * dt
+        kv["live"] += mem.live * dt
+        kv["reserved_future"] += mem.reserved_future * dt
+        kv["internal"] += mem.internal * dt
+        kv["stale"] += mem.stale * dt
+        kv["external"] += mem.external * dt
+        kv["unshared"] += unshared * dt
+
+    def record_span(
+        self, start: float, durations: np.ndarray, plan: StepPlan, allocated: np.ndarray,
+        internal: np.ndarray, num_running: int, num_waiting: int, num_swapped: int,
+        costs_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan),
+    ) -> None:
+        """Steps of a decode span (all decodes of the same batch, nothing shared, reserved or
+        stale): `allocated` / `internal` KV slots at the end of each step; `costs_ms` the
+        span's (kernels, collectives, host) summed over its steps."""
+        num_steps = len(durations)
+        num_seqs = len(plan.scheduled)
+        duration = float(durations.sum())
+        end_alloc, end_internal = int(allocated[-1]), int(internal[-1])
+        values = (
+            start, duration, num_steps, num_seqs, 0, plan.num_decode_seqs, num_running,
+            num_waiting, num_swapped, 0, 0, end_alloc, end_alloc - end_internal, 0, end_internal,
+            0, 0, end_alloc,
+        )
+        for append, value in zip(self._appends, values, strict=True):
+            append(value)
+        for append, value in zip(self._cost_appends, costs_ms, strict=True):
+            append(value)
+        t = self.totals
+        t.num_steps += num_steps
+        t.duration_s += duration
+        t.seq_steps += num_seqs * num_steps
+        kv = t.kv_slot_s
+        alloc_s = float(np.dot(allocated, durations))
+        internal_s = float(np.dot(internal, durations))
+        kv["allocated"] += alloc_s
+        kv["live"] += alloc_s - internal_s
+        kv["internal"] += internal_s
+        kv["unshared"] += alloc_s
 
     def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame({name: np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
-                           for name, col in self.columns.items()})
-        int_cols = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
-        return df.astype({c: "int64" for c in int_cols})
+        data = {}
+        for name, col in self.columns.items():
+            values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+            data[name] = values.copy() if name.endswith(("_s", "_ms")) else values.astype(np.int64)
+        return pd.DataFrame(data, copy=False)  # one block per dtype; astype per column is slow
 
 
 def requests_frame(states: list[ReqState]) -> pd.DataFrame:
@@ -97,25 +185,28 @@ def _stats(prefix: str, values_s: np.ndarray, out: dict[str, Any]) -> None:
         out[f"p{p}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else None
 
 
-def kv_waste(steps: pd.DataFrame) -> dict[str, Any]:
+def kv_waste(totals: StepTotals) -> dict[str, Any]:
     """Time-weighted KV memory breakdown (DESIGN.md): shares of allocated slot-seconds."""
-    dt = steps["duration_s"].to_numpy()
-    allocated = float(np.dot(steps["kv_allocated"].to_numpy(), dt))
+    kv = totals.kv_slot_s
+    allocated = kv["allocated"]
     out: dict[str, Any] = {"kv_waste_rate": None}
     if allocated <= 0:
         return out
-    live = float(np.dot(steps["kv_live"].to_numpy(), dt))
-    out["kv_waste_rate"] = (allocated - live) / allocated
-    for col in ("live", "reserved_future", "internal", "stale"):
-        out[f"kv_{col}_share"] = float(np.dot(steps[f"kv_{col}"].to_numpy(), dt)) / allocated
-    out["kv_external_share"] = float(np.dot(steps["kv_external"].to_numpy(), dt)) / allocated
-    out["kv_mean_allocated_tokens"] = allocated / float(dt.sum())
-    unshared = float(np.dot(steps["kv_unshared"].to_numpy(), dt))
+    out["kv_waste_rate"] = (allocated - kv["live"]) / allocated
+    for col in ("live", "reserved_future", "internal", "stale", "external"):
+        out[f"kv_{col}_share"] = kv[col] / allocated
+    out["kv_mean_allocated_tokens"] = allocated / totals.duration_s
+    unshared = kv["unshared"]
     out["kv_sharing_saved"] = 1.0 - allocated / unshared if unshared > allocated else 0.0
     return out
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray) -> dict[str, Any]:
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
+              totals: StepTotals | None = None) -> dict[str, Any]:
+    """The run's summary; step figures from `totals` (the recorder's exact sums over every
+    step), or from the step table when none are given."""
+    if totals is None:
+        totals = StepTotals.from_frame(steps)
     done = requests[requests["status"] == "finished"]
     out: dict[str, Any] = {
         "num_requests": int(len(requests)),
@@ -140,10 +231,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray) ->
     _stats("itl", itl_s, out)
     _stats("e2el", done["e2el_s"].to_numpy(), out)
     out["num_preemptions"] = int(requests["num_preemptions"].sum())
-    out["num_steps"] = int(len(steps))
-    out["mean_batch_size"] = float(steps["num_seqs"].mean()) if len(steps) else 0.0
+    out["num_steps"] = totals.num_steps
+    out["mean_batch_size"] = totals.seq_steps / totals.num_steps if totals.num_steps else 0.0
     out["max_running"] = int(steps["num_running"].max()) if len(steps) else 0
-    out.update(kv_waste(steps))
+    out.update(kv_waste(totals))
     out.update(saturation(requests))
     return out
 

@@ -16,7 +16,7 @@ from simcore.engine import Engine
 from simcore.errors import ConfigError
 from simcore.latency import Profile, StepLatencyModel
 from simcore.memory import MemoryPlan
-from simcore.metrics import requests_frame, summarize
+from simcore.metrics import StepTotals, requests_frame, summarize
 from simcore.pipeline import PipelineLatency
 from simcore.policies import make_policy
 from simcore.request import Workload
@@ -68,7 +68,10 @@ class Simulation:
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
         requests, steps, itl_s = self._tables()
-        summary = summarize(requests, steps, itl_s)
+        totals = StepTotals()
+        for engine in engines:
+            totals.add(engine.recorder.totals)
+        summary = summarize(requests, steps, itl_s, totals)
         summary["extrapolated_steps"] = latency.extrapolated.steps
         counters: dict[str, int] = {}
         for engine in engines:
@@ -79,7 +82,7 @@ class Simulation:
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
-                f"{latency.extrapolated.steps} of {len(steps)} steps needed values outside the "
+                f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         record = {**self.record, "workload": self.workload.describe()}
@@ -115,9 +118,11 @@ def prepare(
     profile: Profile,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    exact_steps: bool = False,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
-    engine, policy and workload; nothing runs yet."""
+    engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
+    (the reference mode) instead of pricing unchanged decode spans as one event."""
     started = time.perf_counter()
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
@@ -138,6 +143,7 @@ def prepare(
     if config.pipeline_parallel_size > 1:  # stages on different micro-batches (simcore.pipeline)
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
+        exact_steps = True  # a round is priced per step; decode spans price single-stage steps
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     env = simpy.Environment()
     swap_block_s = cfg.swap_block_s
@@ -157,7 +163,7 @@ def prepare(
 
     engines = []
     for index in range(dp):
-        engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index))
+        engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         env.process(engine.run())
         engines.append(engine)
@@ -187,6 +193,8 @@ def simulate(
     profile: Profile,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    exact_steps: bool = False,
 ) -> Result:
-    """Simulate one engine replica serving `workload`; deterministic for a given seed."""
-    return prepare(model, gpu, config, workload, profile, seed, progress).run()
+    """Simulate one engine replica serving `workload`; deterministic for a given seed.
+    `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals)."""
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps).run()

@@ -1,4 +1,5 @@
-"""PagedAllocator: a state machine with a shadow model of every token and block, plus exact tables."""
+"""PagedAllocator: a state machine with a shadow model of every token and block (prefix caching
+included: a block's content hash is the labels it holds), plus exact tables."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ class PagedMachine(RuleBasedStateMachine):
         a = self.alloc
         seqs = sorted((s, tuple(b.table), b.num_tokens, b.on_cpu) for s, b in a._seqs.items())
         refs = tuple(b.ref_cnt for b in a.gpu.blocks), tuple(b.ref_cnt for b in a.cpu.blocks)
-        return seqs, tuple(a.gpu._free_ids), tuple(a.cpu._free_ids), refs, a.num_cow_copies
+        cache = tuple(a.gpu._evictable), tuple(sorted(a.cached.items()))  # LRU order included
+        return seqs, tuple(a.gpu._free_ids), tuple(a.cpu._free_ids), refs, a.num_cow_copies, cache
 
     def _shared_contents(self) -> dict[Key, list[int]]:
         return {k: list(self.content[k]) for k, n in self._table_refs().items() if n > 1}
@@ -122,13 +124,17 @@ class PagedMachine(RuleBasedStateMachine):
         refs = self._table_refs()
         table = self.alloc.block_table(seq_id)
         released = [b for b in table if refs[(pool_name, b)] == 1]
+        cached = [b for b in released if pool.blocks[b].block_hash is not None]
+        uncached = [b for b in released if pool.blocks[b].block_hash is None]
         num_free = pool.num_free
         self.alloc.free(seq_id)
         del self.tokens[seq_id]
         assert not self.alloc.has_seq(seq_id)
         assert pool.num_free == num_free + len(released)
-        # released blocks go on the free stack last block first, so pop() returns table order
-        assert pool._free_ids[len(pool._free_ids) - len(released) :] == released[::-1]
+        # released blocks go on the free stack last block first, so pop() returns table order;
+        # cached ones stay cached, evictable, most recently freed last (the tail block first)
+        assert pool._free_ids[len(pool._free_ids) - len(uncached) :] == uncached[::-1]
+        assert list(pool._evictable)[len(pool._evictable) - len(cached) :] == cached[::-1]
 
     @rule()
     def free_unknown(self) -> None:
@@ -186,6 +192,57 @@ class PagedMachine(RuleBasedStateMachine):
         group = data.draw(st.lists(st.sampled_from(self._cpu_seqs()), min_size=1, unique=True), label="group")
         self._swap(group, to_cpu=False)
 
+    # -- prefix caching: a full block is registered under its content (the labels it holds) --
+    def _full_block_hashes(self, seq_id: int) -> list[tuple[int, ...]]:
+        table = self.alloc.block_table(seq_id)
+        return [tuple(self.content[("gpu", table[i])]) for i in range(len(self.tokens[seq_id]) // self.bs)]
+
+    @precondition(lambda self: any(not self.alloc.is_swapped(s) for s in self.tokens))
+    @rule(data=st.data())
+    def cache_full_blocks(self, data: st.DataObject) -> None:
+        a = self.alloc
+        seq_id = data.draw(st.sampled_from(self._gpu_seqs()), label="seq_id")
+        hashes = self._full_block_hashes(seq_id)
+        before, free_before = dict(a.cached), a.num_free_blocks
+        a.cache_full_blocks(seq_id, hashes)
+        table = a.block_table(seq_id)
+        expected = dict(before)
+        for index, block_hash in enumerate(hashes):
+            expected.setdefault(block_hash, table[index])  # the first block with a content wins
+        assert a.cached == expected
+        assert a.num_free_blocks == free_before  # caching takes nothing
+
+    @precondition(lambda self: self.alloc.cached)
+    @rule(data=st.data(), num_new=st.integers(0, 8))
+    def allocate_with_cached_prefix(self, data: st.DataObject, num_new: int) -> None:
+        """Look up then commit, as in vLLM: the hits and the new blocks in one call or nothing."""
+        a, bs = self.alloc, self.bs
+        hashes = data.draw(st.lists(st.sampled_from(sorted(a.cached)), unique=True, max_size=4), label="hashes")
+        hits = [a.cached[h] for h in hashes]
+        num_revived = sum(1 for b in hits if a.gpu.blocks[b].ref_cnt == 0)
+        need = _ceil_div(len(hits) * bs + num_new, bs) - len(hits)
+        refs, num_free, before = self._table_refs(), a.num_free_blocks, self._snapshot()
+        seq_id, self.next_id = self.next_id, self.next_id + 1
+        assert a.num_cached_prefix_blocks(hashes) == len(hashes) and self._snapshot() == before  # look-up only
+        ok = a.allocate_slots(seq_id, num_new, hashes)
+        assert ok == (num_revived + need <= num_free)
+        if not ok:
+            assert self._snapshot() == before  # nothing taken, no block revived, LRU order kept
+            return
+        assert a.num_free_blocks == num_free - num_revived - need
+        table = a.block_table(seq_id)
+        assert table[: len(hits)] == hits
+        for block_id in hits:
+            assert a.gpu.blocks[block_id].ref_cnt == refs.get(("gpu", block_id), 0) + 1
+        for block_id in table[len(hits) :]:
+            assert refs.get(("gpu", block_id), 0) == 0, "handed out a block that was in use"
+            self.content[("gpu", block_id)] = []
+        labels = list(range(self.next_label, self.next_label + num_new))
+        self.next_label += num_new
+        for pos, label in enumerate(labels, start=len(hits) * bs):
+            self.content[("gpu", table[pos // bs])].append(label)
+        self.tokens[seq_id] = [t for h in hashes for t in h] + labels
+
     @rule(data=st.data())
     def can_allocate(self, data: st.DataObject) -> None:
         a = self.alloc
@@ -218,6 +275,19 @@ class PagedMachine(RuleBasedStateMachine):
             assert pool.num_free + len(pool_refs) == pool.num_blocks
         assert a.num_free_blocks + a.num_used_blocks == a.num_gpu_blocks
         assert a.num_used_blocks == len(gpu_refs)
+
+    @invariant()
+    def cached_blocks_keep_their_content(self) -> None:
+        """A cached block holds exactly the content it is registered under until it is evicted;
+        evictable means cached and unreferenced; the hash map and the blocks agree."""
+        gpu = self.alloc.gpu
+        for block_hash, block_id in gpu.cached_hash_to_block.items():
+            assert gpu.blocks[block_id].block_hash == block_hash
+            assert self.content[("gpu", block_id)] == list(block_hash)
+        hashed = {b.block_id for b in gpu.blocks if b.block_hash is not None}
+        assert hashed == set(gpu.cached_hash_to_block.values())
+        assert set(gpu._evictable) == {b for b in hashed if gpu.blocks[b].ref_cnt == 0}
+        assert not set(gpu._evictable) & set(gpu._free_ids)
 
     @invariant()
     def tables_spell_the_tokens(self) -> None:

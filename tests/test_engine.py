@@ -120,15 +120,6 @@ def test_max_num_seqs_caps_the_running_batch():
     assert (result.requests["status"] == "finished").all()
 
 
-def test_blocks_are_all_returned_at_the_end():
-    cfg = EngineConfig(block_size=4, num_gpu_blocks_override=8, max_model_len=32)
-    from simcore.engine import Engine  # noqa: F401  (the allocator is reachable via the policy)
-
-    result = simulate(TINY, H100, cfg, ListWorkload([req(i, 0.0, 6, 10) for i in range(6)]), flat_profile())
-    last = result.steps.iloc[-1]
-    assert last["num_running"] == 0 and last["num_waiting"] == 0
-
-
 def test_same_inputs_same_results():
     requests = [req(i, 0.0005 * i, 5 + i % 7, 3 + i % 5) for i in range(40)]
     a = run(requests, block_size=4, num_gpu_blocks_override=12, max_model_len=32)

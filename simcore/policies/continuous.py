@@ -25,6 +25,7 @@ import numpy as np
 from simcore.block_pool import AllocStatus, PagedAllocator
 from simcore.policies.base import Queues
 from simcore.sampling import SequenceGroups, group_width
+from simcore.span import SpanShape, span_shape
 from simcore.state import ReqState
 from simcore.step import MemorySnapshot, StepPlan
 
@@ -219,6 +220,46 @@ class ContinuousPagedPolicy:
         else:
             self._release(st)
             plan.preempt(st, by_swap=False)
+
+    # -- decode spans (simcore.span) ------------------------------------------------------
+    def decode_span(self, plan: StepPlan, queues: Queues) -> SpanShape | None:
+        """How many steps, this one first, step-by-step scheduling would plan exactly like
+        `plan` (every running request decodes one token, nothing joins or leaves), or None
+        when that is one step. Holds while no request finishes, no append can fail (one block
+        stays free) and the queue cannot move: it is empty (the engine cuts the span at an
+        arrival), or its head was refused this step for a reason that only gets worse as the
+        batch grows (budget, max_num_seqs, blocks). Not with forked requests, swapped ones, or
+        a head that could adopt cached prefix blocks (evictions change what it needs)."""
+        if (plan.prefill_chunks or plan.num_preempted or plan.swapped_in or plan.admitted
+                or self.groups.active or self._emitting_groups or queues.swapped):
+            return None
+        running = queues.running
+        num_running = len(running)
+        if not num_running or plan.num_decode_seqs != num_running:
+            return None
+        waiting = queues.waiting
+        if waiting and self._prefix_hashes(waiting[0]):
+            return None
+        computed = np.fromiter([st.num_computed_tokens for st in running], np.int64, num_running)
+        remaining = np.fromiter([st.num_output_target - st.num_generated for st in running], np.int64, num_running)
+        alloc = self.allocator
+        shape = span_shape(computed, remaining, alloc.block_size, alloc.num_free_blocks)
+        if shape.num_steps < 2:
+            return None
+        shape.used_blocks = alloc.num_used_blocks
+        return shape
+
+    def extend_span(self, plan: StepPlan, num_steps: int) -> None:
+        """The KV of steps 2..num_steps of a decode span (step 1's was taken by `schedule`):
+        one append per request instead of one per request per step. Which physical blocks a
+        sequence gets differs from step-by-step appends; how many, and which cached blocks are
+        evicted, does not."""
+        if num_steps < 2:
+            return
+        alloc = self.allocator
+        for st, _ in plan.scheduled:
+            ok = alloc.append_slots(st.request_id, num_steps - 1)
+            assert ok, "a decode span checked its blocks"
 
     # -- commit ----------------------------------------------------------------------------
     def _release(self, st: ReqState) -> None:

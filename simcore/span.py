@@ -1,0 +1,126 @@
+"""Decode spans: many decode-only steps of an unchanged batch priced and applied as one event.
+
+While the batch cannot change, step-by-step simulation repeats the same decision: every
+running sequence decodes one token, nobody is admitted, preempted or swapped. A span covers
+steps 1..K of such a run, where step 1 is the plan the policy just made and K is the first step
+at which step-by-step simulation could decide differently:
+
+    K <= min over running requests of the tokens each still has to emit   (step K finishes one)
+    K <= last step whose new KV blocks still leave one block free         (no append can fail,
+                                                                            the regime's "no
+                                                                            free block" flag
+                                                                            stays off)
+    an arrival that could be admitted (the queue was empty) cuts the span at the first step
+    boundary at or after it (the engine's business; see Engine.run)
+
+Request j of the batch has c_j computed tokens before step 1. After step k it has c_j + k, and
+the append at the start of step k (k >= 2) takes a new block iff c_j + k - 1 is a multiple of
+the block size:
+
+    c_j = 5, bs = 4:  step 1 writes slot 6 | step 2 slot 7 | step 3 slot 8 | step 4 slot 9 (new block)
+
+Everything here is arithmetic on small numpy arrays (per request, per step of the span); no
+SimPy, no per-token Python work. Equality with one event per step is tested in
+tests/test_fastpath_equivalence.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simcore.latency import ExtrapolationCounter, StepLatencyModel
+
+MAX_SPAN_STEPS = 4096  # longer runs are split into several spans (bounds the arrays below)
+
+
+@dataclass(slots=True)
+class SpanShape:
+    """How far a decode span may run, and the KV it takes per step."""
+
+    num_steps: int  # K >= 1
+    new_blocks_cum: np.ndarray  # [K] blocks taken by the appends of steps 2..k (0 for k = 1)
+    computed: np.ndarray  # [R] tokens each request had computed before step 1
+    used_blocks: int = 0  # GPU blocks in use after step 1's appends (set by the policy)
+
+
+def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, free_blocks: int,
+               cap: int = MAX_SPAN_STEPS) -> SpanShape:
+    """`computed`: tokens each request had computed before step 1; `remaining`: tokens each still
+    emits, step 1's included; `free_blocks`: free GPU blocks after step 1's appends."""
+    k_max = int(min(int(remaining.min()), cap))
+    steps = np.arange(1, k_max + 1)
+    # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. k % bs == (1 - c) % bs
+    hist = np.bincount((1 - computed) % block_size, minlength=block_size)
+    new = hist[steps % block_size]
+    new[0] = 0  # step 1's appends were made by the policy's schedule
+    cum = np.cumsum(new)
+    fits = int(np.searchsorted(cum, free_blocks - 1, side="right"))  # steps with cum <= free - 1
+    k = min(k_max, fits)
+    k = max(k, 1) if free_blocks >= 1 else 1
+    return SpanShape(k, cum[:k], computed)
+
+
+def internal_slots(computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
+    """Unfilled slots of the requests' last blocks after each step k = 1..K: sum_j (-(c_j + k)) % bs."""
+    hist = np.bincount(computed % block_size, minlength=block_size)
+    residues = np.arange(block_size)
+    k = np.arange(1, num_steps + 1)
+    return hist @ ((-(residues[:, None] + k[None, :])) % block_size)
+
+
+def decode_span_times_s(latency: StepLatencyModel, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
+    """Seconds of each decode-only step of a span (`num_seqs` sequences, their context sum per
+    step), priced by `StepLatencyModel.decode_span_times_s`; extrapolated steps are counted per
+    step and per table exactly as step-by-step pricing counts them."""
+    counter, latency.extrapolated = latency.extrapolated, ExtrapolationCounter()
+    try:
+        times = latency.decode_span_times_s(num_seqs, context_sums)
+    finally:
+        latency.extrapolated = counter
+    mean_ctx = np.asarray(context_sums, dtype=np.float64) / num_seqs
+    dec = latency.decode
+    (a_lo, a_hi), (b_lo, b_hi) = dec.a_range, dec.b_range
+    if a_lo <= num_seqs <= a_hi:
+        dec_out = int(np.count_nonzero((mean_ctx < b_lo) | (mean_ctx > b_hi)))
+    else:
+        dec_out = len(mean_ctx)
+    if latency.linear.outside(num_seqs):
+        counter.tables["linear"] = counter.tables.get("linear", 0) + len(mean_ctx)
+        counter.steps += len(mean_ctx)
+    elif dec_out:
+        counter.steps += dec_out
+    if dec_out:
+        counter.tables["decode_attention"] = counter.tables.get("decode_attention", 0) + dec_out
+    return times
+
+
+def decode_step_fixed_ms(latency: StepLatencyModel, num_seqs: int) -> tuple[float, float]:
+    """(collectives, host) ms of one decode-only step of `num_seqs` sequences: the same for
+    every step of a span (only attention grows with the context)."""
+    return latency.collectives_ms(num_seqs, num_seqs), latency.host.ms(num_seqs, 0)
+
+
+def boundaries(start: float, durations: np.ndarray) -> np.ndarray:
+    """Step end times start + d1, (start + d1) + d2, ...: added one at a time, in order, exactly
+    as SimPy's clock advances step by step (np.add.accumulate is sequential)."""
+    out = np.empty(len(durations) + 1)
+    out[0] = start
+    out[1:] = durations
+    return np.add.accumulate(out)[1:]
+
+
+def delay_to(now: float, target: float) -> float:
+    """A delay d with now + d == target in floating point (SimPy adds delays to its clock), or,
+    when rounding skips `target` (now has finer bits than it), the first d landing after it:
+    one ulp (~1e-17 s per second of simulated time) late."""
+    d = target - now
+    for _ in range(4):
+        landed = now + d
+        if landed == target:
+            return d
+        d += target - landed
+    while now + d < target:
+        d += float(np.spacing(target))
+    return d

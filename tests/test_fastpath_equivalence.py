@@ -1,0 +1,150 @@
+"""The fast engine (decode spans as one event) against the reference mode (one event per step).
+
+A few hundred random small configurations: every policy, paged and contiguous KV, preemption by
+recompute and by swap, prefix caching, chunked prefill, n > 1 and beam search, data-parallel
+replicas. Request-level results must match (token counts exactly, timestamps within 1e-9 s),
+pooled ITLs likewise, and the summaries must be the same (integers exactly, floats to 1e-9).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from profiles import default_profile
+from simcore.catalog import GPUS, MODELS
+from simcore.simulate import simulate
+from simcore.specs import EngineConfig
+from tests.helpers import ListWorkload, req
+
+TINY = MODELS["tiny"]
+H100 = GPUS["H100-SXM-80GB"]
+NUM_CASES = 240
+TIME_TOL_S = 1e-9
+
+
+def _profile():
+    # The measured CPU profile of the tiny model: its tables vary with batch and context, so
+    # step times differ from step to step (a flat profile would hide pricing mistakes).
+    return default_profile(H100, TINY, 1)
+
+
+def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, list]:
+    policy = str(rng.choice(["continuous", "continuous", "continuous", "orca", "dynamic", "static"]))
+    block_size = int(rng.choice([1, 2, 4, 8, 16]))
+    mml = int(rng.choice([32, 64, 128]))
+    chunked = policy in ("continuous", "orca") and bool(rng.random() < 0.5)
+    budget = mml if not chunked else int(rng.choice([mml, 8, 16, 24]))
+    max_num_seqs = int(rng.integers(1, 12))
+    fields = dict(
+        block_size=block_size, max_model_len=mml, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(budget, max_num_seqs),
+        data_parallel_size=int(rng.choice([1, 1, 1, 2, 3])),
+        router=str(rng.choice(["least-loaded", "round-robin"])),
+    )
+    multi = prefix = False
+    if policy == "continuous":  # vLLM: paged KV, preemption, prefix caching, n > 1 and beams
+        prefix = bool(rng.random() < 0.4)
+        multi = bool(rng.random() < 0.3)
+        fields.update(
+            enable_chunked_prefill=chunked, enable_prefix_caching=prefix,
+            preemption_mode=str(rng.choice(["recompute", "swap"])),
+            swap_space=float(rng.choice([0.0001, 0.001, 1.0])),
+        )
+        # a small cache half the time, so sequences get preempted
+        min_blocks = -(-mml // block_size) * (4 if multi else 1)
+        if rng.random() < 0.5:
+            fields["num_gpu_blocks_override"] = min_blocks + int(rng.integers(0, 3 * min_blocks + 4))
+        else:
+            fields["num_gpu_blocks_override"] = min_blocks * 40
+    elif policy == "orca":  # continuous batching over contiguous reservations
+        fields.update(policy="continuous", allocator="contiguous", enable_chunked_prefill=chunked,
+                      reservation=str(rng.choice(["max", "pow2", "oracle"])))
+    elif policy == "static":
+        fields.update(policy="static", max_batch_size=int(rng.integers(1, 6)),
+                      batch_timeout_s=float(rng.choice([0.0, 0.001, 0.01])))
+    else:
+        fields["policy"] = policy
+    config = EngineConfig(**fields)
+    num = int(rng.integers(1, 25))
+    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
+    gaps[rng.random(num) < 0.2] = 0.0  # simultaneous arrivals
+    arrivals = np.cumsum(gaps) - gaps[0]
+    requests = []
+    for i in range(num):
+        prompt = int(rng.integers(1, mml // 2))
+        output = int(rng.integers(1, mml // 2))
+        kw = {}
+        if multi and rng.random() < 0.5:
+            if rng.random() < 0.5:
+                kw["n"] = int(rng.integers(2, 4))
+            else:
+                kw["beam_width"] = int(rng.integers(2, 4))
+        if prefix and rng.random() < 0.6:
+            kw["prefix_id"] = int(rng.integers(0, 2))
+            kw["num_prefix_tokens"] = min(prompt, 2 * block_size + 1)
+        if policy in ("dynamic", "orca") and rng.random() < 0.3:
+            kw["max_tokens"] = output + int(rng.integers(0, 8))
+        requests.append(req(i, float(arrivals[i]), prompt, output, **kw))
+    return config, requests
+
+
+def _same(a, b, key: str, context: str) -> None:
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            assert a == b, f"{context}: {key} {a} != {b}"
+        elif math.isnan(a) or math.isnan(b):
+            assert math.isnan(a) and math.isnan(b), f"{context}: {key} {a} != {b}"
+        else:
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f"{context}: {key} {a} != {b}"
+    else:
+        assert a == b, f"{context}: {key} {a!r} != {b!r}"
+
+
+def _compare(config: EngineConfig, requests: list, seed: int, context: str):
+    fast = simulate(TINY, H100, config, ListWorkload(requests), _profile(), seed=seed)
+    exact = simulate(TINY, H100, config, ListWorkload(requests), _profile(), seed=seed, exact_steps=True)
+    rf, re_ = fast.requests, exact.requests
+    assert list(rf.columns) == list(re_.columns)
+    for col in rf.columns:
+        a, b = rf[col].to_numpy(), re_[col].to_numpy()
+        if col.endswith("_s"):
+            same = np.isclose(a, b, rtol=0.0, atol=TIME_TOL_S, equal_nan=True)
+            assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
+        else:
+            assert (a == b).all(), f"{context}: {col} differs"
+    assert len(fast.itl_s) == len(exact.itl_s), context
+    assert np.allclose(np.sort(fast.itl_s), np.sort(exact.itl_s), rtol=0.0, atol=TIME_TOL_S), context
+    assert fast.summary.keys() == exact.summary.keys(), context
+    for key in fast.summary:
+        _same(fast.summary[key], exact.summary[key], key, context)
+    assert (exact.steps["num_steps"] == 1).all()
+    for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # span rows sum their steps
+        assert fast.steps[col].sum() == pytest.approx(exact.steps[col].sum(), rel=1e-9), (context, col)
+    assert fast.steps["num_steps"].sum() == len(exact.steps), context
+    return fast, exact
+
+
+@pytest.mark.parametrize("block", range(8))
+def test_fast_engine_matches_one_event_per_step(block):
+    """NUM_CASES random configurations in 8 blocks (so a failure names a small range)."""
+    per_block = NUM_CASES // 8
+    spans = 0
+    for case in range(block * per_block, (block + 1) * per_block):
+        rng = np.random.default_rng(case)
+        config, requests = _random_case(rng)
+        fast, _ = _compare(config, requests, seed=case, context=f"case {case}: {config}")
+        spans += int((fast.steps["num_steps"] > 1).sum())
+    assert spans > 10, "the random cases should exercise decode spans"
+
+
+def test_long_decode_spans_match_on_a_large_cache():
+    """Long outputs on a roomy cache: spans of hundreds of steps, arrivals inside them."""
+    config = EngineConfig(max_model_len=2048, max_num_seqs=16, enable_prefix_caching=False)
+    rng = np.random.default_rng(7)
+    requests = [req(i, 0.01 * i + float(rng.random()) * 0.005, int(rng.integers(1, 200)),
+                    int(rng.integers(100, 900))) for i in range(40)]
+    fast, exact = _compare(config, requests, seed=3, context="long spans")
+    assert len(fast.steps) * 10 < len(exact.steps)
