@@ -244,3 +244,22 @@ def test_pp2_decode_step_at_batch_one_is_slower_than_tp_alone():
     assert pipe.step_time_s(1, [], 1, 1024, 1) > one  # a pipeline adds hand-offs, not speed
     # 256 sequences: two micro-batches of 128 overlap; per-token throughput beats TP 8 alone
     assert pipe.step_time_s(256, [], 256, 256 * 1024, 256) < 1.2 * base.step_time_s(256, [], 256, 256 * 1024, 256)
+
+
+def test_engine_with_two_stages_follows_the_hand_computed_timeline():
+    from simcore.pipeline import INTRA_NODE_SEND_RECV
+    from simcore.simulate import simulate
+    from tests.helpers import ListWorkload, flat_profile, req
+
+    tiny = get_model("tiny")
+    lat_ms, gbps = INTRA_NODE_SEND_RECV
+
+    def handoff(tokens: int) -> float:
+        return lat_ms + tokens * 2 * tiny.hidden_size * 2 / (gbps * 1e6)
+
+    config = EngineConfig(pipeline_parallel_size=2, enable_prefix_caching=False)
+    result = simulate(tiny, H100, config, ListWorkload([req(0, 0.0, 4, 3)]),
+                      flat_profile(linear_ms=3.0, overhead_ms=2.0))
+    # one sequence: every step is one micro-batch through both stages, 5 + hand-off + 3 ms
+    expected_ms = (8 + handoff(4)) + 2 * (8 + handoff(1))
+    assert result.requests["e2el_s"].iloc[0] * 1e3 == pytest.approx(expected_ms, abs=1e-6)
