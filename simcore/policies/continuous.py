@@ -13,6 +13,9 @@ Requests with `n > 1` or beam search fork after their prefill and share blocks
 With prefix caching on, a waiting request first adopts the cached full blocks of its shared
 prefix (simcore.block_pool) and computes only the rest of its prompt.
 
+Without chunked prefill the registry builds `continuous_v0.VllmV0PagedPolicy` instead (vLLM
+V0's prefill-first scheduler); this class then only serves direct construction.
+
 Simplifications: no watermark, no priority scheduling; a swap that does
 not fit the CPU pool falls back to recompute (vLLM V0 aborted the request instead); a
 multi-sequence request preempted by recompute re-prefills one sequence and forks again.
@@ -88,15 +91,37 @@ class ContinuousPagedPolicy:
 
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
-        groups = self.groups
         running = list(queues.running)  # this step's running set, as the plan changes it
-        plan = StepPlan()
+        plan = self._new_plan()
+        budget = self._schedule_running(plan, running, self.max_num_batched_tokens)
+        if not plan.num_preempted:
+            budget = self._swap_in(queues, plan, running, budget)
+            if len(plan.swapped_in) == len(queues.swapped):
+                self._admit_waiting(queues, plan, running, budget)
+        return plan if plan.scheduled else None
+
+    def _new_plan(self) -> StepPlan:
         self._emitting_groups = []
         self._filling_prefix = []
-        budget = self.max_num_batched_tokens
+        return StepPlan()
+
+    def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int) -> int:
+        """Running requests in admission order, each its next tokens under the budget; when
+        one cannot get a block, preempt from the tail (itself last). Returns the budget left."""
+        groups = self.groups
         i = 0
+        append_slots = self.allocator.append_slots
+        no_groups = not groups.active
         while i < len(running) and budget > 0:
             st = running[i]
+            # The common case, inlined (what the general path below does for it): a one-sequence
+            # request decoding its next token, whose slot fits.
+            if (no_groups and st.num_tokens - st.num_computed_tokens == 1 and st.num_generated
+                    and st.request.n == 1 and st.request.beam_width == 1 and append_slots(st.request_id, 1)):
+                plan.add_decode(st, 1)
+                budget -= 1
+                i += 1
+                continue
             seq_ids = groups.seq_ids(st)
             k = len(seq_ids)
             if k == 1:
@@ -117,11 +142,7 @@ class ContinuousPagedPolicy:
             self._add(plan, st, num_new, k)
             budget -= num_new * k
             i += 1
-        if not plan.num_preempted:
-            budget = self._swap_in(queues, plan, running, budget)
-            if len(plan.swapped_in) == len(queues.swapped):
-                self._admit_waiting(queues, plan, running, budget)
-        return plan if plan.scheduled else None
+        return budget
 
     def _grow(self, seq_ids: list[int], num_new: int) -> bool:
         """`num_new` slots for a one-sequence request, or one decode slot for every sequence of
@@ -285,7 +306,10 @@ class ContinuousPagedPolicy:
         # Only last blocks can be partly filled, and those are never shared across requests,
         # so live = allocated - unfilled slots of last blocks (right even when prefixes are shared).
         internal, saved = groups.internal_and_saved() if groups.active else (0, 0)
-        internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
+        if groups.active:
+            internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
+        else:
+            internal += sum([(-st.num_computed_tokens) % bs for st in queues.running])
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
             self._release(st)
