@@ -63,6 +63,7 @@ from cli.output import (
 )
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
+from simcore.parallel import check_deployment
 from simcore.specs import EngineConfig
 
 
@@ -141,6 +142,7 @@ def run(
         quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
     model_spec = config.resolve_model(model_spec)
+    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
