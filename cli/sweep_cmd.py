@@ -265,6 +265,9 @@ def sweep(
     if router is not None:
         fields["router"] = router.value
     base = EngineConfig(**fields)
+    from simcore.config import check_numbers
+
+    check_numbers(base)  # the options every point shares: finite and in range before any point runs
     overrides = workload_overrides(
         num_requests=num_requests, rate=None, concurrency=None, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
