@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli import calibrate_cmd, list_cmd, profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
+from cli import calibrate_cmd, list_cmd, plan_cmd, profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
 from cli.errors import OneLineErrorsGroup
 
 app = typer.Typer(
@@ -54,6 +54,7 @@ app.command("sweep")(sweep_cmd.sweep)
 app.add_typer(report_cmd.app, name="report")
 app.command("list")(list_cmd.list_catalog)
 app.command("calibrate")(calibrate_cmd.calibrate)
+app.command("plan", context_settings={"allow_extra_args": True})(plan_cmd.plan)
 
 
 def main() -> None:

@@ -253,6 +253,9 @@ def sweep(
         raise ConfigError("--address applies only with --executor ray")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    from reports.sweep_runner import check_executor
+
+    check_executor(executor.value, address)
     table = _table(out)
     check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_spec = get_model(model)
@@ -280,10 +283,8 @@ def sweep(
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings():
         typer.echo(f"WARNING {warning}", err=True)
-    for row in rows:
-        if isinstance(row.get("warnings"), str) and row["warnings"]:
-            label = ", ".join(f"{SWEEPABLE[k][1]}={row[k]}" for k in plan.swept)
-            typer.echo(f"WARNING [{label}, seed={row['seed']}] {row['warnings']}", err=True)
+    for line in _warning_lines(rows, plan.swept):
+        typer.echo(line, err=True)
     best = None
     if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
         frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
@@ -292,6 +293,28 @@ def sweep(
         "model": model_spec.name, "gpu": ", ".join(g.name for g in gpu_specs), "workload": wl.describe(),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
+
+
+def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
+    """Each distinct warning once (numbers aside), with how many points gave it and one of them."""
+    import re
+
+    from reports.sweep import SWEEPABLE
+
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for row in sorted(rows, key=lambda r: (r["point"], r["seed"])):
+        text = row.get("warnings")
+        if not isinstance(text, str) or not text:
+            continue
+        label = ", ".join([f"{SWEEPABLE[k][1]}={row[k]}" for k in swept] + [f"seed={row['seed']}"])
+        for warning in text.split("; "):
+            groups.setdefault(re.sub(r"\d[\d,.]*", "N", warning), []).append((label, warning))
+    lines = []
+    for items in groups.values():
+        label, example = items[0]
+        many = f"{len(items)} of {len(rows)} points, e.g. " if len(items) > 1 else ""
+        lines.append(f"WARNING [{many}{label}] {example}")
+    return lines
 
 
 def _table(out: Path | None):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -107,8 +107,9 @@ class RateScaler:
     """One workload's requests drawn once per seed, replayed at any mean rate (see the module
     docstring). `at(rate)` is a `simcore.request.Workload`."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, take: int | None = None):
         self.spec = spec
+        self.take = take  # replay only this many: the first arrival times, lengths spread over all
         self._drawn: dict[tuple, tuple[Any, float]] = {}  # seed key -> (arrays, nominal rate)
 
     def draw(self, seed: np.random.SeedSequence):
@@ -118,8 +119,24 @@ class RateScaler:
             if arrays.arrival_s is None:
                 raise ConfigError(f"workload {self.spec.name}: a rate search needs open-loop arrivals, "
                                   "not a closed loop of clients")
-            self._drawn[key] = (arrays, nominal_rate(self.spec, arrays))
+            self._drawn[key] = (self._subset(arrays), nominal_rate(self.spec, arrays))
         return self._drawn[key]
+
+    def _subset(self, arrays):
+        """`take` requests that stand for all of them: the arrival pattern's first `take` times
+        (same process, same rate) with the lengths of requests spread evenly over the whole
+        draw, so a short run sees the same mix of prompts and outputs as the long one (a trace's
+        later rows can differ from its first ones)."""
+        count = len(arrays.num_prompt_tokens)
+        if self.take is None or self.take >= count:
+            return arrays
+        import dataclasses
+
+        rows = np.linspace(0, count - 1, self.take).round().astype(np.int64)
+        fields = ("num_prompt_tokens", "num_output_tokens", "max_tokens", "n", "beam_width", "prefix_id",
+                  "num_prefix_tokens")
+        return dataclasses.replace(arrays, arrival_s=arrays.arrival_s[:self.take],
+                                   think_s=None, **{f: getattr(arrays, f)[rows] for f in fields})
 
     def at(self, rate: float) -> ScaledWorkload:
         if not (rate > 0 and math.isfinite(rate)):
@@ -140,7 +157,7 @@ class ScaledWorkload:
 
     @property
     def num_requests(self) -> int:
-        return int(self.scaler.spec.num_requests)
+        return int(self.scaler.take or self.scaler.spec.num_requests)
 
     def process(self, env, sink: RequestSink, seed: np.random.SeedSequence):
         from workloads.arrivals import open_loop_process
@@ -150,6 +167,9 @@ class ScaledWorkload:
 
     def notes(self) -> list[str]:
         return self.scaler.spec.notes()
+
+    def warnings(self) -> list[str]:
+        return self.scaler.spec.warnings()
 
     def describe(self) -> dict[str, Any]:
         return {**self.scaler.spec.describe(), "rescaled_to_rate": self.rate}
@@ -178,6 +198,7 @@ class Capacity:
     points: tuple[RatePoint, ...]  # every run, by rate
     at_least: bool = False  # the ceiling was reached without a failure
     binding: str = ""  # why the first failing rate above max_rate failed
+    below_floor: float = 0.0  # > 0: stopped early, the deployment sustains less than this
 
     @property
     def num_runs(self) -> int:
@@ -198,9 +219,14 @@ def max_sustainable_rate(
     start_rate: float,
     tolerance: float = DEFAULT_TOLERANCE,
     rate_cap: float | None = None,
+    rate_floor: float = 0.0,
+    first_step: int | None = None,
 ) -> Capacity:
     """Bracket then bisect on the rate grid (module docstring); `evaluate(rate)` runs the
-    deployment at `rate` and returns its summary. Each grid rate is run at most once."""
+    deployment at `rate` and returns its summary. Each grid rate is run at most once. A failure
+    at or below `rate_floor` ends the search with `below_floor` (the caller does not care how
+    much less than that the deployment sustains). `first_step` (grid steps) starts the bracket
+    small when `start_rate` is a good guess; the steps double up to a factor of 2 in rate."""
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     if not (start_rate > 0 and math.isfinite(start_rate)):
@@ -222,12 +248,16 @@ def max_sustainable_rate(
         return Capacity(0.0 if lo is None else grid_rate(lo, tolerance), tolerance, points, at_least, binding)
 
     doubling = max(1, math.ceil(math.log(2.0) / math.log1p(tolerance)))
+    step = doubling if first_step is None else max(1, min(first_step, doubling))
+    floor_k = math.ceil(math.log(rate_floor) / math.log1p(tolerance) - 1e-9) if rate_floor > 0 else None
     k = grid_index(start_rate, tolerance)
     top = grid_index(rate_cap, tolerance) if rate_cap else None
+    bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
     if passes(k):
         lo = k
         while True:
-            hi = lo + doubling
+            hi = lo + step
+            step = min(2 * step, doubling)  # gallop: a good guess costs few runs, a bad one log2 more
             if top is not None and hi >= top:
                 hi = top
                 if hi <= lo:
@@ -239,19 +269,30 @@ def max_sustainable_rate(
                 break
             lo = hi
     else:
-        hi, lo = k, k - doubling
-        for _ in range(MAX_HALVINGS):
+        hi = k
+        while True:
+            lo = hi - step
+            step = min(2 * step, doubling)
+            if floor_k is not None and lo < floor_k:  # below the floor nothing matters: try it
+                if floor_k >= hi or not passes(floor_k):
+                    return replace(done(None), below_floor=grid_rate(min(hi, floor_k), tolerance))
+                lo = floor_k
+                break
+            if lo < bottom:
+                return done(None)
             if passes(lo):
                 break
-            hi, lo = lo, lo - doubling
-        else:
-            return done(None)
+            hi = lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
+        if floor_k is not None and lo < floor_k < hi:
+            mid = floor_k  # first settle whether the answer can reach the floor at all
         if passes(mid):
             lo = mid
         else:
             hi = mid
+            if floor_k is not None and hi <= floor_k:
+                return replace(done(None), below_floor=grid_rate(hi, tolerance))
     return done(lo)
 
 

@@ -155,13 +155,15 @@ def _run_ray(points: Sequence[Point], jobs: int | None, address: str | None, don
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
     if not ray.is_initialized():
+        _probe(address)
         try:
             if address is None:
                 ray.init(include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=address, log_to_driver=False)
-        except ConnectionError as exc:
-            raise ConfigError(f"--address {address}: cannot reach a Ray cluster ({exc})") from None
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--executor ray --address {address}: cannot start or reach Ray ({first})") from None
     task = ray.remote(num_cpus=1)(_run_indexed)
     cap = jobs or len(points)
     queue = list(enumerate(points))
@@ -172,6 +174,33 @@ def _run_ray(points: Sequence[Point], jobs: int | None, address: str | None, don
             pending.append(task.remote(queue.pop()))
         ready, pending = ray.wait(pending, num_returns=1)
         done(*ray.get(ready[0]))
+
+
+def check_executor(executor: str, address: str | None) -> None:
+    """Before any work: the executor exists, Ray is importable, and a given address answers."""
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"--executor: {executor!r} is not one of local, ray")
+    if executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+        _probe(address)
+
+
+def _probe(address: str | None) -> None:
+    """Fail in seconds, not after Ray's minutes of retries, when HOST:PORT does not answer."""
+    import socket
+
+    if address is None or address == "auto":
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: give auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc})") from None
 
 
 # -- seeds ----------------------------------------------------------------------------------

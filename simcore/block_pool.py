@@ -152,6 +152,14 @@ class PagedAllocator:
             hits += 1
         return hits
 
+    def num_blocks_to_allocate(self, num_new_tokens: int, cached_hashes: list[Hashable] = ()) -> int:
+        """Free blocks `allocate_slots(_, num_new_tokens, cached_hashes)` would take: the new
+        ones plus cached hits it revives from the evictable pool. Changes nothing."""
+        gpu = self.gpu
+        hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
+        num_revived = sum(1 for block_id in hits if gpu.blocks[block_id].ref_cnt == 0)
+        return num_revived + self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+
     def allocate_slots(self, seq_id: int, num_new_tokens: int, cached_hashes: list[Hashable] = ()) -> bool:
         """Start a new sequence: adopt the cached blocks named by `cached_hashes` (their tokens
         count as computed), then `num_new_tokens` slots after them. All or nothing: returns
@@ -162,12 +170,11 @@ class PagedAllocator:
         """
         assert seq_id not in self._seqs, "allocate_slots starts a new sequence"
         gpu = self.gpu
+        if self.num_blocks_to_allocate(num_new_tokens, cached_hashes) > gpu.num_free:
+            return False
         hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
         num_cached_tokens = len(hits) * self.block_size
         num_new_blocks = self.blocks_for(num_cached_tokens + num_new_tokens) - len(hits)
-        num_revived = sum(1 for block_id in hits if gpu.blocks[block_id].ref_cnt == 0)
-        if num_revived + num_new_blocks > gpu.num_free:
-            return False
         seq = self._seqs[seq_id] = _SeqBlocks()
         for block_id in hits:
             gpu.touch(block_id)

@@ -169,7 +169,8 @@ def prepare(
         "model": model.to_dict(),
         "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib},
         "config": config.to_dict(),
-        "policy": {"name": cfg.policy.name, "allocator": cfg.policy.allocator, "models": cfg.policy.models},
+        "policy": {"name": cfg.policy.name, "allocator": cfg.policy.allocator, "models": cfg.policy.models,
+                   "scheduler": engines[0].policy.name},
         "profile": {
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,

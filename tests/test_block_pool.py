@@ -224,6 +224,7 @@ class PagedMachine(RuleBasedStateMachine):
         refs, num_free, before = self._table_refs(), a.num_free_blocks, self._snapshot()
         seq_id, self.next_id = self.next_id, self.next_id + 1
         assert a.num_cached_prefix_blocks(hashes) == len(hashes) and self._snapshot() == before  # look-up only
+        assert a.num_blocks_to_allocate(num_new, hashes) == num_revived + need and self._snapshot() == before
         ok = a.allocate_slots(seq_id, num_new, hashes)
         assert ok == (num_revived + need <= num_free)
         if not ok:

@@ -59,8 +59,10 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_whole_step():
         [req(0, 0.0, 3, 2), req(1, 0.0, 20, 2)], max_num_batched_tokens=22, max_model_len=22, max_num_seqs=8,
         enable_chunked_prefill=False,
     )
-    # 3 + 20 > 22: r1 cannot join step 1 and prefills whole in step 2 with r0's decode.
-    assert result.steps["num_prefill_tokens"].tolist()[:2] == [3, 20]
+    # 3 + 20 > 22: r1 cannot join step 1 and prefills whole in step 2, alone (vLLM V0's
+    # scheduler: a step with prefills has no decodes), so r0's decode waits for step 3.
+    assert result.steps["num_prefill_tokens"].tolist()[:3] == [3, 20, 0]
+    assert result.steps["num_decode_tokens"].tolist()[:3] == [0, 0, 2]
 
 
 def test_recompute_preemption_under_undersized_cache_makes_progress():

@@ -97,7 +97,7 @@ def test_cli_outside_a_checkout_writes_md_csv_html_pngs_to_reports_here(monkeypa
 
     monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "40"])
+    result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "20"])
     assert result.exit_code == 0, result.stderr
     out = tmp_path / "reports" / "seed-table"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -105,9 +105,9 @@ def test_cli_outside_a_checkout_writes_md_csv_html_pngs_to_reports_here(monkeypa
         "seed-table.png"]
     assert (out / "seed-table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     csv = pd.read_csv(out / "seed-table.csv")
-    assert len(csv) == 3 * len(SETTINGS) and (csv["num_requests"] == 40).all() and "regime" in csv.columns
+    assert len(csv) == 3 * len(SETTINGS) and (csv["num_requests"] == 20).all() and "regime" in csv.columns
     assert "| setting | policy | regime |" in result.stdout
-    assert "--num-requests 40 --seed 0" in (out / "seed-table.md").read_text()
+    assert "--num-requests 20 --seed 0" in (out / "seed-table.md").read_text()
     page = (out / "seed-table.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3 and "## " not in page
     dom, log = render(out / "seed-table.html")

@@ -3,6 +3,7 @@ resumes to exactly the uninterrupted rows, seeds give intervals, a table of othe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -50,7 +51,7 @@ def test_two_jobs_give_the_rows_of_one_job(tmp_path: Path):
 
 
 def _start(out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cli.main", "sweep", *GRID, "--num-requests", "150", "--jobs", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "cli.main", "sweep", *GRID, "--num-requests", "80", "--jobs", "1", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -71,15 +72,15 @@ def test_a_killed_sweep_resumes_to_exactly_the_uninterrupted_rows(tmp_path: Path
     assert 3 <= got < 8, f"the kill came too late ({got} rows)"
     with killed.open("a") as f:  # as if killed in the middle of writing a row
         f.write("99,half-written")
-    resumed = invoke(*GRID, "--num-requests", "150", "--jobs", "2", "--out", str(killed), "--resume")
+    resumed = invoke(*GRID, "--num-requests", "80", "--jobs", "2", "--out", str(killed), "--resume")
     assert resumed.exit_code == 0, resumed.stderr
-    whole = invoke(*GRID, "--num-requests", "150", "--jobs", "2", "--out", str(tmp_path / "whole.csv"))
+    whole = invoke(*GRID, "--num-requests", "80", "--jobs", "2", "--out", str(tmp_path / "whole.csv"))
     assert whole.exit_code == 0, whole.stderr
     assert resumed.stdout == whole.stdout
     pd.testing.assert_frame_equal(rows_of(killed), rows_of(tmp_path / "whole.csv"))
     # resuming a finished sweep runs nothing and changes nothing
     before = killed.read_text()
-    again = invoke(*GRID, "--num-requests", "150", "--out", str(killed), "--resume")
+    again = invoke(*GRID, "--num-requests", "80", "--out", str(killed), "--resume")
     assert again.exit_code == 0 and killed.read_text() == before
 
 
@@ -142,7 +143,11 @@ def test_ray_executor_gives_the_local_rows(tmp_path: Path):
 def test_bad_sweep_options_exit_2_before_anything_runs(tmp_path: Path):
     out = tmp_path / "x.csv"
     for args in (["--resume"], ["--address", "auto"], ["--jobs", "0"], ["--seeds", "0,x"],
-                 ["--seeds", "0", "--repeats", "2"], ["--rate", "5,abc"], ["--gpu", "H100-SXM-80GB,B300"]):
+                 ["--seeds", "0", "--repeats", "2"], ["--rate", "5,abc"], ["--gpu", "H100-SXM-80GB,B300"],
+                 ["--executor", "ray", "--address", "127.0.0.1:1"], ["--executor", "ray", "--address", "nowhere"]):
         r = invoke("--num-requests", "5", *args, *(["--out", str(out)] if args != ["--resume"] else []))
         assert r.exit_code == 2 and r.stderr.startswith("kvsim: error: ") and r.stderr.count("\n") == 1, (args, r.stderr)
         assert not out.exists()
+    if importlib.util.find_spec("ray") is None:
+        r = invoke("--num-requests", "5", "--executor", "ray", "--out", str(out))
+        assert r.exit_code == 2 and "kvsim[ray]" in r.stderr and not out.exists()

@@ -39,10 +39,13 @@ def contiguous_allocator(cfg: ResolvedConfig) -> ContiguousAllocator:
 
 
 def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
+    """vLLM's unified token-budget scheduler, or V0's prefill-first one without chunked prefill."""
     from simcore.policies.continuous import ContinuousPagedPolicy
+    from simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     e = cfg.engine
-    return ContinuousPagedPolicy(
+    cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
+    return cls(
         paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
         e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
     )

@@ -13,6 +13,9 @@ Requests with `n > 1` or beam search fork after their prefill and share blocks
 With prefix caching on, a waiting request first adopts the cached full blocks of its shared
 prefix (simcore.block_pool) and computes only the rest of its prompt.
 
+Without chunked prefill the registry builds `continuous_v0.VllmV0PagedPolicy` instead (vLLM
+V0's prefill-first scheduler); this class then only serves direct construction.
+
 Simplifications: no watermark, no priority scheduling; a swap that does
 not fit the CPU pool falls back to recompute (vLLM V0 aborted the request instead); a
 multi-sequence request preempted by recompute re-prefills one sequence and forks again.
@@ -88,12 +91,24 @@ class ContinuousPagedPolicy:
 
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
-        groups = self.groups
         running = list(queues.running)  # this step's running set, as the plan changes it
-        plan = StepPlan()
+        plan = self._new_plan()
+        budget = self._schedule_running(plan, running, self.max_num_batched_tokens)
+        if not plan.num_preempted:
+            budget = self._swap_in(queues, plan, running, budget)
+            if len(plan.swapped_in) == len(queues.swapped):
+                self._admit_waiting(queues, plan, running, budget)
+        return plan if plan.scheduled else None
+
+    def _new_plan(self) -> StepPlan:
         self._emitting_groups = []
         self._filling_prefix = []
-        budget = self.max_num_batched_tokens
+        return StepPlan()
+
+    def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int) -> int:
+        """Running requests in admission order, each its next tokens under the budget; when
+        one cannot get a block, preempt from the tail (itself last). Returns the budget left."""
+        groups = self.groups
         i = 0
         while i < len(running) and budget > 0:
             st = running[i]
@@ -117,11 +132,7 @@ class ContinuousPagedPolicy:
             self._add(plan, st, num_new, k)
             budget -= num_new * k
             i += 1
-        if not plan.num_preempted:
-            budget = self._swap_in(queues, plan, running, budget)
-            if len(plan.swapped_in) == len(queues.swapped):
-                self._admit_waiting(queues, plan, running, budget)
-        return plan if plan.scheduled else None
+        return budget
 
     def _grow(self, seq_ids: list[int], num_new: int) -> bool:
         """`num_new` slots for a one-sequence request, or one decode slot for every sequence of

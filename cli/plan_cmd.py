@@ -1,0 +1,273 @@
+"""`kvsim plan`: the cheapest deployment that meets an SLO at a target rate (reports.plan).
+
+    kvsim plan --model llama3-70b --workload azure-conv --rate 20 --slo-ttft-p95-ms 1000 --slo-tpot-p95-ms 60
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.options import (
+    AsJson,
+    Burstiness,
+    Goodput,
+    InputLen,
+    OutputLen,
+    SloTpotP95,
+    SloTtftP95,
+    Workload,
+    check_slos,
+    parse_goodput,
+)
+from cli.output import check_out_folder
+from simcore.errors import ConfigError
+
+LIST = "Comma-separated list."
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+
+
+def _list(flag: str, text: str | None, kind: type, default: list) -> list:
+    from reports.sweep import parse_list
+
+    return default if text is None else parse_list(flag, text, kind)
+
+
+def _bools(flag: str, text: str | None) -> list[bool] | None:
+    if text is None:
+        return None
+    words = {"on": True, "true": True, "yes": True, "off": False, "false": False, "no": False}
+    values = []
+    for item in _list(flag, text, str, []):
+        if item.lower() not in words:
+            raise ConfigError(f"{flag}: {item!r} is not on or off")
+        values.append(words[item.lower()])
+    return values
+
+
+def plan(
+    ctx: typer.Context,
+    rate: Annotated[str, typer.Option(help=f"Target request rate(s) in req/s. {LIST}")],
+    model: Annotated[str, typer.Option(help=f"Catalog model(s) or Hugging Face config.json. {LIST}")] = "llama3-8b",
+    gpu: Annotated[str | None, typer.Option(help=f"Candidate GPU(s). {LIST} [default: every catalog GPU]")] = None,
+    workload: Workload = None,
+    input_len: InputLen = None,
+    output_len: OutputLen = None,
+    burstiness: Burstiness = None,
+    slo_ttft_p95_ms: SloTtftP95 = None,
+    slo_tpot_p95_ms: SloTpotP95 = None,
+    goodput: Goodput = None,
+    tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
+    block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
+    gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Memory utilisations to try. {LIST} [default: 0.9]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256]")] = None,
+    chunked_prefill: Annotated[str | None, typer.Option(help=f"Chunked prefill on and/or off. {LIST} [default: on]")] = None,
+    price: Annotated[list[str] | None, typer.Option(help="GPU=USD per GPU-hour (e.g. H100-SXM-80GB=3.5), or a YAML file of them; repeatable.")] = None,
+    tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
+    search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
+    confirm_requests: Annotated[int, typer.Option(help="Requests per confirming multi-replica run.")] = 2000,
+    confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
+    jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
+    from reports.capacity import SLO
+    from reports.plan import default_dimensions
+    from reports.plan import plan as make_plan
+    from reports.prices import load_prices
+    from simcore.catalog import GPUS, get_gpu, get_model
+    from simcore.specs import EngineConfig
+    from workloads import load_workload
+
+    started = time.perf_counter()
+    goodput_ms = parse_goodput(goodput, ctx.args)
+    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    rates = _list("--rate", rate, float, [])
+    for r in rates:
+        if not r > 0:
+            raise ConfigError(f"--rate must be > 0 req/s, got {r:g}")
+    models = [get_model(m) for m in _list("--model", model, str, [])]
+    gpus = [get_gpu(g).name for g in _list("--gpu", gpu, str, list(GPUS))]
+    if seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+    if not 0 < tolerance < 1:
+        raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
+    for flag, value in (("--search-requests", search_requests), ("--confirm-requests", confirm_requests)):
+        if value < 50:
+            raise ConfigError(f"{flag} must be >= 50 (a run needs a warm-up and a tail), got {value}")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if confirm_top < 1:
+        raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
+    prices = load_prices(price)
+    check_out_folder(out, PLAN_FILES)  # before any work
+    dims = default_dimensions(
+        gpus, _list("--tp", tp, int, [1, 2, 4, 8]),
+        block_size=_list("--block-size", block_size, int, []),
+        gpu_memory_utilization=_list("--gpu-memory-utilization", gpu_memory_utilization, float, []),
+        max_num_seqs=_list("--max-num-seqs", max_num_seqs, int, []),
+        enable_chunked_prefill=_bools("--chunked-prefill", chunked_prefill) or [],
+    )
+    base = EngineConfig()
+    for d in dims[1:]:
+        for v in d.values:  # bad values fail here, before any run
+            EngineConfig(**{d.field: v})
+    max_len = min(base.resolved_max_model_len(m) for m in models)
+    overrides = {"rate": max(rates), "num_requests": max(search_requests, confirm_requests),
+                 "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
+    spec = _workload(load_workload, workload, overrides, max_len)
+    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
+        f"with {slo.text()}; workload {spec.name}, seed {seed}")
+    update, stop = _progress()
+    pool = None
+    if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
+                           search_requests=search_requests, confirm_requests=confirm_requests,
+                           confirm_top=confirm_top, progress=update, map_fn=pool.map if pool else map,
+                           batch=jobs)
+    finally:
+        stop()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    wall = time.perf_counter() - started
+    _emit(result, slo, prices, out, as_json, wall)
+
+
+def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
+    """The workload with enough requests for the longest run (a trace: at most its rows)."""
+    import dataclasses
+
+    from workloads.traces import window_rows
+
+    want = overrides.pop("num_requests")
+    spec = load_workload(name, overrides, max_model_len=max_len)
+    if spec.trace is not None:
+        first, last = window_rows(spec.trace, spec.trace_options)
+        want = min(want, last - first)
+    return dataclasses.replace(spec, num_requests=want)
+
+
+def _progress():
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), transient=True, console=Console(stderr=True))
+    task = progress.add_task("rate searches", total=None)
+    progress.start()
+    return (lambda done, total: progress.update(task, completed=done, total=total)), progress.stop
+
+
+COLUMNS = [("rank", "#"), ("gpus", "GPUs"), ("layout", "replicas x TP"), ("gpu", "GPU"), ("knobs", "engine"),
+           ("usd_per_hour", "$/h"), ("max_rate", "max req/s"), ("headroom", "headroom"),
+           ("ttft_p95_ms", "TTFT p95 ms"), ("tpot_p95_ms", "TPOT p95 ms"), ("usd_per_m", "$/M out tok"),
+           ("confirmed", "confirmed")]
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def _text_table(rows) -> str:
+    from reports.plan import _KNOBS
+
+    lines, cells = [], []
+    rank = 0
+    for r in rows:
+        ok = r["replicas"] is not None and not (isinstance(r["replicas"], float) and math.isnan(r["replicas"]))
+        if ok:
+            rank += 1
+        knobs = " ".join(f"{k}={r[k]}" for k in _KNOBS if k in r and r[k] is not None and r[k] == r[k])
+        cells.append([
+            str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
+            f"{int(r['replicas'])} x TP{r['tp']}" if ok else f"TP{r['tp']}", r["gpu"], knobs or "default",
+            _cell(r["usd_per_hour"], ",.2f"), (_cell(r["max_rate"], ".1f") + ("+" if r.get("capped") else "")) if ok else "-",
+            _cell(100 * r["headroom"], "+.0f") + "%" if ok else "-",
+            _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            _cell(r.get("usd_per_m_output_tokens"), ".2f"),
+            r["confirmed"] if ok else str(r["status"])[:110],
+        ])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(COLUMNS)]
+    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(COLUMNS, widths, strict=True)).rstrip())
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _records(frame) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    return [{k: (None if v is None or (not isinstance(v, str | dict | list) and pd.isna(v)) else v)
+             for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
+
+
+def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float) -> None:
+    from reports.plan import answer_line
+    from reports.prices import PRICE_SOURCE, PRICES_AS_OF
+
+    table = result.table
+    doc = {
+        "answers": [{**a, "line": answer_line(a, slo)} for a in result.answers],
+        "candidates": _records(table), "num_runs": result.num_runs, "wall_s": wall,
+        "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
+        **result.context,
+    }
+    if out is not None:
+        _write(out, table, doc, result)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, default=str))
+        return
+    for answer in result.answers:
+        part = table[(table["model"] == answer["model"]) & (table["target_rate"] == answer["target_rate"])]
+        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
+        typer.echo(_text_table(_records(part)))
+    typer.echo("")
+    for answer in result.answers:
+        typer.echo("Answer: " + answer_line(answer, slo))
+    typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
+               f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
+    if out is not None:
+        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+
+
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _write(out: Path, table, doc: dict[str, Any], result) -> None:
+    from reports.files import write_files
+    from reports.plan import capacity_figure
+
+    writers = {
+        "plan.csv": lambda p: table.to_csv(p, index=False),
+        "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
+        "capacity.png": lambda p: capacity_figure(result, p),
+    }
+    if _has_pyarrow():
+        writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+    write_files(out, writers)
+
+
+__all__ = ["plan"]

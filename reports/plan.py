@@ -1,0 +1,517 @@
+"""`kvsim plan`: the cheapest deployment that meets an SLO at a target rate.
+
+    candidates   every combination of the search dimensions (GPU, TP, block size, memory
+                 utilisation, max_num_seqs, chunked prefill; a list, so a new engine option is
+                 one more Dimension), one replica each
+    prune        memory: the model does not fit (simcore.memory.plan_memory);
+                 latency: alone on an idle replica a request already misses the SLO (prefill of
+                 its prompt for TTFT, one decode step for TPOT: a lower bound no load can beat)
+    search       the max sustainable rate r1 of ONE replica (reports.capacity), cheapest-looking
+                 candidates first; a candidate whose throughput bound cannot beat the cheapest
+                 found so far is skipped
+    size         replicas = ceil(target / r1), cost = replicas x TP x $/GPU-hour
+    confirm      the best few with a full run of all replicas behind the router at the target
+                 rate (one more replica if that run fails)
+
+r1 does not depend on the target, so one search serves every --rate, and a higher target never
+needs fewer replicas of a candidate. Splitting traffic over n replicas behind a least-loaded
+router is at least as good as one replica at 1/n of it (queues are pooled), which is what the
+confirmation run checks rather than assumes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
+from simcore.errors import DoesNotFitError
+from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+# Requests per search run. The run must outlast its warm-up and hold enough tail samples:
+# 600 requests leave 480 judged after the 20% warm-up (simcore.metrics.saturation), 24 of them
+# above the p95, and at the rates a 70B replica sustains (a few req/s) span several minutes of
+# traffic, i.e. dozens of end-to-end latencies. The confirmation runs use more (CONFIRM_REQUESTS).
+SEARCH_REQUESTS = 600
+CONFIRM_REQUESTS = 2000
+CONFIRM_TOP = 2  # candidates confirmed with a full multi-replica run
+MAX_EXTRA_REPLICAS = 2  # replicas added when a confirmation run fails, before giving up
+PLAN_TOLERANCE = 0.04  # the rate search's bracket width for planning
+GUESSED_STEP = 3  # first bracket move (grid steps) when the start is guessed from searched candidates
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """One axis of the search space: an EngineConfig field (or "gpu") and its values."""
+
+    name: str  # column name in the plan table
+    field: str  # EngineConfig field, or "gpu"
+    values: tuple
+
+
+def default_dimensions(gpus: Iterable[str], tps: Iterable[int] = (1, 2, 4, 8), **engine: Iterable[Any]) -> list[Dimension]:
+    """GPU x TP, plus any engine field given as a list (e.g. block_size=(16, 32))."""
+    dims = [Dimension("gpu", "gpu", tuple(gpus)), Dimension("tp", "tensor_parallel_size", tuple(tps))]
+    for name, values in engine.items():
+        if values:
+            dims.append(Dimension(name, name, tuple(values)))
+    return dims
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica's configuration; `values` are the searched dimensions' values."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    config: EngineConfig  # data_parallel_size = 1
+    values: tuple[tuple[str, Any], ...]
+
+    @property
+    def label(self) -> str:
+        extra = [f"{k}={v}" for k, v in self.values if k not in ("gpu", "tp")]
+        return " ".join([f"{self.gpu.name} TP{self.config.tensor_parallel_size}", *extra])
+
+
+def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[Candidate]:
+    from simcore.catalog import get_gpu
+
+    out = []
+    for combo in itertools.product(*(d.values for d in dims)):
+        values = dict(zip((d.field for d in dims), combo, strict=True))
+        gpu = get_gpu(values.pop("gpu"))
+        config = replace(base, data_parallel_size=1, **values)
+        out.append(Candidate(model, gpu, config, tuple(zip((d.name for d in dims), combo, strict=True))))
+    return out
+
+
+# -- bounds from single steps -------------------------------------------------------------------
+
+
+def _step_s(latency, prefill_tokens: int, context: int, num_decode: int, decode_context: int, sampled: int) -> float:
+    """One step's time from the latency model (the one place that knows its signature)."""
+    chunks = [(prefill_tokens, context)] if prefill_tokens else []
+    return latency.step_time_s(prefill_tokens + num_decode, chunks, num_decode, decode_context, sampled)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What no load can beat on one replica of a candidate."""
+
+    ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
+    tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context
+    rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
+
+
+def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
+    from simcore.config import resolve
+    from simcore.latency import StepLatencyModel
+
+    config, model = candidate.config, candidate.model
+    resolved = resolve(model, candidate.gpu, config)
+    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=resolved.policy.overhead)
+    latency.set_block_size(config.block_size)
+    budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
+    ttft_by_len: dict[int, float] = {}
+    for p in np.unique(prompts).tolist():
+        done, total = 0, 0.0
+        while done < p:
+            chunk = min(budget, p - done)
+            total += _step_s(latency, chunk, done, 0, 0, 1 if done + chunk == p else 0)
+            done += chunk
+        ttft_by_len[p] = total
+    ttft = np.array([ttft_by_len[p] for p in prompts.tolist()])
+    decoding = outputs > 1
+    ctx = prompts[decoding] if decoding.any() else prompts
+    tpot_by_ctx = {c: _step_s(latency, 0, 0, 1, c + 1, 1) for c in np.unique(ctx).tolist()}
+    tpot = np.array([tpot_by_ctx[c] for c in ctx.tolist()])
+    sizes = [t for t in (256, 512, 1024, 2048, 4096, 8192, 16384) if t <= budget] or [budget]
+    per_token = min(_step_s(latency, t, 0, 0, 0, 0) / t for t in sizes)
+    throughput_ub = 1.0 / (float(np.mean(prompts + outputs)) * per_token)
+    # KV: a request holds at least its prompt's KV through each of its decode steps, and a step
+    # takes at least a one-sequence decode step, so the cache's token-seconds bound the rate
+    step1 = min(tpot_by_ctx.values())
+    kv_seconds = float(np.mean(prompts * np.maximum(outputs - 1, 0))) * step1
+    kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
+    return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
+                  min(throughput_ub, kv_ub))
+
+
+# -- assessing candidates ---------------------------------------------------------------------
+
+
+@dataclass
+class Assessment:
+    """What the planner learnt about one candidate."""
+
+    candidate: Candidate
+    price: float | None  # $/GPU-hour
+    status: str  # searched | memory | prefill time | decode time | no price | cost bound
+    reason: str = ""
+    bounds: Bounds | None = None
+    capacity: Capacity | None = None
+    profile: Any = field(default=None, repr=False)
+
+    @property
+    def r1(self) -> float:
+        return self.capacity.max_rate if self.capacity is not None else 0.0
+
+    def cost_per_hour(self, replicas: int) -> float:
+        return replicas * self.candidate.config.tensor_parallel_size * (self.price or math.inf)
+
+    def cost_lower_bound(self, target: float) -> float:
+        assert self.bounds is not None
+        return self.cost_per_hour(math.ceil(target / self.bounds.rate_ub))
+
+
+@dataclass(frozen=True, slots=True)
+class SearchTask:
+    """Everything one rate search needs; plain data so an executor can ship it to a worker."""
+
+    candidate: Candidate
+    profile: Any
+    spec: Any  # the workload at confirmation size
+    take: int  # requests per search run (RateScaler.take)
+    seed: int
+    slo: SLO
+    start_rate: float
+    tolerance: float
+    rate_cap: float
+    rate_floor: float  # below this the candidate cannot be the cheapest: stop searching
+    first_step: int | None = None  # grid steps of the first bracket move (None: a factor of 2)
+
+
+def run_search(task: SearchTask) -> Capacity:
+    """The max sustainable rate of one replica (module-level so process pools can call it)."""
+    from simcore.simulate import simulate
+
+    c, scaler = task.candidate, RateScaler(task.spec, task.take)
+
+    def evaluate(rate: float) -> dict[str, Any]:
+        result = simulate(c.model, c.gpu, c.config, scaler.at(rate), task.profile, seed=task.seed)
+        return summary_with_goodput(result, task.slo)
+
+    return max_sustainable_rate(evaluate, task.slo, task.start_rate, task.tolerance, task.rate_cap,
+                                task.rate_floor, task.first_step)
+
+
+def assess(
+    candidates: list[Candidate], spec, take: int, slo: SLO, prices: dict[str, float], seed: int,
+    profile_for: Callable[[Candidate], Any],
+) -> list[Assessment]:
+    """Memory and single-step pruning; no simulation runs here."""
+    from simcore.config import resolve
+
+    scaler = RateScaler(spec, take)
+    arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
+    prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
+    prompts = np.maximum(prompts, 1).astype(np.int64)
+    outputs = (arrays.num_output_tokens).astype(np.int64)
+    out = []
+    for c in candidates:
+        price = prices.get(c.gpu.name)
+        try:
+            resolve(c.model, c.gpu, c.config)
+        except DoesNotFitError as exc:
+            out.append(Assessment(c, price, "memory", str(exc)))
+            continue
+        if price is None:
+            out.append(Assessment(c, None, "no price", f"no price for {c.gpu.name}: give --price {c.gpu.name}=USD"))
+            continue
+        profile = profile_for(c)
+        bounds = single_step_bounds(c, profile, prompts, outputs)
+        a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
+        if slo.ttft_p95_ms is not None and bounds.ttft_p95_ms > slo.ttft_p95_ms:
+            a.status, a.reason = "prefill time", (
+                f"prefilling each prompt alone already gives TTFT p95 >= {bounds.ttft_p95_ms:,.0f} ms")
+        elif slo.tpot_p95_ms is not None and bounds.tpot_p95_ms > slo.tpot_p95_ms:
+            a.status, a.reason = "decode time", (
+                f"one decode step alone already takes {bounds.tpot_p95_ms:,.1f} ms at p95 context")
+        out.append(a)
+    return out
+
+
+def _floor(a: Assessment, best: dict[float, float]) -> float:
+    """The per-replica rate below which `a` costs more than the best found, for every target."""
+    unit = a.cost_per_hour(1)
+    floors = [t / math.floor(b / unit + 1e-9) for t, b in best.items() if b < math.inf and b >= unit]
+    if any(b == math.inf for b in best.values()):
+        return 0.0
+    return min(floors) if floors else math.inf
+
+
+def search_all(
+    assessments: list[Assessment], spec, take: int, slo: SLO, seed: int, targets: list[float],
+    tolerance: float, map_fn: Callable = map, batch: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Search r1 for every live candidate, cheapest lower bound first, in batches handed to
+    `map_fn` (builtin map, or an executor's map); skip what its bound says cannot win."""
+    live = [a for a in assessments if a.status == "searched"]
+    # Largest replicas first: their runs are at high rates (big batches, few steps per token, so
+    # cheap to simulate) and the cost they set lets smaller ones stop at their floor rate
+    # (`_floor`) instead of being searched at low, slow-to-simulate rates. The order changes
+    # only how much is simulated: every skip is justified by a bound or a floor.
+    live.sort(key=lambda a: (-a.bounds.rate_ub, a.candidate.label))
+    best = {t: math.inf for t in targets}
+    cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
+    done = 0
+    for start in range(0, len(live), batch):
+        group = []
+        for a in live[start:start + batch]:
+            if all(a.cost_lower_bound(t) > best[t] for t in targets):
+                a.status = "cost bound"
+                a.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} req/s per replica) it costs "
+                            f"more than a deployment already found")
+                done += 1
+                continue
+            group.append(a)
+        tasks = []
+        found = [b.r1 / b.bounds.rate_ub for b in live if b.capacity is not None and b.r1 > 0]
+        share = float(np.median(found)) if found else 0.5  # what share of its bound a replica reached
+        for a in group:
+            floor = _floor(a, best)
+            start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
+            tasks.append(SearchTask(a.candidate, a.profile, spec, take, seed, slo, start, tolerance, cap, floor,
+                                    GUESSED_STEP if found else None))
+        for a, capacity in zip(group, map_fn(run_search, tasks), strict=True):
+            a.capacity = capacity
+            if capacity.below_floor:
+                a.status = "cost bound"
+                a.reason = (f"sustains under {capacity.below_floor:.2f} req/s per replica, so it costs more "
+                            "than a deployment already found")
+            if capacity.max_rate > 0:
+                for t in targets:
+                    best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
+            done += 1
+            if progress is not None:
+                progress(done, len(live))
+
+
+# -- sizing, confirmation and the table --------------------------------------------------------
+
+
+def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int, slo: SLO) -> tuple[int, dict, list[str]]:
+    """Run `replicas` (then more, if needed) behind the router at the target rate."""
+    from simcore.simulate import simulate
+
+    c = a.candidate
+    scaler = RateScaler(spec_confirm)
+    for extra in range(MAX_EXTRA_REPLICAS + 1):
+        n = replicas + extra
+        config = replace(c.config, data_parallel_size=n)
+        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
+        summary = summary_with_goodput(result, slo)
+        reasons = slo.failures(summary)
+        if not reasons:
+            return n, summary, []
+    return n, summary, reasons
+
+
+def mean_output_tokens(spec, seed: int) -> float:
+    arrays, _ = RateScaler(spec).draw(np.random.SeedSequence(seed).spawn(2)[0])
+    return float(np.mean(arrays.num_output_tokens * arrays.n))
+
+
+def rows_for_target(
+    assessments: list[Assessment], target: float, spec_confirm, seed: int, slo: SLO, confirm_top: int,
+    out_tokens: float,
+) -> list[dict[str, Any]]:
+    """One row per candidate for one target, ranked by cost. The cheapest `confirm_top` are
+    confirmed with a full run; a confirmation can add replicas (so re-rank) or fail (so drop
+    down), and confirming goes on until the top `confirm_top` are all confirmed."""
+    feasible = [a for a in assessments if a.r1 > 0]
+    replicas = {id(a): math.ceil(target / a.r1) for a in feasible}
+    checked: dict[int, tuple[dict, list[str], int]] = {}
+
+    def key(a: Assessment):
+        failed = id(a) in checked and bool(checked[id(a)][1])
+        n = replicas[id(a)]
+        return (failed, a.cost_per_hour(n), -n * a.r1, a.candidate.label)
+
+    while True:
+        order = sorted(feasible, key=key)
+        todo = [a for a in order[:confirm_top] if id(a) not in checked]
+        if not todo:
+            break
+        a = todo[0]
+        first = replicas[id(a)]
+        n, summary, reasons = confirm(a, first, target, spec_confirm, seed, slo)
+        replicas[id(a)] = n
+        checked[id(a)] = (summary, reasons, n - first)
+    rows = []
+    for a in sorted(feasible, key=key):
+        row = _row(a, target, replicas[id(a)])
+        if id(a) in checked:
+            summary, reasons, extra = checked[id(a)]
+            row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
+                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica")})
+            if reasons:
+                row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
+        row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
+        rows.append(row)
+    for a in assessments:
+        if a.r1 <= 0:
+            row = _row(a, target, None)
+            if a.status == "searched":
+                row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
+            rows.append(row)
+    return rows
+
+
+def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
+    c = a.candidate
+    row: dict[str, Any] = {"target_rate": target, "model": c.model.name, **dict(c.values)}
+    tp = c.config.tensor_parallel_size
+    if replicas is None:
+        row.update({"replicas": None, "gpus": None, "usd_per_hour": None, "replica_max_rate": a.r1 or None,
+                    "max_rate": None, "headroom": None, "status": a.status + (f": {a.reason}" if a.reason else "")})
+    else:
+        row.update({
+            "replicas": replicas, "gpus": replicas * tp, "usd_per_hour": a.cost_per_hour(replicas),
+            "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
+            "status": "ok",
+        })
+    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
+                "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least)})
+    return row
+
+
+def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
+    """Why nothing passed, by constraint, and what would satisfy it."""
+    parts = []
+    by = {}
+    for a in assessments:
+        by.setdefault(a.status, []).append(a)
+    if "memory" in by:
+        parts.append(f"memory binds for {len(by['memory'])} candidate(s) (e.g. {by['memory'][0].reason})")
+    bounded = [a for a in assessments if a.bounds is not None]
+    if "prefill time" in by and bounded:
+        least = min(a.bounds.ttft_p95_ms for a in bounded)
+        parts.append(f"prefill time binds: on an idle replica TTFT p95 is at least {least:,.0f} ms "
+                     f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
+    if "decode time" in by and bounded:
+        least = min(a.bounds.tpot_p95_ms for a in bounded)
+        parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
+                     f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+    searched = [a for a in by.get("searched", []) if a.capacity is not None and a.r1 <= 0]
+    if searched:
+        parts.append("searched candidates fail even at low load: "
+                     + "; ".join(f"{a.candidate.label}: {a.capacity.binding}" for a in searched[:3]))
+    if "no price" in by:
+        parts.append(f"{len(by['no price'])} candidate(s) have no price (--price GPU=USD)")
+    return "; ".join(parts) or "no candidate was searched"
+
+
+@dataclass
+class PlanResult:
+    """The plan table (one row per target x candidate) and how it was reached."""
+
+    table: pd.DataFrame
+    answers: list[dict[str, Any]]  # one per (model, target): the best row or why none
+    assessments: dict[str, list[Assessment]]  # by model name
+    num_runs: int
+    context: dict[str, Any]
+
+
+def plan(
+    models: list[ModelSpec], dims: list[Dimension], base: EngineConfig, targets: list[float], spec, slo: SLO,
+    prices: dict[str, float], *, seed: int = 0, tolerance: float = PLAN_TOLERANCE,
+    search_requests: int = SEARCH_REQUESTS, confirm_requests: int = CONFIRM_REQUESTS,
+    confirm_top: int = CONFIRM_TOP, map_fn: Callable = map, batch: int = 1,
+    profile_for: Callable[[Candidate], Any] | None = None, progress: Callable[[int, int], None] | None = None,
+) -> PlanResult:
+    """Search, size and confirm (module docstring); deterministic for a given seed."""
+    import dataclasses
+
+    if profile_for is None:
+        from profiles import default_profile
+
+        def profile_for(c: Candidate):
+            return default_profile(c.gpu, c.model, c.config.tensor_parallel_size)
+
+    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    take = min(search_requests, int(spec_confirm.num_requests))
+    rows, answers, by_model, runs = [], [], {}, 0
+    for model in models:
+        candidates = expand(model, dims, base)
+        assessments = assess(candidates, spec_confirm, take, slo, prices, seed, profile_for)
+        search_all(assessments, spec_confirm, take, slo, seed, targets, tolerance, map_fn, batch, progress)
+        runs += sum(a.capacity.num_runs for a in assessments if a.capacity is not None)
+        out_tokens = mean_output_tokens(spec_confirm, seed)
+        for target in targets:
+            target_rows = rows_for_target(assessments, target, spec_confirm, seed, slo, confirm_top, out_tokens)
+            runs += sum(1 for r in target_rows if r["confirmed"] != "-")  # at least one run each
+            rows += target_rows
+            best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
+            answers.append({"model": model.name, "target_rate": target, "best": best,
+                            "why_none": None if best else binding_summary(assessments, slo)})
+        by_model[model.name] = assessments
+    table = pd.DataFrame(rows)
+    context = {"slo": slo.describe(), "slo_text": slo.text(), "seed": seed, "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+               "workload": spec.describe()}
+    return PlanResult(table, answers, by_model, runs, context)
+
+
+def answer_line(answer: dict[str, Any], slo: SLO) -> str:
+    best = answer["best"]
+    head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+    if best is None:
+        return head + "nothing meets the SLO. " + answer["why_none"]
+    knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
+    return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
+            f"${best['usd_per_hour']:,.2f}/h, sustains ~{best['max_rate']:.1f} req/s "
+            f"({100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
+            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms)")
+
+
+_KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill")
+
+
+def capacity_figure(result: PlanResult, path) -> None:
+    """Sustainable rate vs GPUs for each searched candidate (n replicas x r1), targets dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(result.assessments)
+    fig, axes = plt.subplots(1, len(models), figsize=(7.5 * len(models), 5), squeeze=False)
+    targets = sorted({float(a["target_rate"]) for a in result.answers})
+    for ax, model in zip(axes[0], models, strict=True):
+        live = [a for a in result.assessments[model] if a.r1 > 0]
+        max_gpus = 1
+        for a in live:
+            tp = a.candidate.config.tensor_parallel_size
+            n_max = max(1, math.ceil(max(targets) * 1.5 / a.r1))
+            n = np.arange(1, n_max + 1)
+            ax.plot(n * tp, n * a.r1, marker="o", markersize=3, label=a.candidate.label)
+            max_gpus = max(max_gpus, n_max * tp)
+        ok = result.table[(result.table["model"] == model) & result.table["confirmed"].astype(str).str.startswith("yes")]
+        if len(ok):
+            ax.scatter(ok["gpus"], ok["target_rate"], marker="*", s=160, color="black", zorder=5,
+                       label="confirmed at target")
+        for t in targets:
+            ax.axhline(t, linestyle="--", color="grey", linewidth=1)
+            ax.annotate(f"target {t:g} req/s", (max_gpus, t), ha="right", va="bottom", fontsize=8, color="grey")
+        ax.set_xlabel("GPUs (replicas x TP)")
+        ax.set_ylabel("max sustainable rate (req/s)")
+        ax.set_title(f"{model}: {result.context['slo_text']}", fontsize=10)
+        ax.grid(alpha=0.3)
+        if live:
+            ax.legend(fontsize=8, loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "no candidate meets the SLO", transform=ax.transAxes, ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["Dimension", "default_dimensions", "plan", "PlanResult", "answer_line", "capacity_figure"]

@@ -1,0 +1,62 @@
+"""On-demand $/GPU-hour for pricing deployments: a small dated built-in table, overridable.
+
+Built-in prices are the midpoints of the "specialty cloud" on-demand ranges in Mercatus, "Cloud
+GPU pricing" (https://www.mercatus-ai.com/blog/cloud-gpu-pricing, May 2026): A100 80GB
+$1.10-1.50, H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50 per GPU-hour. That table has no A100
+40GB, so it has no built-in price: give one (`--price A100-40GB=1.2`) to plan with it.
+Prices move; a user's own contract rates (`--price` or a YAML file) are what to plan with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simcore.catalog import get_gpu
+from simcore.errors import ConfigError
+
+PRICES_AS_OF = "2026-05"
+PRICE_SOURCE = "https://www.mercatus-ai.com/blog/cloud-gpu-pricing (specialty-cloud on-demand midpoints)"
+BUILTIN_USD_PER_GPU_HOUR: dict[str, float] = {
+    "H100-SXM-80GB": 3.00,
+    "H200-141GB": 4.00,
+    "A100-80GB": 1.30,
+}
+
+
+def _price(name: str, value: object, where: str) -> tuple[str, float]:
+    gpu = get_gpu(str(name)).name  # unknown GPU: ConfigError naming the catalog
+    try:
+        usd = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: price of {name} must be a number of $/GPU-hour, got {value!r}") from None
+    if not (usd > 0 and usd != float("inf")):
+        raise ConfigError(f"{where}: price of {name} must be > 0 $/GPU-hour, got {value!r}")
+    return gpu, usd
+
+
+def load_prices(overrides: list[str] | None = None) -> dict[str, float]:
+    """The built-in table, then each `--price` in order: `GPU=USD` or a YAML file mapping GPU
+    names to $/GPU-hour."""
+    prices = dict(BUILTIN_USD_PER_GPU_HOUR)
+    for item in overrides or []:
+        name, sep, value = item.partition("=")
+        if sep:
+            gpu, usd = _price(name.strip(), value.strip(), "--price")
+            prices[gpu] = usd
+            continue
+        prices.update(_prices_file(Path(item)))
+    return prices
+
+
+def _prices_file(path: Path) -> dict[str, float]:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"--price {path}: give GPU=USD (e.g. H100-SXM-80GB=3.5) or a YAML file that exists")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--price {path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"--price {path}: expected a mapping of GPU name to $/GPU-hour")
+    return dict(_price(name, value, f"--price {path}") for name, value in data.items())

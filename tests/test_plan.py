@@ -1,0 +1,142 @@
+"""`kvsim plan`: monotone answers, pruning that says which constraint binds, the CLI's outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from reports.capacity import SLO, max_sustainable_rate, simulator
+from reports.plan import default_dimensions, plan
+from reports.prices import load_prices
+from simcore.catalog import get_gpu, get_model
+from simcore.errors import ConfigError
+from simcore.specs import EngineConfig
+from tests.helpers import flat_profile
+from tests.test_capacity import toy
+from workloads import load_workload
+
+FAST = {"search_requests": 100, "confirm_requests": 150, "tolerance": 0.15}
+
+
+def small_workload():
+    return load_workload("sharegpt", {"rate": 10, "input_len": 256, "output_len": 64, "num_requests": 150})
+
+
+def run_plan(targets, slo, gpus=("H100-SXM-80GB", "A100-80GB"), tps=(1, 2), model="llama3-8b"):
+    dims = default_dimensions(list(gpus), list(tps))
+    return plan([get_model(model)], dims, EngineConfig(), list(targets), small_workload(), slo,
+                load_prices(), **FAST)
+
+
+def best_gpus(result) -> list[int | None]:
+    return [a["best"]["gpus"] if a["best"] else None for a in result.answers]
+
+
+def test_a_higher_target_never_needs_fewer_gpus():
+    slo = SLO(ttft_p95_ms=150, tpot_p95_ms=12)
+    result = run_plan([10, 30, 60, 90, 150], slo, gpus=("H100-SXM-80GB",))
+    gpus = best_gpus(result)
+    assert None not in gpus and gpus == sorted(gpus) and gpus[-1] > gpus[0]
+    # across GPU types the plan minimises cost, which never falls as the target rises (GPU
+    # counts need not rise: two cheap A100s can beat one H100 at a low rate and lose at a higher one)
+    mixed = run_plan([10, 30, 60, 90], slo, tps=(2,))
+    costs = [a["best"]["usd_per_hour"] for a in mixed.answers]
+    assert costs == sorted(costs)
+
+
+def test_a_looser_slo_never_needs_more_gpus():
+    slos = [SLO(ttft_p95_ms=100, tpot_p95_ms=9), SLO(ttft_p95_ms=400, tpot_p95_ms=20)]
+    gpus = [best_gpus(run_plan([90], slo, gpus=("H100-SXM-80GB",)))[0] for slo in slos]
+    assert None not in gpus and gpus[1] < gpus[0]
+    costs = [run_plan([60], slo, tps=(2,)).answers[0]["best"]["usd_per_hour"] for slo in slos]
+    assert costs[1] <= costs[0]
+
+
+def test_a_faster_gpu_with_the_same_memory_never_sustains_less():
+    slo = SLO(ttft_p95_ms=10 + 500)
+    model, gpu = get_model("tiny"), get_gpu("H100-SXM-80GB")
+    config = EngineConfig(max_num_seqs=1, enable_prefix_caching=False)
+    rates = [max_sustainable_rate(simulator(model, gpu, config, toy(), flat_profile(linear_ms=ms), 0, slo),
+                                  slo, 5.0, 0.02).max_rate for ms in (6.0, 4.0)]
+    assert rates == sorted(rates) and rates[0] < rates[-1]
+    # catalog GPUs: H100 (79.19 GiB) is faster than A100-80GB (79.15 GiB) at the same TP
+    from profiles import default_profile
+
+    slo, model, spec = SLO(ttft_p95_ms=150, tpot_p95_ms=15), get_model("llama3-8b"), small_workload()
+    config = EngineConfig(tensor_parallel_size=2)
+    r1 = {}
+    for name in ("A100-80GB", "H100-SXM-80GB"):
+        gpu = get_gpu(name)
+        evaluate = simulator(model, gpu, config, spec, default_profile(gpu, model, 2), 0, slo)
+        r1[name] = max_sustainable_rate(evaluate, slo, 20.0, 0.15).max_rate
+    assert r1["H100-SXM-80GB"] >= r1["A100-80GB"] > 0
+
+
+def test_when_nothing_meets_the_slo_it_says_which_constraint_binds():
+    decode = run_plan([10], SLO(tpot_p95_ms=1.0), tps=(1,))
+    assert decode.answers[0]["best"] is None and "decode time binds" in decode.answers[0]["why_none"]
+    assert decode.num_runs == 0  # pruned by the single-step bound, nothing simulated
+    prefill = run_plan([10], SLO(ttft_p95_ms=1.0), tps=(1,))
+    assert "prefill time binds" in prefill.answers[0]["why_none"]
+    memory = run_plan([10], SLO(ttft_p95_ms=1000), gpus=("A100-40GB",), tps=(1, 2), model="llama3-70b")
+    assert "memory binds" in memory.answers[0]["why_none"] and "--tp 4 would fit" in memory.answers[0]["why_none"]
+
+
+def test_prices_are_overridable_and_checked(tmp_path):
+    assert load_prices(["H100-SXM-80GB=3.5"])["H100-SXM-80GB"] == 3.5
+    f = tmp_path / "p.yaml"
+    f.write_text("A100-40GB: 1.1\nh200: 5\n")
+    prices = load_prices([str(f)])
+    assert prices["A100-40GB"] == 1.1 and prices["H200-141GB"] == 5.0
+    for bad in (["H100-SXM-80GB=-1"], ["B300=2"], ["H100-SXM-80GB=cheap"], [str(tmp_path / "none.yaml")]):
+        with pytest.raises(ConfigError):
+            load_prices(bad)
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB,A100-80GB", "--tp", "1,2",
+        "--input-len", "256", "--output-len", "64", "--search-requests", "100", "--confirm-requests", "150",
+        "--tolerance", "0.15", "--slo-ttft-p95-ms", "150", "--slo-tpot-p95-ms", "12"]
+
+
+def test_plan_cli_prints_a_ranked_table_and_an_answer_and_writes_files(tmp_path):
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, [*PLAN, "--rate", "20,60", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    text = result.stdout
+    assert "replicas x TP" in text and "$/M out tok" in text and text.count("Answer: ") == 2
+    assert (out / "plan.csv").exists() and (out / "plan.json").exists() and (out / "capacity.png").exists()
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["answers"][0]["best"]["confirmed"].startswith("yes")
+
+
+def test_plan_cli_json_is_only_json():
+    result = CliRunner().invoke(app, [*PLAN, "--rate", "20", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["answers"][0]["best"]["gpus"] >= 1 and doc["prices_as_of"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--rate", "-1"], "--rate must be > 0"),
+    (["--rate", "10", "--gpu", "B300"], "unknown GPU"),
+    (["--rate", "10", "--price", "H100-SXM-80GB=x"], "price of H100-SXM-80GB"),
+    (["--rate", "10", "--goodput", "ttft"], "KEY:VALUE"),
+    (["--rate", "10", "--tp", "3"], "--tp must be a power of two"),
+    (["--rate", "10", "--chunked-prefill", "maybe"], "on or off"),
+    (["--rate", "10", "--search-requests", "5"], "--search-requests"),
+    (["--rate", "10", "--workload", "nope"], "unknown workload"),
+])
+def test_plan_bad_input_is_one_line(args, needle):
+    result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", *args])
+    assert result.exit_code == 2, result.stdout
+    assert needle in result.stderr and result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_parallel_searches_give_the_same_answer():
+    args = [*PLAN, "--rate", "30", "--json"]
+    one = json.loads(CliRunner().invoke(app, args).stdout)["answers"][0]["best"]
+    two = json.loads(CliRunner().invoke(app, [*args, "--jobs", "2"]).stdout)["answers"][0]["best"]
+    assert {k: one[k] for k in ("gpu", "tp", "replicas", "max_rate")} == {k: two[k] for k in ("gpu", "tp", "replicas", "max_rate")}
