@@ -2,7 +2,7 @@
 
 Prints simulated requests and output tokens per wall second and peak memory. The rate is
 chosen so that about 100 sequences run at once (the script prints the mean it got).
-Run: python benchmarks/bench_engine.py [--rate 27] [--num-requests 10000] [--policy continuous]
+Run: python benchmarks/bench_engine.py [--rate 27] [--num-requests 10000] [--policy continuous] [--exact-steps]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=10_000)
     parser.add_argument("--policy", default="continuous")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exact-steps", action="store_true", help="time the one-event-per-step reference mode")
     parser.add_argument("--tracemalloc", action="store_true", help="also trace Python heap peak (slower)")
     args = parser.parse_args()
 
@@ -36,16 +37,18 @@ def main() -> None:
     if args.tracemalloc:
         tracemalloc.start()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
-    result = simulate(model, gpu, config, workload, profile, seed=args.seed)
-    wall = time.perf_counter() - started
+    started, cpu_started = time.perf_counter(), time.process_time()
+    result = simulate(model, gpu, config, workload, profile, seed=args.seed, exact_steps=args.exact_steps)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     s = result.summary
     print(f"requests: {s['completed']:,} completed, {s['total_output_tokens']:,} output tokens, "
           f"{s['num_steps']:,} steps")
-    print(f"mean running sequences per step: {result.steps['num_running'].mean():.1f} "
+    steps = result.steps
+    mean_running = float((steps["num_running"] * steps["num_steps"]).sum() / steps["num_steps"].sum())
+    print(f"mean running sequences per step: {mean_running:.1f} "
           f"(max {s['max_running']})")
-    print(f"wall: {wall:.2f} s")
+    print(f"wall: {wall:.2f} s (CPU {cpu:.2f} s){' [exact steps]' if args.exact_steps else ''}")
     print(f"simulated requests / wall s: {s['completed'] / wall:,.0f}")
     print(f"simulated output tokens / wall s: {s['total_output_tokens'] / wall:,.0f}")
     print(f"peak RSS: {rss_peak / 1024:.0f} MiB (before the run: {rss_before / 1024:.0f} MiB)")

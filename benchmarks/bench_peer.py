@@ -4,7 +4,8 @@ Workload of the peer comparison: Llama-2-70B, TP 4, H100, Azure 2023 conversatio
 lengths (benchmarks/peer-azure-conv.yaml), Poisson 4 req/s, `--max-num-seqs 128
 --max-num-batched-tokens 4096`, chunked prefill and prefix caching off. Each size runs as a
 fresh process pinned to one core (`taskset -c 0` when present); wall time and peak RSS cover
-the whole process (imports included), peak RSS from getrusage of the finished child.
+the whole process (imports included), peak RSS and CPU seconds from getrusage of the finished
+child (CPU time is the steadier figure on a shared machine; us / step is CPU per engine step).
 
 Run: python benchmarks/bench_peer.py [--sizes 1000 10000 100000 1000000] [--repeats 3] [--exact-steps]
 Targets (issue 10): 10k <= 0.8 s, 1M <= 60 s, peak RSS <= 300 MiB at 1M, cost linear in requests.
@@ -39,17 +40,19 @@ def run_once(num_requests: int, extra: list[str], timeout_s: float) -> dict:
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, cpu_before = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak, cpu = usage.ru_maxrss, usage.ru_utime + usage.ru_stime - cpu_before
     if proc.returncode != 0:
         raise SystemExit(f"kvsim run failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     summary = json.loads(proc.stdout)["summary"]
     # ru_maxrss of children is the max over all children so far: only a new maximum is exact,
     # so sizes run in increasing order and the first repeat of each size is the one to trust.
-    return {"wall_s": wall, "rss_mib": max(peak, before) / 1024, "rss_exact": peak > before,
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mib": max(peak, before) / 1024, "rss_exact": peak > before,
             "steps": summary["num_steps"], "completed": summary["completed"]}
 
 
@@ -63,23 +66,24 @@ def main() -> None:
     extra = ["--exact-steps"] if args.exact_steps else []
     load = os.getloadavg()[0]
     print(f"load average before: {load:.2f} on {os.cpu_count()} cores; pinned: {bool(shutil.which('taskset'))}")
-    print("| requests | wall (median) | wall (all runs) | peak RSS | engine steps | us / step |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| requests | wall (median) | wall (all runs) | CPU (median) | peak RSS | engine steps | us / step |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for size in sorted(args.sizes):
         runs = []
         for _ in range(args.repeats):
             try:
                 runs.append(run_once(size, extra, args.timeout_s))
             except subprocess.TimeoutExpired:
-                print(f"| {size:,} | > {args.timeout_s:.0f} s (timed out) | | | | |", flush=True)
+                print(f"| {size:,} | > {args.timeout_s:.0f} s (timed out) | | | | | |", flush=True)
                 break
         if not runs:
             continue
         wall = statistics.median(r["wall_s"] for r in runs)
+        cpu = statistics.median(r["cpu_s"] for r in runs)
         rss = max(r["rss_mib"] for r in runs)
         steps = runs[0]["steps"]
         walls = ", ".join(f"{r['wall_s']:.2f}" for r in runs)
-        print(f"| {size:,} | {wall:.2f} s | {walls} | {rss:.0f} MiB | {steps:,} | {wall / steps * 1e6:.1f} |",
+        print(f"| {size:,} | {wall:.2f} s | {walls} | {cpu:.2f} s | {rss:.0f} MiB | {steps:,} | {cpu / steps * 1e6:.1f} |",
               flush=True)
 
 

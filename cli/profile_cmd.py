@@ -98,10 +98,23 @@ def profile(
         f"wrote {path}: {prov['device_name']}, decode backend {prov['decode_backend']}, "
         f"{cfg.grid.num_points(len(cfg.block_sizes))} points x {repeats} repeats"
     )
+    from profiles.harness import noise_summary
+
+    noise = noise_summary(prov.get("noise") or {})
+    if noise:
+        typer.echo(f"WARNING {noise}", err=True)
 
 
 def _with_progress(description: str, total: int | None, work):
-    """Run `work(report)` under a transient progress bar on stderr; `report(label, n)`."""
+    """Run `work(report)` under a transient progress bar on stderr (a line every 10 s when stderr is
+    not a terminal); `report(label, n)`."""
+    import sys
+
+    if not sys.stderr.isatty():
+        from cli.output import LiveProgress
+
+        progress = LiveProgress(description, total, "points")
+        return work(lambda label, n: progress.update(n))
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(

@@ -322,3 +322,30 @@ def test_profile_with_options_but_no_model_is_an_error():
 def test_long_context_on_an_8k_model_is_refused(no_simulation):
     assert_one_line_error(invoke("run", "--workload", "long-context"),
                           "every prompt (at least 8192 tokens) is longer than max_model_len 8192")
+
+
+def test_progress_without_a_terminal_prints_a_line_with_an_eta(capsys):
+    from cli.output import LiveProgress
+
+    progress = LiveProgress("simulating", 1000, "requests finished", period_s=0.0)
+    progress.started -= 10.0  # as if 10 s had passed
+    progress.update(250)
+    progress.stop()
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("simulating: 250 of 1,000 requests finished (25%), 10 s elapsed, ETA 30 s")
+
+
+def test_run_progress_reaches_stderr_when_not_a_terminal(monkeypatch):
+    import cli.output
+
+    monkeypatch.setattr(cli.output.LiveProgress, "__init__", _every_update(cli.output.LiveProgress.__init__))
+    result = invoke("run", "--num-requests", "600", "--rate", "50", "--input-len", "32", "--output-len", "4")
+    assert result.exit_code == 0, result.stderr
+    assert "simulating: 512 of 600 requests finished (85%)" in result.stderr
+
+
+def _every_update(init):
+    def patched(self, description, total, unit, period_s=10.0):
+        init(self, description, total, unit, period_s=0.0)
+
+    return patched

@@ -58,6 +58,9 @@ def test_profile_cli_cpu_quick(tmp_path):
     assert profile.source == "measured" and prov["label"] == "CPU"
     assert prov["decode_backend"] in BACKENDS and prov["torch_version"] == torch.__version__
     assert set(profile.data["decode_attention"]) == {"16", "32"}
+    noise = prov["noise"]  # every point timed between two runs of the reference kernel
+    assert noise["points"] == 5 + 3 * 2 + 2 * 3 * 3 + 3 and noise["reference_baseline_ms"] > 0
+    assert len(noise["noisy_points"]) <= noise["points"]
     m = StepLatencyModel(profile.data)
     t = m.step_time_s(20, [(16, 0)], 4, 4 * 100, 5)
     assert 0 < t < 1.0

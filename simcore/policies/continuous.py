@@ -110,8 +110,18 @@ class ContinuousPagedPolicy:
         one cannot get a block, preempt from the tail (itself last). Returns the budget left."""
         groups = self.groups
         i = 0
+        append_slots = self.allocator.append_slots
+        no_groups = not groups.active
         while i < len(running) and budget > 0:
             st = running[i]
+            # The common case, inlined (what the general path below does for it): a one-sequence
+            # request decoding its next token, whose slot fits.
+            if (no_groups and st.num_tokens - st.num_computed_tokens == 1 and st.num_generated
+                    and st.request.n == 1 and st.request.beam_width == 1 and append_slots(st.request_id, 1)):
+                plan.add_decode(st, 1)
+                budget -= 1
+                i += 1
+                continue
             seq_ids = groups.seq_ids(st)
             k = len(seq_ids)
             if k == 1:
@@ -296,7 +306,10 @@ class ContinuousPagedPolicy:
         # Only last blocks can be partly filled, and those are never shared across requests,
         # so live = allocated - unfilled slots of last blocks (right even when prefixes are shared).
         internal, saved = groups.internal_and_saved() if groups.active else (0, 0)
-        internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
+        if groups.active:
+            internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
+        else:
+            internal += sum([(-st.num_computed_tokens) % bs for st in queues.running])
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
             self._release(st)
