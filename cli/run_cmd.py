@@ -63,6 +63,7 @@ from cli.output import (
 )
 from simcore.catalog import get_gpu, get_model
 from simcore.errors import ConfigError
+from simcore.parallel import check_deployment
 from simcore.specs import EngineConfig
 
 
@@ -141,6 +142,10 @@ def run(
         quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
     model_spec = config.resolve_model(model_spec)
+    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
+    from simcore.config import resolve
+
+    resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
@@ -154,10 +159,8 @@ def run(
         prof = default_profile(gpu_spec, model_spec, tp)
 
     from reports.capacity import SLO
-    from simcore.config import resolve
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    resolved = resolve(model_spec, gpu_spec, config)  # validated and memory planned, once
     memory = resolved.memory
     check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:

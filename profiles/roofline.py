@@ -45,6 +45,25 @@ NUM_SMS = {"H100-SXM-80GB": 132, "H200-141GB": 132, "A100-80GB": 108, "A100-40GB
 PAGED_BLOCK_OVERHEAD_TOKENS = 0.23 * 16
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
+# FP8 GEMMs (`--quantization fp8`): FP8 tensor-core peak (GPUSpec.fp8_tflops) at their own efficiency:
+# 0.526 = the median of DeepGEMM's six large dense FP8 GEMMs (M = 4096: 1058, 990, 590, 1358, 1304,
+# 1025 TFLOP/s, median 1041) on an H800, whose FP8 peak equals the H100 SXM's 1979 TFLOP/s
+# (github.com/deepseek-ai/DeepGEMM README, "Normal GEMMs for dense models"). Weights and the
+# activations they read are 1 byte; each GEMM input is quantized first (one elementwise pass,
+# bf16 in, fp8 out), as vLLM's dynamic per-token/tensor FP8 does. Bandwidth efficiency and launch
+# floor are the fitted bf16 ones (bytes are bytes).
+FP8_COMPUTE_EFFICIENCY = 0.526
+# MoE layers (vLLM fused_moe): a top-k router GEMM, then every expert that at least one token picked
+# runs its gate/up and down GEMMs on the tokens routed to it. Routing assumption (stated, not
+# measured): tokens pick experts uniformly at random (what the router's load-balancing loss aims
+# for), so T tokens touch E * (1 - (1 - k/E)^T) distinct experts in expectation, and each touched
+# expert gets T*k/touched tokens, padded to the kernel's row tile (vLLM moe_align_block_size pads
+# every expert's tokens to BLOCK_SIZE_M; 16 is its smallest). With TP over experts every GPU holds
+# a 1/tp slice of every expert, so imbalance between experts creates no straggler GPU; it costs
+# only padding, charged on the expected count. Small batches are bandwidth-bound over the weights
+# of the touched experts only (Mixtral at batch 1 reads 2 of 8 experts).
+MOE_TILE_ROWS = 16
+
 # Grids (issue 4): tokens 1..16384 log-spaced; chunk 1..16384 x context 0..32768;
 # batch 1..1024 x context 1..32768 (small chunks and contexts are common: prompt tails).
 NUM_TOKENS = sorted({round(2 ** (k / 2)) for k in range(0, 29)})
@@ -100,37 +119,88 @@ def gemm_ms(gpu: GPUSpec, eff: Efficiency, flops: float, nbytes: float) -> float
     return eff.gemm_floor_ms + 1e3 * max(compute_s, memory_s)
 
 
+def fp8_gemm_ms(gpu: GPUSpec, eff: Efficiency, flops: float, nbytes: float) -> float:
+    assert gpu.fp8_tflops is not None, f"{gpu.name} has no FP8 tensor cores"
+    compute_s = flops / (gpu.fp8_tflops * 1e12 * FP8_COMPUTE_EFFICIENCY)
+    memory_s = nbytes / (gpu.hbm_tbps * 1e12 * eff.bandwidth)
+    return eff.gemm_floor_ms + 1e3 * max(compute_s, memory_s)
+
+
+def experts_touched(num_tokens: int, num_experts: int, top_k: int) -> float:
+    """Expected distinct experts picked by `num_tokens` tokens choosing top-k of E uniformly."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
+
+
 def elementwise_ms(gpu: GPUSpec, eff: Efficiency, kind: str, nbytes: float) -> float:
     return eff.elementwise_floor_ms + 1e3 * nbytes / (gpu.hbm_tbps * 1e12 * eff.elementwise[kind])
 
 
 def linear_ops(model: ModelSpec, tp: int, tokens: int) -> list[tuple[str, str, float, float]]:
-    """One layer's linear work on one GPU: (operator, kind, flops, bytes). Kind is "gemm" or
-    an elementwise kind. Operator names follow the measured data (Vidur's mlp.csv)."""
+    """One layer's linear work on one GPU: (operator, kind, flops, bytes). Kind is "gemm", "gemm8"
+    (an FP8 GEMM) or an elementwise kind. Operator names follow the measured data (Vidur's
+    mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`)."""
     t, h, b = tokens, model.hidden_size, model.dtype_bytes
     q, kv, inter = model.q_size // tp, max(1, model.num_kv_heads // tp) * model.head_dim, model.intermediate_size // tp
-
-    def gemm(name: str, k: int, n: int) -> tuple[str, str, float, float]:
-        return (name, "gemm", 2.0 * t * k * n, float(k * n + t * k + t * n) * b)
-
-    up = (2 if model.gated_mlp else 1) * inter
-    ops = [
-        ("input_layernorm", "norm", 0.0, 2.0 * t * h * b),
-        gemm("attn_pre_proj", h, q + 2 * kv),
-        gemm("attn_post_proj", q, h),
-        ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b),
-        gemm("mlp_up_proj", h, up),
-        ("mlp_act", "act", 0.0, float(t * inter * (3 if model.gated_mlp else 2) * b)),
-        gemm("mlp_down_proj", inter, h),
-        ("add", "add", 0.0, 3.0 * t * h * b),
-    ]
+    gemm = _gemm_maker(model, t)
+    ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
+           *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
+    if model.is_moe:
+        ops += moe_ops(model, tp, t)
+    else:
+        up = (2 if model.gated_mlp else 1) * inter
+        ops += [*gemm("mlp_up_proj", h, up),
+                ("mlp_act", "act", 0.0, float(t * inter * (3 if model.gated_mlp else 2) * b)),
+                *gemm("mlp_down_proj", inter, h)]
+    ops.append(("add", "add", 0.0, 3.0 * t * h * b))
     if model.gated_mlp:  # Llama-style rotary embeddings; OPT has learned positions
-        ops.insert(2, ("attn_rope", "rope", 0.0, 2.0 * t * (q + kv) * b))
+        ops.insert(1 + (2 if model.quantization == "fp8" else 1), ("attn_rope", "rope", 0.0, 2.0 * t * (q + kv) * b))
+    return ops
+
+
+def _gemm_maker(model: ModelSpec, t: int):
+    """gemm(name, k, n[, rows, weight_sets]) -> the op list of one (possibly FP8) GEMM of `rows`
+    token rows (default t) against `weight_sets` k x n weight matrices (experts) read once."""
+    b = model.dtype_bytes
+    fp8 = model.quantization == "fp8"
+
+    def gemm(name: str, k: int, n: int, rows: float | None = None, weight_sets: float = 1.0):
+        rows = t if rows is None else rows
+        flops = 2.0 * rows * k * n
+        if not fp8:
+            return [(name, "gemm", flops, float(weight_sets * k * n + rows * k + rows * n) * b)]
+        return [(f"{name}_quant", "act", 0.0, float(rows * k * (b + 1))),
+                (name, "gemm8", flops, float(weight_sets * k * n + rows * k + rows * n * b))]
+
+    return gemm
+
+
+def moe_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, float]]:
+    """An MoE layer's MLP on one GPU under the routing assumption above (MOE_TILE_ROWS)."""
+    h, b, k, e = model.hidden_size, model.dtype_bytes, model.num_experts_per_tok, model.num_experts
+    inter = model.moe_intermediate_size // tp
+    touched = experts_touched(t, e, k)
+    per_expert = t * k / touched
+    rows = touched * math.ceil(per_expert / MOE_TILE_ROWS) * MOE_TILE_ROWS
+    gemm = _gemm_maker(model, t)
+    ops = [("moe_router", "gemm", 2.0 * t * h * e, float(h * e + t * h + t * e) * b),
+           ("moe_topk_align", "add", 0.0, float(t * e * 4 + t * k * 8)),
+           *gemm("moe_up_proj", h, 2 * inter, rows, touched),
+           ("moe_act", "act", 0.0, float(t * k * inter * 3 * b)),
+           *gemm("moe_down_proj", inter, h, rows, touched),
+           ("moe_sum", "add", 0.0, float(t * k * h * b + t * h * b))]
+    shared = model.shared_expert_intermediate_size // tp
+    if shared:
+        ops += [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
+                *gemm("shared_down_proj", shared, h)]
     return ops
 
 
 def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float) -> float:
-    return gemm_ms(gpu, eff, flops, nbytes) if kind == "gemm" else elementwise_ms(gpu, eff, kind, nbytes)
+    if kind == "gemm":
+        return gemm_ms(gpu, eff, flops, nbytes)
+    if kind == "gemm8":
+        return fp8_gemm_ms(gpu, eff, flops, nbytes)
+    return elementwise_ms(gpu, eff, kind, nbytes)
 
 
 def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency) -> float:
@@ -138,7 +208,8 @@ def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: E
     total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens))
     kv = max(1, model.num_kv_heads // tp) * model.head_dim
     total += elementwise_ms(gpu, eff, "add", 3.0 * tokens * model.hidden_size * model.dtype_bytes)
-    total += elementwise_ms(gpu, eff, "add", 2.0 * 2 * tokens * kv * model.dtype_bytes)  # cache write
+    kv_in_out = model.dtype_bytes + model.kv_dtype_bytes  # read the new K, V; write them to the cache
+    total += elementwise_ms(gpu, eff, "add", 2.0 * tokens * kv * kv_in_out)  # cache write
     return total
 
 
@@ -165,11 +236,11 @@ def decode_attention_ms(
     padded (a batch's lengths are ragged: on average (B-1)/2B of a block is padding), and each
     block costs PAGED_BLOCK_OVERHEAD_TOKENS rows more (see above)."""
     heads, kv_heads = model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
-    d, b = model.head_dim, model.dtype_bytes
+    d, b, kvb = model.head_dim, model.dtype_bytes, model.kv_dtype_bytes  # FP8 KV: half the reads
     blocks = max(1.0, context / block_size + (block_size - 1) / (2 * block_size))
     rows = blocks * (block_size + PAGED_BLOCK_OVERHEAD_TOKENS)
     flops = 4.0 * batch * context * heads * d
-    nbytes = batch * (2.0 * rows * kv_heads + 2.0 * heads) * d * b + batch * 4 * blocks
+    nbytes = batch * (2.0 * rows * kv_heads * kvb + 2.0 * heads * b) * d + batch * 4 * blocks
     return gemm_ms(gpu, eff, flops, nbytes)
 
 
@@ -260,4 +331,14 @@ def build_roofline_profile(
     }
     if collectives:
         doc["collectives"] = collectives
+    if model.quantization == "fp8" or model.kv_dtype == "fp8":
+        doc["weight_dtype"], doc["kv_cache_dtype"] = model.weight_dtype, model.kv_dtype
+        doc["provenance"]["fp8"] = (
+            f"FP8 GEMMs at {gpu.fp8_tflops} TFLOP/s x {FP8_COMPUTE_EFFICIENCY} (DeepGEMM H800 median)"
+            if model.quantization == "fp8" else "bf16 weights")
+        doc["provenance"]["kv_cache"] = f"{model.kv_dtype} KV cache: decode attention reads {model.kv_dtype_bytes} byte(s) per element"
+    if model.is_moe:
+        doc["provenance"]["moe"] = (
+            f"{model.num_experts} experts, top-{model.num_experts_per_tok}: uniform routing, expected distinct "
+            f"experts touched, rows padded to {MOE_TILE_ROWS} (profiles/roofline.py)")
     return doc

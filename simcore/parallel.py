@@ -34,6 +34,10 @@ def stage_crosses_node(stage: int, tp: int, gpus_per_node: int) -> bool:
 def check_deployment(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> None:
     """Refuse layouts and formats the hardware cannot run, each with what would work."""
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    if model.num_attention_heads % tp:
+        raise ConfigError(
+            f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
+        )
     if tp > gpu.gpus_per_node:
         nodes = tp // gpu.gpus_per_node
         raise ConfigError(

@@ -17,6 +17,7 @@ from simcore.errors import ConfigError
 from simcore.latency import Profile, StepLatencyModel
 from simcore.memory import MemoryPlan
 from simcore.metrics import StepTotals, requests_frame, summarize
+from simcore.pipeline import PipelineLatency
 from simcore.policies import make_policy
 from simcore.request import Workload
 from simcore.router import Router
@@ -126,7 +127,8 @@ def prepare(
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if isinstance(config, ResolvedConfig):
-        assert config.model == model and config.gpu == gpu, "resolved for another model or GPU"
+        assert config.model == config.engine.resolve_model(model) and config.gpu == gpu, (
+            "resolved for another model or GPU")
         cfg = config
     else:
         cfg = resolve(model, gpu, config)
@@ -138,6 +140,10 @@ def prepare(
             f"profile has no decode table for block size {config.block_size}; using "
             f"{latency.decode_block_size}"
         )
+    if config.pipeline_parallel_size > 1:  # stages on different micro-batches (simcore.pipeline)
+        latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
+                                  config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
+        exact_steps = True  # a round is priced per step; decode spans price single-stage steps
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     env = simpy.Environment()
     swap_block_s = cfg.swap_block_s

@@ -146,3 +146,120 @@ def test_hf_config_reads_moe_fields_and_fp8_quantization(tmp_path: Path):
 def test_unknown_kv_cache_dtype_is_a_usage_error():
     result = run("--kv-cache-dtype", "int4")
     assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: ")
+
+
+# --- pricing: FP8, MoE, pipeline stages ------------------------------------------------------
+
+def _latency(model, tp: int, gpu=H100):
+    from profiles import default_profile
+    from simcore.latency import StepLatencyModel
+
+    return StepLatencyModel(default_profile(gpu, model, tp).data)
+
+
+def test_fp8_kv_cache_sustains_a_higher_rate_when_memory_binds():
+    out = {}
+    for dtype in ("auto", "fp8"):
+        result = run("--model", "llama3-70b", "--tp", "2", "--kv-cache-dtype", dtype, "--workload",
+                     "seed-table", "--concurrency", "96", "--num-requests", "120", "--json")
+        assert result.exit_code == 0, result.stderr
+        out[dtype] = json.loads(result.stdout)["summary"]
+    assert out["auto"]["regime"] == "memory-bound" and out["auto"]["num_preemptions"] > 0
+    assert out["fp8"]["num_preemptions"] < out["auto"]["num_preemptions"]
+    assert out["fp8"]["output_throughput"] > out["auto"]["output_throughput"]
+
+
+def test_mixtral_batch1_decode_costs_far_less_than_a_dense_model_of_its_size():
+    from simcore.specs import ModelSpec
+
+    dense = ModelSpec("dense-46.7b", 32, 4096, 32, 8, 128, 8 * 14336, 32000, max_position_embeddings=32768)
+    assert dense.num_params == pytest.approx(MIXTRAL.num_params, rel=0.001)
+    moe, big = _latency(MIXTRAL, 2), _latency(dense, 2)
+    step = (1, [], 1, 512, 1)  # one sequence decoding at context 512
+    assert moe.step_time_s(*step) < 0.5 * big.step_time_s(*step)
+    # at a large batch every expert is touched: the MoE layer reads all its weights
+    assert moe.linear(4096) > 0.2 * big.linear(4096)
+
+
+def test_moe_decode_reads_only_the_experts_its_tokens_touch():
+    from profiles.roofline import experts_touched
+
+    assert experts_touched(1, 8, 2) == pytest.approx(2.0)
+    assert experts_touched(64, 8, 2) == pytest.approx(8.0, rel=1e-6)
+    assert experts_touched(1, 128, 8) == pytest.approx(8.0)
+    lat = _latency(MIXTRAL, 2)
+    assert lat.linear(1) < lat.linear(8) < lat.linear(64)  # more experts touched, more bytes
+
+
+def test_fp8_weights_make_gemms_cheaper_on_hopper():
+    fp8 = EngineConfig(quantization="fp8", kv_cache_dtype="fp8").resolve_model(L70)
+    bf16, q = _latency(L70, 4), _latency(fp8, 4)
+    assert q.linear(1) < 0.75 * bf16.linear(1)  # batch 1: half the weight bytes
+    assert q.linear(8192) < 0.85 * bf16.linear(8192)  # large batch: the FP8 tensor-core peak
+    assert q.decode(64, 4096) < 0.65 * bf16.decode(64, 4096)  # half the KV bytes read
+
+
+def test_pipeline_round_of_two_stages_by_hand():
+    from simcore.pipeline import pipeline_round_ms
+
+    # stages 5 ms and 3 ms, one 1 ms hand-off: one micro-batch goes through in 5 + 1 + 3 = 9 ms;
+    # two micro-batches keep both stages busy, the first stage is busiest: 2 x 5 = 10 ms
+    assert pipeline_round_ms([5.0, 3.0], [1.0], 1) == 9.0
+    assert pipeline_round_ms([5.0, 3.0], [1.0], 2) == 10.0
+    # a slow hand-off makes the round latency-bound: 5 + 4 + 3 = 12 > 10
+    assert pipeline_round_ms([5.0, 3.0], [4.0], 2) == 12.0
+
+
+def test_pipeline_latency_splits_a_flat_profile_into_two_stages():
+    from simcore.latency import StepLatencyModel
+    from simcore.pipeline import INTRA_NODE_SEND_RECV, PipelineLatency
+    from tests.helpers import flat_profile
+
+    tiny = get_model("tiny")
+    base = StepLatencyModel(flat_profile(linear_ms=3.0, overhead_ms=2.0).data)
+    pipe = PipelineLatency(base, H100, tp=1, pp=2, hidden_size=tiny.hidden_size)
+    lat_ms, gbps = INTRA_NODE_SEND_RECV
+    handoff = lat_ms + 1 * 2 * tiny.hidden_size * 2 / (gbps * 1e6)  # one token's hidden + residual
+    # stage 0 = host 2 + one layer 3 = 5 ms; stage 1 = one layer 3 ms (+ a ~0 LM head)
+    assert pipe.step_time_s(1, [], 1, 100, 1) * 1e3 == pytest.approx(5 + 3 + handoff, abs=1e-6)
+    assert pipe.step_time_s(2, [], 2, 200, 2) * 1e3 == pytest.approx(10.0, abs=1e-6)
+
+
+def test_handoffs_across_nodes_are_priced_over_the_nic_not_nvlink():
+    from simcore.pipeline import send_recv_ms
+
+    nbytes = 64 * 2**20
+    inside, across = send_recv_ms(H100, nbytes, False), send_recv_ms(H100, nbytes, True)
+    assert 0.15 < inside < 0.25  # measured 0.193 ms (Vidur H100 DGX, devices_per_node 2)
+    assert 1.6 < across < 2.1  # measured 1.871 ms (devices_per_node 1: two nodes)
+    assert send_recv_ms(A100, nbytes, True) > 1.8 * across  # 200 Gb/s NICs
+
+
+def test_pp2_decode_step_at_batch_one_is_slower_than_tp_alone():
+    from simcore.pipeline import PipelineLatency
+
+    base = _latency(L70, 8)
+    pipe = PipelineLatency(_latency(L70, 8), H100, 8, 2, 8192)
+    one = base.step_time_s(1, [], 1, 1024, 1)
+    assert pipe.step_time_s(1, [], 1, 1024, 1) > one  # a pipeline adds hand-offs, not speed
+    # 256 sequences: two micro-batches of 128 overlap; per-token throughput beats TP 8 alone
+    assert pipe.step_time_s(256, [], 256, 256 * 1024, 256) < 1.2 * base.step_time_s(256, [], 256, 256 * 1024, 256)
+
+
+def test_engine_with_two_stages_follows_the_hand_computed_timeline():
+    from simcore.pipeline import INTRA_NODE_SEND_RECV
+    from simcore.simulate import simulate
+    from tests.helpers import ListWorkload, flat_profile, req
+
+    tiny = get_model("tiny")
+    lat_ms, gbps = INTRA_NODE_SEND_RECV
+
+    def handoff(tokens: int) -> float:
+        return lat_ms + tokens * 2 * tiny.hidden_size * 2 / (gbps * 1e6)
+
+    config = EngineConfig(pipeline_parallel_size=2, enable_prefix_caching=False)
+    result = simulate(tiny, H100, config, ListWorkload([req(0, 0.0, 4, 3)]),
+                      flat_profile(linear_ms=3.0, overhead_ms=2.0))
+    # one sequence: every step is one micro-batch through both stages, 5 + hand-off + 3 ms
+    expected_ms = (8 + handoff(4)) + 2 * (8 + handoff(1))
+    assert result.requests["e2el_s"].iloc[0] * 1e3 == pytest.approx(expected_ms, abs=1e-6)
