@@ -29,6 +29,9 @@ SWEEPABLE = {
     "gpu": ("--gpu", "gpu"),
     "tensor_parallel_size": ("--tp", "tp"),
     "data_parallel_size": ("--dp", "dp"),
+    "pipeline_parallel_size": ("--pp", "pp"),
+    "kv_cache_dtype": ("--kv-cache-dtype", "kv_dtype"),
+    "quantization": ("--quantization", "quant"),
     "block_size": ("--block-size", "block_size"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
@@ -141,7 +144,7 @@ def plan_sweep(
         workload = workloads[key]
         try:
             plan_memory(model, gpu, config)
-            reason, profile = "", profile_for(gpu, config.tensor_parallel_size)
+            reason, profile = "", profile_for(gpu, config.tensor_parallel_size, config.resolve_model(model))
         except DoesNotFitError as exc:
             reason, profile = str(exc), None
         options = {"point": index, "model": model.name, "gpu": gpu.name,
