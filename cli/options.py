@@ -128,13 +128,10 @@ def workload_overrides(
 
 
 def check_common(seed: int, max_model_len: int | None, model: ModelSpec) -> None:
+    """The checks that come before an engine configuration exists; everything about the engine
+    (max_model_len against the model's context included) is `simcore.config.resolve`'s."""
     if seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
-    if max_model_len is not None and max_model_len > model.max_position_embeddings:
-        raise ConfigError(
-            f"--max-model-len {max_model_len} exceeds {model.name}'s context length "
-            f"{model.max_position_embeddings}"
-        )
 
 
 def parse_goodput(values: list[str] | None, extra_args: list[str] | None = None) -> dict[str, float]:

@@ -142,7 +142,13 @@ def run(
         quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
     model_spec = config.resolve_model(model_spec)
+<<<<<<< HEAD
+    from simcore.config import resolve
+
+    resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
+=======
     check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
+>>>>>>> main
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
@@ -156,10 +162,8 @@ def run(
         prof = default_profile(gpu_spec, model_spec, tp)
 
     from reports.capacity import SLO
-    from simcore.config import resolve
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    resolved = resolve(model_spec, gpu_spec, config)  # validated and memory planned, once
     memory = resolved.memory
     check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
     if find_max_rate:

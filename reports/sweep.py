@@ -79,16 +79,6 @@ def expand_grid(lists: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(lists[n] for n in names))]
 
 
-def check_config(model: ModelSpec, config: EngineConfig) -> None:
-    """What simulate() would refuse for a point, checked before the sweep starts."""
-    mml = config.resolved_max_model_len(model)
-    if not config.enable_chunked_prefill and config.resolved_max_num_batched_tokens(model) < mml:
-        raise ConfigError(
-            f"--max-num-batched-tokens ({config.max_num_batched_tokens}) is smaller than "
-            f"max_model_len ({mml}) with chunked prefill off; enable chunked prefill or raise it"
-        )
-
-
 def workload_columns(described: dict[str, Any]) -> dict[str, Any]:
     """The workload as flat row columns (name, load and lengths), from its description."""
     arrival = described.get("arrival") or {}
@@ -122,7 +112,7 @@ def plan_sweep(
 ) -> SweepPlan:
     """Build and validate every point before anything runs: a bad value is a ConfigError, a model
     that does not fit a cell is a point marked so. `fixed` are extra option columns (SLOs, profile)."""
-    from simcore.memory import plan_memory
+    from simcore.config import resolve
 
     by_name = {g.name: g for g in gpus}
     grid_lists = {k: v for k, v in lists.items() if k != "gpu"}
@@ -136,17 +126,17 @@ def plan_sweep(
         engine = {k: v for k, v in values.items() if k not in ("gpu", *WORKLOAD_DIMS)}
         load = {k: v for k, v in values.items() if k in WORKLOAD_DIMS}
         config = replace(base, **engine)  # re-runs EngineConfig validation
-        check_config(model, config)
+        try:
+            resolve(model, gpu, config)  # refuses what simulate() refuses, before anything runs
+            reason = ""
+        except DoesNotFitError as exc:
+            reason = str(exc)
         mml = config.resolved_max_model_len(model)
         key = (tuple(sorted(load.items())), mml)
         if key not in workloads:
             workloads[key] = load_workload(load, mml)
         workload = workloads[key]
-        try:
-            plan_memory(model, gpu, config)
-            reason, profile = "", profile_for(gpu, config.tensor_parallel_size, config.resolve_model(model))
-        except DoesNotFitError as exc:
-            reason, profile = str(exc), None
+        profile = None if reason else profile_for(gpu, config.tensor_parallel_size, config.resolve_model(model))
         options = {"point": index, "model": model.name, "gpu": gpu.name,
                    **workload_columns(workload.describe()), **config.to_dict(), **fixed}
         for seed in seeds:
