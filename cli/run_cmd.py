@@ -142,13 +142,10 @@ def run(
         quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
     model_spec = config.resolve_model(model_spec)
-<<<<<<< HEAD
+    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
     from simcore.config import resolve
 
     resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
-=======
-    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
->>>>>>> main
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
