@@ -24,9 +24,19 @@ def _tps(text: str | None) -> list[int] | None:
 
 
 def _progress(total: int):
-    from cli.profile_cmd import _with_progress
+    """A live bar on a terminal; otherwise a line every 10 rows (and at the end) on stderr."""
+    import sys
 
-    return lambda work: _with_progress("pricing rows", total, work)
+    if sys.stderr.isatty():
+        from cli.profile_cmd import _with_progress
+
+        return lambda work: _with_progress("pricing rows", total, work)
+
+    def report(label: str, n: int) -> None:
+        if n % 10 == 0 or n == total:
+            typer.echo(f"priced {n}/{total} rows", err=True)
+
+    return lambda work: work(report)
 
 
 def calibrate(
@@ -58,6 +68,11 @@ def calibrate(
     out_tps = out_tps or data_tps
     names = tuple(profile_filename(gpu_spec.name, model_spec.name, t) for t in out_tps)
     check_out_folder(out, names)
+    from profiles.calibrate import batch_config
+    from simcore.memory import plan_memory
+
+    for t in sorted(set(out_tps) | set(data_tps)):  # a TP the model does not fit: refused before work
+        plan_memory(model_spec, gpu_spec, batch_config(t, 1))
     bases = {t: default_profile(gpu_spec, model_spec, t) for t in sorted(set(out_tps) | set(data_tps))}
     priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
     prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])

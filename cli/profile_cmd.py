@@ -261,8 +261,9 @@ def check_cmd(
     skipped = len(rows) - len(usable)
     if not usable:
         raise ConfigError(f"{measurements}: no row has a TP of the profiles given ({', '.join(map(str, sorted(by_tp)))})")
-    priced = _with_progress("pricing rows", len(usable),
-                            lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
+    from cli.calibrate_cmd import _progress
+
+    priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
     table, medians = check_rows(usable, priced)
     if as_json:
         typer.echo(json.dumps({"rows": table, "median_abs_error": medians, "skipped_rows": skipped}, indent=2))

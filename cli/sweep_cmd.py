@@ -64,7 +64,8 @@ class ExecutorName(str, Enum):
     ray = "ray"
 
 
-def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency) -> dict[str, list]:
+def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency,
+           pp=None, kv_cache_dtype=None, quantization=None) -> dict[str, list]:
     """The swept fields (SWEEPABLE names) -> values; tp is always a column."""
     from reports.sweep import parse_list
 
@@ -79,6 +80,8 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
     lists["tensor_parallel_size"] = parse_list("--tp", tp, int) if tp is not None else [1]
     for name, flag, text, kind in (
         ("data_parallel_size", "--dp", dp, int),
+        ("pipeline_parallel_size", "--pp", pp, int),
+        ("kv_cache_dtype", "--kv-cache-dtype", kv_cache_dtype, str),
         ("block_size", "--block-size", block_size, int),
         ("gpu_memory_utilization", "--gpu-memory-utilization", gpu_memory_utilization, float),
         ("max_num_seqs", "--max-num-seqs", max_num_seqs, int),
@@ -87,6 +90,8 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
     ):
         if text is not None:
             lists[name] = parse_list(flag, text, kind)
+    if quantization is not None:  # "none" is the unquantized checkpoint
+        lists["quantization"] = [None if q.lower() == "none" else q for q in parse_list("--quantization", quantization, str)]
     return lists
 
 
@@ -191,7 +196,10 @@ def sweep(
     model: Model = "llama3-8b",
     gpu: Annotated[str, typer.Option(help=f"Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB. {LIST_HELP}")] = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
-    dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x dp). {LIST_HELP} [default: 1]")] = None,
+    dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x pp x dp). {LIST_HELP} [default: 1]")] = None,
+    pp: Annotated[str | None, typer.Option("--pp", "--pipeline-parallel-size", help=f"Pipeline stages per replica, each --tp GPUs. {LIST_HELP} [default: 1]")] = None,
+    kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help=f"KV cache storage: auto or fp8. {LIST_HELP} [default: auto]")] = None,
+    quantization: Annotated[str | None, typer.Option("--quantization", help=f"Weights: none or fp8 (FP8 needs H100/H200). {LIST_HELP} [default: none]")] = None,
     router: RouterOpt = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
     allocator: Allocator = None,
@@ -237,7 +245,8 @@ def sweep(
     from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_sweep, summarize_points
     from reports.sweep_runner import parse_seeds
 
-    lists = _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency)
+    lists = _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency,
+                   pp, kv_cache_dtype, quantization)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -265,6 +274,9 @@ def sweep(
     if router is not None:
         fields["router"] = router.value
     base = EngineConfig(**fields)
+    from simcore.config import check_numbers
+
+    check_numbers(base)  # the options every point shares: finite and in range before any point runs
     overrides = workload_overrides(
         num_requests=num_requests, rate=None, concurrency=None, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
@@ -367,23 +379,26 @@ def _profiles(path: Path | None, model_spec, num_gpus: int):
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
 
-    cache: dict[tuple[str, int], Any] = {}
+    cache: dict[tuple[str, int, str, str], Any] = {}
     fixed = None
     if path is not None:
         if num_gpus > 1:
             raise ConfigError("--profile is one file for one GPU; sweep --gpu without --profile")
         fixed = load_profile(path)
 
-    def profile_for(gpu_spec, tp_: int):
-        if (gpu_spec.name, tp_) not in cache:
+    def profile_for(gpu_spec, tp_: int, model=model_spec):
+        """`model` as the point resolves it (--quantization / --kv-cache-dtype applied)."""
+        key = (gpu_spec.name, tp_, model.weight_dtype, model.kv_dtype)
+        if key not in cache:
             if fixed is not None:
-                if {t for _, t in cache} - {tp_}:
-                    raise ConfigError("--profile is one file for one TP; sweep --tp without --profile")
-                check_profile_matches(fixed, model_spec, tp_, gpu_spec)
-                cache[(gpu_spec.name, tp_)] = fixed
+                if {k[1:] for k in cache} - {key[1:]}:
+                    raise ConfigError("--profile is one file for one TP and dtype; sweep --tp, "
+                                      "--kv-cache-dtype or --quantization without --profile")
+                check_profile_matches(fixed, model, tp_, gpu_spec)
+                cache[key] = fixed
             else:
-                cache[(gpu_spec.name, tp_)] = default_profile(gpu_spec, model_spec, tp_)
-        return cache[(gpu_spec.name, tp_)]
+                cache[key] = default_profile(gpu_spec, model, tp_)
+        return cache[key]
 
     return profile_for
 

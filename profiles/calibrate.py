@@ -48,6 +48,10 @@ PARAMS = ("s_gemm", "s_attn", "s_coll", "host_step", "host_rank", "host_seq", "h
 PRIOR_WEIGHT = 1e-8
 # Typical size of each parameter: the prior's pull is relative to max(|prior|, this).
 TYPICAL = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.1, 1.0, 1e-3])
+# Lower bounds: kernels and collectives at most 2x faster than the fitted roofline (already at
+# 67-84% of datasheet peak for GEMMs, 64% for FlashAttention: faster would beat the datasheet);
+# host terms >= 0.
+LOWER = np.array([0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0])
 MAX_ROWS = 10_000
 
 
@@ -204,8 +208,18 @@ def profile_params(profile: Profile, tp: int) -> np.ndarray:
 
 
 def _solve(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: np.ndarray) -> np.ndarray:
-    """Non-negative least squares on relative error, with a faint pull towards `prior`; parameters
-    where `free` is False stay at the prior."""
+    """Least squares on relative error with every parameter >= its LOWER bound and a faint pull
+    towards `prior`; parameters where `free` is False stay at the prior."""
+    y = y - x @ LOWER  # theta = LOWER + phi, phi >= 0
+    if (y <= 0).any():
+        raise MeasurementError(
+            "a measured time is below what the GPU's datasheet allows for its kernels alone "
+            "(under half the roofline); check the rows, --model, --gpu and the TP column"
+        )
+    return LOWER + _nnls(x, y, np.maximum(prior - LOWER, 0.0), free)
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: np.ndarray) -> np.ndarray:
     scale = np.maximum(np.abs(prior), TYPICAL)
     a = x / y[:, None]
     b = np.ones_like(y)

@@ -502,7 +502,7 @@ def capacity_figure(result: PlanResult, path) -> None:
             ax.axhline(t, linestyle="--", color="grey", linewidth=1)
             ax.annotate(f"target {t:g} req/s", (max_gpus, t), ha="right", va="bottom", fontsize=8, color="grey")
         ax.set_xlabel("GPUs (replicas x TP)")
-        ax.set_ylabel("max sustainable rate (req/s)")
+        ax.set_ylabel("max sustainable rate (req/s; replicas x one replica's)")
         ax.set_title(f"{model}: {result.context['slo_text']}", fontsize=10)
         ax.grid(alpha=0.3)
         if live:

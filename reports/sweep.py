@@ -29,6 +29,9 @@ SWEEPABLE = {
     "gpu": ("--gpu", "gpu"),
     "tensor_parallel_size": ("--tp", "tp"),
     "data_parallel_size": ("--dp", "dp"),
+    "pipeline_parallel_size": ("--pp", "pp"),
+    "kv_cache_dtype": ("--kv-cache-dtype", "kv_dtype"),
+    "quantization": ("--quantization", "quant"),
     "block_size": ("--block-size", "block_size"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
@@ -133,7 +136,7 @@ def plan_sweep(
         if key not in workloads:
             workloads[key] = load_workload(load, mml)
         workload = workloads[key]
-        profile = None if reason else profile_for(gpu, config.tensor_parallel_size)
+        profile = None if reason else profile_for(gpu, config.tensor_parallel_size, config.resolve_model(model))
         options = {"point": index, "model": model.name, "gpu": gpu.name,
                    **workload_columns(workload.describe()), **config.to_dict(), **fixed}
         for seed in seeds:

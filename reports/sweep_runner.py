@@ -63,7 +63,7 @@ def run_point(point: Point) -> dict[str, Any]:
     started = time.perf_counter()
     row: dict[str, Any] = {**point.options, "seed": point.seed}
     if point.does_not_fit:
-        row.update({"gpus": point.config.tensor_parallel_size * point.config.data_parallel_size,
+        row.update({"gpus": point.config.num_gpus,
                     "does_not_fit": point.does_not_fit, "regime": f"does not fit: {point.does_not_fit}"})
         row.update({"kvsim_version": KVSIM_VERSION, "wall_s": time.perf_counter() - started, "warnings": ""})
         return row
@@ -72,7 +72,7 @@ def run_point(point: Point) -> dict[str, Any]:
     record = result.record
     row.update({
         "profile_sha256": record["profile"]["sha256"], "profile_source": record["profile"]["source"],
-        "gpus": point.config.tensor_parallel_size * point.config.data_parallel_size,
+        "gpus": point.config.num_gpus,
         "kv_cache_tokens": result.memory.num_gpu_tokens, "does_not_fit": "",
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })

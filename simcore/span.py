@@ -33,6 +33,7 @@ import numpy as np
 from simcore.latency import ExtrapolationCounter, StepLatencyModel
 
 MAX_SPAN_STEPS = 4096  # longer runs are split into several spans (bounds the arrays below)
+MIN_SPAN_STEPS = 4  # shorter ones run as single steps: the span's numpy set-up costs about as much
 
 
 @dataclass(slots=True)

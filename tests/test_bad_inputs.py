@@ -349,3 +349,25 @@ def _every_update(init):
         init(self, description, total, unit, period_s=0.0)
 
     return patched
+
+
+# --- Engine options (issue 9's resolved config) and profiles (issue 8), surfaced as one line ----
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+
+
+@pytest.mark.parametrize(("command", "args", "needle"), [
+    (command, args, needle)
+    for command in ("run", "sweep")
+    for args, needle in (
+        (["--swap-space", "nan"], "--swap-space must be a finite number"),
+        (["--swap-space", "inf"], "--swap-space must be a finite number"),
+        (["--policy", "static", "--batch-timeout-s", "nan"], "--batch-timeout-s must be a finite number"),
+        (["--profile", str(PROFILES / "A100-80GB-llama3-8b-tp1.json")], "profile is for GPU"),
+    )
+] + [  # vLLM's cross-field rules: a sweep checks them per point (max_num_seqs may be swept)
+    ("run", ["--max-model-len", "1"], "--max-model-len"),
+    ("run", ["--max-num-batched-tokens", "8", "--max-num-seqs", "16"], "--max-num-batched-tokens (8) must be >= --max-num-seqs"),
+])
+def test_engine_and_profile_mistakes_are_one_line(no_simulation, command, args, needle):
+    assert_one_line_error(invoke(command, "--num-requests", "5", *args), needle)

@@ -172,3 +172,17 @@ def test_decode_span_api_is_used_consistently_by_the_probe():
     sums = np.array([100.0, 200.0, 300.0])
     assert np.allclose(m.decode_span_times_s(1, sums), [m.step_time_s(1, [], 1, int(s), 1) for s in sums],
                        rtol=1e-12, atol=0)
+
+
+def test_impossible_times_and_unfit_tp_are_refused(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text(HEADER + "4,64,1024,16,5\n")  # 65k prompt tokens of a 70B model in 5 ms
+    runner = CliRunner()
+    result = runner.invoke(app, ["calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100",
+                                 "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "below what the GPU's datasheet allows" in result.stderr
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").glob("*.json"))
+    result = runner.invoke(app, ["calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100",
+                                 "--tp", "1", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "does not fit" in result.stderr
+    assert result.stderr.count("\n") == 1

@@ -263,3 +263,16 @@ def test_engine_with_two_stages_follows_the_hand_computed_timeline():
     # one sequence: every step is one micro-batch through both stages, 5 + hand-off + 3 ms
     expected_ms = (8 + handoff(4)) + 2 * (8 + handoff(1))
     assert result.requests["e2el_s"].iloc[0] * 1e3 == pytest.approx(expected_ms, abs=1e-6)
+
+
+def test_sweep_takes_pp_kv_dtype_and_quantization_and_counts_gpus():
+    result = CliRunner().invoke(app, ["sweep", "--model", "llama3-8b", "--pp", "1,2", "--kv-cache-dtype",
+                                      "auto,fp8", "--quantization", "none,fp8", "--num-requests", "10",
+                                      "--rate", "5", "--jobs", "1", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    rows = doc["points"]
+    assert len(rows) == 8
+    by = {(r["pp"], r["kv_dtype"], r["quant"]): r for r in rows}
+    assert by[(2, "auto", None)]["gpus"] == 2 and by[(1, "auto", None)]["gpus"] == 1
+    assert 1.99 < by[(1, "fp8", None)]["kv_cache_tokens"] / by[(1, "auto", None)]["kv_cache_tokens"] < 2.01

@@ -28,7 +28,7 @@ import numpy as np
 from simcore.block_pool import AllocStatus, PagedAllocator
 from simcore.policies.base import Queues
 from simcore.sampling import SequenceGroups, group_width
-from simcore.span import SpanShape, span_shape
+from simcore.span import MIN_SPAN_STEPS, SpanShape, span_shape
 from simcore.state import ReqState
 from simcore.step import MemorySnapshot, StepPlan
 
@@ -261,6 +261,8 @@ class ContinuousPagedPolicy:
         waiting = queues.waiting
         if waiting and self._prefix_hashes(waiting[0]):
             return None
+        if min([st.num_output_target - st.num_generated for st in running]) < MIN_SPAN_STEPS:
+            return None  # a request finishes within a step or two: single steps are cheaper
         computed = np.fromiter([st.num_computed_tokens for st in running], np.int64, num_running)
         remaining = np.fromiter([st.num_output_target - st.num_generated for st in running], np.int64, num_running)
         alloc = self.allocator
