@@ -26,10 +26,7 @@ import numpy as np
 from simcore.specs import GPUSpec
 
 FIT_FILE = Path(__file__).with_name("collectives_h100.json")
-DATA_DIRS = (
-    Path(__file__).resolve().parents[2] / "shared" / "data" / "measured",
-    Path("/work/shared/data/measured"),
-)
+DATA_DIRS = (Path(__file__).resolve().parents[2] / "shared" / "data" / "measured",)
 H100 = "H100-SXM-80GB"
 H100_INTERCONNECT_GBPS = 450.0  # catalog figure for H100 SXM NVLink4 per direction
 # Message sizes of a profile table: 1 KiB .. 4 GiB (x2 per point), covers 1..16384 tokens x 8192 x 2 B.

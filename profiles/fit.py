@@ -39,7 +39,7 @@ BEGIN, END = "<!-- fit-table:begin -->", "<!-- fit-table:end -->"
 
 
 def _data_path(path: Path | None) -> Path:
-    for p in (path, DATA, Path("/work/shared/data/measured/vidur_h100_llama2-7b_mlp.csv")):
+    for p in (path, DATA):
         if p is not None and p.exists():
             return p
     raise FileNotFoundError(f"measured H100 data not found at {DATA}")
