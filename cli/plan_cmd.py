@@ -68,6 +68,9 @@ def plan(
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Memory utilisations to try. {LIST} [default: 0.9]")] = None,
     max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256]")] = None,
     chunked_prefill: Annotated[str | None, typer.Option(help=f"Chunked prefill on and/or off. {LIST} [default: on]")] = None,
+    kv_cache_dtype: Annotated[str | None, typer.Option(help=f"KV-cache dtypes to try (auto, fp8). {LIST} [default: auto]")] = None,
+    quantization: Annotated[str | None, typer.Option(help=f"Weight quantizations to try (none, fp8). {LIST} [default: none]")] = None,
+    pp: Annotated[str | None, typer.Option("--pp", help=f"Pipeline-parallel sizes to try (stages across nodes). {LIST} [default: 1]")] = None,
     price: Annotated[list[str] | None, typer.Option(help="GPU=USD per GPU-hour (e.g. H100-SXM-80GB=3.5), or a YAML file of them; repeatable.")] = None,
     tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
     search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
@@ -115,6 +118,9 @@ def plan(
         gpu_memory_utilization=_list("--gpu-memory-utilization", gpu_memory_utilization, float, []),
         max_num_seqs=_list("--max-num-seqs", max_num_seqs, int, []),
         enable_chunked_prefill=_bools("--chunked-prefill", chunked_prefill) or [],
+        kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
+        quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
+        pipeline_parallel_size=_list("--pp", pp, int, []),
     )
     base = EngineConfig()
     for d in dims[1:]:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
-from simcore.errors import DoesNotFitError
+from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 # Requests per search run. The run must outlast its warm-up and hold enough tail samples:
@@ -72,6 +72,11 @@ class Candidate:
     gpu: GPUSpec
     config: EngineConfig  # data_parallel_size = 1
     values: tuple[tuple[str, Any], ...]
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """TP x PP: what one replica costs in GPUs."""
+        return self.config.tensor_parallel_size * self.config.pipeline_parallel_size
 
     @property
     def label(self) -> str:
@@ -163,7 +168,7 @@ class Assessment:
         return self.capacity.max_rate if self.capacity is not None else 0.0
 
     def cost_per_hour(self, replicas: int) -> float:
-        return replicas * self.candidate.config.tensor_parallel_size * (self.price or math.inf)
+        return replicas * self.candidate.gpus_per_replica * (self.price or math.inf)
 
     def cost_lower_bound(self, target: float) -> float:
         assert self.bounds is not None
@@ -220,6 +225,9 @@ def assess(
             resolve(c.model, c.gpu, c.config)
         except DoesNotFitError as exc:
             out.append(Assessment(c, price, "memory", str(exc)))
+            continue
+        except ConfigError as exc:  # a deployment this GPU cannot run (e.g. FP8 weights on an A100)
+            out.append(Assessment(c, price, "unsupported", str(exc)))
             continue
         if price is None:
             out.append(Assessment(c, None, "no price", f"no price for {c.gpu.name}: give --price {c.gpu.name}=USD"))
@@ -368,7 +376,7 @@ def rows_for_target(
 def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
     c = a.candidate
     row: dict[str, Any] = {"target_rate": target, "model": c.model.name, **dict(c.values)}
-    tp = c.config.tensor_parallel_size
+    tp = c.gpus_per_replica
     if replicas is None:
         row.update({"replicas": None, "gpus": None, "usd_per_hour": None, "replica_max_rate": a.r1 or None,
                     "max_rate": None, "headroom": None, "status": a.status + (f": {a.reason}" if a.reason else "")})
@@ -404,6 +412,8 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
     if searched:
         parts.append("searched candidates fail even at low load: "
                      + "; ".join(f"{a.candidate.label}: {a.capacity.binding}" for a in searched[:3]))
+    if "unsupported" in by:
+        parts.append(f"{len(by['unsupported'])} candidate(s) cannot run on their GPU (e.g. {by['unsupported'][0].reason})")
     if "no price" in by:
         parts.append(f"{len(by['no price'])} candidate(s) have no price (--price GPU=USD)")
     return "; ".join(parts) or "no candidate was searched"
@@ -434,7 +444,7 @@ def plan(
         from profiles import default_profile
 
         def profile_for(c: Candidate):
-            return default_profile(c.gpu, c.model, c.config.tensor_parallel_size)
+            return default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
 
     spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
     take = min(search_requests, int(spec_confirm.num_requests))
@@ -472,7 +482,8 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
             f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms)")
 
 
-_KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill")
+_KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
+          "quantization", "pipeline_parallel_size")
 
 
 def capacity_figure(result: PlanResult, path) -> None:
@@ -489,7 +500,7 @@ def capacity_figure(result: PlanResult, path) -> None:
         live = [a for a in result.assessments[model] if a.r1 > 0]
         max_gpus = 1
         for a in live:
-            tp = a.candidate.config.tensor_parallel_size
+            tp = a.candidate.gpus_per_replica
             n_max = max(1, math.ceil(max(targets) * 1.5 / a.r1))
             n = np.arange(1, n_max + 1)
             ax.plot(n * tp, n * a.r1, marker="o", markersize=3, label=a.candidate.label)

@@ -140,3 +140,21 @@ def test_parallel_searches_give_the_same_answer():
     one = json.loads(CliRunner().invoke(app, args).stdout)["answers"][0]["best"]
     two = json.loads(CliRunner().invoke(app, [*args, "--jobs", "2"]).stdout)["answers"][0]["best"]
     assert {k: one[k] for k in ("gpu", "tp", "replicas", "max_rate")} == {k: two[k] for k in ("gpu", "tp", "replicas", "max_rate")}
+
+
+def test_plan_searches_kv_dtype_quantization_and_pipeline_stages_and_counts_tp_x_pp_gpus():
+    """FP8 and PP are plan dimensions: a replica costs TP x PP GPUs, and a GPU that cannot run a
+    candidate (FP8 weights on an A100) is marked unsupported instead of stopping the plan."""
+    dims = default_dimensions(["H100-SXM-80GB", "A100-80GB"], [1], kv_cache_dtype=["auto", "fp8"],
+                              quantization=[None, "fp8"], pipeline_parallel_size=[1, 2])
+    result = plan([get_model("llama3-8b")], dims, EngineConfig(), [10], small_workload(), SLO(tpot_p95_ms=200),
+                  load_prices(), **FAST)
+    table = result.table
+    unsupported = table[table["status"].astype(str).str.startswith("unsupported")]
+    assert set(unsupported["gpu"]) == {"A100-80GB"} and set(unsupported["quantization"]) == {"fp8"}
+    assert len(unsupported) == 4  # 2 KV dtypes x 2 PP sizes
+    ok = table[table["status"] == "ok"]
+    assert len(ok) and (ok["gpus"] == ok["replicas"] * ok["tp"] * ok["pipeline_parallel_size"]).all()
+    assert set(ok["kv_cache_dtype"]) == {"auto", "fp8"}
+    best = result.answers[0]["best"]
+    assert best["usd_per_hour"] == min(ok["usd_per_hour"])
