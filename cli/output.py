@@ -208,6 +208,19 @@ def result_problems(summary: dict[str, Any], requests: Any, steps: Any) -> tuple
     return warnings, None
 
 
+def start_bar(description: str, total: int, completed: int = 0):
+    """A started rich bar on stderr (done / total, elapsed, ETA) and its task: one look for
+    every long command."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), "ETA", TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+    task = bar.add_task(description, total=total, completed=completed)
+    bar.start()
+    return bar, task
+
+
 class LiveProgress:
     """Work done / total with an ETA on stderr: a transient rich bar on a terminal (shown once the
     work outlasts half a second), else one plain line every `period_s` (logs, CI, pipes)."""
@@ -252,20 +265,7 @@ class LiveProgress:
         if self.bar is None:
             if now - self.started < 0.5:
                 return
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), "ETA", TimeRemainingColumn(), transient=True,
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task(self.description, total=self.total)
-            self.bar.start()
+            self.bar, self.task = start_bar(self.description, self.total)
         self.bar.update(self.task, completed=self.done, total=self.total)
 
     def stop(self) -> None:

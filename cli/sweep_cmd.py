@@ -152,20 +152,9 @@ class _Progress:
         self.first, self.last_line = already, self.started
         self.bar = None
         if sys.stderr.isatty() and total > already:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from cli.output import start_bar
 
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), "ETA", TimeRemainingColumn(), transient=True,
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task("sweep points", total=total, completed=already)
-            self.bar.start()
+            self.bar, self.task = start_bar("sweep points", total, already)
 
     def step(self) -> None:
         self.done += 1

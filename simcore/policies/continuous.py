@@ -224,13 +224,21 @@ class ContinuousPagedPolicy:
                 num_new = budget
             if not alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks]):
                 break
-            self.prefix_query_tokens += st.num_tokens if hashes else 0
-            self.prefix_hit_tokens += num_cached
-            plan.admit(st, num_cached)
-            running.append(st)
-            num_seqs += group_width(st)
-            self._add(plan, st, num_new, 1, num_cached)
+            num_seqs += self._take_admitted(plan, running, st, num_new, num_cached, bool(hashes))
             budget -= num_new
+
+    def _take_admitted(
+        self, plan: StepPlan, running: list[ReqState], st: ReqState, num_new: int, num_cached: int,
+        shares_prefix: bool,
+    ) -> int:
+        """Count its prefix-cache hit, admit and schedule a request whose slots are allocated;
+        returns the sequences it adds to the step."""
+        self.prefix_query_tokens += st.num_tokens if shares_prefix else 0
+        self.prefix_hit_tokens += num_cached
+        plan.admit(st, num_cached)
+        running.append(st)
+        self._add(plan, st, num_new, 1, num_cached)
+        return group_width(st)
 
     def _preempt(self, st: ReqState, plan: StepPlan) -> None:
         alloc = self.allocator

@@ -86,10 +86,5 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
                 break
             ok = alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks])
             assert ok, "the watermark check left room"
-            self.prefix_query_tokens += st.num_tokens if hashes else 0
-            self.prefix_hit_tokens += num_cached
-            plan.admit(st, num_cached)
-            running.append(st)
-            num_seqs += group_width(st)
-            self._add(plan, st, num_new, 1, num_cached)
+            num_seqs += self._take_admitted(plan, running, st, num_new, num_cached, bool(hashes))
             budget -= st.num_tokens  # V0 counts the whole prompt against the budget
