@@ -19,13 +19,13 @@ few array operations, and a decode span (many steps as one event) a few more.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 import simpy
 
+from simcore.records import Samples
 from simcore.request import Request
 from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
 from simcore.step import StepPlan
@@ -46,7 +46,9 @@ class Lifecycle:
         self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
         self.running: list[ReqState] = []  # admission order; preemption takes the tail
         self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
-        self.itl_s = array("d")  # every gap between consecutive tokens, pooled
+        # every gap between consecutive tokens, pooled: `_add_itls(array)` once per step;
+        # exact up to a cap, then a histogram (simcore.records)
+        self.itl = Samples()
         self.store = SlotStore()  # counters of queued and running requests, by slot
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self.num_done = 0  # finished + rejected
@@ -216,7 +218,7 @@ class Lifecycle:
 
     def _add_itls(self, values: np.ndarray) -> None:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""
-        self.itl_s.frombytes(values.tobytes())
+        self.itl.extend(values)
 
     def finish(self, finished: list[ReqState], now: float) -> None:
         """Requests that produced their last token leave `running` (their KV is already back)."""
@@ -245,6 +247,7 @@ class Lifecycle:
 
     def _leave(self, st: ReqState) -> None:
         st.done.succeed()
+        self.itl.settle()
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:
             self._progress(self.num_done)
