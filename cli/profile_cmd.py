@@ -59,6 +59,10 @@ def profile(
     backend: Annotated[Backend, typer.Option(help="Paged decode backend; auto = first that works.")] = Backend.auto,
     dtype: Annotated[str, typer.Option(help="auto (bf16 on cuda, fp32 on cpu), bfloat16, float16, float32.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the random tensors and block tables.")] = 0,
+    quantization: Annotated[str | None, typer.Option(
+        "--quantization", "-q",
+        help="fp8: measure FP8 GEMMs (torch._scaled_mm, CUDA compute capability >= 8.9). [default: the checkpoint's own]",
+    )] = None,
 ) -> None:
     """Measure one layer's kernels on the device present and write a schema-v1 profile."""
     if ctx.invoked_subcommand is not None:
@@ -73,6 +77,12 @@ def profile(
     from simcore.catalog import get_gpu, get_model
 
     spec = get_model(model)
+    if quantization is not None:
+        if quantization != "fp8":
+            raise ConfigError(f"--quantization must be fp8, got {quantization!r}")
+        from dataclasses import replace
+
+        spec = replace(spec, quantization="fp8")
     gpu_spec = get_gpu(gpu) if gpu else None
     if tp <= 0 or tp & (tp - 1) or spec.num_attention_heads % tp:
         raise ConfigError(f"--tp must be a power of two dividing {spec.num_attention_heads} heads, got {tp}")
@@ -97,9 +107,10 @@ def profile(
     from simcore.latency import parse_profile
 
     parse_profile(doc, "measured profile")
-    path = out or Path(f"{doc['gpu'].replace(' ', '_')}-{spec.name}-tp{tp}.json")
+    from profiles.lookup import dtype_tag, profile_filename
     from reports.files import write_file
 
+    path = out or Path(profile_filename(doc["gpu"].replace(" ", "_"), spec.name, tp, dtype_tag(spec.weight_dtype)))
     write_file(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=1) + "\n"))
     prov = doc["provenance"]
     typer.echo(

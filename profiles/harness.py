@@ -208,52 +208,16 @@ def _r(x: float) -> float:
 
 
 def _shards(model: ModelSpec, tp: int) -> tuple[int, int, int, int]:
-    heads = model.num_attention_heads // tp
-    kv_heads = max(1, model.num_kv_heads // tp)
-    return heads, kv_heads, model.intermediate_size // tp, model.head_dim
+    from profiles.harness_linear import shards
+
+    return shards(model, tp)
 
 
 def _linear_layer(torch, model: ModelSpec, tp: int, tokens: int, dtype, device: str, gen, layout_gen) -> Callable[[], Any]:
-    """One layer's linear work at the TP-sharded shape: norms, QKV, rope, out-proj, residual
-    adds, gate/up, activation, down, and the KV-cache write."""
-    F = torch.nn.functional
-    heads, kv_heads, inter, d = _shards(model, tp)
-    h = model.hidden_size
+    """One layer's linear work (dense, FP8 or MoE): `profiles.harness_linear.linear_layer`."""
+    from profiles.harness_linear import linear_layer
 
-    def w(*shape):
-        return torch.randn(shape, generator=gen, device=device, dtype=dtype) * 0.02
-
-    x, res = w(tokens, h), w(tokens, h)
-    w_qkv, w_o = w((heads + 2 * kv_heads) * d, h), w(h, heads * d)
-    w_up, w_down = w((2 if model.gated_mlp else 1) * inter, h), w(h, inter)
-    norm_w = torch.ones(h, device=device, dtype=dtype)
-    cos, sin = w(tokens, 1, d // 2), w(tokens, 1, d // 2)
-    cache = torch.zeros((tokens + 16, 2, kv_heads, d), device=device, dtype=dtype)
-    slots = torch.randperm(tokens + 16, generator=layout_gen)[:tokens].to(device)
-
-    def rope(t):
-        a, b = t[..., : d // 2], t[..., d // 2:]
-        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-
-    def run():
-        y = F.rms_norm(x + res, (h,), norm_w, 1e-5)
-        qkv = y @ w_qkv.T
-        q, k, v = qkv.split((heads * d, kv_heads * d, kv_heads * d), dim=-1)
-        if model.gated_mlp:
-            q, k = rope(q.view(tokens, heads, d)), rope(k.view(tokens, kv_heads, d))
-        cache[slots, 0] = k.reshape(tokens, kv_heads, d)
-        cache[slots, 1] = v.reshape(tokens, kv_heads, d)
-        o = q.reshape(tokens, heads * d) @ w_o.T
-        y2 = F.rms_norm(o + y, (h,), norm_w, 1e-5)
-        up = y2 @ w_up.T
-        if model.gated_mlp:
-            g, u = up.chunk(2, dim=-1)
-            act = F.silu(g) * u
-        else:
-            act = F.relu(up)
-        return (act @ w_down.T) + y2
-
-    return run
+    return linear_layer(torch, model, tp, tokens, dtype, device, gen, layout_gen)
 
 
 def _prefill(torch, model: ModelSpec, tp: int, chunk: int, context: int, dtype, device: str, gen):
@@ -332,6 +296,13 @@ def measure_profile(cfg: HarnessConfig, progress: Callable[[str, int], None] | N
     model, tp, grid, dev = cfg.model, cfg.tp, cfg.grid, cfg.device
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ProfileError("--device cuda: no CUDA device is visible to torch")
+    if model.quantization == "fp8":
+        from profiles.harness_linear import fp8_support
+
+        why = fp8_support(cfg.device)
+        if why:
+            raise ProfileError(f"--quantization fp8 cannot be measured here: {why}; "
+                               "kvsim prices FP8 from the roofline instead (profiles/README.md)")
     from profiles.harness_kernels import FACTORIES, choose_backend, make_paged_kv
 
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cfg.device == "cuda" else "float32")
@@ -480,7 +451,31 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
     }
     if collective is not None:
         doc["collectives"] = collective
+    doc.update(_what_was_measured(cfg, dtype_name, doc["provenance"]))
     return doc
+
+
+def _what_was_measured(cfg, dtype_name: str, prov: dict[str, Any]) -> dict[str, Any]:
+    """Weight dtype and MoE provenance: the fields lookup matches on, and how they were timed."""
+    model, fields = cfg.model, {}
+    if model.quantization == "fp8":
+        fields = {"weight_dtype": "fp8", "kv_cache_dtype": dtype_name}
+        prov["fp8"] = ("FP8 GEMMs measured with torch._scaled_mm: float8_e4m3fn weights (one scale per "
+                       "tensor, per expert for MoE) and inputs (dynamic per-tensor scale, quantized inside the "
+                       f"timed layer), {dtype_name} out; router, norms, attention and KV cache in {dtype_name}")
+    if model.is_moe:
+        from profiles.harness_linear import moe_token_counts
+
+        k, e = model.num_experts_per_tok, model.num_experts
+        prov["moe"] = {
+            "experts": e, "top_k": k, "moe_intermediate_size": model.moe_intermediate_size,
+            "routing": ("uniform-routing load assumption of profiles/roofline.py: T tokens touch "
+                        "round(E (1 - (1 - k/E)^T)) experts, T*k rows split evenly among them"),
+            "kernel": "router GEMM + softmax/top-k, then a torch GEMM loop grouped per expert (gate/up, "
+                      "SiLU, down), weighted index_add back; not vLLM's fused Triton kernel, rows not padded",
+            "experts_touched": [len(moe_token_counts(t, e, k)) for t in cfg.grid.num_tokens],
+        }
+    return fields
 
 
 def _driver(torch) -> str | None:

@@ -57,6 +57,9 @@ MODELS: dict[str, ModelSpec] = {
         ),
         # A toy shape small enough to profile on a CPU in seconds (tests, smoke runs).
         ModelSpec("tiny", 2, 256, 4, 2, 64, 688, 1024, max_position_embeddings=2048),
+        # Its MoE twin (8 experts of width 128, top-2): the harness's MoE path on a CPU.
+        ModelSpec("tiny-moe", 2, 256, 4, 2, 64, 688, 1024, max_position_embeddings=2048,
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
     )
 }
 

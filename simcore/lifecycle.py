@@ -17,13 +17,13 @@ Token emission and per-request counters go through `emit` only, so a faster repr
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 import simpy
 
+from simcore.records import Samples
 from simcore.request import Request
 from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus
 from simcore.step import StepPlan
@@ -44,7 +44,9 @@ class Lifecycle:
         self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
         self.running: list[ReqState] = []  # admission order; preemption takes the tail
         self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
-        self.itl_s = array("d")  # every gap between consecutive tokens, pooled
+        # every gap between consecutive tokens, pooled: `itl.append(x)` per value or
+        # `itl.extend(array)` per step; exact up to a cap, then a histogram (simcore.records)
+        self.itl = Samples()
         self.num_done = 0  # finished + rejected
         self._progress = progress
 
@@ -129,7 +131,7 @@ class Lifecycle:
     # -- the step's outcome ------------------------------------------------------------------
     def emit(self, plan: StepPlan, now: float) -> list[ReqState]:
         """Advance every scheduled request; return those that produced their last token."""
-        itl = self.itl_s.append
+        itl = self.itl.append
         finished = []
         for st, num_new in plan.scheduled:
             st.num_computed_tokens += num_new
@@ -154,10 +156,10 @@ class Lifecycle:
             return
         scheduled = plan.scheduled
         first, last = float(ends_s[0]), float(ends_s[-1])
-        itl = self.itl_s
-        itl.extend([first - st.last_token_s for st, _ in scheduled])
+        itl = self.itl
+        itl.extend(np.array([first - st.last_token_s for st, _ in scheduled]))
         if num_steps > 1:  # every request's gap in step k is ends_s[k-1] - ends_s[k-2]
-            itl.frombytes(np.repeat(np.diff(ends_s), len(scheduled)).tobytes())
+            itl.extend(np.repeat(np.diff(ends_s), len(scheduled)))
         for st, num_new in scheduled:
             assert num_new == 1 and st.num_generated and st.num_generated + num_steps < st.num_output_target
             st.num_computed_tokens += num_steps
@@ -177,6 +179,7 @@ class Lifecycle:
 
     def _leave(self, st: ReqState) -> None:
         st.done.succeed()
+        self.itl.settle()
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:
             self._progress(self.num_done)

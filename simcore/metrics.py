@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from simcore.records import Samples
+
 if TYPE_CHECKING:
     from simcore.latency import StepLatencyModel
     from simcore.state import ReqState
@@ -177,7 +179,10 @@ def requests_frame(states: list[ReqState]) -> pd.DataFrame:
     return df
 
 
-def _stats(prefix: str, values_s: np.ndarray, out: dict[str, Any]) -> None:
+def _stats(prefix: str, values_s: np.ndarray | Samples, out: dict[str, Any]) -> None:
+    if isinstance(values_s, Samples):
+        values_s.stats(prefix, out)
+        return
     v = values_s[~np.isnan(values_s)] * 1000.0 if len(values_s) else values_s
     for name, fn in (("mean", np.mean), ("median", np.median)):
         out[f"{name}_{prefix}_ms"] = float(fn(v)) if len(v) else None
@@ -201,7 +206,7 @@ def kv_waste(totals: StepTotals) -> dict[str, Any]:
     return out
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray | Samples,
               totals: StepTotals | None = None) -> dict[str, Any]:
     """The run's summary; step figures from `totals` (the recorder's exact sums over every
     step), or from the step table when none are given."""

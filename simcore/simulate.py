@@ -19,6 +19,7 @@ from simcore.memory import MemoryPlan
 from simcore.metrics import StepTotals, requests_frame, summarize
 from simcore.pipeline import PipelineLatency
 from simcore.policies import make_policy
+from simcore.records import Samples
 from simcore.request import Workload
 from simcore.router import Router
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -33,11 +34,16 @@ class Result:
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
-    itl_s: np.ndarray
+    itl: Samples  # pooled inter-token latencies (exact, or binned beyond a cap)
     memory: MemoryPlan
     record: dict[str, Any]  # seed, config, model, gpu, workload, profile hash
     wall_s: float = 0.0  # simulator wall time (not part of the deterministic result)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every inter-token latency, pooled (only while the run kept them all: `itl.exact`)."""
+        return self.itl.values()
 
 
 @dataclass
@@ -85,14 +91,15 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        record = {**self.record, "workload": self.workload.describe()}
+        record = {**self.record, "workload": self.workload.describe(),
+                  "resolution": {"itl": itl_s.resolution}}
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
         return Result(summary, requests, steps, itl_s, self.memory, record,
                       time.perf_counter() - self.started, warnings)
 
 
-    def _tables(self) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    def _tables(self) -> tuple[pd.DataFrame, pd.DataFrame, Samples]:
         """Requests (by id), steps and pooled ITLs of every replica, with a `replica` column
         when there is more than one."""
         frames, step_frames, itls = [], [], []
@@ -103,11 +110,11 @@ class Simulation:
                 steps.insert(0, "replica", index)
             frames.append(requests)
             step_frames.append(steps)
-            itls.append(np.frombuffer(engine.lifecycle.itl_s, dtype=np.float64))
+            itls.append(engine.lifecycle.itl)
         if len(self.engines) == 1:
-            return frames[0], step_frames[0], itls[0].copy()
+            return frames[0], step_frames[0], itls[0]
         requests = pd.concat(frames, ignore_index=True).sort_values("request_id", ignore_index=True)
-        return requests, pd.concat(step_frames, ignore_index=True), np.concatenate(itls)
+        return requests, pd.concat(step_frames, ignore_index=True), Samples.merged(itls)
 
 
 def prepare(
