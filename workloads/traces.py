@@ -158,9 +158,9 @@ def _integers(
         bad |= values > MAX_INTEGER
     row = _first_bad(bad)
     if row is not None:
+        limit = f"from {minimum} to {MAX_INTEGER:,}" if values[row] > MAX_INTEGER else f">= {minimum}"
         raise WorkloadError(
-            f"trace file {path}, line {lines[row]}: {name} is {column.iloc[row]!r}, expected an integer "
-            f"from {minimum} to {MAX_INTEGER:,}"
+            f"trace file {path}, line {lines[row]}: {name} is {column.iloc[row]!r}, expected an integer {limit}"
         )
     return values.astype(np.int64)
 
