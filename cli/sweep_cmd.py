@@ -34,7 +34,6 @@ from cli.options import (
     MaxModelLen,
     MaxNumBatchedTokens,
     MaxTokens,
-    Model,
     N,
     NumRequests,
     OutputLen,
@@ -68,7 +67,8 @@ class ExecutorName(str, Enum):
 
 def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency,
            pp=None, kv_cache_dtype=None, quantization=None) -> dict[str, list]:
-    """The swept fields (SWEEPABLE names) -> values; tp is always a column."""
+    """The swept fields (SWEEPABLE names) -> values; tp is always a column (the models are
+    plan_sweep's own argument)."""
     from reports.sweep import parse_list
 
     lists: dict[str, list] = {}
@@ -137,7 +137,7 @@ def format_table(frame) -> str:
     """A plain aligned table (numbers right, text left) that pipes and diffs cleanly."""
     cols, cells = _with_interval(frame)
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
-    left = {"policy", "gpu", "regime", "meets_slo", "load", "seeds"}
+    left = {"model", "policy", "gpu", "regime", "meets_slo", "load", "seeds"}
 
     def line(values: list[str]) -> str:
         parts = [v.ljust(w) if c in left else v.rjust(w) for c, v, w in zip(cols, values, widths, strict=True)]
@@ -184,7 +184,7 @@ def _records(frame) -> list[dict[str, Any]]:
 
 
 def sweep(
-    model: Model = "llama3-8b",
+    model: Annotated[str, typer.Option(help=f"Catalog model(s) or Hugging Face config.json. {LIST_HELP}")] = "llama3-8b",
     gpu: Annotated[str, typer.Option(help=f"Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB. {LIST_HELP}")] = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
     dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x pp x dp). {LIST_HELP} [default: 1]")] = None,
@@ -217,6 +217,7 @@ def sweep(
     n: N = None,
     beam_width: BeamWidth = None,
     think_time_s: ThinkTime = None,
+    zip_: Annotated[str | None, typer.Option("--zip", help="Swept options that vary together instead of as a grid, value i with value i (e.g. model,tp: each model at its own TP); ';' between groups.")] = None,
     seed: Annotated[int, typer.Option(help="Seed; every point uses it, so every point sees identical traffic.")] = 0,
     seeds: Annotated[str | None, typer.Option(help="Run every point with each of these seeds (e.g. 0,1,2) and print each metric's mean and 95% interval.")] = None,
     repeats: Annotated[int | None, typer.Option(help="Run every point with K seeds: --seed, --seed+1, ...")] = None,
@@ -233,7 +234,14 @@ def sweep(
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import pandas as pd
 
-    from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, plan_sweep, summarize_points
+    from reports.sweep import (
+        SWEEPABLE,
+        add_slo,
+        parse_list,
+        parse_zip,
+        plan_sweep,
+        summarize_points,
+    )
     from reports.sweep_runner import parse_seeds
 
     lists = _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency,
@@ -257,9 +265,11 @@ def sweep(
     check_inputs_kept(out, [workload, profile, model])
     table = _table(out)
     check_out_file(out)  # before the work: a bad --out never costs the sweep
-    model_spec = get_model(model)
+    model_specs = [get_model(m) for m in parse_list("--model", model, str)]
     gpu_specs = [get_gpu(g) for g in lists.pop("gpu")]
-    check_common(seed, max_model_len, model_spec)
+    zipped = parse_zip(zip_, {**lists, "gpu": gpu_specs, "model": model_specs})
+    for model_spec in model_specs:
+        check_common(seed, max_model_len, model_spec)
     seed_list = parse_seeds(seeds, repeats, seed)
     if router is not None:
         fields["router"] = router.value
@@ -273,10 +283,10 @@ def sweep(
         beam_width=beam_width, think_time_s=think_time_s,
     )
     plan = plan_sweep(
-        model_spec, gpu_specs, base, lists, _workload_loader(workload, overrides),
-        _profiles(profile, model_spec, len(gpu_specs)), seed_list,
+        model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
+        _profiles(profile, len(model_specs) * len(gpu_specs)), seed_list,
         {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
-         "slo_tpot_p95_ms": slo_tpot_p95_ms},
+         "slo_tpot_p95_ms": slo_tpot_p95_ms}, zipped,
     )
     rows = _run(plan, table, resume, jobs, executor.value, address)
     frame = summarize_points(pd.DataFrame(rows), plan.swept)
@@ -287,12 +297,13 @@ def sweep(
         typer.echo(f"WARNING {warning}", err=True)
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)
-    best = None
+    best: dict[str, int | None] | None = None  # model -> row of its cheapest passing point
     if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
         frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
-        best = cheapest_passing(frame, [int(g) if not pd.isna(g) else 0 for g in frame["gpus"]])
+        best = _cheapest_by_model(frame, [m.name for m in model_specs])
     _print(frame, best, SWEEPABLE, as_json, {
-        "model": model_spec.name, "gpu": ", ".join(g.name for g in gpu_specs), "workload": wl.describe(),
+        "model": ", ".join(m.name for m in model_specs), "gpu": ", ".join(g.name for g in gpu_specs),
+        "workload": wl.describe(),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
 
@@ -364,24 +375,25 @@ def _workload_loader(workload: str | None, overrides: dict[str, Any]):
     return load
 
 
-def _profiles(path: Path | None, model_spec, num_gpus: int):
-    """A loader per (GPU, TP), each loaded once; --profile is one file for one GPU and TP."""
+def _profiles(path: Path | None, num_pairs: int):
+    """A loader per (model, GPU, TP, dtypes), each loaded once; --profile is one file for one
+    model, GPU and TP."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
 
-    cache: dict[tuple[str, int, str, str], Any] = {}
+    cache: dict[tuple[str, str, int, str, str], Any] = {}
     fixed = None
     if path is not None:
-        if num_gpus > 1:
-            raise ConfigError("--profile is one file for one GPU; sweep --gpu without --profile")
+        if num_pairs > 1:
+            raise ConfigError("--profile is one file for one model on one GPU; sweep --model and --gpu without --profile")
         fixed = load_profile(path)
 
-    def profile_for(gpu_spec, tp_: int, model=model_spec):
+    def profile_for(gpu_spec, tp_: int, model):
         """`model` as the point resolves it (--quantization / --kv-cache-dtype applied)."""
-        key = (gpu_spec.name, tp_, model.weight_dtype, model.kv_dtype)
+        key = (model.name, gpu_spec.name, tp_, model.weight_dtype, model.kv_dtype)
         if key not in cache:
             if fixed is not None:
-                if {k[1:] for k in cache} - {key[1:]}:
+                if {k[2:] for k in cache} - {key[2:]}:
                     raise ConfigError("--profile is one file for one TP and dtype; sweep --tp, "
                                       "--kv-cache-dtype or --quantization without --profile")
                 check_profile_matches(fixed, model, tp_, gpu_spec)
@@ -393,12 +405,34 @@ def _profiles(path: Path | None, model_spec, num_gpus: int):
     return profile_for
 
 
-def _print(frame, best: int | None, sweepable, as_json: bool, context: dict[str, Any], out: Path | None) -> None:
+def _cheapest_by_model(frame, models: list[str]) -> dict[str, int | None]:
+    """Each model's cheapest passing point (fewest GPUs, then highest throughput): models are
+    compared side by side, not against each other's cost."""
+    import pandas as pd
+
+    from reports.sweep import cheapest_passing
+
+    gpus = [int(g) if not pd.isna(g) else 0 for g in frame["gpus"]]
+    if "model" not in frame.columns:
+        return {models[0]: cheapest_passing(frame, gpus)}
+    out = {}
+    for name in models:
+        rows = [i for i in range(len(frame)) if frame["model"].iloc[i] == name]
+        part = frame.iloc[rows]
+        found = cheapest_passing(part, [gpus[i] for i in rows])
+        out[name] = None if found is None else rows[found]
+    return out
+
+
+def _print(frame, best: dict[str, int | None] | None, sweepable, as_json: bool, context: dict[str, Any],
+           out: Path | None) -> None:
     slo = "meets_slo" in frame.columns
+    several = "model" in frame.columns
     if as_json:
         doc = {**context, "points": _records(frame), "cheapest_passing": None}
         if best is not None:
-            doc["cheapest_passing"] = _records(frame.iloc[[best]])[0]
+            found = {m: (None if i is None else _records(frame.iloc[[i]])[0]) for m, i in best.items()}
+            doc["cheapest_passing"] = found if several else next(iter(found.values()))
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     wl, seeds = context["workload"], context["seeds"]
@@ -406,14 +440,16 @@ def _print(frame, best: int | None, sweepable, as_json: bool, context: dict[str,
     typer.echo(f"Sweep: {context['model']} on {context['gpu']}, workload {wl.get('name')}, "
                f"{said}; every point serves the same requests")
     typer.echo(format_table(frame))
-    if slo:
-        if best is None:
-            typer.echo("No point meets the SLO.")
-        else:
-            row = frame.iloc[best]
-            names = {col for _, col in sweepable.values()}
-            swept = ", ".join(f"{col}={row[col]}" for col in frame.columns if col in names)
-            typer.echo(f"Cheapest passing point (fewest GPUs, then highest throughput): {swept} "
+    if slo and best is not None:
+        names = {col for _, col in sweepable.values()}
+        for model_name, index in best.items():
+            whose = f" for {model_name}" if several else ""
+            if index is None:
+                typer.echo(f"No point{whose} meets the SLO.")
+                continue
+            row = frame.iloc[index]
+            swept = ", ".join(f"{col}={row[col]}" for col in frame.columns if col in names and col != "model")
+            typer.echo(f"Cheapest passing point{whose} (fewest GPUs, then highest throughput): {swept} "
                        f"({row['output_tok_s']:,.1f} output tok/s)")
     if out is not None:
         typer.echo(f"Wrote {out}", err=True)

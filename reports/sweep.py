@@ -23,8 +23,9 @@ from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 # Swept dimension -> (flag, column name in the printed table); grid order is this order, the first
-# varying slowest. Engine fields, then the GPU, then the workload's load (rate or clients).
+# varying slowest. The model, engine fields, the GPU, then the workload's load (rate or clients).
 SWEEPABLE = {
+    "model": ("--model", "model"),
     "policy": ("--policy", "policy"),
     "gpu": ("--gpu", "gpu"),
     "tensor_parallel_size": ("--tp", "tp"),
@@ -73,10 +74,56 @@ def parse_list(flag: str, text: str, kind: type) -> list:
     return values
 
 
-def expand_grid(lists: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the listed values, the first field varying slowest."""
-    names = list(lists)
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(lists[n] for n in names))]
+def expand_grid(lists: dict[str, Sequence[Any]], zipped: Sequence[Sequence[str]] = ()) -> list[dict[str, Any]]:
+    """Every combination of the listed values, the first field varying slowest. Each group in
+    `zipped` (e.g. ("model", "tensor_parallel_size")) varies together, value i with value i, at
+    the place of its first field: `--zip model,tp` compares Mixtral on TP 2 with Llama on TP 4."""
+    axes: list[tuple[list[str], list[tuple]]] = []
+    placed: set[str] = set()
+    for name in lists:
+        if name in placed:
+            continue
+        group = next((list(g) for g in zipped if name in g), [name])
+        group = [n for n in lists if n in group]  # grid order inside the group
+        lengths = {len(lists[n]) for n in group}
+        if len(lengths) > 1:
+            raise ConfigError("--zip " + ",".join(SWEEPABLE[n][1] for n in group) + ": the lists must have "
+                              "the same length, got " + ", ".join(f"{len(lists[n])}" for n in group))
+        axes.append((group, list(zip(*(lists[n] for n in group), strict=True))))
+        placed.update(group)
+    cells = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        cell: dict[str, Any] = {}
+        for (group, _), values in zip(axes, combo, strict=True):
+            cell.update(zip(group, values, strict=True))
+        cells.append({n: cell[n] for n in lists})
+    return cells
+
+
+def parse_zip(text: str | None, lists: dict[str, Sequence[Any]]) -> list[tuple[str, ...]]:
+    """--zip model,tp[;...]: groups of swept dimensions (by flag or column name) that vary together."""
+    if text is None:
+        return []
+    by_name = {}
+    for key, (flag, col) in SWEEPABLE.items():
+        by_name.update({flag.removeprefix("--"): key, col: key, key: key})
+    groups, seen = [], set()
+    for part in text.split(";"):
+        group = []
+        for item in parse_list("--zip", part, str):
+            key = by_name.get(item.removeprefix("--"))
+            if key is None:
+                raise ConfigError(f"--zip: {item!r} is not a swept option ({', '.join(c for _, c in SWEEPABLE.values())})")
+            if key not in lists:
+                raise ConfigError(f"--zip: {item} is not given as a list")
+            if key in seen:
+                raise ConfigError(f"--zip: {item} is in two groups")
+            seen.add(key)
+            group.append(key)
+        if len(group) < 2:
+            raise ConfigError(f"--zip {part!r}: name at least two swept options to vary together")
+        groups.append(tuple(group))
+    return groups
 
 
 def workload_columns(described: dict[str, Any]) -> dict[str, Any]:
@@ -107,31 +154,48 @@ class SweepPlan:
 
 
 def plan_sweep(
-    model: ModelSpec, gpus: Sequence[GPUSpec], base: EngineConfig, lists: dict[str, Sequence[Any]],
-    load_workload: Callable[[dict[str, Any], int], Any], profile_for: Callable[[GPUSpec, int], Any],
-    seeds: Sequence[int], fixed: dict[str, Any],
+    models: ModelSpec | Sequence[ModelSpec], gpus: Sequence[GPUSpec], base: EngineConfig,
+    lists: dict[str, Sequence[Any]], load_workload: Callable[[dict[str, Any], int], Any],
+    profile_for: Callable[..., Any], seeds: Sequence[int], fixed: dict[str, Any],
+    zipped: Sequence[Sequence[str]] = (),
 ) -> SweepPlan:
-    """Build and validate every point before anything runs: a bad value is a ConfigError, a model
-    that does not fit a cell is a point marked so. `fixed` are extra option columns (SLOs, profile)."""
+    """Build and validate every point before anything runs: a bad value (vLLM's cross-field rules
+    included) is a ConfigError for the whole sweep, a model that does not fit a cell is a point
+    marked so. `fixed` are extra option columns (SLOs, profile). Several models are a dimension
+    of the grid (the slowest-varying one), so a model column appears; one model keeps the table
+    (and the point ids) as before."""
     from simcore.config import resolve
 
+    models = [models] if isinstance(models, ModelSpec) else list(models)
+    by_model = {m.name: m for m in models}
+    if len(by_model) < len(models):
+        raise ConfigError("--model: a model is listed twice")
     by_name = {g.name: g for g in gpus}
-    grid_lists = {k: v for k, v in lists.items() if k != "gpu"}
+    grid_lists = {k: v for k, v in lists.items() if k not in ("gpu", "model")}
     grid_lists = {"gpu": [g.name for g in gpus], **grid_lists} if len(gpus) > 1 else grid_lists
+    grid_lists = {"model": list(by_model), **grid_lists} if len(models) > 1 else grid_lists
     order = [k for k in SWEEPABLE if k in grid_lists]
-    cells = expand_grid({k: grid_lists[k] for k in order})
+    for group in zipped:
+        for k in group:
+            if k not in grid_lists:
+                raise ConfigError(f"--zip: {SWEEPABLE[k][1]} is not given as a list of several values")
+    cells = expand_grid({k: grid_lists[k] for k in order}, zipped)
     workloads: dict[tuple, Any] = {}
     points = []
     for index, values in enumerate(cells):
+        model = by_model[values.get("model", models[0].name)]
         gpu = by_name[values.get("gpu", gpus[0].name)]
-        engine = {k: v for k, v in values.items() if k not in ("gpu", *WORKLOAD_DIMS)}
+        engine = {k: v for k, v in values.items() if k not in ("model", "gpu", *WORKLOAD_DIMS)}
         load = {k: v for k, v in values.items() if k in WORKLOAD_DIMS}
         config = replace(base, **engine)  # re-runs EngineConfig validation
-        try:
-            resolve(model, gpu, config)  # refuses what simulate() refuses, before anything runs
-            reason = ""
+        try:  # refuses what simulate() refuses, for every point before any runs; plans memory once
+            resolved, reason = resolve(model, gpu, config), ""
         except DoesNotFitError as exc:
-            reason = str(exc)
+            resolved, reason = None, str(exc)
+        except ConfigError as exc:
+            if len(models) > 1 or len(gpus) > 1:  # say which point, when it is not obvious
+                raise ConfigError(f"{exc} (point {model.name} on {gpu.name})") from None
+            raise
         mml = config.resolved_max_model_len(model)
         key = (tuple(sorted(load.items())), mml)
         if key not in workloads:
@@ -141,12 +205,13 @@ def plan_sweep(
         options = {"point": index, "model": model.name, "gpu": gpu.name,
                    **workload_columns(workload.describe()), **config.to_dict(), **fixed}
         for seed in seeds:
-            points.append(Point(model, gpu, config, workload, profile, seed, options, reason))
+            points.append(Point(model, gpu, config, workload, profile, seed, options, reason, resolved))
     ids = [p.point_id() for p in points]
     sweep_id = sweep_id_of(ids)
     points = [replace(p, options={"point": p.options["point"], "point_id": pid, "sweep_id": sweep_id, **p.options})
               for p, pid in zip(points, ids, strict=True)]
-    return SweepPlan(points, sweep_id, [k for k in order if k in lists or k == "gpu"])
+    swept = [k for k in order if k in lists or k == "gpu" or (k == "model" and len(models) > 1)]
+    return SweepPlan(points, sweep_id, swept)
 
 
 _SHORT = {k: col for k, (_, col) in SWEEPABLE.items()}

@@ -1,10 +1,10 @@
 """`kvsim report sweep TABLE`: pictures of a sweep table, as PNG files and one HTML page.
 
 - Heatmaps of output throughput, TTFT p95, TPOT p95 and KV waste over block size x
-  gpu_memory_utilization, one panel per policy (and GPU); cells that miss the SLO are hatched,
+  gpu_memory_utilization, one panel per model, policy and GPU that varies; cells that miss the SLO are hatched,
   the SLO boundary is a thick line between passing and failing cells, the best point a star.
 - Throughput-latency curves: TTFT p95 and TPOT p95 against output throughput as the offered load
-  (rate, or clients) rises, one line per policy (and GPU); the SLO limits dashed, the best point starred.
+  (rate, or clients) rises, one line per model, policy and GPU that varies; the SLO limits dashed, the best point starred.
 
 Other swept settings (TP, DP, max_num_seqs, and the load for the heatmaps) are held at the best
 point's values; each figure says which. Several seeds: each cell is the mean (curves carry the
@@ -30,7 +30,7 @@ HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
     ("tpot-p95", "tpot_p95_ms", "TPOT p95", "ms", False, 1.0),
     ("kv-waste", "kv_waste", "KV cache waste", "% of allocated KV", False, 100.0),
 )
-FACETS = ("policy", "gpu")
+FACETS = ("model", "policy", "gpu")
 HEAT_AXES = ("block_size", "gpu_mem_util")
 FILES = tuple(f"heatmap-{h[0]}.png" for h in HEATMAPS) + ("throughput-latency.png", "sweep-report.html")
 LOADS = (("rate", "offered rate (req/s)"), ("concurrency", "clients"))
@@ -89,12 +89,23 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
 
 # -- slicing --------------------------------------------------------------------------------
 def _facets(report: SweepReport) -> list[tuple[str, pd.DataFrame]]:
-    """(title, cells) per panel: one per policy / GPU combination that varies."""
+    """(title, cells) per panel: one per model / policy / GPU combination that varies (the title
+    also names what a panel fixes with them, e.g. the TP of `--zip model,tp`)."""
     keys = [k for k in FACETS if k in report.varying]
     if not keys:
         return [("", report.cells)]
-    return [(", ".join(f"{k}={v}" for k, v in zip(keys, vals if isinstance(vals, tuple) else (vals,), strict=True)), g)
-            for vals, g in report.cells.groupby(keys if len(keys) > 1 else keys[0], sort=False)]
+    shown = keys + _paired(report)
+    return [(", ".join(f"{k}={g[k].iloc[0]}" for k in shown), g)
+            for _, g in report.cells.groupby(keys if len(keys) > 1 else keys[0], sort=False)]
+
+
+def _paired(report: SweepReport) -> list[str]:
+    """Varying settings that take one value per panel (swept with `--zip` alongside a facet)."""
+    keys = [k for k in FACETS if k in report.varying]
+    if not keys:
+        return []
+    groups = report.cells.groupby(keys, sort=False)
+    return [k for k in report.varying if k not in FACETS and groups[k].nunique(dropna=False).max() <= 1]
 
 
 def _anchor(report: SweepReport) -> pd.Series:
@@ -102,9 +113,11 @@ def _anchor(report: SweepReport) -> pd.Series:
 
 
 def _held(report: SweepReport, free: tuple[str, ...]) -> dict[str, Any]:
-    """The settings a figure holds fixed (at the best point's values): every varying one not free."""
+    """The settings a figure holds fixed (at the best point's values): every varying one not free,
+    except those a panel fixes already (`_paired`: holding them would empty the other panels)."""
     anchor = _anchor(report)
-    return {k: anchor[k] for k in report.varying if k not in free and k not in FACETS}
+    paired = _paired(report)
+    return {k: anchor[k] for k in report.varying if k not in free and k not in FACETS and k not in paired}
 
 
 def _slice(cells: pd.DataFrame, held: dict[str, Any]) -> pd.DataFrame:

@@ -39,6 +39,7 @@ class Point:
     seed: int
     options: dict[str, Any] = field(default_factory=dict)  # column -> value, written first in the row
     does_not_fit: str = ""  # why the model does not fit ("" if it does): the row says so, nothing runs
+    resolved: Any = None  # simcore.config.ResolvedConfig from planning the sweep: memory is planned once
 
     def point_id(self) -> str:
         """A stable id of everything that defines the result (not wall time): resume keys on it."""
@@ -67,7 +68,8 @@ def run_point(point: Point) -> dict[str, Any]:
                     "does_not_fit": point.does_not_fit, "regime": f"does not fit: {point.does_not_fit}"})
         row.update({"kvsim_version": KVSIM_VERSION, "wall_s": time.perf_counter() - started, "warnings": ""})
         return row
-    result = simulate(point.model, point.gpu, point.config, point.workload, point.profile, seed=point.seed)
+    config = point.resolved if point.resolved is not None else point.config
+    result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed)
     regime = regime_of(result)
     record = result.record
     row.update({
