@@ -5,7 +5,7 @@ H100 DGX profiles, NVSwitch, 2/4/8 GPUs; MIT licence, attribution in `shared/dat
 count n we keep the median time of each message size, and fit
 
     all_reduce(bytes) = latency_n + 2 (n-1)/n * bytes / busbw_n        (ring: busbw is NCCL's "bus bandwidth")
-    send_recv(bytes)  = latency + bytes / bw
+    send_recv(bytes)  = latency + bytes / bw          (inside one node and across two nodes, apart)
 
 by least squares on relative error. The measured (n, bytes) table goes into H100 profiles as it is,
 extended past the largest measured message by the fit. Other GPUs get the fit with the bus bandwidth
@@ -29,6 +29,14 @@ FIT_FILE = Path(__file__).with_name("collectives_h100.json")
 DATA_DIRS = (Path(__file__).resolve().parents[2] / "shared" / "data" / "measured",)
 H100 = "H100-SXM-80GB"
 H100_INTERCONNECT_GBPS = 450.0  # catalog figure for H100 SXM NVLink4 per direction
+# Vidur's send/recv rows are two GPUs either in one node (devices_per_node 2: NVLink) or in two
+# nodes (devices_per_node 1: the inter-node network), as its own predictor reads them
+# (microsoft/vidur, vidur/execution_time_predictor/sklearn_execution_time_predictor.py,
+# `_load_send_recv_df`: devices_per_node = 1 if the replica spans nodes else 2). Fitted apart.
+SEND_RECV_ROWS = {"intra_node": 2, "inter_node": 1}
+# DGX H100 inter-node link per GPU: one 400 Gb/s ConnectX-7 NIC = 50 GB/s (NVIDIA DGX H100
+# datasheet; `GPUSpec.internode_gbps`); other GPUs' inter-node tables scale by theirs over this.
+H100_INTERNODE_GBPS = 50.0
 # Message sizes of a profile table: 1 KiB .. 4 GiB (x2 per point), covers 1..16384 tokens x 8192 x 2 B.
 GRID_BYTES = [2.0**k for k in range(10, 33)]
 
@@ -40,10 +48,14 @@ def _data(name: str) -> Path:
     raise FileNotFoundError(f"measured data {name} not found in {', '.join(map(str, DATA_DIRS))}")
 
 
-def _medians(path: Path, column: str) -> dict[int, list[tuple[float, float]]]:
+def _medians(path: Path, column: str, devices_per_node: int | None = None) -> dict[int, list[tuple[float, float]]]:
+    """Per GPU count, (size, median of the per-call medians); only rows with `devices_per_node`
+    GPUs of the pair per node when given (send/recv: 2 = one node, 1 = two nodes)."""
     import pandas as pd
 
     raw = pd.read_csv(path)
+    if devices_per_node is not None:
+        raw = raw[raw["devices_per_node"] == devices_per_node]
     grouped = raw.groupby(["num_workers", "size"])[f"time_stats.{column}.median"].median()
     out: dict[int, list[tuple[float, float]]] = {}
     for (n, size), ms in grouped.items():
@@ -62,7 +74,7 @@ def _fit_line(points: list[tuple[float, float]], factor: float) -> tuple[float, 
 
 def fit() -> dict[str, Any]:
     ar_path, sr_path = _data("vidur_h100_dgx_all_reduce.csv"), _data("vidur_h100_dgx_send_recv.csv")
-    ar, sr = _medians(ar_path, "all_reduce"), _medians(sr_path, "send_recv")
+    ar = _medians(ar_path, "all_reduce")
     doc: dict[str, Any] = {"all_reduce": {}, "send_recv": {}}
     for n, pts in sorted(ar.items()):
         lat, bw = _fit_line(pts, 2.0 * (n - 1) / n)
@@ -72,10 +84,12 @@ def fit() -> dict[str, Any]:
             "median_abs_rel_error": round(float(np.median(rel)), 4),
             "bytes": [p[0] for p in pts], "time_ms": [p[1] for p in pts],
         }
-    for n, pts in sorted(sr.items()):
+    for where, per_node in SEND_RECV_ROWS.items():
+        pts = _medians(sr_path, "send_recv", per_node)[2]
         lat, bw = _fit_line(pts, 1.0)
         rel = [abs(lat + b / (bw * 1e6) - t) / t for b, t in pts]
-        doc["send_recv"][str(n)] = {
+        doc["send_recv"][where] = {
+            "devices_per_node": per_node,
             "latency_ms": round(lat, 5), "bandwidth_gbps": round(bw, 1),
             "median_abs_rel_error": round(float(np.median(rel)), 4),
             "bytes": [p[0] for p in pts], "time_ms": [p[1] for p in pts],
@@ -130,7 +144,7 @@ def collectives_for(gpu: GPUSpec, tp: int, fit_doc: dict[str, Any] | None = None
         return None
     doc = fit_doc or load_fit()
     n, ar = _nearest(doc["all_reduce"], tp)
-    _, sr = _nearest(doc["send_recv"], 2)
+    intra, inter = doc["send_recv"]["intra_node"], doc["send_recv"]["inter_node"]
     measured = gpu.interconnect_gbps == H100_INTERCONNECT_GBPS and n == tp
     scale = gpu.interconnect_gbps / H100_INTERCONNECT_GBPS
     if gpu.name == H100 and n == tp:
@@ -141,14 +155,29 @@ def collectives_for(gpu: GPUSpec, tp: int, fit_doc: dict[str, Any] | None = None
     else:
         how = (f"scaled from H100 by interconnect datasheet: H100 fit at {n} GPUs, bus bandwidth x "
                f"{scale:.3g} ({gpu.interconnect_gbps:g} / {H100_INTERCONNECT_GBPS:g} GB/s), same latency floor")
+    net_scale = gpu.internode_gbps / H100_INTERNODE_GBPS
     return {
         "all_reduce": _table(ar, 2.0 * (tp - 1) / tp, scale, measured),
-        "send_recv": _table(sr, 1.0, scale, gpu.interconnect_gbps == H100_INTERCONNECT_GBPS),
+        "send_recv": _table(intra, 1.0, scale, gpu.interconnect_gbps == H100_INTERCONNECT_GBPS),
+        "send_recv_inter_node": _table(inter, 1.0, net_scale, gpu.internode_gbps == H100_INTERNODE_GBPS),
         "all_reduce_calls_per_layer": 2,
         "source": how,
+        "send_recv_source": _send_recv_how(gpu, scale, net_scale),
         "fit": {"all_reduce_latency_ms": ar["latency_ms"], "bus_bandwidth_gbps": round(ar["bus_bandwidth_gbps"] * scale, 1),
-                "send_recv_latency_ms": sr["latency_ms"]},
+                "send_recv_latency_ms": intra["latency_ms"],
+                "send_recv_bandwidth_gbps": round(intra["bandwidth_gbps"] * scale, 1),
+                "send_recv_inter_node_latency_ms": inter["latency_ms"],
+                "send_recv_inter_node_bandwidth_gbps": round(inter["bandwidth_gbps"] * net_scale, 1)},
     }
+
+
+def _send_recv_how(gpu: GPUSpec, scale: float, net_scale: float) -> str:
+    inside = ("measured H100 DGX send/recv inside a node (Vidur, devices_per_node 2)" if scale == 1 else
+              f"H100 DGX in-node send/recv fit, bandwidth x {scale:.3g} ({gpu.name} NVLink datasheet)")
+    across = ("measured H100 DGX send/recv across two nodes (Vidur, devices_per_node 1)" if net_scale == 1 else
+              f"H100 DGX inter-node send/recv fit, bandwidth x {net_scale:.3g} ({gpu.internode_gbps:g} / "
+              f"{H100_INTERNODE_GBPS:g} GB/s per-GPU NIC, datasheet)")
+    return f"send_recv: {inside}; send_recv_inter_node: {across}"
 
 
 def main() -> None:
@@ -156,7 +185,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write {FIT_FILE.name}")
     args = parser.parse_args()
     doc = fit()
-    for kind in ("all_reduce", "send_recv"):
+    for kind in ("all_reduce", "send_recv"):  # all_reduce per GPU count; send_recv intra_node / inter_node
         for n, e in doc[kind].items():
             bw = e.get("bus_bandwidth_gbps", e.get("bandwidth_gbps"))
             print(f"{kind} n={n}: latency {1e3 * e['latency_ms']:.1f} us, bandwidth {bw:.0f} GB/s, "

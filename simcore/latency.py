@@ -10,7 +10,8 @@ for one GPU, model shape, dtype and tensor-parallel degree, times in millisecond
     decode_attention   one layer, paged decode, per block size            vs (batch_size, context_tokens)
     lm_head            final norm + LM head + sampling, whole model       vs num_seqs
     collectives        per-call NCCL times vs message bytes: `all_reduce` (two per layer, of
-                       num_tokens x hidden x dtype bytes) and `send_recv` (pipeline hand-offs);
+                       num_tokens x hidden x dtype bytes), `send_recv` and `send_recv_inter_node`
+                       (pipeline hand-offs inside a node and across nodes);
                        v1's `collective` (one layer's all-reduces vs num_tokens) is still read
     host_overhead      the engine's CPU time on the step's critical path, in ms:
                        per_step + per_seq * sequences + per_prefill_step * [step has a prefill]
@@ -164,7 +165,8 @@ class Profile:
     @property
     def label(self) -> str:
         d = self.data
-        return f"{d['gpu']} {d['model']} tp{d['tensor_parallel_size']} ({d['source']})"
+        fp8 = [name for key, name in (("weight_dtype", "fp8"), ("kv_cache_dtype", "kv-fp8")) if d.get(key) == "fp8"]
+        return f"{d['gpu']} {' '.join([d['model'], *fp8])} tp{d['tensor_parallel_size']} ({d['source']})"
 
 
 def profile_hash(data: dict[str, Any]) -> str:
@@ -433,7 +435,8 @@ class StepLatencyModel:
         """v2: per-call all-reduce vs bytes; v1: one layer's all-reduces vs tokens."""
         self.collective = None  # v1 per-layer table
         self.all_reduce: Table1D | None = None
-        self.send_recv: Table1D | None = None
+        self.send_recv: Table1D | None = None  # one hand-off between two GPUs of a node
+        self.send_recv_inter_node: Table1D | None = None  # ... between GPUs of two nodes
         coll = data.get("collectives")
         if coll:
             where = f"{where}.collectives"
@@ -442,8 +445,10 @@ class StepLatencyModel:
             if "all_reduce" in coll:
                 _check_table_values(coll["all_reduce"], f"{where}.all_reduce")
                 self.all_reduce = _table1d(coll["all_reduce"], "bytes", f"{where}.all_reduce")
-            if "send_recv" in coll:
-                self.send_recv = _table1d(coll["send_recv"], "bytes", f"{where}.send_recv")
+            for key in ("send_recv", "send_recv_inter_node"):
+                if key in coll:
+                    _check_table_values(coll[key], f"{where}.{key}")
+                    setattr(self, key, _table1d(coll[key], "bytes", f"{where}.{key}"))
             calls = coll.get("all_reduce_calls_per_layer", 2)
             self.calls_per_layer = _numbers([calls], f"{where}.all_reduce_calls_per_layer", positive=False)[0]
             dtype_bytes = float(shape.get("dtype_bytes", 2))
@@ -480,9 +485,11 @@ class StepLatencyModel:
             self._coll_memo[key] = ms
         return ms
 
-    def send_recv_ms(self, nbytes: float) -> float:
-        """One point-to-point hand-off (pipeline stages); 0 when the profile has no table."""
-        return self.send_recv(nbytes) if self.send_recv is not None else 0.0
+    def send_recv_ms(self, nbytes: float, across_nodes: bool = False) -> float | None:
+        """One point-to-point hand-off (pipeline stages) inside a node or across two nodes;
+        None when the profile has no such table (TP 1 profiles have no collectives)."""
+        table = self.send_recv_inter_node if across_nodes else self.send_recv
+        return table(nbytes) if table is not None else None
 
     def _attention_ms(self, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
                       decode_context_tokens: int) -> tuple[float, bool]:

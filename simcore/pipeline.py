@@ -14,10 +14,23 @@ B sequences as one *round* of m = min(pp, B) equal micro-batches (B/m sequences,
 
 so each sequence gets one token per round (ITL ~ round), and the engine finishes m micro-batches
 per round (throughput ~ B / round). With one sequence (m = 1) a step is the full latency: a
-pipeline adds latency and helps only with enough sequences to fill it. What this simplifies: all
-micro-batches of a round emit their tokens at its end (a micro-batch finishing early emits up to
-one round late), and sequences are split evenly (vLLM's batches form as requests become free):
-decodes by count, prompt chunks whole and dealt round-robin, priced on the fullest micro-batch.
+pipeline adds latency and helps only with enough sequences to fill it. Sequences are split evenly
+(vLLM's batches form as requests become free): the i-th scheduled entry of the step goes to
+micro-batch i mod m, so decodes split by count and prompt chunks stay whole, dealt round-robin;
+all are priced on the fullest micro-batch.
+
+When each micro-batch leaves the last stage (`emit_offsets_ms`): the busiest stage paces the
+stream, so consecutive micro-batches leave it max_s t_s apart, the last at the round's end:
+
+    emit_j = round - (m - 1 - j) * max_s t_s        j = 0 .. m-1  (all > 0, since round >= m max_s t_s)
+
+The engine today stamps every token of a step at the step's end (one timestamp per step, set in
+`Lifecycle.emit`), so these offsets are computed and tested here but not yet applied to TTFT/ITL:
+that needs the engine to pass per-entry times to `Lifecycle.emit` (issue-14 note).
+
+Hand-offs inside a node and across nodes are priced from the profile's `send_recv` and
+`send_recv_inter_node` tables when it has them (TP > 1 profiles: `profiles/collectives.py`), else
+from the same fits below (TP 1 profiles carry no collectives).
 
 A hand-off sends the micro-batch's hidden states and residual (2 x tokens x hidden x 2 bytes,
 vLLM's IntermediateTensors) to the next stage, priced by a fit of Vidur's measured H100 DGX
@@ -59,6 +72,13 @@ def pipeline_round_ms(stage_ms: list[float], handoff_ms: list[float], num_microb
     return max(num_microbatches * max(stage_ms), latency)
 
 
+def emit_offsets_ms(stage_ms: list[float], handoff_ms: list[float], num_microbatches: int) -> list[float]:
+    """When micro-batch j of a round leaves the last stage, from the round's start (docstring)."""
+    round_ms = pipeline_round_ms(stage_ms, handoff_ms, num_microbatches)
+    pace = max(stage_ms)
+    return [round_ms - (num_microbatches - 1 - j) * pace for j in range(num_microbatches)]
+
+
 class PipelineLatency:
     """A StepLatencyModel for a replica of `pp` stages: the wrapped model prices one
     micro-batch's kernels, collectives and host time; this splits them over the stages."""
@@ -72,6 +92,7 @@ class PipelineLatency:
         self.gpu = gpu
         self.token_bytes = HANDOFF_TENSORS * hidden_size * dtype_bytes
         self._last = (0.0, 0.0, 0.0)
+        self._last_offsets_ms: list[float] = [0.0]
 
     # the engine and the simulation read these from any latency model
     @property
@@ -105,8 +126,13 @@ class PipelineLatency:
         stages = [n * per_layer for n in self.layers]
         stages[0] += h
         stages[-1] += head
-        handoffs = [send_recv_ms(self.gpu, tokens * self.token_bytes, x) for x in self.crosses]
+        handoffs = [self.handoff_ms(tokens * self.token_bytes, x) for x in self.crosses]
         return stages, handoffs, (m * (g + a), m * c + sum(handoffs) * m, m * h)
+
+    def handoff_ms(self, nbytes: float, across_nodes: bool) -> float:
+        """One hand-off: the profile's measured table for this link if it has one, else the fit."""
+        ms = self.base.send_recv_ms(nbytes, across_nodes)
+        return send_recv_ms(self.gpu, nbytes, across_nodes) if ms is None else ms
 
     def step_time_s(self, num_tokens: int, prefill_chunks: list[tuple[int, int]],
                     num_decode_seqs: int, decode_context_tokens: int, num_sampled: int) -> float:
@@ -115,6 +141,7 @@ class PipelineLatency:
         stages, handoffs, parts = self.stage_times_ms(
             num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled, m)
         round_ms = pipeline_round_ms(stages, handoffs, m)
+        self._last_offsets_ms = emit_offsets_ms(stages, handoffs, m)
         kernels, coll, host = parts
         # the round's time, split in proportion to the work it holds (for steps.csv)
         total = kernels + coll + host
@@ -125,5 +152,12 @@ class PipelineLatency:
         """(kernels, collectives + hand-offs, host) of the step just priced, scaled to its round."""
         return self._last
 
+    def emit_times_s(self, start_s: float, num_entries: int) -> list[float]:
+        """For the step just priced (starting at `start_s`): when each of its `num_entries`
+        scheduled entries leaves the last stage (entry i rides micro-batch i mod m)."""
+        offsets = self._last_offsets_ms
+        m = len(offsets)
+        return [start_s + offsets[i % m] / 1000.0 for i in range(num_entries)]
 
-__all__ = ["PipelineLatency", "pipeline_round_ms", "send_recv_ms"]
+
+__all__ = ["PipelineLatency", "emit_offsets_ms", "pipeline_round_ms", "send_recv_ms"]

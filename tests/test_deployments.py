@@ -210,6 +210,53 @@ def test_pipeline_round_of_two_stages_by_hand():
     assert pipeline_round_ms([5.0, 3.0], [4.0], 2) == 12.0
 
 
+def _flow_shop(stage_ms, handoff_ms, m, rounds):
+    """Brute force: m micro-batches cycle through the stages in order, each stage serves them
+    first come first served, a micro-batch starts its next token when its last one is out.
+    Returns emit[r][j], when micro-batch j's round-r token leaves the last stage."""
+    free = [0.0] * len(stage_ms)
+    ready = [0.0] * m
+    emits = []
+    for _ in range(rounds):
+        row = []
+        for j in range(m):
+            t = ready[j]
+            for s, ms in enumerate(stage_ms):
+                end = max(t, free[s]) + ms
+                free[s] = end
+                t = end + (handoff_ms[s] if s < len(handoff_ms) else 0.0)
+            ready[j] = end
+            row.append(end)
+        emits.append(row)
+    return emits
+
+
+def test_microbatches_leave_the_last_stage_one_pace_apart_by_hand():
+    from simcore.pipeline import emit_offsets_ms
+
+    # [5, 3] ms stages, a 1 ms hand-off, two micro-batches: the 10 ms round's first micro-batch
+    # is out 5 ms (one pass of the busiest stage) before the second, which ends the round
+    assert emit_offsets_ms([5.0, 3.0], [1.0], 2) == [5.0, 10.0]
+    assert emit_offsets_ms([5.0, 3.0], [1.0], 1) == [9.0]  # one micro-batch: its full latency
+    assert emit_offsets_ms([5.0, 3.0], [4.0], 2) == [7.0, 12.0]  # latency-bound round of 12 ms
+    assert emit_offsets_ms([2.0, 5.0, 3.0], [1.0, 1.0], 3) == [5.0, 10.0, 15.0]
+
+
+@pytest.mark.parametrize(("stages", "handoffs", "m"), [
+    ([5.0, 3.0], [1.0], 2), ([5.0, 3.0], [4.0], 2), ([2.0, 5.0, 3.0], [1.0, 1.0], 3),
+    ([1.0, 1.0, 1.0, 4.0], [0.5, 0.5, 0.5], 4), ([3.0, 3.0], [0.2], 2),
+])
+def test_round_and_emit_offsets_match_a_brute_force_pipeline(stages, handoffs, m):
+    from simcore.pipeline import emit_offsets_ms, pipeline_round_ms
+
+    emits = _flow_shop(stages, handoffs, m, rounds=30)
+    last, before = emits[-1], emits[-2]
+    assert last[-1] - before[-1] == pytest.approx(pipeline_round_ms(stages, handoffs, m))  # steady period
+    offsets = emit_offsets_ms(stages, handoffs, m)
+    assert [e - last[-1] for e in last] == pytest.approx([o - offsets[-1] for o in offsets])
+    assert all(o > 0 for o in offsets)
+
+
 def test_pipeline_latency_splits_a_flat_profile_into_two_stages():
     from simcore.latency import StepLatencyModel
     from simcore.pipeline import INTRA_NODE_SEND_RECV, PipelineLatency
@@ -222,7 +269,10 @@ def test_pipeline_latency_splits_a_flat_profile_into_two_stages():
     handoff = lat_ms + 1 * 2 * tiny.hidden_size * 2 / (gbps * 1e6)  # one token's hidden + residual
     # stage 0 = host 2 + one layer 3 = 5 ms; stage 1 = one layer 3 ms (+ a ~0 LM head)
     assert pipe.step_time_s(1, [], 1, 100, 1) * 1e3 == pytest.approx(5 + 3 + handoff, abs=1e-6)
+    assert pipe.emit_times_s(1.0, 1) == pytest.approx([1.0 + (8 + handoff) / 1e3])
     assert pipe.step_time_s(2, [], 2, 200, 2) * 1e3 == pytest.approx(10.0, abs=1e-6)
+    # two micro-batches of one sequence: the first leaves stage 1 one 5 ms stage-0 pass earlier
+    assert pipe.emit_times_s(1.0, 3) == pytest.approx([1.005, 1.010, 1.005])
 
 
 def test_handoffs_across_nodes_are_priced_over_the_nic_not_nvlink():
@@ -233,6 +283,34 @@ def test_handoffs_across_nodes_are_priced_over_the_nic_not_nvlink():
     assert 0.15 < inside < 0.25  # measured 0.193 ms (Vidur H100 DGX, devices_per_node 2)
     assert 1.6 < across < 2.1  # measured 1.871 ms (devices_per_node 1: two nodes)
     assert send_recv_ms(A100, nbytes, True) > 1.8 * across  # 200 Gb/s NICs
+
+
+def test_profiles_split_send_recv_inside_and_across_nodes():
+    """Vidur's send/recv rows are fitted apart (devices_per_node 2: one node; 1: two nodes); TP > 1
+    profiles carry both tables and pipeline hand-offs use the one of their link."""
+    from profiles.collectives import collectives_for, load_fit
+    from profiles.roofline import build_roofline_profile
+    from simcore.latency import StepLatencyModel
+    from simcore.pipeline import INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV, PipelineLatency
+
+    fit = load_fit()["send_recv"]
+    assert set(fit) == {"intra_node", "inter_node"}
+    for key, (lat_ms, gbps) in (("intra_node", INTRA_NODE_SEND_RECV), ("inter_node", INTER_NODE_SEND_RECV)):
+        assert fit[key]["latency_ms"] == pytest.approx(lat_ms, rel=0.01)  # simcore's constants are this fit
+        assert fit[key]["bandwidth_gbps"] == pytest.approx(gbps, rel=0.01)
+        assert fit[key]["median_abs_rel_error"] < 0.05
+    block = collectives_for(H100, 8)
+    nbytes = 64 * 2**20
+    doc = build_roofline_profile(H100, L70, 8)
+    assert doc["collectives"]["send_recv_inter_node"] == block["send_recv_inter_node"]
+    base = StepLatencyModel(doc)
+    inside, across = base.send_recv_ms(nbytes), base.send_recv_ms(nbytes, across_nodes=True)
+    assert 0.15 < inside < 0.25 and 1.6 < across < 2.1  # measured 0.19 / 1.87 ms, not one mixed line
+    pipe = PipelineLatency(base, H100, 8, 2, 8192)
+    assert pipe.crosses == [True]  # TP 8 x PP 2: the stages sit on two nodes
+    assert pipe.handoff_ms(nbytes, True) == across and pipe.handoff_ms(nbytes, False) == inside
+    a100 = collectives_for(A100, 8)
+    assert "25 / 50 GB/s" in a100["send_recv_source"]  # DGX A100: 200 Gb/s NICs, half the bandwidth
 
 
 def test_pp2_decode_step_at_batch_one_is_slower_than_tp_alone():

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from profiles import check_profile_matches, default_profile, find_profile_path
 from profiles.generate import MODEL_NAMES, TPS, fits
-from profiles.lookup import PROFILE_DIR
+from profiles.lookup import PROFILE_DIR, dtype_tag, profile_dtypes
 from profiles.roofline import (
     EFFICIENCY_FILE,
     build_roofline_profile,
@@ -103,7 +103,42 @@ def test_committed_profiles_cover_the_catalog_and_parse():
             continue
         profile = load_profile(path)
         d = profile.data
-        assert path.name == f"{d['gpu']}-{d['model']}-tp{d['tensor_parallel_size']}.json"
+        tag = dtype_tag(*profile_dtypes(profile))
+        assert path.name == f"{d['gpu']}-{d['model']}{tag}-tp{d['tensor_parallel_size']}.json"
+
+
+def test_committed_fp8_and_moe_profiles_and_run_finds_them():
+    """The FP8 / MoE combinations the README promises have files, labelled roofline, with provenance,
+    and `kvsim run` of that deployment uses the file (not an in-memory build)."""
+    for gpu in ("H100-SXM-80GB", "H200-141GB"):
+        for tp in (2, 4, 8):
+            for tag in ("-fp8", "-kvfp8", "-fp8-kvfp8"):
+                path = find_profile_path(gpu, "llama3-70b", tp, tag=tag)
+                assert path is not None, (gpu, tp, tag)
+                d = load_profile(path).data
+                assert d["source"] == "roofline" and "fp8" in d["provenance"]
+        assert find_profile_path(gpu, "mixtral-8x7b", 2) is not None
+        assert find_profile_path(gpu, "qwen3-30b-a3b", 1) is not None
+    moe = load_profile(find_profile_path("H100-SXM-80GB", "mixtral-8x7b", 2)).data
+    assert "moe" in moe["provenance"] and moe["model_shape"]["num_experts"] == 8
+    assert find_profile_path("A100-80GB", "llama3-70b", 4, tag="-fp8") is None  # no FP8 tensor cores
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["run", "--model", "llama3-70b", "--tp", "4", "--quantization", "fp8",
+                                      "--kv-cache-dtype", "fp8", "--num-requests", "3", "--json"])
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)["record"]["profile"]
+    assert Path(record["path"]).name == "H100-SXM-80GB-llama3-70b-fp8-kvfp8-tp4.json"
+    assert record["source"] == "roofline" and "fp8 kv-fp8" in record["label"]
+
+
+def test_readme_coverage_table_is_generated_from_the_files():
+    from profiles.generate import README, TABLE_BEGIN, TABLE_END, coverage_table
+
+    text = README.read_text()
+    block = text[text.index(TABLE_BEGIN) + len(TABLE_BEGIN):text.index(TABLE_END)].strip()
+    assert block == coverage_table(PROFILE_DIR), "run `python -m profiles.generate --readme`"
+    assert "| mixtral-8x7b | fp8 | fp8 | roofline |" in block and "| tiny | fp32 | fp32 | measured |" in block
 
 
 def test_committed_roofline_matches_generator():
