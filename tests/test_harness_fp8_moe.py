@@ -117,10 +117,11 @@ def test_quick_fp8_moe_profile_on_cpu_records_what_was_measured(tmp_path, monkey
     from cli.main import app
 
     monkeypatch.setattr(hl, "fp8_support", lambda device: None)
-    out = tmp_path / "moe.json"
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["profile", "--device", "cpu", "--model", "tiny-moe", "-q", "fp8", "--quick",
-                                      "--repeats", "2", "--warmup", "1", "--out", str(out)])
+                                      "--repeats", "2", "--warmup", "1"])
     assert result.exit_code == 0, result.output
+    out = tmp_path / "cpu-tiny-moe-fp8-tp1.json"  # the default name carries the dtype tag lookup reads
     profile = load_profile(out)
     d = profile.data
     assert d["source"] == "measured" and d["weight_dtype"] == "fp8" and d["model_shape"]["quantization"] == "fp8"
