@@ -22,6 +22,7 @@ from cli.options import (
     SloTpotP95,
     SloTtftP95,
     Workload,
+    check_inputs_kept,
     check_slos,
     parse_goodput,
 )
@@ -110,6 +111,7 @@ def plan(
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
     prices = load_prices(price)
+    check_inputs_kept(out, [workload, *model.split(","), *(price or [])], PLAN_FILES)
     check_out_folder(out, PLAN_FILES)  # before any work
     dims = default_dimensions(
         gpus, _list("--tp", tp, int, [1, 2, 4, 8]),

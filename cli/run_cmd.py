@@ -45,6 +45,7 @@ from cli.options import (
     ThinkTime,
     Workload,
     check_common,
+    check_inputs_kept,
     check_slos,
     engine_options,
     parse_goodput,
@@ -162,7 +163,9 @@ def run(
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
     memory = resolved.memory
-    check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
+    out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
+    check_inputs_kept(out, [workload, profile, model], out_files)
+    check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
