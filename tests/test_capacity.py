@@ -129,3 +129,33 @@ def test_saturation_needs_steady_arrivals():
     batch = pd.DataFrame({"arrival_s": np.zeros(50), "first_scheduled_s": np.arange(50.0),
                           "finish_s": np.arange(50.0) + 1, "status": ["finished"] * 50})
     assert saturation(batch)["saturation"] == "n/a"
+
+
+def test_margin_guided_search_finds_the_bisection_answer_in_fewer_runs():
+    """A smooth p95 (elasticity 1.7, boundary 7.3 req/s) and a step with the same boundary (no
+    useful margin: 100 ms or 1e6 ms) land on the same grid point; the guided search needs fewer runs."""
+    slo = SLO(ttft_p95_ms=100.0)
+    smooth, step = [], []
+
+    def smooth_eval(rate):
+        smooth.append(rate)
+        return {"p95_ttft_ms": 100.0 * (rate / 7.3) ** 1.7}
+
+    def step_eval(rate):
+        step.append(rate)
+        return {"p95_ttft_ms": 50.0 if rate <= 7.3 else 1e6}
+
+    guided = max_sustainable_rate(smooth_eval, slo, start_rate=1.0, tolerance=0.02)
+    blind = max_sustainable_rate(step_eval, slo, start_rate=1.0, tolerance=0.02)
+    assert guided.max_rate == blind.max_rate == pytest.approx(grid_rate(100, 0.02))
+    assert len(smooth) <= 5 < len(step)
+    assert len(set(smooth)) == len(smooth)
+
+
+def test_margin_is_the_worst_ratio_and_none_without_a_value():
+    slo = SLO(ttft_p95_ms=200, tpot_p95_ms=50)
+    assert slo.margin({"p95_ttft_ms": 100.0, "p95_tpot_ms": 60.0}) == pytest.approx(1.2)
+    assert slo.margin({"p95_ttft_ms": 100.0}) is None
+    assert SLO().margin({"p95_ttft_ms": 1.0}) is None
+    goodput = SLO(goodput_ms=(("ttft", 500.0),))  # 90% must meet it: 5% missing is half the allowance
+    assert goodput.margin({"goodput_share": 0.95}) == pytest.approx(0.5)
