@@ -69,6 +69,34 @@ class BlockPool:
     def num_free(self) -> int:
         return len(self._free_ids) + self._num_blocks - len(self.blocks) + len(self._evictable)
 
+    def take_many(self, count: int) -> list[int]:
+        """`count` blocks, as `count` calls of `take` would hand them out (same ids, order)."""
+        free_ids = self._free_ids
+        if len(free_ids) >= count:  # the common case: recycled ids, last freed first
+            ids = free_ids[len(free_ids) - count:]
+            ids.reverse()
+            del free_ids[len(free_ids) - count:]
+            blocks = self.blocks
+            for block_id in ids:
+                block = blocks[block_id]
+                assert block.ref_cnt == 0, "free block still referenced"
+                block.ref_cnt = 1
+            return ids
+        return [self.take() for _ in range(count)]
+
+    def decref_all(self, block_ids: list[int]) -> None:
+        """`decref` each block, in order."""
+        blocks, free_ids = self.blocks, self._free_ids
+        for block_id in block_ids:
+            block = blocks[block_id]
+            assert block.ref_cnt > 0, "double free"
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    free_ids.append(block_id)
+                else:
+                    self._evictable[block_id] = None
+
     def take(self) -> int:
         if self._free_ids:
             block = self.blocks[self._free_ids.pop()]
@@ -206,8 +234,7 @@ class PagedAllocator:
         for block_id in hits:
             gpu.touch(block_id)
             seq.table.append(block_id)
-        for _ in range(num_new_blocks):
-            seq.table.append(gpu.take())
+        seq.table.extend(gpu.take_many(num_new_blocks))
         self._nt[seq.idx] = num_cached_tokens + num_new_tokens
         return True
 
@@ -294,8 +321,7 @@ class PagedAllocator:
             seq.table[-1] = gpu.take()  # copy-on-write: the copy is ours, the original stays
             gpu.decref(shared)
             self.num_cow_copies += 1
-        for _ in range(-(-new_total // bs) - len(seq.table)):
-            seq.table.append(gpu.take())
+        seq.table.extend(gpu.take_many(-(-new_total // bs) - len(seq.table)))
         self._nt[seq.idx] = new_total
         return True
 
@@ -317,12 +343,10 @@ class PagedAllocator:
         bs = self.block_size
         new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
         self._ntok[indices] = new_total
-        seqs, take = self._seqs, self.gpu.take
-        grows = np.flatnonzero(new_blocks)
+        seqs, take_many = self._seqs, self.gpu.take_many
+        grows = new_blocks.nonzero()[0]
         for seq_id, count in zip(seq_ids[grows].tolist(), new_blocks[grows].tolist(), strict=True):
-            table = seqs[seq_id].table
-            for _ in range(count):
-                table.append(take())
+            seqs[seq_id].table.extend(take_many(count))
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (parallel sampling, beam search)."""
@@ -340,8 +364,7 @@ class PagedAllocator:
             return
         seq = self._drop_seq(seq_id)
         pool = self.cpu if seq.on_cpu else self.gpu
-        for block_id in reversed(seq.table):
-            pool.decref(block_id)
+        pool.decref_all(seq.table[::-1])
 
     # -- swapping ------------------------------------------------------------------------
     def distinct_blocks(self, seq_ids: list[int]) -> list[int]:

@@ -135,6 +135,7 @@ class Lifecycle:
         else:
             self._move(st, RequestStatus.WAITING)
             st.num_computed_tokens = 0
+            self.store.mark(st)
             self.waiting.appendleft(st)
 
     def swap_in(self, st: ReqState) -> None:
@@ -154,6 +155,7 @@ class Lifecycle:
         self._move(st, RequestStatus.RUNNING)
         assert st.num_computed_tokens == 0 and 0 <= num_cached_tokens < st.num_tokens
         st.num_computed_tokens = num_cached_tokens
+        self.store.mark(st)
         if output_cap > 0:
             st.num_output_target = max(1, min(st.num_output_target, output_cap))
         if st.first_scheduled_s < 0:
@@ -179,10 +181,11 @@ class Lifecycle:
                     else:
                         st.first_token_s = now
                     st.last_token_s = now
-                    st.num_generated = generated = generated + 1
-                    st.num_tokens = computed + 1
+                    st.num_generated = generated = generated + 1  # num_tokens grows with it
                     if generated >= st.num_output_target:
                         finished.append(st)
+                if st.slot >= 0:
+                    store.mark(st)
                 continue
             slots = part.slots  # plain decodes: num_tokens == num_computed_tokens + 1, one token out
             if gaps:
@@ -191,12 +194,11 @@ class Lifecycle:
             last = store.last_token
             pieces.append(now - last[slots])
             last[slots] = now
-            store.computed[slots] += 1
-            store.tokens[slots] += 1
+            store.computed[slots] = part.computed + 1
             generated = store.generated[slots] + 1
             store.generated[slots] = generated
-            done = generated >= store.target[slots]
-            if done.any():
+            done = (generated >= store.target[slots]).nonzero()[0]
+            if len(done):
                 by_slot = store.by_slot
                 finished.extend([by_slot[s] for s in slots[done].tolist()])
         if gaps:
@@ -222,8 +224,9 @@ class Lifecycle:
             gaps = np.concatenate([gaps, np.repeat(np.diff(ends_s), len(slots))])
         self._add_itls(gaps)
         store.computed[slots] += num_steps
-        store.tokens[slots] += num_steps
         store.generated[slots] += num_steps
+        for part in plan.parts:  # the plan's last step starts from there
+            part.computed = part.computed + num_steps
         store.last_token[slots] = float(ends_s[-1])
 
     def _add_itls(self, values: np.ndarray) -> None:

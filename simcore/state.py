@@ -42,14 +42,18 @@ class SlotStore:
     write Python ints / floats directly. Columns are replaced when the store grows: read them
     from the store each time, never keep a column or memoryview across an admission."""
 
-    INT_COLUMNS = ("computed", "tokens", "generated", "target", "rid")
+    INT_COLUMNS = ("computed", "generated", "target", "rid")
     FLOAT_COLUMNS = ("last_token",)
+    BOOL_COLUMNS = ("simple", "plain")
 
     def __init__(self, capacity: int = 256):
         self.capacity = 0
         self.by_slot: list[ReqState | None] = []  # the request holding each slot
         self._free: list[int] = []  # released slots, reused last-released first
         self.simple = np.zeros(0, dtype=bool)  # n == 1 and no beam search: one sequence for life
+        # simple, and its next step is one decode token: num_tokens == computed + 1, generated > 0
+        # (kept by the lifecycle whenever it changes these counters outside a DecodeRun)
+        self.plain = np.zeros(0, dtype=bool)
         for name in self.INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         self.last_token = np.zeros(0, dtype=np.float64)
@@ -57,14 +61,14 @@ class SlotStore:
 
     def _grow(self, capacity: int) -> None:
         old = self.capacity
-        for name in self.INT_COLUMNS + self.FLOAT_COLUMNS + ("simple",):
+        for name in self.INT_COLUMNS + self.FLOAT_COLUMNS + self.BOOL_COLUMNS:
             column = getattr(self, name)
             grown = np.zeros(capacity, dtype=column.dtype)
             grown[:old] = column
             setattr(self, name, grown)
-        self.computed_mv, self.tokens_mv = memoryview(self.computed), memoryview(self.tokens)
-        self.generated_mv, self.target_mv = memoryview(self.generated), memoryview(self.target)
-        self.last_token_mv = memoryview(self.last_token)
+        self.computed_mv, self.generated_mv = memoryview(self.computed), memoryview(self.generated)
+        self.target_mv, self.last_token_mv = memoryview(self.target), memoryview(self.last_token)
+        self.simple_mv, self.plain_mv = memoryview(self.simple), memoryview(self.plain)
         self.by_slot.extend([None] * (capacity - old))
         self._free.extend(range(capacity - 1, old - 1, -1))
         self.capacity = capacity
@@ -75,21 +79,27 @@ class SlotStore:
             self._grow(2 * self.capacity)
         slot = self._free.pop()
         self.computed_mv[slot] = st._computed
-        self.tokens_mv[slot] = st._tokens
         self.generated_mv[slot] = st._generated
         self.target_mv[slot] = st._target
         self.last_token_mv[slot] = st._last_token_s
         self.rid[slot] = st.request_id
         req = st.request
-        self.simple[slot] = req.n == 1 and req.beam_width == 1
+        self.simple_mv[slot] = req.n == 1 and req.beam_width == 1
         self.by_slot[slot] = st
         st._store, st.slot = self, slot
+        self.mark(st)
+
+    def mark(self, st: ReqState) -> None:
+        """Recompute the request's `plain` flag after its counters changed one by one."""
+        slot = st.slot
+        generated = self.generated_mv[slot]
+        self.plain_mv[slot] = (self.simple_mv[slot] and generated > 0
+                               and st.num_prompt_tokens + generated == self.computed_mv[slot] + 1)
 
     def detach(self, st: ReqState) -> None:
         """Copy the request's counters back onto it and free its slot (it is leaving)."""
         slot = st.slot
         st._computed = self.computed_mv[slot]
-        st._tokens = self.tokens_mv[slot]
         st._generated = self.generated_mv[slot]
         st._target = self.target_mv[slot]
         st._last_token_s = self.last_token_mv[slot]
@@ -113,7 +123,7 @@ class ReqState:
 
     __slots__ = (
         "request", "request_id", "status", "num_prompt_tokens",
-        "_target", "_tokens", "_computed", "_generated",
+        "_target", "_computed", "_generated",
         "first_scheduled_s", "first_token_s", "_last_token_s", "finish_s", "num_preemptions",
         "reject_reason", "done", "slot", "_store",
     )
@@ -129,7 +139,6 @@ class ReqState:
         self._target = max(
             1, min(request.num_output_tokens, max_model_len - request.num_prompt_tokens)
         )
-        self._tokens = request.num_prompt_tokens  # grows by one per emitted token
         self._computed = 0  # tokens whose KV is written, <= num_tokens
         self._generated = 0  # output tokens emitted so far
         self.first_scheduled_s = -1.0  # first admission; kept across preemptions
@@ -155,14 +164,7 @@ class ReqState:
     @property
     def num_tokens(self) -> int:
         """Prompt + output tokens so far; grows by one per emitted token."""
-        return self._tokens if self.slot < 0 else self._store.tokens_mv[self.slot]
-
-    @num_tokens.setter
-    def num_tokens(self, value) -> None:
-        if self.slot < 0:
-            self._tokens = value
-        else:
-            self._store.tokens_mv[self.slot] = value
+        return self.num_prompt_tokens + self.num_generated
 
     @property
     def num_generated(self) -> int:

@@ -19,11 +19,12 @@ class DecodeRun:
     """Consecutive one-sequence requests that each decode one token, as their `SlotStore`
     slots: the common case of a step, emitted in a few array operations (Lifecycle.emit)."""
 
-    __slots__ = ("slots", "store")
+    __slots__ = ("slots", "store", "computed")
 
-    def __init__(self, slots: np.ndarray, store: SlotStore):
+    def __init__(self, slots: np.ndarray, store: SlotStore, computed: np.ndarray):
         self.slots = slots  # int64 slots, in schedule order
         self.store = store
+        self.computed = computed  # their computed tokens before the step
 
     def states(self) -> list[ReqState]:
         by_slot = self.store.by_slot
@@ -78,11 +79,12 @@ class StepPlan:
         self.decode_context_tokens += num_seqs * (st.num_computed_tokens + 1)
         self.num_sampled += num_seqs
 
-    def add_decode_run(self, slots: np.ndarray, store: SlotStore, context_tokens: int) -> None:
-        """`add_decode(st, 1)` for each one-sequence request in `slots`, in order;
-        `context_tokens` = sum over them of computed tokens + 1."""
+    def add_decode_run(self, slots: np.ndarray, store: SlotStore, computed: np.ndarray,
+                       context_tokens: int) -> None:
+        """`add_decode(st, 1)` for each one-sequence request in `slots`, in order: `computed`
+        their computed tokens, `context_tokens` the sum over them of computed + 1."""
         num = len(slots)
-        self.parts.append(DecodeRun(slots, store))
+        self.parts.append(DecodeRun(slots, store, computed))
         self.num_scheduled += num
         self.num_tokens += num
         self.num_decode_seqs += num

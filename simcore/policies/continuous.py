@@ -123,8 +123,7 @@ class ContinuousPagedPolicy:
         alloc, store = self.allocator, queues.store
         slots = queues.running_slots().copy()
         computed = store.computed[slots]
-        plain = store.simple[slots] & (store.tokens[slots] - computed == 1) & (store.generated[slots] > 0)
-        stops = np.flatnonzero(~plain).tolist()
+        stops = np.logical_not(store.plain[slots]).nonzero()[0].tolist()
         stops.append(num_running)
         needs_block = computed % alloc.block_size == 0
         seq_index, rid = self._seq_index, store.rid
@@ -142,7 +141,8 @@ class ContinuousPagedPolicy:
                 if end > i:
                     run = slots[i:end]
                     alloc.append_decodes(seq_index[run], rid[run[need]].tolist())
-                    plan.add_decode_run(run, store, int(computed[i:end].sum()) + (end - i))
+                    run_computed = computed[i:end]
+                    plan.add_decode_run(run, store, run_computed, int(run_computed.sum()) + (end - i))
                     budget -= end - i
                     i = end
                     continue
