@@ -3,7 +3,8 @@ included: a block's content hash is the labels it holds), plus exact tables."""
 
 from __future__ import annotations
 
-from hypothesis import settings
+import numpy as np
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -414,3 +415,38 @@ def test_block_pool_hands_out_low_ids_first():
     assert [pool.take(), pool.take()] == [0, 1]
     pool.decref(0)
     assert pool.take() == 0 and pool.num_free == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 16]), num_seqs=st.integers(1, 8))
+def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num_seqs):
+    """append_decodes / append_runs (the vectorised decode step and span) hand out the same
+    block ids, in the same order, as one append_slots per sequence; evictable cached blocks
+    included (taken least recently freed first)."""
+    def build() -> PagedAllocator:
+        a = PagedAllocator(200, block_size)
+        a.allocate_slots(999, 3 * block_size)  # cached, then freed: evictable blocks
+        a.cache_full_blocks(999, [("p", i) for i in range(3)])
+        for seq_id in range(num_seqs):
+            a.allocate_slots(seq_id, lengths[seq_id])
+        a.free(999)
+        return a
+
+    lengths = data.draw(st.lists(st.integers(1, 40), min_size=num_seqs, max_size=num_seqs), label="lengths")
+    rounds = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6), label="rounds")
+    one, bulk = build(), build()
+    rows = np.array([bulk.seq_index(s) for s in range(num_seqs)])
+    ids = np.arange(num_seqs)
+    for num_new in rounds:
+        for seq_id in range(num_seqs):
+            assert one.append_slots(seq_id, num_new)
+        if num_new == 1:
+            full = [s for s in range(num_seqs) if bulk.num_tokens(s) % block_size == 0]
+            bulk.append_decodes(rows, full)
+        else:
+            bulk.append_runs(rows, ids, num_new)
+        for seq_id in range(num_seqs):
+            assert bulk.block_table(seq_id) == one.block_table(seq_id)
+            assert bulk.num_tokens(seq_id) == one.num_tokens(seq_id)
+        assert bulk.gpu._free_ids == one.gpu._free_ids and list(bulk.gpu._evictable) == list(one.gpu._evictable)
+        assert bulk.cached == one.cached

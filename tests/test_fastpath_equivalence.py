@@ -148,3 +148,38 @@ def test_long_decode_spans_match_on_a_large_cache():
                     int(rng.integers(100, 900))) for i in range(40)]
     fast, exact = _compare(config, requests, seed=3, context="long spans")
     assert len(fast.steps) * 10 < len(exact.steps)
+
+
+def test_slot_store_flags_and_allocator_counts_stay_in_step():
+    """The lifecycle's `plain` flags (which requests a DecodeRun may take) equal their
+    definition after every step, and a plain request's allocator token count equals its
+    computed tokens (what the vectorised block arithmetic assumes)."""
+    from simcore.simulate import prepare
+
+    checked = 0
+    for case in range(60):
+        config, requests = _random_case(np.random.default_rng(case))
+        if config.policy != "continuous" or config.allocator == "contiguous":
+            continue
+        sim = prepare(TINY, H100, config, ListWorkload(requests), _profile(), seed=case)
+        for engine in sim.engines:
+            life, policy = engine.lifecycle, engine.policy
+            end_step = policy.end_step
+
+            def checking(plan, finished, queues, end_step=end_step, life=life, policy=policy, case=case):
+                nonlocal checked
+                store = life.store
+                for st in [*life.running, *life.waiting, *life.swapped]:
+                    req_ = st.request
+                    plain = (req_.n == 1 and req_.beam_width == 1 and st.num_generated > 0
+                             and st.num_tokens == st.num_computed_tokens + 1)
+                    assert bool(store.plain[st.slot]) == plain, (case, st.request_id)
+                    if plain and st in life.running:
+                        assert policy.allocator.num_tokens(st.request_id) == st.num_computed_tokens
+                        assert policy._seq_index[st.slot] == policy.allocator.seq_index(st.request_id)
+                        checked += 1
+                return end_step(plan, finished, queues)
+
+            policy.end_step = checking
+        sim.run()
+    assert checked > 1000
