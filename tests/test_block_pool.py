@@ -424,7 +424,7 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
     block ids, in the same order, as one append_slots per sequence; evictable cached blocks
     included (taken least recently freed first)."""
     def build() -> PagedAllocator:
-        a = PagedAllocator(200, block_size)
+        a = PagedAllocator(num_blocks, block_size)
         a.allocate_slots(999, 3 * block_size)  # cached, then freed: evictable blocks
         a.cache_full_blocks(999, [("p", i) for i in range(3)])
         for seq_id in range(num_seqs):
@@ -434,6 +434,9 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
 
     lengths = data.draw(st.lists(st.integers(1, 40), min_size=num_seqs, max_size=num_seqs), label="lengths")
     rounds = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6), label="rounds")
+    # exactly enough blocks for the end: the last appends evict the cached ones
+    num_blocks = max(sum(_ceil_div(n + sum(rounds), block_size) for n in lengths) + 1,
+                     3 + sum(_ceil_div(n, block_size) for n in lengths))
     one, bulk = build(), build()
     rows = np.array([bulk.seq_index(s) for s in range(num_seqs)])
     ids = np.arange(num_seqs)
