@@ -66,13 +66,16 @@ class SLO:
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
+        stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for key, limit, name in (("p95_ttft_ms", self.ttft_p95_ms, "TTFT p95"),
                                  ("p95_tpot_ms", self.tpot_p95_ms, "TPOT p95")):
             value = summary.get(key)
+            if limit is not None and value is None and stopped:
+                continue
             if limit is not None and (value is None or value > limit):
-                shown = "n/a" if value is None else f"{value:,.1f}"
-                reasons.append(f"{name} {shown} ms > {limit:g} ms")
-        if self.goodput_ms:
+                shown = "n/a" if value is None else f"{'>= ' if stopped else ''}{value:,.1f}"
+                reasons.append(f"{name} {shown} ms > {limit:g} ms" + (f" (run stopped: {stopped})" if stopped else ""))
+        if self.goodput_ms and not (stopped and "goodput_share" not in summary):
             share = summary.get("goodput_share") or 0.0
             if share < self.goodput_attainment:
                 reasons.append(f"{100 * share:.1f}% of requests meet every per-request SLO "
@@ -85,14 +88,19 @@ class SLO:
         to. None without a latency target or a value. Guides the rate search (its next rate),
         never decides pass or fail."""
         ratios = []
+        stopped = summary.get("early_stop")  # a stopped run: the proven ratios (lower bounds) only
         for key, limit in (("p95_ttft_ms", self.ttft_p95_ms), ("p95_tpot_ms", self.tpot_p95_ms)):
             if limit is not None:
                 value = summary.get(key)
+                if value is None and stopped:
+                    continue
                 if value is None or not math.isfinite(value):
                     return None
                 ratios.append(value / limit)
         if self.goodput_ms and self.goodput_attainment < 1:
             share = summary.get("goodput_share")
+            if share is None and stopped:
+                return max(ratios) if ratios else None
             if share is None:
                 return None
             ratios.append((1.0 - share) / (1.0 - self.goodput_attainment))
@@ -283,7 +291,7 @@ def max_sustainable_rate(
     per_step = math.log1p(tolerance)  # log-rate of one grid step
     doubling = max(1, math.ceil(math.log(2.0) / per_step))
     step = doubling if first_step is None else max(1, min(first_step, doubling))
-    floor_k = math.ceil(math.log(rate_floor) / per_step - 1e-9) if rate_floor > 0 else None
+    floor_k = grid_index(floor_grid_rate(rate_floor, tolerance), tolerance) if rate_floor > 0 else None
     top = grid_index(rate_cap, tolerance) if rate_cap else None
     bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
     k = grid_index(start_rate, tolerance)
@@ -368,11 +376,104 @@ def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
 
 def simulator(model, gpu, config, spec, profile, seed: int, slo: SLO) -> Callable[[float], dict[str, Any]]:
     """`evaluate(rate)` for one deployment: simulate it serving `spec` rescaled to `rate`."""
-    from simcore.simulate import simulate
-
     scaler = RateScaler(spec)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        return summary_with_goodput(simulate(model, gpu, config, scaler.at(rate), profile, seed=seed), slo)
+        return run_against(model, gpu, config, scaler.at(rate), profile, seed, slo, early_stop=False)
 
     return evaluate
+
+
+def floor_grid_rate(rate_floor: float, tolerance: float) -> float:
+    """The grid rate a search runs for `rate_floor` (the first at or above it); 0 without one.
+    A failure at or below it ends the search (`below_floor`), so a run there that is going to
+    fail may stop as soon as that is certain: its numbers are never used."""
+    if rate_floor <= 0:
+        return 0.0
+    return grid_rate(math.ceil(math.log(rate_floor) / math.log1p(tolerance) - 1e-9), tolerance)
+
+
+# -- stopping a run once it provably fails -------------------------------------------------------
+
+CHECKS_PER_RUN = 40  # a run is tested each time 1/40 of its requests (at least 10) have left
+
+
+def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, early_stop: bool = False) -> dict[str, Any]:
+    """One run's summary (with goodput) for the rate search. With `early_stop` the run ends as
+    soon as the requests that already left prove a target missed: numpy's p95 of N values
+    exceeds a limit once N - floor(0.95 (N - 1)) of them do (and that count only grows with N,
+    so the run's own request count bounds it), and the goodput share falls short once more
+    requests missed a per-request SLO than the attainment allows. A stopped run's summary has
+    `early_stop` (why) and lower bounds for the p95s it proved too high; a run that is not
+    stopped is the very run `simulate()` makes (the watcher only reads the records)."""
+    from simcore.simulate import prepare
+
+    sim = prepare(model, gpu, config, workload, profile, seed=seed)
+    total = int(workload.num_requests)
+    records = sim.engine.lifecycle.records
+    if early_stop and slo.ttft_p95_ms is None and slo.tpot_p95_ms is None and not slo.goodput_ms:
+        early_stop = False
+    rate = getattr(workload, "rate", None)  # a ScaledWorkload: its requests arrive over total / rate s
+    if not early_stop or total > records.cap or not rate:
+        return summary_with_goodput(sim.run(), slo)
+    stop = sim.env.event()
+    sim.env.process(_watch(sim.env, records, total, total / rate / (2 * CHECKS_PER_RUN), slo, stop))
+    sim.env.run(until=stop)
+    if stop.value:
+        return stop.value
+    return summary_with_goodput(sim.run(), slo)
+
+
+def _watch(env, records, total: int, tick_s: float, slo: SLO, stop):
+    """A SimPy process: every `tick_s` simulated seconds, once enough more requests have left,
+    test whether the run already fails; succeed `stop` with the failing summary, or with None
+    once every request left or nothing has left for a long while (then `Simulation.run`
+    finishes the run as usual, stall check included). It only reads the records."""
+    every = max(10, total // CHECKS_PER_RUN)
+    checked = last = idle = 0
+    while True:
+        yield env.timeout(tick_s)
+        left = records.num_left
+        idle = idle + 1 if left == last and records.num_arrived >= total else 0
+        last = left
+        if left >= total or idle > 4 * CHECKS_PER_RUN:
+            stop.succeed(None)
+            return
+        if left - checked >= every:
+            checked = left
+            failed = _proven_failure(records, total, slo)
+            if failed is not None:
+                stop.succeed(failed)
+                return
+
+
+def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:
+    """A summary saying why the run already fails, from the rows that left, or None."""
+    from simcore.records import FINISHED, derived_latencies
+
+    cols = records.columns()
+    ttft, e2el, tpot = derived_latencies(cols)
+    finished = cols["status"] == FINISHED
+    need = total - math.floor(0.95 * (total - 1))  # values above a limit that fix numpy's p95 above it
+    summary: dict[str, Any] = {"early_stop": "", "completed_so_far": int(finished.sum()), "num_requests": total}
+    for key, values, limit in (("p95_ttft_ms", ttft, slo.ttft_p95_ms), ("p95_tpot_ms", tpot, slo.tpot_p95_ms)):
+        if limit is None:
+            continue
+        ms = values[finished & ~np.isnan(values)] * 1000.0
+        over = np.sort(ms[ms > limit])
+        if len(over) >= need:
+            summary[key] = float(over[-need])  # the need-th largest seen: a lower bound of the p95
+            summary["early_stop"] = summary["early_stop"] or (
+                f"{len(over)} of {total} requests already above {limit:g} ms ({key})")
+    if slo.goodput_ms:
+        good = finished.copy()
+        for name, limit_ms in slo.goodput_ms:
+            values = {"ttft": ttft, "tpot": np.where(np.isnan(tpot), 0.0, tpot), "e2el": e2el}[name]
+            with np.errstate(invalid="ignore"):
+                good &= values * 1000.0 <= limit_ms
+        bad = len(good) - int(good.sum())
+        if bad > total * (1.0 - slo.goodput_attainment):
+            summary["goodput_share"] = (total - bad) / total  # an upper bound
+            summary["early_stop"] = summary["early_stop"] or (
+                f"{bad} of {total} requests already miss a per-request SLO")
+    return summary if summary["early_stop"] else None

@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
+from reports.capacity import (
+    SLO,
+    Capacity,
+    RateScaler,
+    floor_grid_rate,
+    max_sustainable_rate,
+    run_against,
+    summary_with_goodput,
+)
 from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
@@ -197,13 +205,13 @@ class SearchTask:
 
 def run_search(task: SearchTask) -> Capacity:
     """The max sustainable rate of one replica (module-level so process pools can call it)."""
-    from simcore.simulate import simulate
-
     c, scaler = task.candidate, RateScaler(task.spec, task.take)
+    floor = floor_grid_rate(task.rate_floor, task.tolerance)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        result = simulate(c.model, c.gpu, c.config, scaler.at(rate), task.profile, seed=task.seed)
-        return summary_with_goodput(result, task.slo)
+        # at or below the floor a failure ends the search whatever its numbers: stop it once certain
+        return run_against(c.model, c.gpu, c.config, scaler.at(rate), task.profile, task.seed, task.slo,
+                           early_stop=rate <= floor * (1 + 1e-12))
 
     return max_sustainable_rate(evaluate, task.slo, task.start_rate, task.tolerance, task.rate_cap,
                                 task.rate_floor, task.first_step)

@@ -119,7 +119,7 @@ class StepRecorder:
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
         num_running: int, num_waiting: int, num_swapped: int,
     ) -> None:
-        num_seqs = len(plan.scheduled)
+        num_seqs = plan.num_scheduled
         unshared = mem.unshared or mem.allocated
         values = (
             start, dt, 1, num_seqs, plan.num_tokens - plan.num_decode_seqs,
@@ -169,7 +169,7 @@ class StepRecorder:
         stale): `allocated` / `internal` KV slots at the end of each step; `costs_ms` the
         span's (kernels, collectives, host) summed over its steps."""
         num_steps = len(durations)
-        num_seqs = len(plan.scheduled)
+        num_seqs = plan.num_scheduled
         duration = float(durations.sum())
         end_alloc, end_internal = int(allocated[-1]), int(internal[-1])
         values = (
