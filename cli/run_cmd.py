@@ -55,6 +55,7 @@ from cli.output import (
     RUN_FILES,
     LiveProgress,
     check_out_folder,
+    configured_load,
     describe_run,
     format_summary,
     rejected_lines,
@@ -182,9 +183,10 @@ def run(
                           exact_steps=exact_steps)
     finally:
         progress.stop()
-    for note in wl.notes():
+    generation = result.record["workload"]["generation"]  # what generating the requests counted
+    for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
-    for warning in wl.warnings():
+    for warning in wl.warnings(generation):
         typer.echo(f"WARNING {warning}", err=True)
     problems, fatal = result_problems(result.summary, result.requests, result.steps)
     for warning in [*result.warnings, *problems]:
@@ -201,6 +203,7 @@ def run(
     from reports.capacity import summary_with_goodput
 
     summary = {
+        **configured_load(result.record["workload"]),
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }

@@ -230,6 +230,7 @@ def sweep(
     as_json: AsJson = False,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
+    import numpy as np
     import pandas as pd
 
     from reports.sweep import (
@@ -290,9 +291,12 @@ def sweep(
     rows = _run(plan, table, resume, jobs, executor.value, address)
     frame = summarize_points(pd.DataFrame(rows), plan.swept)
     wl = plan.points[0].workload
-    for note in wl.notes():
+    # the first point's requests (simcore.simulate's seed split), counted here so the lines do not
+    # depend on which process ran the point
+    generation = wl.generation_stats(np.random.SeedSequence(plan.points[0].seed).spawn(2)[0])
+    for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
-    for warning in wl.warnings():
+    for warning in wl.warnings(generation):
         typer.echo(f"WARNING {warning}", err=True)
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)

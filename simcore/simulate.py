@@ -57,6 +57,7 @@ class Simulation:
     latency: StepLatencyModel
     record: dict[str, Any]
     workload: Workload
+    arrivals: simpy.Process  # the workload's process; its value is the generation's stats
     config: ResolvedConfig | None = None
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -91,7 +92,7 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        record = {**self.record, "workload": self.workload.describe(),
+        record = {**self.record, "workload": self.workload.describe(self.arrivals.value),
                   "resolution": {"itl": itl_s.resolution}}
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
@@ -175,7 +176,7 @@ def prepare(
         env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)
-    env.process(workload.process(env, sink, workload_seed))
+    arrivals = env.process(workload.process(env, sink, workload_seed))
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -190,7 +191,7 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engines, memory, latency, record, workload, cfg, warnings, started)
+    return Simulation(env, engines, memory, latency, record, workload, arrivals, cfg, warnings, started)
 
 
 def simulate(

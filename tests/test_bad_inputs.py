@@ -294,6 +294,19 @@ def test_every_run_says_what_it_simulated():
     assert "closed loop of 3 clients" in closed.stderr and "policy static (batch 64)" in closed.stderr
 
 
+def test_the_simulating_line_counts_pipeline_stages_and_names_fp8():
+    from cli.output import describe_run
+    from simcore import EngineConfig
+
+    workload = {"name": "w", "num_requests": 10, "arrival": {"process": "poisson", "rate": 1.0}}
+    config = EngineConfig(tensor_parallel_size=8, pipeline_parallel_size=2, data_parallel_size=3,
+                          quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap",
+                          enable_chunked_prefill=False)
+    line = describe_run(workload, config.to_dict(), "llama3-70b", "H100-SXM-80GB")
+    assert "llama3-70b (FP8 weights, FP8 KV cache) on 48 x H100-SXM-80GB (TP 8 x PP 2 x DP 3)" in line
+    assert line.endswith("policy continuous (paged KV, block 16, no chunked prefill, swap preemption)")
+
+
 def test_version():
     from simcore.simulate import KVSIM_VERSION
 

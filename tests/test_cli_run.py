@@ -27,6 +27,13 @@ def test_run_prints_kv_cache_size_and_a_vllm_style_summary():
                   "Mean TPOT (ms):", "Median ITL (ms):", "P95 E2EL (ms):", "KV cache waste (%):"):
         assert label in out
     assert "Successful requests:                     40" in out
+    # vllm bench serve's lines (vllm/benchmarks/serve.py), in its order
+    vllm_lines = ["Successful requests:", "Failed requests:                         0",
+                  "Request rate configured (RPS):           20.00", "Benchmark duration (s):",
+                  "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
+                  "Output token throughput (tok/s):", "Total token throughput (tok/s):"]
+    positions = [out.index(line) for line in vllm_lines]
+    assert positions == sorted(positions)
     assert "Regime:                                  compute-bound (KV not binding)" in out
 
 
