@@ -114,7 +114,8 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
 ) -> None:
-    """Simulate one engine replica serving a workload; print a `vllm bench serve`-style summary."""
+    """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
+    print vLLM's KV cache size and a `vllm bench serve`-style summary."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
     from simcore.simulate import simulate

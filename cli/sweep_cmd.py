@@ -306,7 +306,7 @@ def sweep(
         best = _cheapest_by_model(frame, [m.name for m in model_specs])
     _print(frame, best, SWEEPABLE, as_json, {
         "model": ", ".join(m.name for m in model_specs), "gpu": ", ".join(g.name for g in gpu_specs),
-        "workload": wl.describe(),
+        "workload": wl.describe(generation),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
 
