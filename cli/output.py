@@ -181,53 +181,51 @@ def describe_run(workload: dict[str, Any], config: dict[str, Any], model: str, g
     )
 
 
-def rejected_lines(requests: Any, limit: int = 3) -> list[str]:
-    """'N of M requests rejected' plus the commonest reasons (numbers of one request folded)."""
-    status = requests["status"]
-    rejected = requests.loc[status == "rejected", "reject_reason"]
-    if rejected.empty:
-        return []
+def rejected_lines(records: Any, limit: int = 3) -> list[str]:
+    """'N of M requests rejected' plus the commonest reasons (numbers of one request folded), from
+    a run's `RequestRecords` (its table of reasons and their counts)."""
     import re
 
-    kinds = rejected.map(lambda r: re.sub(r"\d+", "N", r, count=1))
-    counts = kinds.value_counts()
-    lines = [f"{len(rejected):,} of {len(requests):,} requests rejected (not served):"]
-    for kind, count in counts.head(limit).items():
-        example = rejected[kinds == kind].iloc[0]
+    kinds: dict[str, list] = {}  # folded reason -> [count, first reason seen]
+    for reason, count in zip(records.reasons, records.reason_counts, strict=True):
+        entry = kinds.setdefault(re.sub(r"\d+", "N", reason, count=1), [0, reason])
+        entry[0] += count
+    num_rejected = sum(count for count, _ in kinds.values())
+    if not num_rejected:
+        return []
+    ordered = sorted(kinds.items(), key=lambda item: -item[1][0])
+    lines = [f"{num_rejected:,} of {records.num_left:,} requests rejected (not served):"]
+    for kind, (count, example) in ordered[:limit]:
         lines.append(f"  {count:,} x {example}" + (" (and similar)" if count > 1 and kind != example else ""))
-    if len(counts) > limit:
-        lines.append(f"  ... and {int(counts.iloc[limit:].sum()):,} more with {len(counts) - limit} other reasons")
+    if len(ordered) > limit:
+        rest = sum(count for _, (count, _) in ordered[limit:])
+        lines.append(f"  ... and {rest:,} more with {len(ordered) - limit} other reasons")
     return lines
 
 
 IDLE_WARNING_SHARE = 0.01  # engine busy less than 1% of the makespan: throughput measures the arrivals
 
 
-def result_problems(summary: dict[str, Any], requests: Any, steps: Any) -> tuple[list[str], str | None]:
+def result_problems(summary: dict[str, Any], records: Any, busy_s: float) -> tuple[list[str], str | None]:
     """(warnings, fatal): a run that served nothing or produced no throughput is fatal; an engine
-    idle nearly all the time, or a day-long gap between arrivals, is warned about."""
+    idle nearly all the time (`busy_s`: summed step durations), or a day-long gap between
+    arrivals, is warned about."""
     completed = summary.get("completed", 0)
     if not completed:
-        reasons = requests.loc[requests["status"] == "rejected", "reject_reason"]
-        why = f": {reasons.iloc[0]}" if len(reasons) else ""
+        why = f": {next(iter(records.reasons))}" if records.reasons else ""
         return [], f"no request was served ({summary.get('rejected', 0)} of {summary['num_requests']} rejected{why})"
     if not summary.get("output_throughput"):
         return [], "the run produced zero output throughput (every request finished at the instant it arrived)"
     warnings = []
     duration = summary.get("duration_s") or 0.0
-    busy = float(steps["duration_s"].sum()) if len(steps) else 0.0
-    if duration > 0 and busy / duration < IDLE_WARNING_SHARE:
+    if duration > 0 and busy_s / duration < IDLE_WARNING_SHARE:
         warnings.append(
-            f"the engine was busy {100 * busy / duration:.2g}% of the {duration:,.0f} s makespan: "
+            f"the engine was busy {100 * busy_s / duration:.2g}% of the {duration:,.0f} s makespan: "
             "throughput here measures the arrival rate, not the deployment's capacity"
         )
-    arrivals = requests["arrival_s"].to_numpy()
-    if len(arrivals) > 1:
-        import numpy as np
-
-        gap = float(np.max(np.diff(np.sort(arrivals))))
-        if gap > 86_400:
-            warnings.append(f"the longest gap between two arrivals is {gap:,.0f} s (over a day)")
+    gap = records.max_arrival_gap_s
+    if gap > 86_400:
+        warnings.append(f"the longest gap between two arrivals is {gap:,.0f} s (over a day)")
     return warnings, None
 
 

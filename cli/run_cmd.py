@@ -189,10 +189,10 @@ def run(
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings(generation):
         typer.echo(f"WARNING {warning}", err=True)
-    problems, fatal = result_problems(result.summary, result.requests, result.steps)
+    problems, fatal = result_problems(result.summary, result.records, result.totals.duration_s)
     for warning in [*result.warnings, *problems]:
         typer.echo(f"WARNING {warning}", err=True)
-    for line in rejected_lines(result.requests):
+    for line in rejected_lines(result.records):
         typer.echo(line, err=True)
     if result.summary.get("saturation") == "overloaded":
         s = result.summary

@@ -39,7 +39,6 @@ from simcore.span import (
     delay_to,
     internal_slots,
 )
-from simcore.state import ReqState
 from simcore.step import StepPlan
 
 
@@ -67,11 +66,6 @@ class Engine:
 
     def attach(self, policy: Policy) -> None:
         self.policy = policy
-
-    @property
-    def states(self) -> list[ReqState]:
-        """Every submitted request, in arrival order."""
-        return self.lifecycle.states
 
     @property
     def load(self) -> int:

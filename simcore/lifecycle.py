@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from simcore.records import Samples
+from simcore.records import RequestRecords, Samples
 from simcore.request import Request
 from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus
 from simcore.step import StepPlan
@@ -40,7 +40,11 @@ class Lifecycle:
     ):
         self.env = env
         self.max_model_len = max_model_len
-        self.states: list[ReqState] = []  # every submitted request, in arrival order
+        # requests that left (finished or rejected), as columns; shared by a run's replicas
+        # (the simulation sets it and `replica`); the ReqState itself is dropped when it leaves
+        self.records = RequestRecords()
+        self.replica = 0
+        self.num_arrived = 0
         self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
         self.running: list[ReqState] = []  # admission order; preemption takes the tail
         self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
@@ -55,6 +59,11 @@ class Lifecycle:
         """Requests waiting, running or swapped out: what a load balancer sees."""
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
+    @property
+    def num_unfinished(self) -> int:
+        """Requests that arrived and have not left (0 at the end of a run that did not stall)."""
+        return self.num_arrived - self.num_done
+
     def _move(self, st: ReqState, to: RequestStatus) -> None:
         if (st.status, to) not in LEGAL_TRANSITIONS:
             raise AssertionError(f"request {st.request_id}: illegal transition {st.status.name} -> {to.name}")
@@ -63,9 +72,10 @@ class Lifecycle:
     # -- arrival -----------------------------------------------------------------------------
     def arrive(self, request: Request) -> ReqState:
         """A new request, stamped with its arrival time; not queued yet."""
-        request.arrival_s = self.env.now
+        now = request.arrival_s = self.env.now
         st = ReqState(request, self.env.event(), self.max_model_len)
-        self.states.append(st)
+        self.num_arrived += 1
+        self.records.arrive(now)
         return st
 
     def enqueue(self, st: ReqState) -> None:
@@ -178,8 +188,10 @@ class Lifecycle:
         self.running = [s for s in self.running if s.status == RequestStatus.RUNNING]
 
     def _leave(self, st: ReqState) -> None:
+        """The request's row goes to the records; nothing here keeps the object."""
         st.done.succeed()
         self.itl.settle()
+        self.records.leave(st, self.replica)
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:
             self._progress(self.num_done)

@@ -10,11 +10,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from simcore.records import Samples
+from simcore.records import (
+    FINISHED,
+    REJECTED,
+    SATURATION_BLOCK,
+    RequestRecords,
+    Samples,
+    derived_latencies,
+)
 
 if TYPE_CHECKING:
     from simcore.latency import StepLatencyModel
-    from simcore.state import ReqState
     from simcore.step import MemorySnapshot, StepPlan
 
 STEP_COLUMNS = (
@@ -38,6 +44,7 @@ class StepTotals:
     num_steps: int = 0
     duration_s: float = 0.0
     seq_steps: int = 0  # sum over steps of the sequences scheduled
+    max_running: int = 0  # most requests running at the end of a step
     kv_slot_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KV_KINDS, 0.0))  # sum kv * dt
 
     def add(self, other: StepTotals) -> None:
@@ -45,6 +52,7 @@ class StepTotals:
         self.num_steps += other.num_steps
         self.duration_s += other.duration_s
         self.seq_steps += other.seq_steps
+        self.max_running = max(self.max_running, other.max_running)
         for kind, value in other.kv_slot_s.items():
             self.kv_slot_s[kind] += value
 
@@ -98,6 +106,8 @@ class StepRecorder:
         for append, value in zip(self._cost_appends, parts, strict=True):
             append(value)
         t = self.totals
+        if num_running > t.max_running:
+            t.max_running = num_running
         t.num_steps += 1
         t.duration_s += dt
         t.seq_steps += num_seqs
@@ -132,6 +142,8 @@ class StepRecorder:
         for append, value in zip(self._cost_appends, costs_ms, strict=True):
             append(value)
         t = self.totals
+        if num_running > t.max_running:
+            t.max_running = num_running
         t.num_steps += num_steps
         t.duration_s += duration
         t.seq_steps += num_seqs * num_steps
@@ -149,34 +161,6 @@ class StepRecorder:
             values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
             data[name] = values.copy() if name.endswith(("_s", "_ms")) else values.astype(np.int64)
         return pd.DataFrame(data, copy=False)  # one block per dtype; astype per column is slow
-
-
-def requests_frame(states: list[ReqState]) -> pd.DataFrame:
-    rows = {
-        "request_id": [s.request_id for s in states],
-        "status": [s.status.name.lower() for s in states],
-        "arrival_s": [s.request.arrival_s for s in states],
-        "first_scheduled_s": [s.first_scheduled_s for s in states],
-        "first_token_s": [s.first_token_s for s in states],
-        "finish_s": [s.finish_s for s in states],
-        "num_prompt_tokens": [s.num_prompt_tokens for s in states],
-        "num_output_tokens": [s.num_generated * s.request.n for s in states],
-        "num_positions": [s.num_generated for s in states],
-        "max_tokens": [s.request.max_tokens for s in states],
-        "n": [s.request.n for s in states],
-        "beam_width": [s.request.beam_width for s in states],
-        "num_preemptions": [s.num_preemptions for s in states],
-        "reject_reason": [s.reject_reason for s in states],
-    }
-    df = pd.DataFrame(rows)
-    done = df["status"] == "finished"
-    nan = np.nan
-    df["ttft_s"] = np.where(done, df["first_token_s"] - df["arrival_s"], nan)
-    df["e2el_s"] = np.where(done, df["finish_s"] - df["arrival_s"], nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = (df["e2el_s"] - df["ttft_s"]) / (df["num_positions"] - 1)
-    df["tpot_s"] = np.where(done & (df["num_positions"] > 1), tpot, nan)
-    return df
 
 
 def _stats(prefix: str, values_s: np.ndarray | Samples, out: dict[str, Any]) -> None:
@@ -208,39 +192,88 @@ def kv_waste(totals: StepTotals) -> dict[str, Any]:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray | Samples,
               totals: StepTotals | None = None) -> dict[str, Any]:
-    """The run's summary; step figures from `totals` (the recorder's exact sums over every
-    step), or from the step table when none are given."""
+    """The run's summary from its tables; step figures from `totals` (the recorder's exact sums
+    over every step), or from the step table when none are given."""
     if totals is None:
         totals = StepTotals.from_frame(steps)
-    done = requests[requests["status"] == "finished"]
-    out: dict[str, Any] = {
-        "num_requests": int(len(requests)),
-        "completed": int(len(done)),
-        "rejected": int((requests["status"] == "rejected").sum()),
+        totals.max_running = int(steps["num_running"].max()) if len(steps) else 0
+    status = requests["status"].to_numpy()
+    cols = {name: requests[name].to_numpy() for name in _SUMMARY_COLUMNS}
+    return summarize_columns(status == "finished", status == "rejected", cols, itl_s, totals)
+
+
+_SUMMARY_COLUMNS = ("arrival_s", "first_scheduled_s", "finish_s", "num_prompt_tokens", "num_output_tokens",
+                    "num_preemptions", "ttft_s", "tpot_s", "e2el_s")
+
+
+def summarize_records(records: RequestRecords, itl: Samples, totals: StepTotals) -> dict[str, Any]:
+    """The run's summary straight from the request records: from every row while they are kept
+    (the same numbers as `summarize` of the table), else from their running sums."""
+    if not records.kept:
+        return _summarize_bounded(records, itl, totals)
+    raw = records.columns()
+    ttft, e2el, tpot = derived_latencies(raw)
+    cols = {
+        "arrival_s": raw["arrival_s"], "first_scheduled_s": raw["first_scheduled_s"],
+        "finish_s": raw["finish_s"], "num_prompt_tokens": raw["num_prompt_tokens"].astype(np.int64),
+        "num_output_tokens": raw["num_positions"].astype(np.int64) * raw["n"],
+        "num_preemptions": raw["num_preemptions"].astype(np.int64), "ttft_s": ttft, "tpot_s": tpot, "e2el_s": e2el,
     }
-    if len(done):
-        makespan = float(done["finish_s"].max() - requests["arrival_s"].min())
-    else:
-        makespan = 0.0
+    return summarize_columns(raw["status"] == FINISHED, raw["status"] == REJECTED, cols, itl, totals)
+
+
+def summarize_columns(finished: np.ndarray, rejected: np.ndarray, cols: dict[str, np.ndarray],
+                      itl_s: np.ndarray | Samples, totals: StepTotals) -> dict[str, Any]:
+    """The summary from per-request columns (`_SUMMARY_COLUMNS`) and the step totals."""
+    num_done = int(finished.sum())
+    out: dict[str, Any] = {
+        "num_requests": int(len(finished)),
+        "completed": num_done,
+        "rejected": int(rejected.sum()),
+    }
+    makespan = float(cols["finish_s"][finished].max() - cols["arrival_s"].min()) if num_done else 0.0
+    total_in = int(cols["num_prompt_tokens"][finished].sum())
+    total_out = int(cols["num_output_tokens"][finished].sum())
+    _totals(out, makespan, num_done, total_in, total_out)
+    _stats("ttft", cols["ttft_s"][finished], out)
+    _stats("tpot", cols["tpot_s"][finished], out)
+    _stats("itl", itl_s, out)
+    _stats("e2el", cols["e2el_s"][finished], out)
+    out["num_preemptions"] = int(cols["num_preemptions"].sum())
+    _step_figures(out, totals)
+    out.update(saturation_columns(cols["arrival_s"], cols["first_scheduled_s"], cols["finish_s"], finished))
+    return out
+
+
+def _totals(out: dict[str, Any], makespan: float, num_done: int, total_in: int, total_out: int) -> None:
     out["duration_s"] = makespan
-    total_in = int(done["num_prompt_tokens"].sum())
-    total_out = int(done["num_output_tokens"].sum())
     out["total_input_tokens"] = total_in
     out["total_output_tokens"] = total_out
     rate = (lambda x: x / makespan) if makespan > 0 else (lambda x: None)
-    out["request_throughput"] = rate(len(done))
+    out["request_throughput"] = rate(num_done)
     out["output_throughput"] = rate(total_out)
     out["total_token_throughput"] = rate(total_in + total_out)
-    _stats("ttft", done["ttft_s"].to_numpy(), out)
-    _stats("tpot", done["tpot_s"].to_numpy(), out)
-    _stats("itl", itl_s, out)
-    _stats("e2el", done["e2el_s"].to_numpy(), out)
-    out["num_preemptions"] = int(requests["num_preemptions"].sum())
+
+
+def _step_figures(out: dict[str, Any], totals: StepTotals) -> None:
     out["num_steps"] = totals.num_steps
     out["mean_batch_size"] = totals.seq_steps / totals.num_steps if totals.num_steps else 0.0
-    out["max_running"] = int(steps["num_running"].max()) if len(steps) else 0
+    out["max_running"] = totals.max_running
     out.update(kv_waste(totals))
-    out.update(saturation(requests))
+
+
+def _summarize_bounded(records: RequestRecords, itl: Samples, totals: StepTotals) -> dict[str, Any]:
+    """The summary of a run whose rows were not all kept: counts and token totals exact, latency
+    percentiles from histograms (relative error <= 2**-15), saturation by blocks of arrivals."""
+    b = records.bounded
+    out: dict[str, Any] = {"num_requests": records.num_left, "completed": b.completed, "rejected": b.rejected}
+    makespan = b.max_finish_s - b.min_arrival_s if b.completed else 0.0
+    _totals(out, float(makespan), b.completed, b.total_input_tokens, b.total_output_tokens)
+    for name, samples in (("ttft", b.ttft), ("tpot", b.tpot), ("itl", itl), ("e2el", b.e2el)):
+        samples.stats(name, out)
+    out["num_preemptions"] = b.num_preemptions
+    _step_figures(out, totals)
+    out.update(_saturation_bounded(records))
     return out
 
 
@@ -290,7 +323,16 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     requiring both keeps a burst at the end of a stable run, or a slow drain of a long-latency
     backlog, from being called overload. All arrivals at one instant (offline batch) or too few
     arrivals give `n/a`."""
-    arrival = requests["arrival_s"].to_numpy(dtype=np.float64)
+    return saturation_columns(
+        requests["arrival_s"].to_numpy(dtype=np.float64), requests["first_scheduled_s"].to_numpy(dtype=np.float64),
+        requests["finish_s"].to_numpy(dtype=np.float64), requests["status"].to_numpy() == "finished",
+    )
+
+
+def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, finish_s: np.ndarray,
+                       finished: np.ndarray) -> dict[str, Any]:
+    """`saturation` from the columns it reads (rows in request-id order)."""
+    arrival = arrival_s
     out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
                            "queue_wait_slope": None}
     order = np.argsort(arrival, kind="stable")
@@ -302,15 +344,44 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     if end <= start:
         return out
     window = end - start
-    finish = requests["finish_s"].to_numpy(dtype=np.float64)
-    finished = requests["status"].to_numpy() == "finished"
+    finish = finish_s
     offered = (len(arrival) - 1 - first) / window
     with np.errstate(invalid="ignore"):
         completed = int((finished & (finish > start) & (finish <= end)).sum()) / window
-    wait = (requests["first_scheduled_s"].to_numpy(dtype=np.float64) - requests["arrival_s"].to_numpy())[order][first:]
+    wait = (first_scheduled_s - arrival_s)[order][first:]
     t = arrival[first:]
     known = ~np.isnan(wait)
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
+    overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
+    out.update({
+        "saturation": "overloaded" if overloaded else "sustained",
+        "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,
+    })
+    return out
+
+
+def _saturation_bounded(records: RequestRecords) -> dict[str, Any]:
+    """`saturation` from block sums (rows not kept): the warm window starts at the first block
+    of SATURATION_BLOCK arrivals at or after the warm-up share; requests never scheduled
+    (rejected) are left out of the delay line."""
+    b = records.bounded
+    out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
+                           "queue_wait_slope": None}
+    starts = np.frombuffer(records._block_start, dtype=np.float64)
+    n = records.num_left
+    first_block = -(-int(n * WARMUP_SHARE) // SATURATION_BLOCK)
+    first = first_block * SATURATION_BLOCK
+    if n - first < MIN_JUDGED_REQUESTS or first_block >= len(starts):
+        return out
+    start, end = float(starts[first_block]), float(records._last_arrival)
+    if end <= start:
+        return out
+    window = end - start
+    offered = (n - 1 - first) / window
+    completed = (b.finish.count_le(end) - b.finish.count_le(start)) / window
+    cnt, st, sw, stt, stw = b.blocks[first_block:].sum(axis=0)
+    denom = cnt * stt - st * st
+    slope = float((cnt * stw - st * sw) / denom) if cnt >= 2 and denom > 0 else 0.0
     overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
     out.update({
         "saturation": "overloaded" if overloaded else "sustained",

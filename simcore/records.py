@@ -4,7 +4,7 @@
                    percentiles are numpy's exactly; beyond the cap a log-spaced histogram
                    (bins of relative width 2**-14 ~ 6.1e-5), mean / min / max still exact.
     RequestRecords one row per request that left (finished or rejected), numpy column
-                   chunks (~60 bytes a request, reject reasons as codes into a small table),
+                   chunks (~70 bytes a request, reject reasons as codes into a small table),
                    fed once per request by the lifecycle, never per token.
 
 Why: a day-long trace or a 10M-request run must fit in a few hundred MB (issues 10 and 11);
@@ -14,6 +14,7 @@ the per-request objects (`ReqState`, its SimPy event) are dropped as soon as a r
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,8 @@ class Samples:
     __slots__ = ("cap", "count", "total", "min", "max", "append", "_buf", "_chunks", "_hist",
                  "_key0", "_zeros")
 
-    def __init__(self, cap: int = ITL_EXACT_CAP) -> None:
-        self.cap = cap  # values kept exactly at most; beyond: the histogram
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = ITL_EXACT_CAP if cap is None else cap  # values kept exactly at most; beyond: the histogram
         self.count = 0  # values seen (buffered ones excluded until the next flush)
         self.total = 0.0  # their sum
         self.min = np.inf
@@ -143,6 +144,18 @@ class Samples:
         keys = np.nonzero(other._hist)[0]
         self._bin_counts(keys + other._key0, other._hist[keys])
 
+    def count_le(self, x: float) -> int:
+        """How many values are <= x (exact while `exact`; beyond, to the bin x falls in)."""
+        self.settle(force=True)
+        if self._chunks is not None:
+            return int(sum(int((c <= x).sum()) for c in self._chunks))
+        if x < 0:
+            return 0
+        if self._hist is None or x == 0:
+            return self._zeros
+        key = int(np.array([x], dtype=np.float64).view(np.int64)[0] >> _SHIFT) - self._key0
+        return self._zeros + int(self._hist[: max(0, min(key + 1, len(self._hist)))].sum())
+
     def values(self) -> np.ndarray:
         """Every value in insertion order (only while `exact`)."""
         self.settle(force=True)
@@ -188,3 +201,211 @@ class Samples:
             return
         values = [self.total / self.count, *self.percentiles((50, 95, 99))]
         out.update(zip(keys, (float(v) * scale for v in values), strict=True))
+
+
+# -- requests ----------------------------------------------------------------------------------
+# Rows kept in memory (71 bytes each, 71 MiB at the cap); beyond it the summary comes from
+# running sums and histograms, and the rows only go to the `spill` (requests.csv when --out).
+REQUEST_ROWS_CAP = 1 << 20
+_ROW_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
+SATURATION_BLOCK = 64  # arrivals per block of the saturation sums beyond the cap
+
+FINISHED, REJECTED = 0, 1  # `status` codes of a kept row
+STATUS_NAMES = ("finished", "rejected")
+# name -> (array typecode while gathering, numpy dtype once sealed)
+_RAW = {
+    "request_id": ("q", np.int64), "replica": ("h", np.int16), "status": ("b", np.int8),
+    "reason": ("i", np.int32), "arrival_s": ("d", np.float64), "first_scheduled_s": ("d", np.float64),
+    "first_token_s": ("d", np.float64), "finish_s": ("d", np.float64),
+    "num_prompt_tokens": ("i", np.int32), "num_positions": ("i", np.int32), "max_tokens": ("i", np.int32),
+    "n": ("i", np.int32), "beam_width": ("i", np.int32), "num_preemptions": ("i", np.int32),
+}
+# the requests table, in this order (`replica` after request_id when there are replicas)
+REQUEST_COLUMNS = (
+    "request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+    "num_prompt_tokens", "num_output_tokens", "num_positions", "max_tokens", "n", "beam_width",
+    "num_preemptions", "reject_reason", "ttft_s", "e2el_s", "tpot_s",
+)
+
+
+def derived_latencies(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ttft_s, e2el_s, tpot_s) of each row; NaN where not defined (rejected, one token)."""
+    done = cols["status"] == FINISHED
+    ttft = np.where(done, cols["first_token_s"] - cols["arrival_s"], np.nan)
+    e2el = np.where(done, cols["finish_s"] - cols["arrival_s"], np.nan)
+    positions = cols["num_positions"].astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = (e2el - ttft) / (positions - 1)
+    tpot = np.where(done & (positions > 1), tpot, np.nan)
+    return ttft, e2el, tpot
+
+
+class RequestRecords:
+    """Every request that left the engine(s): kept as numpy columns while at most `cap` rows,
+    else folded into running sums and histograms (`Bounded`). Shared by the replicas of a run.
+    `spill(columns)`, when set, receives every sealed chunk of rows once rows stop being all
+    kept (the rows kept so far first), so a caller can stream them to disk."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = REQUEST_ROWS_CAP if cap is None else cap  # rows kept at most
+        self._raw = {name: array(code) for name, (code, _) in _RAW.items()}
+        self._append = [self._raw[name].append for name in _RAW]
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._num_kept = 0
+        self.kept = True  # every row is in `_chunks` (the table and exact percentiles exist)
+        self.spill: Callable[[dict[str, np.ndarray]], None] | None = None
+        self.reasons: dict[str, int] = {}  # reject reason -> code (index into reason_counts)
+        self.reason_counts: list[int] = []
+        self.num_arrived = 0
+        self.num_left = 0
+        self.max_arrival_gap_s = 0.0  # longest gap between consecutive arrivals
+        self._last_arrival = np.nan
+        self._block_start = array("d")  # arrival time of every SATURATION_BLOCK-th arrival
+        self.bounded: Bounded | None = None  # the running sums, once rows stop being kept
+        self.num_replicas = 1  # set by the simulation; > 1 adds the `replica` column
+
+    # -- fed by the lifecycle (once per request) -------------------------------------------
+    def arrive(self, now: float) -> None:
+        if self.num_arrived % SATURATION_BLOCK == 0:
+            self._block_start.append(now)
+        self.num_arrived += 1
+        gap = now - self._last_arrival
+        if gap > self.max_arrival_gap_s:
+            self.max_arrival_gap_s = gap
+        self._last_arrival = now
+
+    def leave(self, st: Any, replica: int) -> None:
+        """One finished or rejected request (a `ReqState`), copied out so the object can go."""
+        req = st.request
+        if st.reject_reason:
+            status, code = REJECTED, self.reasons.setdefault(st.reject_reason, len(self.reasons))
+            if code == len(self.reason_counts):
+                self.reason_counts.append(0)
+            self.reason_counts[code] += 1
+        else:
+            status, code = FINISHED, -1
+        values = (
+            st.request_id, replica, status, code, req.arrival_s, st.first_scheduled_s,
+            st.first_token_s, st.finish_s, st.num_prompt_tokens, st.num_generated,
+            req.max_tokens, req.n, req.beam_width, st.num_preemptions,
+        )
+        for append, value in zip(self._append, values, strict=True):
+            append(value)
+        self.num_left += 1
+        if len(self._raw["request_id"]) >= _ROW_CHUNK:
+            self._seal()
+
+    def finalize(self) -> None:
+        """Seal the last partial chunk (the end of the run)."""
+        if len(self._raw["request_id"]):
+            self._seal()
+
+    def _seal(self) -> None:
+        chunk = {name: np.frombuffer(raw, dtype=_RAW[name][1]).copy() for name, raw in self._raw.items()}
+        for raw in self._raw.values():
+            del raw[:]
+        if self.kept:
+            self._chunks.append(chunk)
+            self._num_kept += len(chunk["request_id"])
+            if self._num_kept <= self.cap:
+                return
+            self.kept = False
+            self.bounded = Bounded(np.frombuffer(self._block_start, dtype=np.float64))
+            chunks, self._chunks = self._chunks, []
+        else:
+            chunks = [chunk]
+        for c in chunks:
+            self.bounded.fold(c, np.frombuffer(self._block_start, dtype=np.float64))
+            if self.spill is not None:
+                self.spill(self.table_columns(c))
+
+    # -- reading -----------------------------------------------------------------------------
+    def reason_names(self) -> list[str]:
+        return list(self.reasons)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every kept row's raw columns, by request id (only while `kept`)."""
+        assert self.kept, "rows beyond the cap were not kept"
+        self.finalize()
+        if not self._chunks:
+            return {name: np.zeros(0, dtype=dtype) for name, (_, dtype) in _RAW.items()}
+        cols = {name: np.concatenate([c[name] for c in self._chunks]) for name in _RAW}
+        ids = cols["request_id"]
+        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+            order = np.argsort(ids, kind="stable")
+            cols = {name: col[order] for name, col in cols.items()}
+        return cols
+
+    def table_columns(self, cols: dict[str, np.ndarray], replicas: bool | None = None) -> dict[str, np.ndarray]:
+        """The requests table's columns (names, dtypes and order of the old per-object table)."""
+        if replicas is None:
+            replicas = self.num_replicas > 1
+        ttft, e2el, tpot = derived_latencies(cols)
+        positions = cols["num_positions"].astype(np.int64)
+        reasons = np.array(["", *self.reasons], dtype=object)
+        out = {"request_id": cols["request_id"]}
+        if replicas:
+            out["replica"] = cols["replica"].astype(np.int64)
+        out.update({
+            "status": np.array(STATUS_NAMES, dtype=object)[cols["status"]],
+            "arrival_s": cols["arrival_s"], "first_scheduled_s": cols["first_scheduled_s"],
+            "first_token_s": cols["first_token_s"], "finish_s": cols["finish_s"],
+            "num_prompt_tokens": cols["num_prompt_tokens"].astype(np.int64),
+            "num_output_tokens": positions * cols["n"], "num_positions": positions,
+            "max_tokens": cols["max_tokens"].astype(np.int64), "n": cols["n"].astype(np.int64),
+            "beam_width": cols["beam_width"].astype(np.int64),
+            "num_preemptions": cols["num_preemptions"].astype(np.int64),
+            "reject_reason": reasons[cols["reason"] + 1],
+            "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
+        })
+        return out
+
+    def frame(self):
+        """The requests table (pandas), one row per request by id (only while `kept`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.table_columns(self.columns()))
+
+
+class Bounded:
+    """Running sums over request rows no longer kept: counts, token totals, latency histograms,
+    and the saturation measures by blocks of SATURATION_BLOCK arrivals."""
+
+    def __init__(self, block_start: np.ndarray) -> None:
+        self.completed = self.rejected = 0
+        self.total_input_tokens = self.total_output_tokens = 0
+        self.num_preemptions = 0
+        self.min_arrival_s, self.max_finish_s = np.inf, -np.inf
+        self.ttft, self.tpot, self.e2el = Samples(cap=0), Samples(cap=0), Samples(cap=0)
+        self.finish = Samples(cap=0)  # finish times of finished requests (completed-in-window counts)
+        # per block of arrivals: finished-or-not counts and the sums of a least-squares line of
+        # queueing delay (w) on arrival time (t), over requests that were scheduled
+        self.blocks = np.zeros((0, 5))  # n, sum t, sum w, sum t*t, sum t*w
+
+    def fold(self, cols: dict[str, np.ndarray], block_start: np.ndarray) -> None:
+        done = cols["status"] == FINISHED
+        self.completed += int(done.sum())
+        self.rejected += int((~done).sum())
+        self.total_input_tokens += int(cols["num_prompt_tokens"][done].sum(dtype=np.int64))
+        self.total_output_tokens += int((cols["num_positions"][done].astype(np.int64) * cols["n"][done]).sum())
+        self.num_preemptions += int(cols["num_preemptions"].sum(dtype=np.int64))
+        arrival = cols["arrival_s"]
+        if len(arrival):
+            self.min_arrival_s = min(self.min_arrival_s, float(arrival.min()))
+        if done.any():
+            self.max_finish_s = max(self.max_finish_s, float(cols["finish_s"][done].max()))
+            self.finish.extend(cols["finish_s"][done])
+        ttft, e2el, tpot = derived_latencies(cols)
+        self.ttft.extend(ttft[done])
+        self.e2el.extend(e2el[done])
+        self.tpot.extend(tpot[~np.isnan(tpot)])
+        wait = cols["first_scheduled_s"] - arrival
+        known = cols["first_scheduled_s"] >= 0
+        block = np.searchsorted(block_start, arrival, side="right") - 1
+        if len(block_start) > len(self.blocks):
+            grown = np.zeros((len(block_start), 5))
+            grown[: len(self.blocks)] = self.blocks
+            self.blocks = grown
+        b, t, w = block[known], arrival[known], wait[known]
+        for col, values in enumerate((np.ones_like(t), t, w, t * t, t * w)):
+            np.add.at(self.blocks[:, col], b, values)

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from simcore.config import ResolvedConfig, resolve
@@ -16,10 +15,10 @@ from simcore.engine import Engine
 from simcore.errors import ConfigError
 from simcore.latency import Profile, StepLatencyModel
 from simcore.memory import MemoryPlan
-from simcore.metrics import StepTotals, requests_frame, summarize
+from simcore.metrics import StepRecorder, StepTotals, summarize_records
 from simcore.pipeline import PipelineLatency
 from simcore.policies import make_policy
-from simcore.records import Samples
+from simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
 from simcore.request import Workload
 from simcore.router import Router
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -29,21 +28,54 @@ KVSIM_VERSION = "0.1.0"
 
 @dataclass
 class Result:
-    """Everything one run produced; `record` says how to reproduce it."""
+    """Everything one run produced; `record` says how to reproduce it. The request and step
+    tables are pandas frames built on first use from the compact records."""
 
     summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    records: RequestRecords  # every request that left, as columns (or running sums, beyond a cap)
+    recorders: list[StepRecorder]  # the step table of each replica
     itl: Samples  # pooled inter-token latencies (exact, or binned beyond a cap)
     memory: MemoryPlan
     record: dict[str, Any]  # seed, config, model, gpu, workload, profile hash
+    totals: StepTotals  # exact sums over every step of every replica
     wall_s: float = 0.0  # simulator wall time (not part of the deterministic result)
     warnings: list[str] = field(default_factory=list)
+    _frames: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def itl_s(self) -> np.ndarray:
         """Every inter-token latency, pooled (only while the run kept them all: `itl.exact`)."""
         return self.itl.values()
+
+    @property
+    def requests(self):
+        """One row per request, by id, with a `replica` column when there are several (only
+        while `records.kept`: runs beyond the cap stream their rows to requests.csv instead)."""
+        if "requests" not in self._frames:
+            self._frames["requests"] = self.records.frame()
+        return self._frames["requests"]
+
+    @property
+    def steps(self):
+        """One row per step or decode span (`num_steps`), replica by replica."""
+        if "steps" not in self._frames:
+            self._frames["steps"] = steps_frame(self.recorders)
+        return self._frames["steps"]
+
+
+def steps_frame(recorders: list[StepRecorder]):
+    """The step tables of the replicas, one after the other, with `replica` first when > 1."""
+    frames = []
+    for index, recorder in enumerate(recorders):
+        steps = recorder.frame()
+        if len(recorders) > 1:
+            steps.insert(0, "replica", index)
+        frames.append(steps)
+    if len(frames) == 1:
+        return frames[0]
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
 
 
 @dataclass
@@ -71,14 +103,16 @@ class Simulation:
         """Run to the last request and collect the tables; raises if any request stalled."""
         engines, latency = self.engines, self.latency
         self.env.run()
-        stalled = sum(1 for e in engines for st in e.states if not st.done.triggered)
+        stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
-        requests, steps, itl_s = self._tables()
+        records = engines[0].lifecycle.records
+        records.finalize()
+        itl = Samples.merged([e.lifecycle.itl for e in engines])
         totals = StepTotals()
         for engine in engines:
             totals.add(engine.recorder.totals)
-        summary = summarize(requests, steps, itl_s, totals)
+        summary = summarize_records(records, itl, totals)
         summary["extrapolated_steps"] = latency.extrapolated.steps
         counters: dict[str, int] = {}
         for engine in engines:
@@ -92,30 +126,16 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        record = {**self.record, "workload": self.workload.describe(self.arrivals.value),
-                  "resolution": {"itl": itl_s.resolution}}
+        record = {**self.record, "workload": self.workload.describe(self.arrivals.value), "resolution": {
+            "itl": itl.resolution,
+            "requests": "exact" if records.kept else (
+                f"running sums and histograms, relative bin width {HIST_RELATIVE_WIDTH:.2g} "
+                f"(more than {records.cap:,} requests)"),
+        }}
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
-        return Result(summary, requests, steps, itl_s, self.memory, record,
+        return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
-
-
-    def _tables(self) -> tuple[pd.DataFrame, pd.DataFrame, Samples]:
-        """Requests (by id), steps and pooled ITLs of every replica, with a `replica` column
-        when there is more than one."""
-        frames, step_frames, itls = [], [], []
-        for index, engine in enumerate(self.engines):
-            requests, steps = requests_frame(engine.states), engine.recorder.frame()
-            if len(self.engines) > 1:
-                requests.insert(1, "replica", index)
-                steps.insert(0, "replica", index)
-            frames.append(requests)
-            step_frames.append(steps)
-            itls.append(engine.lifecycle.itl)
-        if len(self.engines) == 1:
-            return frames[0], step_frames[0], itls[0]
-        requests = pd.concat(frames, ignore_index=True).sort_values("request_id", ignore_index=True)
-        return requests, pd.concat(step_frames, ignore_index=True), Samples.merged(itls)
 
 
 def prepare(
@@ -169,10 +189,13 @@ def prepare(
 
         return report
 
+    records = RequestRecords()  # one table for every replica
+    records.num_replicas = dp
     engines = []
     for index in range(dp):
         engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
+        engine.lifecycle.records, engine.lifecycle.replica = records, index
         env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)

@@ -128,7 +128,7 @@ def test_least_loaded_router_counts_swapped_requests():
     life.preempt(st, by_swap=True)  # replica 0 holds one swapped-out request, nothing else
     router = Router(sim.engines, "least-loaded")
     router.submit(req(0, 0.0, 4, 3))
-    assert [len(e.states) for e in sim.engines] == [1, 1]
+    assert [e.lifecycle.num_arrived for e in sim.engines] == [1, 1]
     assert idle.lifecycle.waiting[0].request_id == 0
 
 

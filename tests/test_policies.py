@@ -9,7 +9,6 @@ from hypothesis import strategies as hs
 from simcore.catalog import GPUS, MODELS
 from simcore.contiguous import ContiguousAllocator
 from simcore.errors import ConfigError
-from simcore.metrics import requests_frame
 from simcore.policies.dynamic import DynamicPolicy
 from simcore.simulate import prepare, simulate
 from simcore.specs import EngineConfig
@@ -162,7 +161,7 @@ def test_dynamic_waiting_served_ratio_holds_back_a_small_queue(ratio, r2_first_t
     # with TGI's ratio it waits until the queue has waited max_waiting_tokens = 3 decode steps.
     requests = [req(0, 0.0, 4, 10), req(1, 0.0, 4, 10), req(2, 0.001, 4, 2)]
     engine, _, _ = run_direct(requests, lambda e, m: _tgi(e, m, ratio), num_gpu_blocks_override=24, **SMALL)
-    frame = requests_frame(engine.states)
+    frame = engine.lifecycle.records.frame()
     assert round(frame.loc[2, "first_token_s"] * 1000, 6) == r2_first_token_ms
 
 
@@ -237,7 +236,7 @@ request_lists = hs.lists(
 def test_every_policy_finishes_or_rejects_within_capacity_and_returns_its_kv(config, rows, num_blocks):
     requests = [req(i, at, p, o, max_tokens=o + extra) for i, (at, p, o, extra) in enumerate(rows)]
     engine, policy, _ = run_direct(requests, num_gpu_blocks_override=num_blocks, **SMALL, **config)
-    frame = requests_frame(engine.states).sort_values("request_id", ignore_index=True)
+    frame = engine.lifecycle.records.frame().sort_values("request_id", ignore_index=True)
     done = frame["status"] == "finished"
     assert (done | (frame["status"] == "rejected")).all()
     assert (frame.loc[~done, "reject_reason"] != "").all()

@@ -75,3 +75,75 @@ def test_merged_replicas_keep_order_while_exact_and_bin_beyond():
     m = Samples.merged([a, b, c])
     assert not m.exact and len(m) == 6 and m.total == 21.0
     assert m.percentiles((50,)) == [pytest.approx(3.5, rel=HIST_RELATIVE_WIDTH)]
+
+
+# -- request records: the same run with tiny caps ---------------------------------------------
+def _overloaded_run(**config):
+    """~600 requests of the tiny model, arriving faster than it serves them, with rejections."""
+    from profiles import default_profile
+    from simcore.catalog import GPUS, MODELS
+    from simcore.simulate import simulate
+    from simcore.specs import EngineConfig
+    from tests.helpers import ListWorkload, req
+
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(0.002, size=600))
+    prompts = rng.integers(1, 60, size=600)
+    prompts[::50] = 200  # over max_model_len 128: rejected
+    requests = [req(i, float(at), int(p), int(rng.integers(1, 40)))
+                for i, (at, p) in enumerate(zip(arrivals, prompts, strict=True))]
+    cfg = EngineConfig(max_model_len=128, max_num_seqs=8, block_size=4, **config)
+    return simulate(MODELS["tiny"], GPUS["H100-SXM-80GB"], cfg, ListWorkload(requests),
+                    default_profile(GPUS["H100-SXM-80GB"], MODELS["tiny"], 1), seed=3)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp):
+    import simcore.records as records
+
+    exact = _overloaded_run(data_parallel_size=dp)
+    assert exact.records.kept and exact.itl.exact
+    assert exact.record["resolution"] == {"itl": "exact", "requests": "exact"}
+    monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
+    monkeypatch.setattr(records, "ITL_EXACT_CAP", 500)
+    monkeypatch.setattr(records, "_ROW_CHUNK", 32)
+    spilled = []
+    import simcore.simulate as simulate_mod
+
+    real = simulate_mod.RequestRecords
+
+    def spying(*args, **kw):
+        store = real(*args, **kw)
+        store.spill = spilled.append
+        return store
+
+    monkeypatch.setattr(simulate_mod, "RequestRecords", spying)
+    bounded = _overloaded_run(data_parallel_size=dp)
+    assert not bounded.records.kept and not bounded.itl.exact
+    assert "histogram" in bounded.record["resolution"]["requests"]
+    assert "histogram" in bounded.record["resolution"]["itl"]
+    a, b = exact.summary, bounded.summary
+    assert a["rejected"] == 12 and a["saturation"] == ("overloaded" if dp == 1 else "sustained")
+    for key in ("num_requests", "completed", "rejected", "total_input_tokens", "total_output_tokens",
+                "num_preemptions", "num_steps", "max_running", "saturation", "duration_s"):
+        assert a[key] == b[key], key
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert b[f"mean_{metric}_ms"] == pytest.approx(a[f"mean_{metric}_ms"], rel=1e-9)
+        for stat in ("median", "p95", "p99"):
+            key = f"{stat}_{metric}_ms"
+            assert b[key] == pytest.approx(a[key], rel=HIST_RELATIVE_WIDTH), key
+    for key in ("offered_rate", "completed_rate_warm"):
+        assert b[key] == pytest.approx(a[key], rel=0.15), key
+    if dp == 1:
+        assert b["queue_wait_slope"] > 0.05
+    # every row went to the spill, once, with the table's columns and values
+    import pandas as pd
+
+    streamed = pd.concat([pd.DataFrame(c) for c in spilled]).sort_values("request_id", ignore_index=True)
+    pd.testing.assert_frame_equal(streamed, exact.requests)
+
+
+def test_request_rows_are_few_dozen_bytes():
+    from simcore.records import _RAW
+
+    assert sum(np.dtype(dtype).itemsize for _, dtype in _RAW.values()) <= 72
