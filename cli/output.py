@@ -156,14 +156,15 @@ def _arrival_text(workload: dict[str, Any]) -> str:
     return f"{kind} arrivals"
 
 
-def describe_run(workload: dict[str, Any], config: dict[str, Any], model: str, gpu: str) -> str:
+def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, gpu: str) -> str:
     """One line saying what is simulated: workload, arrivals, requests, model and its dtypes,
-    GPUs = TP x PP x DP, policy and the engine options that change what it does."""
+    GPUs = TP x PP x DP, policy and the engine options that change what it does. `model` is the
+    resolved `ModelSpec` (FP8 from --quantization, --kv-cache-dtype or the checkpoint itself)."""
     tp, pp, dp = config["tensor_parallel_size"], config.get("pipeline_parallel_size", 1), config["data_parallel_size"]
     layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + f" x DP {dp}"
-    dtypes = [text for key, text in (("quantization", "FP8 weights"), ("kv_cache_dtype", "FP8 KV cache"))
-              if config.get(key) == "fp8"]
-    model_text = f"{model} ({', '.join(dtypes)})" if dtypes else model
+    dtypes = [text for dtype, text in ((model.weight_dtype, "FP8 weights"), (model.kv_dtype, "FP8 KV cache"))
+              if dtype == "fp8"]
+    model_text = f"{model.name} ({', '.join(dtypes)})" if dtypes else model.name
     policy = config["policy"]
     if policy == "continuous":
         kv = "paged" if config["allocator"] == "paged" else f"contiguous/{config['reservation']}"

@@ -169,7 +169,7 @@ def run(
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
+    say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
     if pp > 1:
