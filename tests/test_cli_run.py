@@ -187,3 +187,13 @@ def test_out_that_is_a_file_is_refused(tmp_path: Path):
     result = invoke(*FAST, "--out", str(target))
     assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: --out")
     assert target.read_text() == "keep me"
+
+
+def test_vllm_bench_serve_names_for_the_load_are_accepted():
+    ours = invoke("--rate", "20", "--num-requests", "12", "--json")
+    theirs = invoke("--request-rate", "20", "--num-prompts", "12", "--json")
+    assert ours.exit_code == theirs.exit_code == 0, theirs.stderr
+    assert json.loads(ours.stdout)["summary"] == json.loads(theirs.stdout)["summary"]
+    closed = invoke("--max-concurrency", "3", "--num-prompts", "6", "--json")
+    assert closed.exit_code == 0, closed.stderr
+    assert json.loads(closed.stdout)["summary"]["max_concurrency"] == 3
