@@ -48,9 +48,10 @@ class Workload(Protocol):
         self, env: simpy.Environment, sink: RequestSink, seed: np.random.SeedSequence
     ) -> Generator[simpy.Event, Any, Any]:
         """Submit every request to `sink`, then return what the generation counted (clipped
-        lengths, ...), which `describe` takes back. All randomness comes from `seed`."""
+        lengths, ...), which `describe` takes back, or None. All randomness comes from `seed`."""
         ...
 
     def describe(self, stats: Any = None) -> dict[str, Any]:
-        """The workload's parameters and a generation's `stats`, recorded in every result."""
+        """The workload's parameters, with a generation's `stats` when `process` returned some,
+        recorded in every result."""
         ...

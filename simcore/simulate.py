@@ -126,7 +126,9 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        record = {**self.record, "workload": self.workload.describe(self.arrivals.value), "resolution": {
+        stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
+        described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
                 f"running sums and histograms, relative bin width {HIST_RELATIVE_WIDTH:.2g} "
