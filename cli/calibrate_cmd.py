@@ -54,6 +54,7 @@ def calibrate(
     from profiles.calibrate import (
         PARAMS,
         calibrated_profile,
+        check_rows_fit,
         fit_rows,
         price_all,
         profile_params,
@@ -64,9 +65,13 @@ def calibrate(
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     out_tps = _tps(tp)
     rows, sha = read_measurements(measurements)
+    check_rows_fit(rows, model_spec, measurements)
     data_tps = sorted({r.tp for r in rows})
     out_tps = out_tps or data_tps
     names = tuple(profile_filename(gpu_spec.name, model_spec.name, t) for t in out_tps)
+    from cli.options import check_inputs_kept
+
+    check_inputs_kept(out, [measurements, model], names)
     check_out_folder(out, names)
     from profiles.calibrate import batch_config
     from simcore.memory import plan_memory

@@ -168,3 +168,17 @@ def check_slos(**limits: float | None) -> None:
     for flag, limit in limits.items():
         if limit is not None and not (limit > 0 and limit != float("inf")):
             raise ConfigError(f"--{flag.replace('_', '-')} must be a finite number > 0, got {limit}")
+
+
+def check_inputs_kept(out: Path | None, inputs: list[str | Path | None], names: tuple[str, ...] = (),
+                      flag: str = "--out") -> None:
+    """An output that would replace one of the command's own input files is refused: the input
+    would be lost. `names` are the files written into the folder `out` (none: `out` is the file)."""
+    if out is None:
+        return
+    out = Path(out).expanduser()
+    targets = {(out / name).resolve() for name in names} if names else {out.resolve()}
+    for given in inputs:
+        if given is not None and Path(given).expanduser().is_file() and Path(given).expanduser().resolve() in targets:
+            raise ConfigError(f"{flag} {out}: would overwrite the input file {given}")
+

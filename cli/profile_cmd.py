@@ -86,15 +86,21 @@ def profile(
     gpu_spec = get_gpu(gpu) if gpu else None
     if tp <= 0 or tp & (tp - 1) or spec.num_attention_heads % tp:
         raise ConfigError(f"--tp must be a power of two dividing {spec.num_attention_heads} heads, got {tp}")
-    if repeats <= 0 or warmup < 0:
-        raise ConfigError("--repeats must be positive and --warmup >= 0")
+    _check_timing_flags(repeats, warmup, seed)
     if dtype not in ("auto", "bfloat16", "float16", "float32"):
         raise ConfigError(f"--dtype must be auto, bfloat16, float16 or float32, got {dtype!r}")
+    sizes = _block_sizes(block_sizes)
+    if out is not None:  # before the minutes of measuring
+        from cli.options import check_inputs_kept
+        from cli.output import check_out_file
+
+        check_inputs_kept(out, [model])
+        check_out_file(out)
     from profiles.harness import HarnessConfig, require_torch
 
     require_torch()
     cfg = HarnessConfig(
-        model=spec, device=device.value, tp=tp, gpu=gpu_spec, block_sizes=_block_sizes(block_sizes),
+        model=spec, device=device.value, tp=tp, gpu=gpu_spec, block_sizes=sizes,
         quick=quick, repeats=repeats, warmup=warmup, dtype=dtype, backend=backend.value, seed=seed,
     )
     doc = _run_with_progress(cfg)
@@ -102,9 +108,10 @@ def profile(
 
     parse_profile(doc, "measured profile")
     from profiles.lookup import dtype_tag, profile_filename
+    from reports.files import write_file
 
     path = out or Path(profile_filename(doc["gpu"].replace(" ", "_"), spec.name, tp, dtype_tag(spec.weight_dtype)))
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    write_file(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=1) + "\n"))
     prov = doc["provenance"]
     typer.echo(
         f"wrote {path}: {prov['device_name']}, decode backend {prov['decode_backend']}, "
@@ -115,6 +122,15 @@ def profile(
     noise = noise_summary(prov.get("noise") or {})
     if noise:
         typer.echo(f"WARNING {noise}", err=True)
+
+
+def _check_timing_flags(repeats: int, warmup: int, seed: int) -> None:
+    if repeats <= 0:
+        raise ConfigError(f"--repeats must be an integer >= 1, got {repeats}")
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be an integer >= 0, got {warmup}")
+    if seed < 0:
+        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
 
 
 def _with_progress(description: str, total: int | None, work):
@@ -193,8 +209,17 @@ def validate_cmd(
     from profiles.validate import ValidateConfig
     from simcore.latency import load_profile
 
-    if repeats <= 0 or warmup < 0:
-        raise ConfigError("--repeats must be positive and --warmup >= 0")
+    _check_timing_flags(repeats, warmup, seed)
+    if block_size is not None:
+        from simcore.specs import EngineConfig
+
+        EngineConfig(block_size=block_size)  # a power of two vLLM has, else a ConfigError naming --block-size
+    if out is not None:
+        from cli.options import check_inputs_kept
+        from cli.output import check_out_file
+
+        check_inputs_kept(out, [profile_path])
+        check_out_file(out)
     cfg = ValidateConfig(
         profile=load_profile(profile_path), device=device.value if device else None,
         step_set=steps.value if steps else None, block_size=block_size,
@@ -202,7 +227,9 @@ def validate_cmd(
     )
     result = _validate_with_progress(cfg)
     if out is not None:
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        from reports.files import write_file
+
+        write_file(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
     _print_validation(result, out)
 
 
@@ -254,7 +281,7 @@ def check_cmd(
 ) -> None:
     """Price every row of a measurements file with a profile (as `kvsim calibrate` does: a batch of
     B requests at t = 0) and print per-row and median errors."""
-    from profiles.calibrate import check_rows, price_all, read_measurements
+    from profiles.calibrate import check_rows, check_rows_fit, price_all, read_measurements
     from profiles.lookup import check_profile_matches
     from simcore.catalog import get_gpu, get_model
     from simcore.latency import load_profile
@@ -269,6 +296,7 @@ def check_cmd(
     gpu_spec = get_gpu(first.data["gpu"])
     for t, p in by_tp.items():
         check_profile_matches(p, model_spec, t, gpu_spec)
+    check_rows_fit(rows, model_spec, measurements)
     usable = [r for r in rows if r.tp in by_tp]
     skipped = len(rows) - len(usable)
     if not usable:

@@ -45,6 +45,7 @@ from cli.options import (
     ThinkTime,
     Workload,
     check_common,
+    check_inputs_kept,
     check_slos,
     engine_options,
     parse_goodput,
@@ -60,6 +61,8 @@ from cli.output import (
     format_summary,
     rejected_lines,
     result_problems,
+    run_staging,
+    stream_tables,
     write_outputs,
 )
 from simcore.catalog import get_gpu, get_model
@@ -118,7 +121,6 @@ def run(
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
-    from simcore.simulate import simulate
     from workloads import load_workload
 
     fields, given = engine_options(
@@ -164,7 +166,9 @@ def run(
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
     memory = resolved.memory
-    check_out_folder(out, ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES)  # before any work
+    out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
+    check_inputs_kept(out, [workload, profile, model], out_files)
+    check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
@@ -178,12 +182,26 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
+        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging)
+        fatal = _report(result, wl, slo, seed, out, as_json, staging)
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging):
+    from simcore.simulate import simulate
+
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                          exact_steps=exact_steps)
+        return simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
+                        exact_steps=exact_steps, stream=stream_tables(staging))
     finally:
         progress.stop()
+
+
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+    """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
@@ -198,11 +216,10 @@ def run(
         s = result.summary
         typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
                    "completed once warm; the queue grows for as long as the load lasts", err=True)
+    from reports.capacity import summary_with_goodput
     from reports.regime import regime_of
 
     regime = regime_of(result)
-    from reports.capacity import summary_with_goodput
-
     summary = {
         **configured_load(result.record["workload"]),
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
@@ -211,8 +228,8 @@ def run(
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {
-            "requests.csv": result.requests, "steps.csv": result.steps, "summary.json": document,
-        })
+            "requests.csv": lambda: result.requests, "steps.csv": lambda: result.steps, "summary.json": document,
+        }, staging)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
@@ -220,8 +237,7 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
-    if fatal is not None:
-        fail(fatal, EMPTY_RESULT_EXIT)
+    return fatal
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:

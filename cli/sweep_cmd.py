@@ -46,6 +46,8 @@ from cli.options import (
     ThinkTime,
     Workload,
     check_common,
+    check_inputs_kept,
+    check_slos,
     engine_options,
     refuse_irrelevant,
     workload_overrides,
@@ -251,9 +253,7 @@ def sweep(
     )
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
-    for flag, limit in (("--slo-ttft-p95-ms", slo_ttft_p95_ms), ("--slo-tpot-p95-ms", slo_tpot_p95_ms)):
-        if limit is not None and not limit > 0:
-            raise ConfigError(f"{flag} must be > 0, got {limit}")
+    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if resume and out is None:
         raise ConfigError("--resume needs --out (the table to finish)")
     if address is not None and executor is not ExecutorName.ray:
@@ -263,6 +263,7 @@ def sweep(
     from reports.sweep_runner import check_executor
 
     check_executor(executor.value, address)
+    check_inputs_kept(out, [workload, profile, model])
     table = _table(out)
     check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_specs = [get_model(m) for m in parse_list("--model", model, str)]

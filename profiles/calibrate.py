@@ -112,6 +112,8 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
             raise MeasurementError(f"{path}:{i}: more values than columns")
         where = f"{path}:{i}"
         keys = {k: _int(raw.get(k) or "", k, where) for k in KEYS}
+        if keys["tp"] & (keys["tp"] - 1):
+            raise MeasurementError(f"{where}: tp must be a power of two, got {keys['tp']}")
         measured = {}
         for q in given:
             v = raw.get(q) or ""
@@ -130,6 +132,18 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
             raise MeasurementError(f"{where}: decode_ms needs output_len >= 2")
         rows.append(Measurement(i, measured=measured, **keys))
     return rows, hashlib.sha256(blob).hexdigest()
+
+
+def check_rows_fit(rows: list[Measurement], model: ModelSpec, path: str | Path) -> None:
+    """Every row must be a run the model can serve (prompt + output within its context), checked
+    before any row is priced."""
+    context = model.max_position_embeddings
+    for r in rows:
+        if r.input_len + r.output_len > context:
+            raise MeasurementError(
+                f"{path}:{r.line}: input_len + output_len = {r.input_len + r.output_len:,} tokens is longer "
+                f"than {model.name}'s context of {context:,}"
+            )
 
 
 @dataclass

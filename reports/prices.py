@@ -24,7 +24,10 @@ BUILTIN_USD_PER_GPU_HOUR: dict[str, float] = {
 
 
 def _price(name: str, value: object, where: str) -> tuple[str, float]:
-    gpu = get_gpu(str(name)).name  # unknown GPU: ConfigError naming the catalog
+    try:
+        gpu = get_gpu(str(name)).name
+    except ConfigError as exc:  # unknown GPU: the catalog's message, naming the flag or file
+        raise ConfigError(f"{where}: {exc}") from None
     try:
         usd = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

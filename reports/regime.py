@@ -66,6 +66,15 @@ def classify_regime(steps: pd.DataFrame, capacity_tokens: int, paged: bool, bloc
 
 
 def regime_of(result) -> Regime:
-    """The regime of a `simcore.simulate.Result`."""
+    """The regime of a `simcore.simulate.Result`: from its step table, or, when that table was
+    coalesced (a run longer than the step cap), from the same measures the recorder summed over
+    every step (`StepTotals`: peak KV, KV-blocked time, preemptions)."""
     paged = result.record["policy"]["allocator"] == "paged"
-    return classify_regime(result.steps, result.memory.num_gpu_tokens, paged, result.memory.block_size)
+    capacity = result.memory.num_gpu_tokens
+    if any(r.coalesced for r in result.recorders):
+        t = result.totals
+        peak = t.kv_allocated_max / capacity if capacity > 0 else 0.0
+        share = t.kv_blocked_s / t.duration_s if t.duration_s > 0 else 0.0
+        bound = peak >= PEAK_KV_THRESHOLD or share >= BLOCKED_SHARE_THRESHOLD or t.num_preempted > 0
+        return Regime(MEMORY_BOUND if bound else COMPUTE_BOUND, peak, share, t.num_preempted)
+    return classify_regime(result.steps, capacity, paged, result.memory.block_size)

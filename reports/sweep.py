@@ -129,7 +129,8 @@ def parse_zip(text: str | None, lists: dict[str, Sequence[Any]]) -> list[tuple[s
 def workload_columns(described: dict[str, Any]) -> dict[str, Any]:
     """The workload as flat row columns (name, load and lengths), from its description."""
     arrival = described.get("arrival") or {}
-    prompt, output = described.get("prompt_len") or {}, described.get("output_len") or {}
+    prompt, output = described.get("prompt_len"), described.get("output_len")
+    prompt, output = (x if isinstance(x, dict) else {} for x in (prompt, output))  # a trace's are text
     return {
         "workload": described.get("name"), "num_requests": described.get("num_requests"),
         "arrival": arrival.get("process"), "rate": arrival.get("rate"), "burstiness": arrival.get("burstiness"),

@@ -165,6 +165,9 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     )
 
 
+_HF_INT_MAX = 2**31 - 1  # every count is a tensor dimension or index; kernels index with int32
+
+
 def _hf_int(path: Path, cfg: dict, keys: tuple[str, ...], default: int | None = None, minimum: int = 1) -> int:
     """The first of `keys` present, as a whole number >= minimum (JSON true / 31.5 / "32" refused)."""
     key = next((k for k in keys if k in cfg and cfg[k] is not None), None)
@@ -174,8 +177,10 @@ def _hf_int(path: Path, cfg: dict, keys: tuple[str, ...], default: int | None = 
         return default
     value = cfg[key]
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, bool) or not whole or value < minimum:
-        raise ConfigError(f"model config {path}: field {key!r} must be a whole number >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not whole or not minimum <= value <= _HF_INT_MAX:
+        raise ConfigError(
+            f"model config {path}: field {key!r} must be a whole number from {minimum} to {_HF_INT_MAX:,}, got {value!r}"
+        )
     return int(value)
 
 

@@ -27,6 +27,16 @@ _INT_OPTIONS = (
 )
 _OPTIONAL_INT_OPTIONS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override")
 
+# vLLM refuses a swap space above 70% of the host's memory ("Too large swap space",
+# `CacheConfig.verify_with_parallel_config`, vllm/config/cache.py) summed over a node's GPUs.
+# kvsim does not know the host, so it takes the largest GPU server's: 2 TiB on an 8-GPU DGX
+# H100/H200 (NVIDIA DGX H100 datasheet, "System memory 2TB").
+HOST_MEMORY_GIB = 2048.0
+MAX_SWAP_SPACE_GIB = 0.7 * HOST_MEMORY_GIB / 8  # 179.2 GiB per GPU
+# The largest GPU clusters built hold ~200,000 GPUs (xAI Colossus, 2025); a deployment beyond
+# that is not a capacity plan, and each replica is simulated, so memory grows with it.
+MAX_NUM_GPUS = 200_000
+
 
 @dataclass(frozen=True, slots=True)
 class ResolvedConfig:
@@ -67,6 +77,11 @@ def check_numbers(config: EngineConfig) -> None:
         value = getattr(config, name)
         if not _is_number(value) or value < 0:
             raise ConfigError(f"{_flag(name)} must be a finite number >= 0, got {value!r}")
+    if config.swap_space > MAX_SWAP_SPACE_GIB:
+        raise ConfigError(
+            f"--swap-space {config.swap_space:g} GiB per GPU is more than vLLM allows on a "
+            f"{HOST_MEMORY_GIB:g} GiB, 8-GPU host (70% of its memory: {MAX_SWAP_SPACE_GIB:g} GiB per GPU)"
+        )
     for name in _INT_OPTIONS:
         value = getattr(config, name)
         if not _is_int(value) or value < 1:
@@ -75,6 +90,11 @@ def check_numbers(config: EngineConfig) -> None:
         value = getattr(config, name)
         if value is not None and (not _is_int(value) or value < 1):
             raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {value!r}")
+    if config.num_gpus > MAX_NUM_GPUS:
+        raise ConfigError(
+            f"--tp x --pp x --dp is {config.num_gpus:,} GPUs; kvsim plans deployments of at most "
+            f"{MAX_NUM_GPUS:,} GPUs (the largest clusters built)"
+        )
 
 
 def select_policy(config: EngineConfig) -> PolicySpec:

@@ -233,6 +233,10 @@ RESERVATIONS = ("max", "pow2", "oracle")
 ROUTERS = ("round-robin", "least-loaded")
 
 
+# vLLM's largest KV block (`BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`, vllm/config/cache.py).
+MAX_BLOCK_SIZE = 256
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """One engine replica's configuration, with vLLM's argument names and defaults.
@@ -266,8 +270,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         bs = self.block_size
-        if not isinstance(bs, int) or bs <= 0 or bs & (bs - 1):
-            raise ConfigError(f"--block-size must be a positive power of two, got {bs}")
+        if not isinstance(bs, int) or bs <= 0 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
+            raise ConfigError(f"--block-size must be a power of two from 1 to {MAX_BLOCK_SIZE}, got {bs}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 "--gpu-memory-utilization must be in (0, 1], got "

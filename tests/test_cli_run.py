@@ -110,7 +110,7 @@ def _bad_hf_config(tmp_path: Path) -> str:
         (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
         (["--gpu-memory-utilization", "0"], "(0, 1]"),
         (["--model", "llama3-70b"], "--tp 2 would fit"),
-        (["--input-len", "9000"], "longer than max_model_len"),
+        (["--input-len", "9000"], "--input-len 9000 tokens leaves no room for one output token within max_model_len"),
         (["--tp", "3"], "power of two"),
         (["--tp", "16", "--model", "tiny"], "must divide tiny's 4 attention heads"),
         (["--seed", "-1"], "--seed must be an integer >= 0"),

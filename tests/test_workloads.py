@@ -294,8 +294,10 @@ def test_the_arrival_process_returns_the_generation_counts(arrival):
 def test_prompt_longer_than_max_model_len_is_an_error():
     with pytest.raises(WorkloadError, match="prompt of 600 tokens is longer than max_model_len 512"):
         _spec(prompt_len=Fixed(600), max_model_len=512)
-    with pytest.raises(WorkloadError, match="prompt of 4096 tokens is longer than max_model_len 4096"):
+    with pytest.raises(WorkloadError, match="--input-len 4096 tokens leaves no room for one output token within max_model_len 4096"):
         load_workload("sharegpt", {"input_len": 4096}, max_model_len=4096)
+    with pytest.raises(WorkloadError, match="--output-len 4096 tokens leaves no room for a one-token prompt"):
+        load_workload("sharegpt", {"output_len": 4096}, max_model_len=4096)
     with pytest.raises(WorkloadError, match="longer than max_model_len"):
         load_workload("shared-prefix", max_model_len=1024)
     # a 8k-32k prompt workload on an 8k model would clip every prompt: refused, not run

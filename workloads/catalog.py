@@ -287,7 +287,21 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec:
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.1's safe loader, but `1e3` and `2.5e-3` are numbers (as in YAML 1.2, JSON and the CSV
-    trace reader), not strings: PyYAML's float pattern requires a dot and a signed exponent."""
+    trace reader), not strings: PyYAML's float pattern requires a dot and a signed exponent. A key
+    given twice is an error (YAML 1.2 requires unique keys; PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str):
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -369,7 +383,7 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
     for key, value in given.items():
         _check_override(key, value)
     if "rate" in given and "concurrency" in given:
-        raise WorkloadError("give either a request rate (open loop) or a concurrency (closed loop), not both")
+        raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
     if "rate" in given or "burstiness" in given:
@@ -442,8 +456,12 @@ def load_workload(
     spec = load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
     spec = apply_overrides(spec, overrides)
     if max_model_len is not None:
-        input_len = (overrides or {}).get("input_len")
-        if input_len is not None and input_len >= max_model_len:
-            raise WorkloadError(f"prompt of {input_len} tokens is longer than max_model_len {max_model_len}")
+        for key, room in (("input_len", "one output token"), ("output_len", "a one-token prompt")):
+            length = (overrides or {}).get(key)
+            if length is not None and length >= max_model_len:  # every request would be clipped
+                raise WorkloadError(
+                    f"--{key.replace('_', '-')} {length} tokens leaves no room for {room} within "
+                    f"max_model_len {max_model_len}"
+                )
         spec = dataclasses.replace(spec, max_model_len=int(max_model_len))
     return spec

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +22,7 @@ from simcore.errors import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 KVSIM_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
+MAX_INTEGER = 2**53  # cells are parsed as float64, which holds integers exactly up to here
 KVSIM_OPTIONAL = ("max_tokens", "n", "beam_width", "prefix_id", "num_prefix_tokens")
 _MIN_VALUE = {"max_tokens": 1, "n": 1, "beam_width": 1, "prefix_id": 0, "num_prefix_tokens": 0}
 _BLANK = {"max_tokens": 0, "n": 1, "beam_width": 1, "prefix_id": -1, "num_prefix_tokens": 0}  # 0 = the output
@@ -58,10 +60,10 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
     if size == 0:
         raise WorkloadError(f"trace file {path} is empty")
-    if path.endswith((".jsonl", ".json")):
-        frame, lines = _read_jsonl(path)
-    else:
-        frame, lines = _read_csv(path)
+    try:
+        frame, lines = _read_jsonl(path) if path.endswith((".jsonl", ".json")) else _read_csv(path)
+    except OSError as exc:  # unreadable (permissions), or gone while reading
+        raise WorkloadError(f"trace file {path}: cannot read it ({exc.strerror or exc})") from None
     if len(frame) == 0:
         raise WorkloadError(f"trace file {path} has a header but no rows")
     trace = _validate(path, frame, lines)
@@ -72,10 +74,12 @@ def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
 
 def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        with warnings.catch_warnings():  # a row longer than the header: pandas warns, we refuse
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise WorkloadError(f"trace file {path} is empty") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError) as exc:
         raise WorkloadError(f"trace file {path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
     frame.columns = [str(c).strip() for c in frame.columns]
     return frame, np.arange(len(frame)) + 2  # line 1 is the header
@@ -151,10 +155,12 @@ def _integers(
         values[column.astype(str).str.strip().to_numpy() == ""] = blank
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(values) | (values != np.floor(values)) | ((values < minimum) & (values != blank))
+        bad |= values > MAX_INTEGER
     row = _first_bad(bad)
     if row is not None:
+        limit = f"from {minimum} to {MAX_INTEGER:,}" if values[row] > MAX_INTEGER else f">= {minimum}"
         raise WorkloadError(
-            f"trace file {path}, line {lines[row]}: {name} is {column.iloc[row]!r}, expected an integer >= {minimum}"
+            f"trace file {path}, line {lines[row]}: {name} is {column.iloc[row]!r}, expected an integer {limit}"
         )
     return values.astype(np.int64)
 
