@@ -109,6 +109,7 @@ class StepRecorder:
         self._num_kept = 0
         self._pending = 0
         self.coalesced = False  # some kept rows stand for several rows (the table is coarser)
+        self._halvings = 0  # times the kept table was coalesced: a kept row is ~2**halvings rows
         self.streaming = False  # rows passed the cap and go to `spill` as they are sealed
         self.spill: Callable[[dict[str, np.ndarray]], None] | None = None
         self.kv_capacity = 0  # KV slots of the replica (0: unknown, no regime sums)
@@ -213,6 +214,8 @@ class StepRecorder:
             return
         if self.streaming and self.spill is not None:
             self.spill(self.table_columns(chunk))
+        for _ in range(self._halvings):  # new rows at the grain of the kept ones
+            chunk = _coalesce_pairs(chunk)
         self._kept.append(chunk)
         self._num_kept += len(chunk["start_s"])
         if self._num_kept <= self.cap:
@@ -225,6 +228,7 @@ class StepRecorder:
         merged = {name: np.concatenate([c[name] for c in self._kept]) for name in chunk}
         while len(merged["start_s"]) > self.cap // 2 and len(merged["start_s"]) > 1:
             merged = _coalesce_pairs(merged)
+            self._halvings += 1
         self._kept, self._num_kept, self.coalesced = [merged], len(merged["start_s"]), True
 
     def finalize(self) -> None:
@@ -238,18 +242,21 @@ class StepRecorder:
         return {name: values if name.endswith(("_s", "_ms")) or (coalesced and name != "num_steps")
                 else values.astype(np.int64) for name, values in chunk.items()}
 
-    def frame(self) -> pd.DataFrame:
-        """The kept rows (every row while under the cap)."""
-        import pandas as pd
-
+    def columns_kept(self) -> dict[str, np.ndarray]:
+        """The kept rows (every row while under the cap) as the table's numpy columns."""
         self.finalize()
         if not self._kept:
-            empty = {name: np.zeros(0, dtype=np.float64 if name.endswith(("_s", "_ms")) else np.int64)
-                     for name in self.columns}
-            return pd.DataFrame(empty, copy=False)
-        chunk = self._kept[0] if len(self._kept) == 1 else {
-            name: np.concatenate([c[name] for c in self._kept]) for name in self.columns}
-        return pd.DataFrame(self.table_columns(chunk, self.coalesced), copy=False)  # one block per dtype
+            return {name: np.zeros(0, dtype=np.float64 if name.endswith(("_s", "_ms")) else np.int64)
+                    for name in self.columns}
+        if len(self._kept) > 1:  # one chunk from now on
+            self._kept = [{name: np.concatenate([c[name] for c in self._kept]) for name in self.columns}]
+        return self.table_columns(self._kept[0], self.coalesced)
+
+    def frame(self) -> pd.DataFrame:
+        """The kept rows as a DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.columns_kept(), copy=False)  # one block per dtype
 
 
 def _coalesce_pairs(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -55,6 +55,13 @@ class Result:
             self._frames["requests"] = self.records.frame()
         return self._frames["requests"]
 
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """The step table as numpy columns (no pandas), replica after replica."""
+        tables = [r.columns_kept() for r in self.recorders]
+        if len(tables) == 1:
+            return tables[0]
+        return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
+
     @property
     def steps(self):
         """One row per step or decode span (`num_steps`), replica by replica."""
