@@ -67,11 +67,16 @@ class Samples:
         return self.count + len(self._buf)
 
     def extend(self, values: np.ndarray) -> None:
-        """Add an array of values (copied)."""
+        """Add an array of values (copied). A small one (a step's ITLs) joins the buffer: one
+        C call, where `_add` costs four numpy reductions (~40 us a step, more than the step)."""
+        if len(values) < _FLUSH:
+            self._buf.frombytes(np.asarray(values, dtype=np.float64).tobytes())
+            if len(self._buf) >= _FLUSH:
+                self._flush()
+            return
         if len(self._buf):
             self._flush()
-        if len(values):
-            self._add(np.array(values, dtype=np.float64, copy=True))
+        self._add(np.array(values, dtype=np.float64, copy=True))
 
     def settle(self, force: bool = False) -> None:
         """Move buffered single values into the store (cheap; called once per finished request)."""
