@@ -199,9 +199,11 @@ class Samples:
 
 
 # -- requests ----------------------------------------------------------------------------------
-# Rows kept in memory (71 bytes each, 71 MiB at the cap); beyond it the summary comes from
+# Rows kept in memory (71 bytes each, 36 MiB at the cap); beyond it the summary comes from
 # running sums and histograms, and the rows only go to the `spill` (requests.csv when --out).
-REQUEST_ROWS_CAP = 1 << 20
+# The end-of-run summary over kept rows needs ~5x their size in temporaries (derived latencies,
+# masks, the saturation fit): 2**19 rows keeps that peak near 200 MiB (benchmarks/bench_memory.py).
+REQUEST_ROWS_CAP = 1 << 19
 _ROW_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
 SATURATION_BLOCK = 64  # arrivals per block of the saturation sums beyond the cap
 
