@@ -246,6 +246,26 @@ for name in FILE_NAMES:
         case(f"{command}:{stem}-whitespace-only", argv, name, files={**supporting, name: "  \n\n\t\n"})
 
 
+SWEEP_TABLE_BAD = {
+    "missing": None, "empty": "", "binary": b"\x00\xff" * 40, "folder": DIR,
+    "not-a-sweep-table": "a,b\n1,2\n", "header-only": "point,seed,tp\n", "yaml": GOOD_YAML,
+}
+for table_id, content in SWEEP_TABLE_BAD.items():
+    case(f"report sweep:table-{table_id}", ["report", "sweep", "{d}/table.csv", "--out", "{d}/rep"], "table.csv",
+         files={} if content is None else {"table.csv": content})
+case("report sweep:slo-nan", ["report", "sweep", "{d}/table.csv", "--slo-ttft-p95-ms", "nan"], "--slo-ttft-p95-ms",
+     files={"table.csv": "x\n"})
+for compare_id, content in {"missing": None, "truncated": PROFILE.read_text()[:300], "folder": DIR,
+                            "not-a-profile": "{}"}.items():
+    case(f"profile compare:{compare_id}", ["profile", "compare", str(PROFILE), "{d}/b.json"], "b.json",
+         files={} if content is None else {"b.json": content})
+case("profile compare:block-size-zero", ["profile", "compare", str(PROFILE), str(PROFILE), "--block-size", "0"],
+     "--block-size")
+case("profile compare:policy-unknown", ["profile", "compare", str(PROFILE), str(PROFILE), "--policy", "magic"],
+     "--policy|magic")
+case("profile:quantization-int4", [*PROFILE_CMD, "--quantization", "int4"], "--quantization")
+
+
 # --- 4. Workload YAML: syntax, types, unknown keys at every level, lists for maps -------------
 
 WORKLOAD_YAML = {
@@ -330,6 +350,15 @@ PROFILES = {
     "other-gpu": profile_doc(gpu="A100-80GB"),
     "other-model-shape": profile_doc(model_shape__num_layers=80),
     "other-tp": profile_doc(tensor_parallel_size=2),
+    "other-dtype-fp8-weights": profile_doc(weight_dtype="fp8"),
+    "linear-all-zero": profile_doc(linear__time_ms=[0.0] * len(json.loads(PROFILE.read_text())["linear"]["time_ms"])),
+    "linear-1e300": profile_doc(linear__time_ms=[1e300] * len(json.loads(PROFILE.read_text())["linear"]["time_ms"])),
+    "linear-negative": profile_doc(linear__time_ms=[-1.0] * len(json.loads(PROFILE.read_text())["linear"]["time_ms"])),
+    "linear-length-mismatch": profile_doc(linear__time_ms=[1.0]),
+    "lm-head-nan": profile_doc(lm_head__time_ms=[float("nan")] * len(json.loads(PROFILE.read_text())["lm_head"]["time_ms"])),
+    "overhead-1e300": profile_doc(host_overhead__per_step_ms=1e300),
+    "decode-table-missing": profile_doc(decode_attention=_DELETE),
+    "overhead-string": profile_doc(host_overhead__per_step_ms="fast"),
 }
 for profile_id, text in PROFILES.items():
     for command, argv in file_commands("profile.json"):
@@ -586,3 +615,80 @@ def test_the_corpus_is_large_and_covers_every_command():
     assert len(CASES) >= 140
     assert {"run", "sweep", "plan", "report seed-table", "workloads show", "profile", "profile validate",
             "profile check", "calibrate"} <= commands
+
+
+# --- Output paths: the decisions, tested ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    [*PLAN, "--search-requests", "1000000"],
+    [*CALIBRATE, "{d}/m.csv", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB"],
+    ["profile", "--device", "cpu", "--model", "llama3-8b"],
+    [*VALIDATE, "--profile", str(TINY_PROFILE), "--steps", "full"],
+    ["report", "sweep", "{d}/table.csv"],
+], ids=["plan", "calibrate", "profile", "profile validate", "report sweep"])
+def test_unwritable_out_is_refused_in_under_a_second_on_the_other_commands(tmp_path, no_work, argv):
+    (tmp_path / "m.csv").write_text(GOOD_MEASURED)
+    (tmp_path / "table.csv").write_text("point,point_id,seed,tp\n0,a,0,1\n")
+    (tmp_path / "blocker").write_text("")
+    target = tmp_path / "blocker" / ("o.json" if argv[0] == "profile" else "out")
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, [a.replace("{d}", str(tmp_path)) for a in argv] + ["--out", str(target)])
+    assert time.perf_counter() - started < 1.0
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith(f"kvsim: error: --out {target}") and result.stderr.count("\n") == 1
+
+
+def test_out_above_the_inputs_keeps_them(tmp_path):
+    """Decided: an --out folder that holds the run's own inputs is fine. The folder is swapped as a
+    whole, and every entry kvsim does not write is carried over, so the inputs survive unchanged."""
+    out = tmp_path / "exp"
+    (out / "inputs").mkdir(parents=True)
+    workload = out / "w.yaml"
+    workload.write_text(GOOD_YAML)
+    config = out / "inputs" / "config.json"
+    config.write_text(json.dumps(HF_SHAPE))
+    for _ in range(2):  # a first run and a rerun into the same folder
+        result = CliRunner().invoke(app, ["run", "--workload", str(workload), "--model", str(config), "--out", str(out)])
+        assert result.exit_code == 0, result.stderr
+    assert workload.read_text() == GOOD_YAML and json.loads(config.read_text()) == HF_SHAPE
+    assert sorted(p.name for p in out.iterdir()) == ["inputs", "requests.csv", "steps.csv", "summary.json", "w.yaml"]
+
+
+def test_out_that_is_the_current_folder_or_above_is_refused_everywhere(tmp_path, monkeypatch, no_work):
+    """Decided: refused. The folder is swapped as a whole, which would pull the current directory
+    out from under the shell; give a folder of its own."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    for out in (".", "..", str(tmp_path), "/"):
+        result = CliRunner().invoke(app, [*RUN, "--out", out])
+        assert result.exit_code == 2 and "--out" in result.stderr, (out, result.stderr)
+
+
+@pytest.mark.parametrize("name", ["w.yaml", "t.csv", "config.json", "p.json", "prices.yaml", "m.csv"])
+def test_a_bom_and_crlf_line_ends_are_read_as_the_plain_file(tmp_path, name):
+    """Files saved by Windows editors (UTF-8 BOM, CRLF) mean what they say, in every reader."""
+    plain = {"w.yaml": GOOD_YAML, "t.csv": GOOD_TRACE, "config.json": json.dumps(HF_SHAPE, indent=1),
+             "p.json": TINY_PROFILE.read_text(), "prices.yaml": "H100-SXM-80GB: 3.5\n", "m.csv": GOOD_MEASURED}[name]
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + plain.replace("\n", "\r\n").encode())
+    if name in ("w.yaml", "t.csv"):
+        from workloads import load_workload
+
+        assert load_workload(str(path)).num_requests in (10, 2)
+    elif name == "config.json":
+        from simcore.catalog import get_model
+
+        assert get_model(str(path)).num_layers == 2
+    elif name == "p.json":
+        from simcore.latency import load_profile
+
+        assert load_profile(path).data["model"] == "tiny"
+    elif name == "prices.yaml":
+        from reports.prices import load_prices
+
+        assert load_prices([str(path)])["H100-SXM-80GB"] == 3.5
+    else:
+        from profiles.calibrate import read_measurements
+
+        assert len(read_measurements(path)[0]) == 2
