@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -89,16 +90,43 @@ def _load_label(s: dict[str, Any]) -> str:
     return verdict
 
 
-def write_outputs(out_dir: Path, files: dict[str, Any]) -> None:
-    """Write DataFrames as CSV and anything else as JSON, all files or none (reports.files)."""
+def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> None:
+    """Write DataFrames as CSV and anything else as JSON, all files or none (reports.files); a
+    callable content is called for its DataFrame only if the file was not streamed already
+    into `staging` (a `reports.files.Staging` opened before the run)."""
     from reports.files import write_files
 
     def writer(content: Any):
-        if hasattr(content, "to_csv"):
-            return lambda path: content.to_csv(path, index=False)
-        return lambda path: path.write_text(json.dumps(content, indent=2, default=str) + "\n")
+        def write(path: Path) -> None:
+            value = content() if callable(content) else content
+            if hasattr(value, "to_csv"):
+                value.to_csv(path, index=False)
+            else:
+                path.write_text(json.dumps(value, indent=2, default=str) + "\n")
 
-    write_files(out_dir, {name: writer(content) for name, content in files.items()})
+        return write
+
+    writers = {name: writer(content) for name, content in files.items()}
+    if staging is not None:
+        staging.commit(writers)
+    else:
+        write_files(out_dir, writers)
+
+
+def run_staging(out_dir: Path | None, names: tuple[str, ...] = ("requests.csv", "steps.csv", "summary.json")):
+    """The staging folder a run streams its tables into (a context manager; None without --out)."""
+    if out_dir is None:
+        return contextlib.nullcontext()
+    from reports.files import Staging
+
+    return Staging(out_dir, names)
+
+
+def stream_tables(staging: Any):
+    """`stream` for simcore.simulate: rows of a table the run cannot keep go to <table>.csv."""
+    if staging is None:
+        return None
+    return lambda table, columns: staging.append_csv(f"{table}.csv", columns)
 
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -76,7 +75,7 @@ def plan(
     tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
     search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
     confirm_requests: Annotated[int, typer.Option(help="Requests per confirming multi-replica run.")] = 2000,
-    confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm.")] = 2,
+    confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm with a full multi-replica run.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
@@ -136,7 +135,9 @@ def plan(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
-    update, stop = _progress()
+    from cli.output import LiveProgress
+
+    progress = LiveProgress("planning", None, "candidates searched")
     pool = None
     if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
         from concurrent.futures import ProcessPoolExecutor
@@ -145,10 +146,10 @@ def plan(
     try:
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
-                           confirm_top=confirm_top, progress=update, map_fn=pool.map if pool else map,
+                           confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
                            batch=jobs)
     finally:
-        stop()
+        progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     wall = time.perf_counter() - started
@@ -167,19 +168,6 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
     return dataclasses.replace(spec, num_requests=want)
-
-
-def _progress():
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), transient=True, console=Console(stderr=True))
-    task = progress.add_task("rate searches", total=None)
-    progress.start()
-    return (lambda done, total: progress.update(task, completed=done, total=total)), progress.stop
 
 
 COLUMNS = [("rank", "#"), ("gpus", "GPUs"), ("layout", "replicas x TP"), ("gpu", "GPU"), ("knobs", "engine"),

@@ -8,11 +8,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 from typer._click.core import ParameterSource
 
 from simcore.errors import ConfigError
+
+
+def _console(**kwargs):
+    from rich.console import Console  # rich only when printing (keeps `kvsim run` start-up light)
+
+    return Console(**kwargs)
+
+
+def _table(**kwargs):
+    from rich.table import Table
+
+    return Table(**kwargs)
+
 
 app = typer.Typer(
     help="Measure a step-latency profile with real kernels (torch), or compare two profiles.",
@@ -147,7 +158,7 @@ def _with_progress(description: str, total: int | None, work):
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
+        console=_console(stderr=True), transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
         return work(lambda label, n: bar.update(task, completed=n, description=label))
@@ -177,12 +188,12 @@ def compare_cmd(
         raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     pa, pb = load_profile(a), load_profile(b)
     rows, summary = compare(pa, pb, policy, block_size)
-    table = Table(title=f"A = {pa.label}\nB = {pb.label}")
+    table = _table(title=f"A = {pa.label}\nB = {pb.label}")
     for col in ("kind", "step", "A ms", "B ms", "B/A"):
         table.add_column(col, justify="left" if col in ("kind", "step") else "right")
     for step, ta, tb, ratio in rows:
         table.add_row(step.kind, step.label, f"{ta:.3f}", f"{tb:.3f}", f"{ratio:.3f}")
-    console = Console(width=120)
+    console = _console(width=120)
     console.print(table)
     console.print(
         f"median ratio B/A: {summary['median_ratio']:.3f}   worst ratio B/A: {summary['worst_ratio']:.3f}   "
@@ -245,7 +256,7 @@ def _validate_with_progress(cfg) -> dict:
 
 def _print_validation(result: dict, out: Path | None) -> None:
     prov, s = result["provenance"], result["summary"]
-    table = Table(title=(
+    table = _table(title=(
         f"{result['profile']['label']} vs whole steps on {prov['device_name']}\n"
         f"{result['steps']} steps, block size {result['block_size']}, backend {prov['decode_backend']}, "
         f"ratio = predicted / measured"
@@ -256,7 +267,7 @@ def _print_validation(result: dict, out: Path | None) -> None:
         mark = " *" if r["extrapolated"] else ""
         table.add_row(r["kind"], r["step"] + mark, f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
                       f"{r['ratio']:.3f}", f"{r['kernels_ratio']:.3f}")
-    console = Console(width=120)
+    console = _console(width=120)
     console.print(table)
     console.print(
         f"|error| whole step: median {100 * s['median_abs_rel_error']:.1f}%, worst "
@@ -312,13 +323,13 @@ def check_cmd(
     if as_json:
         typer.echo(json.dumps({"rows": table, "median_abs_error": medians, "skipped_rows": skipped}, indent=2))
         return
-    out = Table(title=f"{measurements} priced by {', '.join(p.label for p in by_tp.values())}")
+    out = _table(title=f"{measurements} priced by {', '.join(p.label for p in by_tp.values())}")
     for col in ("line", "tp", "B", "in", "out", "quantity", "measured ms", "kvsim ms", "error"):
         out.add_column(col, justify="right")
     for t in table:
         out.add_row(str(t["line"]), str(t["tp"]), str(t["batch_size"]), str(t["input_len"]), str(t["output_len"]),
                     t["quantity"], f"{t['measured_ms']:.2f}", f"{t['kvsim_ms']:.2f}", f"{t['error']:+.1%}")
-    Console(width=120).print(out)
+    _console(width=120).print(out)
     typer.echo("median |error|: " + ", ".join(f"{q} {v:.1%}" for q, v in medians.items()))
     if skipped:
         typer.echo(f"skipped {skipped} rows whose TP has no profile here", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -27,20 +26,6 @@ def reference_dir() -> Path | None:
     return None
 
 
-def _progress():
-    """A rich progress bar over the report's runs, on a terminal only."""
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    progress = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), transient=True, console=Console(stderr=True))
-    task = progress.add_task("simulating", total=None)
-    progress.start()
-    return (lambda done, total: progress.update(task, completed=done, total=total)), progress.stop
-
-
 @app.command("seed-table")
 def seed_table(
     num_requests: Annotated[int, typer.Option(min=1, help="Requests per simulated run.")] = 1000,
@@ -57,11 +42,13 @@ def seed_table(
     from reports.seed_table import FILES
 
     check_out_folder(out_dir, FILES)
-    update, stop = _progress()
+    from cli.output import LiveProgress
+
+    progress = LiveProgress("simulating", None, "runs")
     try:
-        report = build_seed_table(num_requests, seed, progress=update)
+        report = build_seed_table(num_requests, seed, progress=progress.update)
     finally:
-        stop()
+        progress.stop()
     paths = write_seed_table(report, out_dir)
     typer.echo(markdown_table(report))
     typer.echo(f"Wrote {', '.join(str(p) for p in paths)} (simulated in {report.wall_s:.1f} s)", err=True)

@@ -60,6 +60,8 @@ from cli.output import (
     format_summary,
     rejected_lines,
     result_problems,
+    run_staging,
+    stream_tables,
     write_outputs,
 )
 from simcore.catalog import get_gpu, get_model
@@ -117,7 +119,6 @@ def run(
     """Simulate one engine replica serving a workload; print a `vllm bench serve`-style summary."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
-    from simcore.simulate import simulate
     from workloads import load_workload
 
     fields, given = engine_options(
@@ -179,12 +180,26 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
+        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging)
+        fatal = _report(result, wl, slo, seed, out, as_json, staging)
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging):
+    from simcore.simulate import simulate
+
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        result = simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                          exact_steps=exact_steps)
+        return simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
+                        exact_steps=exact_steps, stream=stream_tables(staging))
     finally:
         progress.stop()
+
+
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+    """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     for note in wl.notes():
         typer.echo(f"NOTE {note}", err=True)
     for warning in wl.warnings():
@@ -198,11 +213,10 @@ def run(
         s = result.summary
         typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
                    "completed once warm; the queue grows for as long as the load lasts", err=True)
+    from reports.capacity import summary_with_goodput
     from reports.regime import regime_of
 
     regime = regime_of(result)
-    from reports.capacity import summary_with_goodput
-
     summary = {
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
@@ -210,8 +224,8 @@ def run(
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {
-            "requests.csv": result.requests, "steps.csv": result.steps, "summary.json": document,
-        })
+            "requests.csv": lambda: result.requests, "steps.csv": lambda: result.steps, "summary.json": document,
+        }, staging)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
@@ -219,8 +233,7 @@ def run(
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
-    if fatal is not None:
-        fail(fatal, EMPTY_RESULT_EXIT)
+    return fatal
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:

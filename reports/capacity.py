@@ -8,11 +8,18 @@ Poisson traffic this is exactly what `kvsim run --rate R` with the same seed dra
 The search runs on a fixed geometric grid of rates, r_k = (1 + tolerance)^k req/s, the same
 for every deployment and SLO:
 
-    bracket:  from a starting guess, double (or halve) until one rate passes and one fails
-    bisect:   on the grid index between them, until the two are neighbours
+    bracket:  from a starting guess, move up (or down) until one rate passes and one fails
+    narrow:   on the grid index between them, until the two are neighbours
 
-so the answer r_lo passed and r_lo * (1 + tolerance) failed: the true boundary lies in
-[r_lo, r_lo * (1 + tolerance)). Every run is kept and reused. Because the grid does not depend
+Where each move goes is guided by the runs' margins (`SLO.margin`: the worst p95 / limit):
+log(margin) is close to linear in log(rate) away from saturation, so the next rate is where
+the last runs' line crosses the limit (a secant inside the bracket, extrapolation outside it,
+at most a doubling or halving per move); without margins it doubles (halves) and bisects. A
+guessed run that fails to halve the bracket is followed by a bisection. The guide changes only
+which rates are run, never the answer's meaning: the answer r_lo passed and r_lo * (1 + tolerance) failed: the true boundary lies in
+[r_lo, r_lo * (1 + tolerance)) (r_lo is the highest passing rate below the lowest failing
+one, so noise that makes pass/fail non-monotone cannot put a failure under the answer). Every
+run is kept and reused. Because the grid does not depend
 on the deployment or the SLO, a pass/fail that is monotone in the rate gives an answer that
 is monotone too: a looser SLO or a faster GPU never lands on a lower grid point.
 
@@ -35,6 +42,11 @@ DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
 GOODPUT_ATTAINMENT = 0.9  # share of requests that must meet every per-request SLO; DistServe
 # (Zhong et al., OSDI 2024, section 2.2) sizes deployments for 90% SLO attainment
 MAX_HALVINGS = 8  # below start / 2^8 a deployment "sustains nothing" (its SLO fails when idle)
+# d ln(margin) / d ln(rate) assumed for a first move from a single run: the TTFT / TPOT p95 of
+# the planner's 70B runs (README "Planning") rise 1.0-2.0x as fast as the rate below saturation.
+# It only picks which rate to run next; every answer is still a passing grid rate whose
+# neighbour above failed, so a wrong elasticity costs runs, never correctness.
+ELASTICITY = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +66,45 @@ class SLO:
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
+        stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for key, limit, name in (("p95_ttft_ms", self.ttft_p95_ms, "TTFT p95"),
                                  ("p95_tpot_ms", self.tpot_p95_ms, "TPOT p95")):
             value = summary.get(key)
+            if limit is not None and value is None and stopped:
+                continue
             if limit is not None and (value is None or value > limit):
-                shown = "n/a" if value is None else f"{value:,.1f}"
-                reasons.append(f"{name} {shown} ms > {limit:g} ms")
-        if self.goodput_ms:
+                shown = "n/a" if value is None else f"{'>= ' if stopped else ''}{value:,.1f}"
+                reasons.append(f"{name} {shown} ms > {limit:g} ms" + (f" (run stopped: {stopped})" if stopped else ""))
+        if self.goodput_ms and not (stopped and "goodput_share" not in summary):
             share = summary.get("goodput_share") or 0.0
             if share < self.goodput_attainment:
                 reasons.append(f"{100 * share:.1f}% of requests meet every per-request SLO "
                                f"< {100 * self.goodput_attainment:g}%")
         return reasons
+
+    def margin(self, summary: dict[str, Any]) -> float | None:
+        """How far a run is from the boundary: the largest value / limit over the targets (> 1
+        misses one); for goodput, the share missing every per-request SLO over the share allowed
+        to. None without a latency target or a value. Guides the rate search (its next rate),
+        never decides pass or fail."""
+        ratios = []
+        stopped = summary.get("early_stop")  # a stopped run: the proven ratios (lower bounds) only
+        for key, limit in (("p95_ttft_ms", self.ttft_p95_ms), ("p95_tpot_ms", self.tpot_p95_ms)):
+            if limit is not None:
+                value = summary.get(key)
+                if value is None and stopped:
+                    continue
+                if value is None or not math.isfinite(value):
+                    return None
+                ratios.append(value / limit)
+        if self.goodput_ms and self.goodput_attainment < 1:
+            share = summary.get("goodput_share")
+            if share is None and stopped:
+                return max(ratios) if ratios else None
+            if share is None:
+                return None
+            ratios.append((1.0 - share) / (1.0 - self.goodput_attainment))
+        return max(ratios) if ratios else None
 
     def describe(self) -> dict[str, Any]:
         return {"ttft_p95_ms": self.ttft_p95_ms, "tpot_p95_ms": self.tpot_p95_ms,
@@ -222,24 +261,26 @@ def max_sustainable_rate(
     rate_floor: float = 0.0,
     first_step: int | None = None,
 ) -> Capacity:
-    """Bracket then bisect on the rate grid (module docstring); `evaluate(rate)` runs the
+    """Bracket then narrow on the rate grid (module docstring); `evaluate(rate)` runs the
     deployment at `rate` and returns its summary. Each grid rate is run at most once. A failure
     at or below `rate_floor` ends the search with `below_floor` (the caller does not care how
     much less than that the deployment sustains). `first_step` (grid steps) starts the bracket
-    small when `start_rate` is a good guess; the steps double up to a factor of 2 in rate."""
+    small when `start_rate` is a good guess and no SLO margin guides the next move."""
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise ConfigError(f"start rate must be > 0, got {start_rate}")
     seen: dict[int, RatePoint] = {}
+    margins: dict[int, float] = {}  # grid index -> log(margin), where the margin agrees with pass/fail
 
-    def passes(k: int) -> bool:
-        if k not in seen:
-            rate = grid_rate(k, tolerance)
-            summary = evaluate(rate)
-            reasons = slo.failures(summary)
-            seen[k] = RatePoint(rate, not reasons, tuple(reasons), summary)
-        return seen[k].passed
+    def run(k: int) -> None:
+        rate = grid_rate(k, tolerance)
+        summary = evaluate(rate)
+        reasons = slo.failures(summary)
+        seen[k] = RatePoint(rate, not reasons, tuple(reasons), summary)
+        m = slo.margin(summary)
+        if m is not None and (m <= 1.0) == (not reasons):  # an overloaded run within the targets has none
+            margins[k] = math.log(min(max(m, 1e-3), 1e3))
 
     def done(lo: int | None, at_least: bool = False) -> Capacity:
         points = tuple(seen[k] for k in sorted(seen))
@@ -247,53 +288,80 @@ def max_sustainable_rate(
         binding = next((p.reasons[0] for p in above if not p.passed), "")
         return Capacity(0.0 if lo is None else grid_rate(lo, tolerance), tolerance, points, at_least, binding)
 
-    doubling = max(1, math.ceil(math.log(2.0) / math.log1p(tolerance)))
+    per_step = math.log1p(tolerance)  # log-rate of one grid step
+    doubling = max(1, math.ceil(math.log(2.0) / per_step))
     step = doubling if first_step is None else max(1, min(first_step, doubling))
-    floor_k = math.ceil(math.log(rate_floor) / math.log1p(tolerance) - 1e-9) if rate_floor > 0 else None
-    k = grid_index(start_rate, tolerance)
+    floor_k = grid_index(floor_grid_rate(rate_floor, tolerance), tolerance) if rate_floor > 0 else None
     top = grid_index(rate_cap, tolerance) if rate_cap else None
     bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
-    if passes(k):
-        lo = k
-        while True:
-            hi = lo + step
-            step = min(2 * step, doubling)  # gallop: a good guess costs few runs, a bad one log2 more
-            if top is not None and hi >= top:
-                hi = top
-                if hi <= lo:
-                    return done(lo, at_least=True)
-                if passes(hi):
-                    return done(hi, at_least=True)
-                break
-            if not passes(hi):
-                break
-            lo = hi
-    else:
-        hi = k
-        while True:
-            lo = hi - step
-            step = min(2 * step, doubling)
-            if floor_k is not None and lo < floor_k:  # below the floor nothing matters: try it
-                if floor_k >= hi or not passes(floor_k):
-                    return replace(done(None), below_floor=grid_rate(min(hi, floor_k), tolerance))
-                lo = floor_k
-                break
-            if lo < bottom:
+    k = grid_index(start_rate, tolerance)
+    if top is not None:
+        k = min(k, top)
+    guessed: int | None = None  # the bracket's width before a guessed run
+    while True:
+        run(k)
+        failed = [j for j in seen if not seen[j].passed]
+        hi = min(failed) if failed else None
+        lo = max((j for j in seen if seen[j].passed and (hi is None or j < hi)), default=None)
+        if hi is not None and floor_k is not None and hi <= floor_k:
+            return replace(done(None), below_floor=grid_rate(hi, tolerance))
+        if lo is not None and hi is not None:  # bracketed: narrow it
+            if hi - lo == 1:
+                return done(lo)
+            if floor_k is not None and lo < floor_k < hi:
+                k = floor_k  # first settle whether the answer can reach the floor at all
+                continue
+            # a guessed run that did not halve the bracket is followed by a plain halving, so
+            # the bracket at least halves every two runs, as bisection's does every run
+            stalled = guessed is not None and hi - lo > (guessed + 1) // 2
+            guess = None if stalled else _crossing(margins, lo, hi)
+            k = (lo + hi) // 2 if guess is None else min(max(round(guess), lo + 1), hi - 1)
+            guessed = None if guess is None else hi - lo
+        elif lo is not None:  # every run passed: go up
+            if top is not None and lo >= top:
+                return done(lo, at_least=True)
+            guess = _extrapolate(margins, [j for j in sorted(seen) if seen[j].passed], per_step)
+            if guess is None:
+                k = lo + step
+                step = min(2 * step, doubling)  # gallop: a good guess costs few runs, a bad one log2 more
+            else:
+                k = min(max(round(guess), lo + 1), lo + doubling)
+            if top is not None:
+                k = min(k, top)
+        else:  # every run failed: go down
+            guess = _extrapolate(margins, sorted(failed, reverse=True), per_step)
+            if guess is None:
+                k = hi - step
+                step = min(2 * step, doubling)
+            else:
+                k = max(min(round(guess), hi - 1), hi - doubling)
+            if floor_k is not None and k < floor_k:
+                k = floor_k  # below the floor nothing matters: try it
+            elif k < bottom:
                 return done(None)
-            if passes(lo):
-                break
-            hi = lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if floor_k is not None and lo < floor_k < hi:
-            mid = floor_k  # first settle whether the answer can reach the floor at all
-        if passes(mid):
-            lo = mid
-        else:
-            hi = mid
-            if floor_k is not None and hi <= floor_k:
-                return replace(done(None), below_floor=grid_rate(hi, tolerance))
-    return done(lo)
+
+
+def _crossing(margins: dict[int, float], lo: int, hi: int) -> float | None:
+    """Where log(margin) crosses 0 between the bracket's ends (a secant), or None."""
+    if lo in margins and hi in margins and margins[hi] > margins[lo]:
+        return lo + (hi - lo) * (0.0 - margins[lo]) / (margins[hi] - margins[lo])
+    return None
+
+
+def _extrapolate(margins: dict[int, float], side: list[int], per_step: float) -> float | None:
+    """Where log(margin) reaches 0 beyond the runs on one side of the boundary (`side`, nearest
+    to it last): the slope of its last two runs when they rise with the rate, else the typical
+    elasticity (ELASTICITY); None without a margin."""
+    if not side or side[-1] not in margins:
+        return None
+    k = side[-1]
+    slope = ELASTICITY * per_step
+    if len(side) > 1 and side[-2] in margins:
+        j = side[-2]
+        measured = (margins[k] - margins[j]) / (k - j)
+        if measured > 0.25 * slope:
+            slope = measured
+    return k - margins[k] / slope
 
 
 def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
@@ -308,11 +376,104 @@ def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
 
 def simulator(model, gpu, config, spec, profile, seed: int, slo: SLO) -> Callable[[float], dict[str, Any]]:
     """`evaluate(rate)` for one deployment: simulate it serving `spec` rescaled to `rate`."""
-    from simcore.simulate import simulate
-
     scaler = RateScaler(spec)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        return summary_with_goodput(simulate(model, gpu, config, scaler.at(rate), profile, seed=seed), slo)
+        return run_against(model, gpu, config, scaler.at(rate), profile, seed, slo, early_stop=False)
 
     return evaluate
+
+
+def floor_grid_rate(rate_floor: float, tolerance: float) -> float:
+    """The grid rate a search runs for `rate_floor` (the first at or above it); 0 without one.
+    A failure at or below it ends the search (`below_floor`), so a run there that is going to
+    fail may stop as soon as that is certain: its numbers are never used."""
+    if rate_floor <= 0:
+        return 0.0
+    return grid_rate(math.ceil(math.log(rate_floor) / math.log1p(tolerance) - 1e-9), tolerance)
+
+
+# -- stopping a run once it provably fails -------------------------------------------------------
+
+CHECKS_PER_RUN = 40  # a run is tested each time 1/40 of its requests (at least 10) have left
+
+
+def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, early_stop: bool = False) -> dict[str, Any]:
+    """One run's summary (with goodput) for the rate search. With `early_stop` the run ends as
+    soon as the requests that already left prove a target missed: numpy's p95 of N values
+    exceeds a limit once N - floor(0.95 (N - 1)) of them do (and that count only grows with N,
+    so the run's own request count bounds it), and the goodput share falls short once more
+    requests missed a per-request SLO than the attainment allows. A stopped run's summary has
+    `early_stop` (why) and lower bounds for the p95s it proved too high; a run that is not
+    stopped is the very run `simulate()` makes (the watcher only reads the records)."""
+    from simcore.simulate import prepare
+
+    sim = prepare(model, gpu, config, workload, profile, seed=seed)
+    total = int(workload.num_requests)
+    records = sim.engine.lifecycle.records
+    if early_stop and slo.ttft_p95_ms is None and slo.tpot_p95_ms is None and not slo.goodput_ms:
+        early_stop = False
+    rate = getattr(workload, "rate", None)  # a ScaledWorkload: its requests arrive over total / rate s
+    if not early_stop or total > records.cap or not rate:
+        return summary_with_goodput(sim.run(), slo)
+    stop = sim.env.event()
+    sim.env.process(_watch(sim.env, records, total, total / rate / (2 * CHECKS_PER_RUN), slo, stop))
+    sim.env.run(until=stop)
+    if stop.value:
+        return stop.value
+    return summary_with_goodput(sim.run(), slo)
+
+
+def _watch(env, records, total: int, tick_s: float, slo: SLO, stop):
+    """A SimPy process: every `tick_s` simulated seconds, once enough more requests have left,
+    test whether the run already fails; succeed `stop` with the failing summary, or with None
+    once every request left or nothing has left for a long while (then `Simulation.run`
+    finishes the run as usual, stall check included). It only reads the records."""
+    every = max(10, total // CHECKS_PER_RUN)
+    checked = last = idle = 0
+    while True:
+        yield env.timeout(tick_s)
+        left = records.num_left
+        idle = idle + 1 if left == last and records.num_arrived >= total else 0
+        last = left
+        if left >= total or idle > 4 * CHECKS_PER_RUN:
+            stop.succeed(None)
+            return
+        if left - checked >= every:
+            checked = left
+            failed = _proven_failure(records, total, slo)
+            if failed is not None:
+                stop.succeed(failed)
+                return
+
+
+def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:
+    """A summary saying why the run already fails, from the rows that left, or None."""
+    from simcore.records import FINISHED, derived_latencies
+
+    cols = records.columns()
+    ttft, e2el, tpot = derived_latencies(cols)
+    finished = cols["status"] == FINISHED
+    need = total - math.floor(0.95 * (total - 1))  # values above a limit that fix numpy's p95 above it
+    summary: dict[str, Any] = {"early_stop": "", "completed_so_far": int(finished.sum()), "num_requests": total}
+    for key, values, limit in (("p95_ttft_ms", ttft, slo.ttft_p95_ms), ("p95_tpot_ms", tpot, slo.tpot_p95_ms)):
+        if limit is None:
+            continue
+        ms = values[finished & ~np.isnan(values)] * 1000.0
+        over = np.sort(ms[ms > limit])
+        if len(over) >= need:
+            summary[key] = float(over[-need])  # the need-th largest seen: a lower bound of the p95
+            summary["early_stop"] = summary["early_stop"] or (
+                f"{len(over)} of {total} requests already above {limit:g} ms ({key})")
+    if slo.goodput_ms:
+        good = finished.copy()
+        for name, limit_ms in slo.goodput_ms:
+            values = {"ttft": ttft, "tpot": np.where(np.isnan(tpot), 0.0, tpot), "e2el": e2el}[name]
+            with np.errstate(invalid="ignore"):
+                good &= values * 1000.0 <= limit_ms
+        bad = len(good) - int(good.sum())
+        if bad > total * (1.0 - slo.goodput_attainment):
+            summary["goodput_share"] = (total - bad) / total  # an upper bound
+            summary["early_stop"] = summary["early_stop"] or (
+                f"{bad} of {total} requests already miss a per-request SLO")
+    return summary if summary["early_stop"] else None

@@ -99,25 +99,61 @@ def write_files(out_dir: Path, writers: dict[str, Callable[[Path], None]]) -> li
     """Call each writer on a path in a new sibling folder, carry over the other entries of the old
     folder, then swap the new folder in with one rename. On any failure the old folder is left
     exactly as it was and the new one is removed."""
-    target = check_out_folder(out_dir, writers)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.kvsim-", dir=target.parent))
-    except OSError as exc:
-        raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
-    moved: list[str] = []
-    try:
-        for name, write in writers.items():
-            write(staging / name)
-        moved = _carry_over(target, staging, set(writers))
-        _swap(staging, target)
-    except OSError as exc:
-        for name in moved:  # folders carried over by rename go back
-            with contextlib.suppress(OSError):
-                os.rename(staging / name, target / name)
-        raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}; nothing was written") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # after the swap: the old folder
-    return [target / name for name in writers]
+    with Staging(out_dir, writers) as staging:
+        return staging.commit(writers)
+
+
+class Staging:
+    """The new folder of one all-or-nothing write, opened before the work so that files can be
+    written into it as the work goes (`append_csv`: rows streamed by a long run). `commit`
+    writes the remaining files, carries over the old folder's other entries and swaps the new
+    folder in; leaving the `with` block without a commit (an error, an interrupt) removes it
+    and leaves the old folder untouched."""
+
+    def __init__(self, out_dir: Path, names: Iterable[str]) -> None:
+        self.out_dir = out_dir
+        self.target = check_out_folder(out_dir, names)
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.kvsim-", dir=self.target.parent))
+        except OSError as exc:
+            raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
+        self.written: set[str] = set()  # files already complete or being streamed here
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)  # after a commit: the old folder
+
+    def append_csv(self, name: str, columns: dict) -> None:
+        """Append rows (a mapping of equal-length columns) to `name`, with the header first."""
+        import pandas as pd
+
+        first = name not in self.written
+        self.written.add(name)
+        try:
+            pd.DataFrame(columns, copy=False).to_csv(self.path / name, mode="w" if first else "a",
+                                                     header=first, index=False)
+        except OSError as exc:
+            raise KvsimError(f"cannot write to {self.out_dir}: {_why(exc)}; nothing was written") from None
+
+    def commit(self, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
+        """Write the files not streamed yet, then swap the folder in (see `write_files`)."""
+        target, staging = self.target, self.path
+        moved: list[str] = []
+        names = set(writers) | self.written
+        try:
+            for name, write in writers.items():
+                if name not in self.written:
+                    write(staging / name)
+            moved = _carry_over(target, staging, names)
+            _swap(staging, target)
+        except OSError as exc:
+            for name in moved:  # folders carried over by rename go back
+                with contextlib.suppress(OSError):
+                    os.rename(staging / name, target / name)
+            raise KvsimError(f"cannot write to {self.out_dir}: {_why(exc)}; nothing was written") from None
+        return [target / name for name in dict.fromkeys([*writers, *sorted(self.written)])]
 
 
 def _carry_over(old: Path, new: Path, written: set[str]) -> list[str]:

@@ -8,10 +8,12 @@
                  its prompt for TTFT, one decode step for TPOT: a lower bound no load can beat)
     search       the max sustainable rate r1 of ONE replica (reports.capacity), cheapest-looking
                  candidates first; a candidate whose throughput bound cannot beat the cheapest
-                 found so far is skipped
+                 found so far is skipped, and one that fails at the rate it would need to beat
+                 it (its floor) stops there
     size         replicas = ceil(target / r1), cost = replicas x TP x $/GPU-hour
-    confirm      the best few with a full run of all replicas behind the router at the target
-                 rate (one more replica if that run fails)
+    confirm      the best (`confirm_top`) with a full run of all replicas behind the router at
+                 the target rate (one more replica if that run fails; the next candidate if
+                 that fails too)
 
 r1 does not depend on the target, so one search serves every --rate, and a higher target never
 needs fewer replicas of a candidate. Splitting traffic over n replicas behind a least-loaded
@@ -30,7 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
+from reports.capacity import (
+    SLO,
+    Capacity,
+    RateScaler,
+    floor_grid_rate,
+    max_sustainable_rate,
+    run_against,
+    summary_with_goodput,
+)
 from simcore.errors import ConfigError, DoesNotFitError
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
@@ -40,7 +50,8 @@ from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 # traffic, i.e. dozens of end-to-end latencies. The confirmation runs use more (CONFIRM_REQUESTS).
 SEARCH_REQUESTS = 600
 CONFIRM_REQUESTS = 2000
-CONFIRM_TOP = 2  # candidates confirmed with a full multi-replica run
+CONFIRM_TOP = 1  # candidates confirmed with a full multi-replica run: the answer (the next one
+# steps up only if its confirmation fails); --confirm-top 2 also confirms the runner-up
 MAX_EXTRA_REPLICAS = 2  # replicas added when a confirmation run fails, before giving up
 PLAN_TOLERANCE = 0.04  # the rate search's bracket width for planning
 GUESSED_STEP = 3  # first bracket move (grid steps) when the start is guessed from searched candidates
@@ -194,13 +205,13 @@ class SearchTask:
 
 def run_search(task: SearchTask) -> Capacity:
     """The max sustainable rate of one replica (module-level so process pools can call it)."""
-    from simcore.simulate import simulate
-
     c, scaler = task.candidate, RateScaler(task.spec, task.take)
+    floor = floor_grid_rate(task.rate_floor, task.tolerance)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        result = simulate(c.model, c.gpu, c.config, scaler.at(rate), task.profile, seed=task.seed)
-        return summary_with_goodput(result, task.slo)
+        # at or below the floor a failure ends the search whatever its numbers: stop it once certain
+        return run_against(c.model, c.gpu, c.config, scaler.at(rate), task.profile, task.seed, task.slo,
+                           early_stop=rate <= floor * (1 + 1e-12))
 
     return max_sustainable_rate(evaluate, task.slo, task.start_rate, task.tolerance, task.rate_cap,
                                 task.rate_floor, task.first_step)
@@ -259,20 +270,26 @@ def search_all(
     tolerance: float, map_fn: Callable = map, batch: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Search r1 for every live candidate, cheapest lower bound first, in batches handed to
-    `map_fn` (builtin map, or an executor's map); skip what its bound says cannot win."""
+    """Search r1 for every live candidate, cheapest-looking first, in batches handed to `map_fn`
+    (builtin map, or an executor's map); skip what its bound says cannot win."""
     live = [a for a in assessments if a.status == "searched"]
-    # Largest replicas first: their runs are at high rates (big batches, few steps per token, so
-    # cheap to simulate) and the cost they set lets smaller ones stop at their floor rate
-    # (`_floor`) instead of being searched at low, slow-to-simulate rates. The order changes
-    # only how much is simulated: every skip is justified by a bound or a floor.
-    live.sort(key=lambda a: (-a.bounds.rate_ub, a.candidate.label))
+    pending = list(live)
     best = {t: math.inf for t in targets}
     cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
     done = 0
-    for start in range(0, len(live), batch):
+    if progress is not None:
+        progress(0, len(live))
+    while pending:
+        found = [b.r1 / b.bounds.rate_ub for b in live if b.capacity is not None and b.r1 > 0]
+        share = float(np.median(found)) if found else 0.5  # what share of its bound a replica reached
+        # Cheapest-looking first (its cost if it reached `share` of its throughput bound): once
+        # the likely winner is found, every other candidate only needs to show it cannot reach
+        # the rate at which it would be cheaper (`_floor`), usually one run at that rate. The
+        # order changes only how much is simulated: every skip is justified by a bound or a floor.
+        pending.sort(key=lambda a: (_estimated_cost(a, share, targets), -a.bounds.rate_ub, a.candidate.label))
         group = []
-        for a in live[start:start + batch]:
+        while pending and len(group) < batch:
+            a = pending.pop(0)
             if all(a.cost_lower_bound(t) > best[t] for t in targets):
                 a.status = "cost bound"
                 a.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} req/s per replica) it costs "
@@ -281,8 +298,6 @@ def search_all(
                 continue
             group.append(a)
         tasks = []
-        found = [b.r1 / b.bounds.rate_ub for b in live if b.capacity is not None and b.r1 > 0]
-        share = float(np.median(found)) if found else 0.5  # what share of its bound a replica reached
         for a in group:
             floor = _floor(a, best)
             start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
@@ -300,6 +315,13 @@ def search_all(
             done += 1
             if progress is not None:
                 progress(done, len(live))
+
+
+def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
+    """$/hour per req/s of target, summed over the targets, if one replica sustained `share` of
+    its throughput bound."""
+    rate = max(a.bounds.rate_ub * share, 1e-9)
+    return sum(a.cost_per_hour(math.ceil(t / rate)) / t for t in targets)
 
 
 # -- sizing, confirmation and the table --------------------------------------------------------

@@ -26,9 +26,12 @@ requests free their KV) from labelling a run; both measures are reported beside 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MEMORY_BOUND = "memory-bound"
 COMPUTE_BOUND = "compute-bound (KV not binding)"
@@ -46,26 +49,36 @@ class Regime:
     num_preempted: int  # preemptions summed over steps
 
 
-def classify_regime(steps: pd.DataFrame, capacity_tokens: int, paged: bool, block_size: int) -> Regime:
-    """Label one run from its step table (see the module docstring for the exact rule)."""
-    if len(steps) == 0 or capacity_tokens <= 0:
+def classify_regime(steps: pd.DataFrame | dict, capacity_tokens: int, paged: bool, block_size: int) -> Regime:
+    """Label one run from its step table, a DataFrame or a mapping of numpy columns (see the
+    module docstring for the exact rule)."""
+    allocated = np.asarray(steps["kv_allocated"])
+    if len(allocated) == 0 or capacity_tokens <= 0:
         return Regime(COMPUTE_BOUND, 0.0, 0.0, 0)
-    allocated = steps["kv_allocated"].to_numpy()
-    dt = steps["duration_s"].to_numpy()
-    queued = (steps["num_waiting"].to_numpy() + steps["num_swapped"].to_numpy()) > 0
-    preempted = steps["num_preempted"].to_numpy() > 0
-    usable_free = capacity_tokens - allocated - steps["kv_external"].to_numpy()
+    dt = np.asarray(steps["duration_s"])
+    queued = (np.asarray(steps["num_waiting"]) + np.asarray(steps["num_swapped"])) > 0
+    preempted = np.asarray(steps["num_preempted"]) > 0
+    usable_free = capacity_tokens - allocated - np.asarray(steps["kv_external"])
     unit = block_size if paged else 1
     blocked = queued & (preempted | (usable_free < unit))
     total = float(dt.sum())
     share = float(np.dot(blocked, dt)) / total if total > 0 else float(blocked.any())
     peak = float(allocated.max()) / capacity_tokens
-    num_preempted = int(steps["num_preempted"].sum())
+    num_preempted = int(np.asarray(steps["num_preempted"]).sum())
     bound = peak >= PEAK_KV_THRESHOLD or share >= BLOCKED_SHARE_THRESHOLD or num_preempted > 0
     return Regime(MEMORY_BOUND if bound else COMPUTE_BOUND, peak, share, num_preempted)
 
 
 def regime_of(result) -> Regime:
-    """The regime of a `simcore.simulate.Result`."""
+    """The regime of a `simcore.simulate.Result`: from its step table, or, when that table was
+    coalesced (a run longer than the step cap), from the same measures the recorder summed over
+    every step (`StepTotals`: peak KV, KV-blocked time, preemptions)."""
     paged = result.record["policy"]["allocator"] == "paged"
-    return classify_regime(result.steps, result.memory.num_gpu_tokens, paged, result.memory.block_size)
+    capacity = result.memory.num_gpu_tokens
+    if any(r.coalesced for r in result.recorders):
+        t = result.totals
+        peak = t.kv_allocated_max / capacity if capacity > 0 else 0.0
+        share = t.kv_blocked_s / t.duration_s if t.duration_s > 0 else 0.0
+        bound = peak >= PEAK_KV_THRESHOLD or share >= BLOCKED_SHARE_THRESHOLD or t.num_preempted > 0
+        return Regime(MEMORY_BOUND if bound else COMPUTE_BOUND, peak, share, t.num_preempted)
+    return classify_regime(result.step_columns(), capacity, paged, result.memory.block_size)

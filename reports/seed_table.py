@@ -125,6 +125,8 @@ def build_seed_table(num_requests: int = 1000, seed: int = 0, progress=None) -> 
     rows, profiles, warnings, series = [], {}, [], {}
     version, max_model_len = "", 0
     cells = [(st, pol) for st in SETTINGS for pol in POLICIES]
+    if progress is not None:
+        progress(0, len(cells))
     for i, (setting, policy) in enumerate(cells):
         result = run_point(setting, policy, num_requests, seed)
         rows.append(_row(setting, policy, result))

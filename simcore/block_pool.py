@@ -28,6 +28,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
+
 
 class AllocStatus(IntEnum):
     """Admission answer: OK now, LATER when memory frees up, NEVER (bigger than the cache)."""
@@ -114,13 +116,13 @@ class BlockPool:
 
 
 class _SeqBlocks:
-    """One sequence's block table and token count; owned by PagedAllocator."""
+    """One sequence's block table; its token count is the allocator's `_ntok[idx]`."""
 
-    __slots__ = ("table", "num_tokens", "on_cpu")
+    __slots__ = ("table", "idx", "on_cpu")
 
-    def __init__(self) -> None:
+    def __init__(self, idx: int) -> None:
         self.table: list[int] = []  # physical block ids, GPU or CPU pool per `on_cpu`
-        self.num_tokens = 0  # slots written (computed tokens), <= len(table) * block_size
+        self.idx = idx  # row of the allocator's token counts
         self.on_cpu = False  # True while swapped out
 
 
@@ -133,7 +135,32 @@ class PagedAllocator:
         self.gpu = BlockPool(num_gpu_blocks)
         self.cpu = BlockPool(num_cpu_blocks)
         self._seqs: dict[int, _SeqBlocks] = {}
+        # slots written (computed tokens) per sequence, <= len(table) * block_size; a numpy
+        # column by sequence index so a decode step updates a batch at once (`append_decodes`)
+        self._ntok = np.zeros(0, dtype=np.int64)
+        self._nt = memoryview(self._ntok)  # scalar access to _ntok (Python ints)
+        self._free_idx: list[int] = []
         self.num_cow_copies = 0  # blocks copied on write, for reporting
+
+    def _new_seq(self, seq_id: int) -> _SeqBlocks:
+        if not self._free_idx:
+            old = len(self._ntok)
+            grown = np.zeros(max(64, 2 * old), dtype=np.int64)
+            grown[:old] = self._ntok
+            self._ntok, self._nt = grown, memoryview(grown)
+            self._free_idx.extend(range(len(grown) - 1, old - 1, -1))
+        seq = self._seqs[seq_id] = _SeqBlocks(self._free_idx.pop())
+        self._nt[seq.idx] = 0
+        return seq
+
+    def _drop_seq(self, seq_id: int) -> _SeqBlocks:
+        seq = self._seqs.pop(seq_id)
+        self._free_idx.append(seq.idx)
+        return seq
+
+    def seq_index(self, seq_id: int) -> int:
+        """The sequence's row in the token counts, fixed while it lives (`append_decodes`)."""
+        return self._seqs[seq_id].idx
 
     # -- prefix caching ------------------------------------------------------------------
     @property
@@ -175,20 +202,20 @@ class PagedAllocator:
         hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
         num_cached_tokens = len(hits) * self.block_size
         num_new_blocks = self.blocks_for(num_cached_tokens + num_new_tokens) - len(hits)
-        seq = self._seqs[seq_id] = _SeqBlocks()
+        seq = self._new_seq(seq_id)
         for block_id in hits:
             gpu.touch(block_id)
             seq.table.append(block_id)
         for _ in range(num_new_blocks):
             seq.table.append(gpu.take())
-        seq.num_tokens = num_cached_tokens + num_new_tokens
+        self._nt[seq.idx] = num_cached_tokens + num_new_tokens
         return True
 
     def cache_full_blocks(self, seq_id: int, block_hashes: list[Hashable]) -> None:
         """Register the sequence's full blocks whose content these hashes name (first wins)."""
         seq = self._seqs[seq_id]
         assert not seq.on_cpu, "only blocks on the GPU are cached"
-        full = min(len(block_hashes), seq.num_tokens // self.block_size, len(seq.table))
+        full = min(len(block_hashes), self._nt[seq.idx] // self.block_size, len(seq.table))
         for index in range(full):
             self.gpu.cache(seq.table[index], block_hashes[index])
 
@@ -212,7 +239,7 @@ class PagedAllocator:
         return seq_id in self._seqs
 
     def num_tokens(self, seq_id: int) -> int:
-        return self._seqs[seq_id].num_tokens
+        return self._nt[self._seqs[seq_id].idx]
 
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._seqs[seq_id].table)
@@ -234,8 +261,9 @@ class PagedAllocator:
         if seq is None:
             return self.blocks_for(num_new_tokens)
         bs = self.block_size
-        need = -(-(seq.num_tokens + num_new_tokens) // bs) - len(seq.table)
-        if num_new_tokens and seq.num_tokens % bs and self.gpu.blocks[seq.table[-1]].ref_cnt > 1:
+        filled = self._nt[seq.idx]
+        need = -(-(filled + num_new_tokens) // bs) - len(seq.table)
+        if num_new_tokens and filled % bs and self.gpu.blocks[seq.table[-1]].ref_cnt > 1:
             need += 1
         return need
 
@@ -245,20 +273,20 @@ class PagedAllocator:
         seq = self._seqs.get(seq_id)
         created = seq is None
         if seq is None:
-            seq = self._seqs[seq_id] = _SeqBlocks()
+            seq = self._new_seq(seq_id)
         assert not seq.on_cpu, "append to a swapped-out sequence"
         bs = self.block_size
-        filled = seq.num_tokens
+        filled = self._nt[seq.idx]
         new_total = filled + num_new_tokens
         # Fast path: the last block has room and is not shared (a decode step, mostly).
         if filled % bs and new_total <= len(seq.table) * bs:
             if self.gpu.blocks[seq.table[-1]].ref_cnt == 1:
-                seq.num_tokens = new_total
+                self._nt[seq.idx] = new_total
                 return True
         need = self.num_blocks_needed(seq_id, num_new_tokens)
         if need > self.gpu.num_free:
             if created:  # an existing sequence, even an empty one, stays
-                del self._seqs[seq_id]
+                self._drop_seq(seq_id)
             return False
         gpu = self.gpu
         if num_new_tokens and filled % bs and gpu.blocks[seq.table[-1]].ref_cnt > 1:
@@ -268,24 +296,49 @@ class PagedAllocator:
             self.num_cow_copies += 1
         for _ in range(-(-new_total // bs) - len(seq.table)):
             seq.table.append(gpu.take())
-        seq.num_tokens = new_total
+        self._nt[seq.idx] = new_total
         return True
+
+    def append_decodes(self, indices: np.ndarray, block_seq_ids: list[int]) -> None:
+        """One decode slot for each sequence at `indices` (rows from `seq_index`): unshared,
+        on the GPU, and `block_seq_ids` exactly those whose last block is full, in the order
+        step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The caller
+        checked that they fit. Same block ids and counts as one `append_slots` per sequence."""
+        self._ntok[indices] += 1
+        seqs, take = self._seqs, self.gpu.take
+        for seq_id in block_seq_ids:
+            seqs[seq_id].table.append(take())
+
+    def append_runs(self, indices: np.ndarray, seq_ids: np.ndarray, num_new_tokens: int) -> None:
+        """`append_slots(seq_id, num_new_tokens)` for each sequence, in order: unshared, on the
+        GPU, at rows `indices`; the caller checked that their blocks fit."""
+        filled = self._ntok[indices]
+        new_total = filled + num_new_tokens
+        bs = self.block_size
+        new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
+        self._ntok[indices] = new_total
+        seqs, take = self._seqs, self.gpu.take
+        grows = np.flatnonzero(new_blocks)
+        for seq_id, count in zip(seq_ids[grows].tolist(), new_blocks[grows].tolist(), strict=True):
+            table = seqs[seq_id].table
+            for _ in range(count):
+                table.append(take())
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (parallel sampling, beam search)."""
         parent = self._seqs[parent_id]
         assert child_id not in self._seqs and not parent.on_cpu
-        child = self._seqs[child_id] = _SeqBlocks()
+        child = self._new_seq(child_id)
         child.table = list(parent.table)
-        child.num_tokens = parent.num_tokens
+        self._nt[child.idx] = self._nt[parent.idx]
         for block_id in child.table:
             self.gpu.incref(block_id)
 
     def free(self, seq_id: int) -> None:
         """Drop a sequence; its blocks return to their pool in reverse order when unshared."""
-        seq = self._seqs.pop(seq_id, None)
-        if seq is None:
+        if seq_id not in self._seqs:
             return
+        seq = self._drop_seq(seq_id)
         pool = self.cpu if seq.on_cpu else self.gpu
         for block_id in reversed(seq.table):
             pool.decref(block_id)

@@ -11,8 +11,10 @@ engine hands the plan here (`begin_step`) and then the step's outcome (`emit`, `
 Every move is checked against `LEGAL_TRANSITIONS`, and a request admitted twice keeps its
 first `first_scheduled_s`.
 
-Token emission and per-request counters go through `emit` only, so a faster representation
-(counters in arrays by slot, many decode steps as one event) changes this module alone.
+Token emission and per-request counters go through `emit` only. The counters of queued and
+running requests live in numpy columns by slot (`SlotStore`), and `running_slots()` lists the
+running requests' slots in `running` order, so a step of plain decodes (a `DecodeRun`) is a
+few array operations, and a decode span (many steps as one event) a few more.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import simpy
 
 from simcore.records import RequestRecords, Samples
 from simcore.request import Request
-from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus
+from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
 from simcore.step import StepPlan
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
@@ -48,9 +50,11 @@ class Lifecycle:
         self.waiting: deque[ReqState] = deque()  # FIFO; recompute-preempted go to the front
         self.running: list[ReqState] = []  # admission order; preemption takes the tail
         self.swapped: deque[ReqState] = deque()  # preempted by swap, FIFO
-        # every gap between consecutive tokens, pooled: `itl.append(x)` per value or
-        # `itl.extend(array)` per step; exact up to a cap, then a histogram (simcore.records)
+        # every gap between consecutive tokens, pooled: `_add_itls(array)` once per step;
+        # exact up to a cap, then a histogram (simcore.records)
         self.itl = Samples()
+        self.store = SlotStore()  # counters of queued and running requests, by slot
+        self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self.num_done = 0  # finished + rejected
         self._progress = progress
 
@@ -80,7 +84,29 @@ class Lifecycle:
 
     def enqueue(self, st: ReqState) -> None:
         assert st.status == RequestStatus.WAITING and st.num_computed_tokens == 0
+        self.store.attach(st)
         self.waiting.append(st)
+
+    def running_slots(self) -> np.ndarray:
+        """The slots of `running`, in its order (a view: valid until the queues change)."""
+        return self._run_slots[: len(self.running)]
+
+    def _run(self, st: ReqState) -> None:
+        running = self.running
+        if len(running) == len(self._run_slots):
+            self._run_slots = np.concatenate([self._run_slots, np.zeros_like(self._run_slots)])
+        self._run_slots[len(running)] = st.slot
+        running.append(st)
+
+    def _unrun(self, st: ReqState) -> None:
+        running = self.running
+        if running[-1] is st:
+            running.pop()
+            return
+        i = running.index(st)
+        del running[i]
+        slots = self._run_slots
+        slots[i : len(running)] = slots[i + 1 : len(running) + 1].copy()
 
     def reject(self, st: ReqState, reason: str) -> None:
         assert reason, "a rejection needs a reason"
@@ -101,11 +127,7 @@ class Lifecycle:
     def preempt(self, st: ReqState, by_swap: bool) -> None:
         """Take a running request off the GPU: by swap (its KV is kept on the CPU) to the back
         of `swapped`, or by recompute (its KV is dropped) to the front of `waiting`."""
-        running = self.running
-        if running and running[-1] is st:
-            running.pop()
-        else:
-            running.remove(st)
+        self._unrun(st)
         st.num_preemptions += 1
         if by_swap:
             self._move(st, RequestStatus.SWAPPED)
@@ -119,7 +141,7 @@ class Lifecycle:
         assert self.swapped and self.swapped[0] is st, "swap-in takes the head of the swapped queue"
         self.swapped.popleft()
         self._move(st, RequestStatus.RUNNING)
-        self.running.append(st)
+        self._run(st)
 
     def admit(self, st: ReqState, now: float, num_cached_tokens: int = 0, output_cap: int = 0) -> None:
         """Start (or restart, after recompute) a waiting request; the head of the queue unless
@@ -136,25 +158,51 @@ class Lifecycle:
             st.num_output_target = max(1, min(st.num_output_target, output_cap))
         if st.first_scheduled_s < 0:
             st.first_scheduled_s = now
-        self.running.append(st)
+        self._run(st)
 
     # -- the step's outcome ------------------------------------------------------------------
     def emit(self, plan: StepPlan, now: float) -> list[ReqState]:
-        """Advance every scheduled request; return those that produced their last token."""
-        itl = self.itl.append
-        finished = []
-        for st, num_new in plan.scheduled:
-            st.num_computed_tokens += num_new
-            if st.num_computed_tokens == st.num_tokens:
-                if st.num_generated:
-                    itl(now - st.last_token_s)
-                else:
-                    st.first_token_s = now
-                st.last_token_s = now
-                st.num_generated += 1
-                st.num_tokens += 1
-                if st.num_generated >= st.num_output_target:
-                    finished.append(st)
+        """Advance every scheduled request; return those that produced their last token, and
+        pool the step's inter-token gaps (in schedule order)."""
+        store = self.store
+        finished: list[ReqState] = []
+        pieces: list[np.ndarray] = []  # ITLs, in order
+        gaps: list[float] = []  # ITLs of single requests since the last DecodeRun
+        for part in plan.parts:
+            if type(part) is tuple:
+                st, num_new = part
+                st.num_computed_tokens = computed = st.num_computed_tokens + num_new
+                if computed == st.num_tokens:
+                    generated = st.num_generated
+                    if generated:
+                        gaps.append(now - st.last_token_s)
+                    else:
+                        st.first_token_s = now
+                    st.last_token_s = now
+                    st.num_generated = generated = generated + 1
+                    st.num_tokens = computed + 1
+                    if generated >= st.num_output_target:
+                        finished.append(st)
+                continue
+            slots = part.slots  # plain decodes: num_tokens == num_computed_tokens + 1, one token out
+            if gaps:
+                pieces.append(np.array(gaps))
+                gaps = []
+            last = store.last_token
+            pieces.append(now - last[slots])
+            last[slots] = now
+            store.computed[slots] += 1
+            store.tokens[slots] += 1
+            generated = store.generated[slots] + 1
+            store.generated[slots] = generated
+            done = generated >= store.target[slots]
+            if done.any():
+                by_slot = store.by_slot
+                finished.extend([by_slot[s] for s in slots[done].tolist()])
+        if gaps:
+            pieces.append(np.array(gaps))
+        if pieces:
+            self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
 
     def emit_span(self, plan: StepPlan, ends_s: np.ndarray) -> None:
@@ -164,18 +212,23 @@ class Lifecycle:
         num_steps = len(ends_s)
         if not num_steps:
             return
-        scheduled = plan.scheduled
-        first, last = float(ends_s[0]), float(ends_s[-1])
-        itl = self.itl
-        itl.extend(np.array([first - st.last_token_s for st, _ in scheduled]))
+        store = self.store
+        slots = plan.decode_slots()
+        assert len(slots) == plan.num_scheduled, "a decode span holds plain decodes only"
+        assert (store.generated[slots] + num_steps < store.target[slots]).all(), "nobody finishes in a span"
+        first = float(ends_s[0])
+        gaps = first - store.last_token[slots]
         if num_steps > 1:  # every request's gap in step k is ends_s[k-1] - ends_s[k-2]
-            itl.extend(np.repeat(np.diff(ends_s), len(scheduled)))
-        for st, num_new in scheduled:
-            assert num_new == 1 and st.num_generated and st.num_generated + num_steps < st.num_output_target
-            st.num_computed_tokens += num_steps
-            st.num_tokens += num_steps
-            st.num_generated += num_steps
-            st.last_token_s = last
+            gaps = np.concatenate([gaps, np.repeat(np.diff(ends_s), len(slots))])
+        self._add_itls(gaps)
+        store.computed[slots] += num_steps
+        store.tokens[slots] += num_steps
+        store.generated[slots] += num_steps
+        store.last_token[slots] = float(ends_s[-1])
+
+    def _add_itls(self, values: np.ndarray) -> None:
+        """Pool one step's (or span's) inter-token gaps, float64, in emission order."""
+        self.itl.extend(values)
 
     def finish(self, finished: list[ReqState], now: float) -> None:
         """Requests that produced their last token leave `running` (their KV is already back)."""
@@ -185,7 +238,22 @@ class Lifecycle:
             self._move(st, RequestStatus.FINISHED)
             st.finish_s = now
             self._leave(st)
-        self.running = [s for s in self.running if s.status == RequestStatus.RUNNING]
+        self._drop_finished(finished)
+
+    def _drop_finished(self, finished: list[ReqState]) -> None:
+        """Take finished requests out of `running` and give back their slots."""
+        store = self.store
+        if len(finished) <= 8:
+            for st in finished:
+                self._unrun(st)
+                store.detach(st)
+            return
+        kept = [s for s in self.running if s.status == RequestStatus.RUNNING]
+        self.running = []
+        for st in kept:
+            self._run(st)
+        for st in finished:
+            store.detach(st)
 
     def _leave(self, st: ReqState) -> None:
         """The request's row goes to the records; nothing here keeps the object."""

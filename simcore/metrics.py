@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simcore.records import (
     FINISHED,
@@ -20,6 +19,10 @@ from simcore.records import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pandas as pd
+
     from simcore.latency import StepLatencyModel
     from simcore.step import MemorySnapshot, StepPlan
 
@@ -34,6 +37,14 @@ STEP_COLUMNS = (
 # A span row holds the sums over its steps.
 COST_COLUMNS = ("kernels_ms", "collectives_ms", "host_ms")
 KV_KINDS = ("allocated", "live", "reserved_future", "internal", "stale", "external", "unshared")
+# Step rows kept in memory (21 columns, 168 B a row: ~42 MiB at the cap). Beyond it, adjacent rows
+# are coalesced in pairs (counts weighted by num_steps, KV by duration, costs summed), so the
+# table keeps covering the whole run at a coarser grain; `StepTotals` stay exact, and a caller
+# that wants every row gets them through `spill` (steps.csv with --out).
+STEP_ROWS_CAP = 1 << 18
+_STEP_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
+_PER_STEP = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_running", "num_waiting",
+             "num_swapped", "num_preempted", "num_swap_blocks")  # a row's per-step values
 
 
 @dataclass
@@ -45,6 +56,10 @@ class StepTotals:
     duration_s: float = 0.0
     seq_steps: int = 0  # sum over steps of the sequences scheduled
     max_running: int = 0  # most requests running at the end of a step
+    # the regime's measures (reports.regime), kept when the recorder knows the KV capacity
+    kv_allocated_max: int = 0  # most KV slots allocated at the end of a step
+    kv_blocked_s: float = 0.0  # time in steps that ended KV-blocked (see reports.regime)
+    num_preempted: int = 0
     kv_slot_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KV_KINDS, 0.0))  # sum kv * dt
 
     def add(self, other: StepTotals) -> None:
@@ -53,6 +68,9 @@ class StepTotals:
         self.duration_s += other.duration_s
         self.seq_steps += other.seq_steps
         self.max_running = max(self.max_running, other.max_running)
+        self.kv_allocated_max = max(self.kv_allocated_max, other.kv_allocated_max)
+        self.kv_blocked_s += other.kv_blocked_s
+        self.num_preempted += other.num_preempted
         for kind, value in other.kv_slot_s.items():
             self.kv_slot_s[kind] += value
 
@@ -76,20 +94,32 @@ class StepRecorder:
     """Column arrays, one row per step, or per decode span (`num_steps` > 1: its duration is the
     span's, its counts and KV the state at the end of its last step); cheap enough to call on
     every step. `totals` sums every step exactly, spans included. With a latency model it also
-    records each step's cost breakdown (the model reuses the step it just priced)."""
+    records each step's cost breakdown (the model reuses the step it just priced). At most
+    `cap` rows are kept (STEP_ROWS_CAP; older rows coalesced beyond it); `spill(columns)`, when
+    set, receives every row at full resolution once the cap is passed (the kept ones first)."""
 
-    def __init__(self, latency: StepLatencyModel | None = None) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}
+    def __init__(self, latency: StepLatencyModel | None = None, cap: int | None = None) -> None:
+        self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}  # rows not sealed yet
         self._appends = [self.columns[name].append for name in STEP_COLUMNS]
         self._cost_appends = [self.columns[name].append for name in COST_COLUMNS]
         self._breakdown = latency.step_breakdown_ms if latency is not None else None
         self.totals = StepTotals()
+        self.cap = STEP_ROWS_CAP if cap is None else cap
+        self._kept: list[dict[str, np.ndarray]] = []  # sealed chunks, oldest first
+        self._num_kept = 0
+        self._pending = 0
+        self.coalesced = False  # some kept rows stand for several rows (the table is coarser)
+        self._halvings = 0  # times the kept table was coalesced: a kept row is ~2**halvings rows
+        self.streaming = False  # rows passed the cap and go to `spill` as they are sealed
+        self.spill: Callable[[dict[str, np.ndarray]], None] | None = None
+        self.kv_capacity = 0  # KV slots of the replica (0: unknown, no regime sums)
+        self.kv_unit = 1  # smallest allocation (block size when paged)
 
     def record(
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
         num_running: int, num_waiting: int, num_swapped: int,
     ) -> None:
-        num_seqs = len(plan.scheduled)
+        num_seqs = plan.num_scheduled
         unshared = mem.unshared or mem.allocated
         values = (
             start, dt, 1, num_seqs, plan.num_tokens - plan.num_decode_seqs,
@@ -108,6 +138,13 @@ class StepRecorder:
         t = self.totals
         if num_running > t.max_running:
             t.max_running = num_running
+        if mem.allocated > t.kv_allocated_max:
+            t.kv_allocated_max = mem.allocated
+        if plan.num_preempted:
+            t.num_preempted += plan.num_preempted
+        if (self.kv_capacity and (num_waiting or num_swapped)
+                and (plan.num_preempted or self.kv_capacity - mem.allocated - mem.external < self.kv_unit)):
+            t.kv_blocked_s += dt
         t.num_steps += 1
         t.duration_s += dt
         t.seq_steps += num_seqs
@@ -119,6 +156,9 @@ class StepRecorder:
         kv["stale"] += mem.stale * dt
         kv["external"] += mem.external * dt
         kv["unshared"] += unshared * dt
+        self._pending += 1
+        if self._pending >= _STEP_CHUNK:
+            self._seal()
 
     def record_span(
         self, start: float, durations: np.ndarray, plan: StepPlan, allocated: np.ndarray,
@@ -129,7 +169,7 @@ class StepRecorder:
         stale): `allocated` / `internal` KV slots at the end of each step; `costs_ms` the
         span's (kernels, collectives, host) summed over its steps."""
         num_steps = len(durations)
-        num_seqs = len(plan.scheduled)
+        num_seqs = plan.num_scheduled
         duration = float(durations.sum())
         end_alloc, end_internal = int(allocated[-1]), int(internal[-1])
         values = (
@@ -144,6 +184,10 @@ class StepRecorder:
         t = self.totals
         if num_running > t.max_running:
             t.max_running = num_running
+        if end_alloc > t.kv_allocated_max:  # allocations only grow within a span
+            t.kv_allocated_max = end_alloc
+        if self.kv_capacity and (num_waiting or num_swapped):
+            t.kv_blocked_s += float(durations[allocated > self.kv_capacity - self.kv_unit].sum())
         t.num_steps += num_steps
         t.duration_s += duration
         t.seq_steps += num_seqs * num_steps
@@ -154,13 +198,91 @@ class StepRecorder:
         kv["live"] += alloc_s - internal_s
         kv["internal"] += internal_s
         kv["unshared"] += alloc_s
+        self._pending += 1
+        if self._pending >= _STEP_CHUNK:
+            self._seal()
+
+    # -- the kept table ----------------------------------------------------------------------
+    def _seal(self) -> None:
+        """Pending rows become a numpy chunk; past the cap they are spilled and the kept table is
+        coalesced."""
+        chunk = {name: np.frombuffer(col, dtype=np.float64).copy() for name, col in self.columns.items()}
+        for col in self.columns.values():
+            del col[:]
+        self._pending = 0
+        if not len(chunk["start_s"]):
+            return
+        if self.streaming and self.spill is not None:
+            self.spill(self.table_columns(chunk))
+        for _ in range(self._halvings):  # new rows at the grain of the kept ones
+            chunk = _coalesce_pairs(chunk)
+        self._kept.append(chunk)
+        self._num_kept += len(chunk["start_s"])
+        if self._num_kept <= self.cap:
+            return
+        if not self.streaming:
+            self.streaming = True
+            if self.spill is not None:  # the full-resolution rows so far, before any coalescing
+                for kept in self._kept:
+                    self.spill(self.table_columns(kept))
+        merged = {name: np.concatenate([c[name] for c in self._kept]) for name in chunk}
+        while len(merged["start_s"]) > self.cap // 2 and len(merged["start_s"]) > 1:
+            merged = _coalesce_pairs(merged)
+            self._halvings += 1
+        self._kept, self._num_kept, self.coalesced = [merged], len(merged["start_s"]), True
+
+    def finalize(self) -> None:
+        """Seal the last rows (the end of the run): spilled too when streaming."""
+        self._seal()
+
+    @staticmethod
+    def table_columns(chunk: dict[str, np.ndarray], coalesced: bool = False) -> dict[str, np.ndarray]:
+        """A chunk's columns as the table has them: times and costs float, counts int (the
+        weighted means of coalesced rows stay float)."""
+        return {name: values if name.endswith(("_s", "_ms")) or (coalesced and name != "num_steps")
+                else values.astype(np.int64) for name, values in chunk.items()}
+
+    def columns_kept(self) -> dict[str, np.ndarray]:
+        """The kept rows (every row while under the cap) as the table's numpy columns."""
+        self.finalize()
+        if not self._kept:
+            return {name: np.zeros(0, dtype=np.float64 if name.endswith(("_s", "_ms")) else np.int64)
+                    for name in self.columns}
+        if len(self._kept) > 1:  # one chunk from now on
+            self._kept = [{name: np.concatenate([c[name] for c in self._kept]) for name in self.columns}]
+        return self.table_columns(self._kept[0], self.coalesced)
 
     def frame(self) -> pd.DataFrame:
-        data = {}
-        for name, col in self.columns.items():
-            values = np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
-            data[name] = values.copy() if name.endswith(("_s", "_ms")) else values.astype(np.int64)
-        return pd.DataFrame(data, copy=False)  # one block per dtype; astype per column is slow
+        """The kept rows as a DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.columns_kept(), copy=False)  # one block per dtype
+
+
+def _coalesce_pairs(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows 2i and 2i+1 become one (an odd last row stays): start of the first, durations,
+    steps and costs summed, per-step counts weighted by num_steps, KV by duration; so the
+    step-weighted and time-weighted sums (`StepTotals.from_frame`) are unchanged."""
+    n = len(rows["start_s"])
+    even = n - n % 2
+    a = {name: col[0:even:2] for name, col in rows.items()}
+    b = {name: col[1:even:2] for name, col in rows.items()}
+    steps = a["num_steps"] + b["num_steps"]
+    dt = a["duration_s"] + b["duration_s"]
+    out = {"start_s": a["start_s"], "duration_s": dt, "num_steps": steps}
+    for name in _PER_STEP:
+        out[name] = (a[name] * a["num_steps"] + b[name] * b["num_steps"]) / steps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for kind in KV_KINDS:
+            name = f"kv_{kind}"
+            mean = (a[name] * a["duration_s"] + b[name] * b["duration_s"]) / dt
+            out[name] = np.where(dt > 0, mean, 0.5 * (a[name] + b[name]))
+    for name in COST_COLUMNS:
+        out[name] = a[name] + b[name]
+    out = {name: out[name] for name in rows}  # the table's column order
+    if n % 2:
+        out = {name: np.append(col, rows[name][-1]) for name, col in out.items()}
+    return out
 
 
 def _stats(prefix: str, values_s: np.ndarray | Samples, out: dict[str, Any]) -> None:

@@ -334,6 +334,7 @@ class RequestRecords:
         if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
             order = np.argsort(ids, kind="stable")
             cols = {name: col[order] for name, col in cols.items()}
+        self._chunks = [cols]  # one sorted chunk from now on, not a second copy
         return cols
 
     def table_columns(self, cols: dict[str, np.ndarray], replicas: bool | None = None) -> dict[str, np.ndarray]:

@@ -55,6 +55,13 @@ class Result:
             self._frames["requests"] = self.records.frame()
         return self._frames["requests"]
 
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """The step table as numpy columns (no pandas), replica after replica."""
+        tables = [r.columns_kept() for r in self.recorders]
+        if len(tables) == 1:
+            return tables[0]
+        return {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
+
     @property
     def steps(self):
         """One row per step or decode span (`num_steps`), replica by replica."""
@@ -107,6 +114,8 @@ class Simulation:
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
         records = engines[0].lifecycle.records
         records.finalize()
+        for engine in engines:
+            engine.recorder.finalize()
         itl = Samples.merged([e.lifecycle.itl for e in engines])
         totals = StepTotals()
         for engine in engines:
@@ -130,6 +139,8 @@ class Simulation:
             "requests": "exact" if records.kept else (
                 f"running sums and histograms, relative bin width {HIST_RELATIVE_WIDTH:.2g} "
                 f"(more than {records.cap:,} requests)"),
+            "steps": "every step" if not any(e.recorder.coalesced for e in engines) else (
+                f"at most {engines[0].recorder.cap:,} rows per replica, adjacent rows coalesced"),
         }}
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
@@ -146,10 +157,13 @@ def prepare(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     exact_steps: bool = False,
+    stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
-    (the reference mode) instead of pricing unchanged decode spans as one event."""
+    (the reference mode) instead of pricing unchanged decode spans as one event. `stream(table,
+    columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
+    (past the caps of simcore.records / simcore.metrics), so a caller can write them out."""
     started = time.perf_counter()
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
@@ -190,11 +204,18 @@ def prepare(
 
     records = RequestRecords()  # one table for every replica
     records.num_replicas = dp
+    if stream is not None:
+        records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
         engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
+        recorder = engine.recorder
+        recorder.kv_capacity = memory.num_gpu_tokens  # the regime's sums (reports.regime)
+        recorder.kv_unit = memory.block_size if cfg.policy.allocator == "paged" else 1
+        if stream is not None:
+            recorder.spill = _step_spill(stream, index if dp > 1 else None)
         env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)
@@ -216,6 +237,12 @@ def prepare(
     return Simulation(env, engines, memory, latency, record, workload, cfg, warnings, started)
 
 
+def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):
+    if replica is None:
+        return lambda columns: stream("steps", columns)
+    return lambda columns: stream("steps", {"replica": np.full(len(columns["start_s"]), replica), **columns})
+
+
 def simulate(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -225,7 +252,8 @@ def simulate(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     exact_steps: bool = False,
+    stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals)."""
-    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps).run()
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream).run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import numpy as np
 import simpy
 
 from simcore.request import Request
@@ -31,6 +32,72 @@ LEGAL_TRANSITIONS: frozenset[tuple[RequestStatus, RequestStatus]] = frozenset({
 })
 
 
+class SlotStore:
+    """The token counters and last-token time of every admitted, unfinished request, as numpy
+    columns indexed by the request's slot, so a step updates a whole batch in a few array
+    operations (simcore.lifecycle) instead of one Python attribute write per token. A slot is
+    taken at first admission and given back when the request leaves; slots are reused.
+
+    Scalar access (a request on a rare path) goes through memoryviews (`*_mv`), which read and
+    write Python ints / floats directly. Columns are replaced when the store grows: read them
+    from the store each time, never keep a column or memoryview across an admission."""
+
+    INT_COLUMNS = ("computed", "tokens", "generated", "target", "rid")
+    FLOAT_COLUMNS = ("last_token",)
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = 0
+        self.by_slot: list[ReqState | None] = []  # the request holding each slot
+        self._free: list[int] = []  # released slots, reused last-released first
+        self.simple = np.zeros(0, dtype=bool)  # n == 1 and no beam search: one sequence for life
+        for name in self.INT_COLUMNS:
+            setattr(self, name, np.zeros(0, dtype=np.int64))
+        self.last_token = np.zeros(0, dtype=np.float64)
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        old = self.capacity
+        for name in self.INT_COLUMNS + self.FLOAT_COLUMNS + ("simple",):
+            column = getattr(self, name)
+            grown = np.zeros(capacity, dtype=column.dtype)
+            grown[:old] = column
+            setattr(self, name, grown)
+        self.computed_mv, self.tokens_mv = memoryview(self.computed), memoryview(self.tokens)
+        self.generated_mv, self.target_mv = memoryview(self.generated), memoryview(self.target)
+        self.last_token_mv = memoryview(self.last_token)
+        self.by_slot.extend([None] * (capacity - old))
+        self._free.extend(range(capacity - 1, old - 1, -1))
+        self.capacity = capacity
+
+    def attach(self, st: ReqState) -> None:
+        """Move the request's counters into a free slot; they live there until `detach`."""
+        if not self._free:
+            self._grow(2 * self.capacity)
+        slot = self._free.pop()
+        self.computed_mv[slot] = st._computed
+        self.tokens_mv[slot] = st._tokens
+        self.generated_mv[slot] = st._generated
+        self.target_mv[slot] = st._target
+        self.last_token_mv[slot] = st._last_token_s
+        self.rid[slot] = st.request_id
+        req = st.request
+        self.simple[slot] = req.n == 1 and req.beam_width == 1
+        self.by_slot[slot] = st
+        st._store, st.slot = self, slot
+
+    def detach(self, st: ReqState) -> None:
+        """Copy the request's counters back onto it and free its slot (it is leaving)."""
+        slot = st.slot
+        st._computed = self.computed_mv[slot]
+        st._tokens = self.tokens_mv[slot]
+        st._generated = self.generated_mv[slot]
+        st._target = self.target_mv[slot]
+        st._last_token_s = self.last_token_mv[slot]
+        st._store, st.slot = None, -1
+        self.by_slot[slot] = None
+        self._free.append(slot)
+
+
 class ReqState:
     """One request inside an engine.
 
@@ -39,13 +106,16 @@ class ReqState:
 
         prompt p0..p4 | out o0 o1        num_tokens = 7
         computed: p0..p4 o0              num_computed_tokens = 6 -> next step computes o1
+
+    While admitted, the counters live in the lifecycle's `SlotStore` (slot `slot`); the
+    attributes below read and write them there, and the request keeps no copy until it leaves.
     """
 
     __slots__ = (
         "request", "request_id", "status", "num_prompt_tokens",
-        "num_output_target", "num_tokens", "num_computed_tokens", "num_generated",
-        "first_scheduled_s", "first_token_s", "last_token_s", "finish_s", "num_preemptions",
-        "reject_reason", "done",
+        "_target", "_tokens", "_computed", "_generated",
+        "first_scheduled_s", "first_token_s", "_last_token_s", "finish_s", "num_preemptions",
+        "reject_reason", "done", "slot", "_store",
     )
 
     def __init__(self, request: Request, done: simpy.Event, max_model_len: int):
@@ -53,20 +123,82 @@ class ReqState:
         self.request_id = request.request_id
         self.status = RequestStatus.WAITING
         self.num_prompt_tokens = request.num_prompt_tokens
+        self.slot = -1  # no SlotStore slot until admitted
+        self._store: SlotStore | None = None
         # vLLM stops a sequence at max_model_len (finish reason "length").
-        self.num_output_target = max(
+        self._target = max(
             1, min(request.num_output_tokens, max_model_len - request.num_prompt_tokens)
         )
-        self.num_tokens = request.num_prompt_tokens  # grows by one per emitted token
-        self.num_computed_tokens = 0  # tokens whose KV is written, <= num_tokens
-        self.num_generated = 0  # output tokens emitted so far
+        self._tokens = request.num_prompt_tokens  # grows by one per emitted token
+        self._computed = 0  # tokens whose KV is written, <= num_tokens
+        self._generated = 0  # output tokens emitted so far
         self.first_scheduled_s = -1.0  # first admission; kept across preemptions
         self.first_token_s = -1.0
-        self.last_token_s = -1.0
+        self._last_token_s = -1.0
         self.finish_s = -1.0
         self.num_preemptions = 0
         self.reject_reason = ""
         self.done = done  # succeeds when the request leaves (finished or rejected)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is written, <= num_tokens."""
+        return self._computed if self.slot < 0 else self._store.computed_mv[self.slot]
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value) -> None:
+        if self.slot < 0:
+            self._computed = value
+        else:
+            self._store.computed_mv[self.slot] = value
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output tokens so far; grows by one per emitted token."""
+        return self._tokens if self.slot < 0 else self._store.tokens_mv[self.slot]
+
+    @num_tokens.setter
+    def num_tokens(self, value) -> None:
+        if self.slot < 0:
+            self._tokens = value
+        else:
+            self._store.tokens_mv[self.slot] = value
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens emitted so far."""
+        return self._generated if self.slot < 0 else self._store.generated_mv[self.slot]
+
+    @num_generated.setter
+    def num_generated(self, value) -> None:
+        if self.slot < 0:
+            self._generated = value
+        else:
+            self._store.generated_mv[self.slot] = value
+
+    @property
+    def num_output_target(self) -> int:
+        """Output tokens the request will emit (vLLM stops at max_model_len)."""
+        return self._target if self.slot < 0 else self._store.target_mv[self.slot]
+
+    @num_output_target.setter
+    def num_output_target(self, value) -> None:
+        if self.slot < 0:
+            self._target = value
+        else:
+            self._store.target_mv[self.slot] = value
+
+    @property
+    def last_token_s(self) -> float:
+        """When the request emitted its latest token."""
+        return self._last_token_s if self.slot < 0 else self._store.last_token_mv[self.slot]
+
+    @last_token_s.setter
+    def last_token_s(self, value) -> None:
+        if self.slot < 0:
+            self._last_token_s = value
+        else:
+            self._store.last_token_mv[self.slot] = value
 
     @property
     def final_len(self) -> int:

@@ -10,15 +10,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simcore.state import ReqState
+import numpy as np
+
+from simcore.state import ReqState, SlotStore
+
+
+class DecodeRun:
+    """Consecutive one-sequence requests that each decode one token, as their `SlotStore`
+    slots: the common case of a step, emitted in a few array operations (Lifecycle.emit)."""
+
+    __slots__ = ("slots", "store")
+
+    def __init__(self, slots: np.ndarray, store: SlotStore):
+        self.slots = slots  # int64 slots, in schedule order
+        self.store = store
+
+    def states(self) -> list[ReqState]:
+        by_slot = self.store.by_slot
+        return [by_slot[s] for s in self.slots.tolist()]
 
 
 @dataclass(slots=True)
 class StepPlan:
     """One engine step: the transitions it starts with, who computes how many tokens, and what
-    the step costs to run. Written by the policy that builds it; read-only afterwards."""
+    the step costs to run. Written by the policy that builds it; read-only afterwards.
 
-    scheduled: list[tuple[ReqState, int]] = field(default_factory=list)  # (request, new tokens per seq)
+    `parts` lists who computes what, in schedule order (the order tokens are emitted in):
+    `(request, new tokens per sequence)` pairs, and `DecodeRun`s of plain decodes."""
+
+    parts: list[tuple[ReqState, int] | DecodeRun] = field(default_factory=list)
+    num_scheduled: int = 0  # requests in `parts`
     num_tokens: int = 0  # tokens the GEMMs run over (padded for static batching)
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)  # (chunk, prior context)
     num_decode_seqs: int = 0
@@ -31,21 +52,55 @@ class StepPlan:
     swapped_in: list[ReqState] = field(default_factory=list)  # from the head of `swapped`, in order
     admitted: list[tuple[ReqState, int, int]] = field(default_factory=list)  # (waiting request, cached tokens, output cap or 0)
 
+    @property
+    def scheduled(self) -> list[tuple[ReqState, int]]:
+        """Every (request, new tokens per sequence), runs expanded (for rare paths and tests)."""
+        out: list[tuple[ReqState, int]] = []
+        for part in self.parts:
+            if type(part) is tuple:
+                out.append(part)
+            else:
+                out.extend((st, 1) for st in part.states())
+        return out
+
+    def add(self, st: ReqState, num_new: int) -> None:
+        """Schedule `num_new` tokens per sequence for the request; the caller prices them."""
+        self.parts.append((st, num_new))
+        self.num_scheduled += 1
+
     def add_decode(self, st: ReqState, num_seqs: int) -> None:
         """One new token for each of the request's `num_seqs` sequences; each attends to the
         request's computed tokens plus the token it writes now."""
-        self.scheduled.append((st, 1))
+        self.parts.append((st, 1))
+        self.num_scheduled += 1
         self.num_tokens += num_seqs
         self.num_decode_seqs += num_seqs
         self.decode_context_tokens += num_seqs * (st.num_computed_tokens + 1)
         self.num_sampled += num_seqs
+
+    def add_decode_run(self, slots: np.ndarray, store: SlotStore, context_tokens: int) -> None:
+        """`add_decode(st, 1)` for each one-sequence request in `slots`, in order;
+        `context_tokens` = sum over them of computed tokens + 1."""
+        num = len(slots)
+        self.parts.append(DecodeRun(slots, store))
+        self.num_scheduled += num
+        self.num_tokens += num
+        self.num_decode_seqs += num
+        self.decode_context_tokens += context_tokens
+        self.num_sampled += num
+
+    def decode_slots(self) -> np.ndarray:
+        """The slots of every DecodeRun, in order (a decode span's batch)."""
+        runs = [part.slots for part in self.parts if type(part) is not tuple]
+        return runs[0] if len(runs) == 1 else np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
 
     def add_prefill(self, st: ReqState, num_new: int, num_computed: int | None = None) -> None:
         """A prompt chunk of `num_new` tokens after `num_computed` already computed ones (the
         request's own count unless it is admitted this step with a cached prefix)."""
         if num_computed is None:
             num_computed = st.num_computed_tokens
-        self.scheduled.append((st, num_new))
+        self.parts.append((st, num_new))
+        self.num_scheduled += 1
         self.num_tokens += num_new
         self.prefill_chunks.append((num_new, num_computed))
         if num_computed + num_new == st.num_tokens:

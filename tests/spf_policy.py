@@ -13,6 +13,7 @@ class _ShortestFirst:
 
     def __init__(self, queues):
         self.running, self.swapped = queues.running, queues.swapped
+        self.store, self.running_slots = queues.store, queues.running_slots  # running requests' counters
         self.waiting = sorted(queues.waiting, key=lambda st: (st.num_tokens, st.request_id))
 
 

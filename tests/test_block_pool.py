@@ -44,7 +44,7 @@ class PagedMachine(RuleBasedStateMachine):
 
     def _snapshot(self) -> tuple:
         a = self.alloc
-        seqs = sorted((s, tuple(b.table), b.num_tokens, b.on_cpu) for s, b in a._seqs.items())
+        seqs = sorted((s, tuple(b.table), a.num_tokens(s), b.on_cpu) for s, b in a._seqs.items())
         refs = tuple(b.ref_cnt for b in a.gpu.blocks), tuple(b.ref_cnt for b in a.cpu.blocks)
         cache = tuple(a.gpu._evictable), tuple(sorted(a.cached.items()))  # LRU order included
         return seqs, tuple(a.gpu._free_ids), tuple(a.cpu._free_ids), refs, a.num_cow_copies, cache

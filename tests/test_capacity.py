@@ -129,3 +129,62 @@ def test_saturation_needs_steady_arrivals():
     batch = pd.DataFrame({"arrival_s": np.zeros(50), "first_scheduled_s": np.arange(50.0),
                           "finish_s": np.arange(50.0) + 1, "status": ["finished"] * 50})
     assert saturation(batch)["saturation"] == "n/a"
+
+
+def test_margin_guided_search_finds_the_bisection_answer_in_fewer_runs():
+    """A smooth p95 (elasticity 1.7, boundary 7.3 req/s) and a step with the same boundary (no
+    useful margin: 100 ms or 1e6 ms) land on the same grid point; the guided search needs fewer runs."""
+    slo = SLO(ttft_p95_ms=100.0)
+    smooth, step = [], []
+
+    def smooth_eval(rate):
+        smooth.append(rate)
+        return {"p95_ttft_ms": 100.0 * (rate / 7.3) ** 1.7}
+
+    def step_eval(rate):
+        step.append(rate)
+        return {"p95_ttft_ms": 50.0 if rate <= 7.3 else 1e6}
+
+    guided = max_sustainable_rate(smooth_eval, slo, start_rate=1.0, tolerance=0.02)
+    blind = max_sustainable_rate(step_eval, slo, start_rate=1.0, tolerance=0.02)
+    assert guided.max_rate == blind.max_rate == pytest.approx(grid_rate(100, 0.02))
+    assert len(smooth) <= 5 < len(step)
+    assert len(set(smooth)) == len(smooth)
+
+
+def test_margin_is_the_worst_ratio_and_none_without_a_value():
+    slo = SLO(ttft_p95_ms=200, tpot_p95_ms=50)
+    assert slo.margin({"p95_ttft_ms": 100.0, "p95_tpot_ms": 60.0}) == pytest.approx(1.2)
+    assert slo.margin({"p95_ttft_ms": 100.0}) is None
+    assert SLO().margin({"p95_ttft_ms": 1.0}) is None
+    goodput = SLO(goodput_ms=(("ttft", 500.0),))  # 90% must meet it: 5% missing is half the allowance
+    assert goodput.margin({"goodput_share": 0.95}) == pytest.approx(0.5)
+
+
+def _toy_run(rate: float, slo: SLO, early_stop: bool, n: int = N):
+    from reports.capacity import run_against
+
+    model, gpu = get_model("tiny"), get_gpu("H100-SXM-80GB")
+    config = EngineConfig(max_num_seqs=1, enable_prefix_caching=False)
+    return run_against(model, gpu, config, RateScaler(toy(n)).at(rate), flat_profile(linear_ms=5.0), 0, slo,
+                       early_stop=early_stop)
+
+
+def test_a_run_that_is_not_stopped_is_the_plain_run():
+    slo = SLO(ttft_p95_ms=1e9, tpot_p95_ms=1e9)
+    watched, plain = _toy_run(9.0, slo, True), _toy_run(9.0, slo, False)
+    assert "early_stop" not in watched
+    assert {k: v for k, v in watched.items() if "wall" not in k} == {k: v for k, v in plain.items() if "wall" not in k}
+
+
+@pytest.mark.parametrize("rate", [9.5, 10.2, 10.4, 11.0, 14.0])
+def test_early_stop_only_ever_stops_a_run_that_fails_and_its_p95_is_a_lower_bound(rate):
+    slo = SLO(ttft_p95_ms=STEP_S * 1000 + 500)  # the hand-computed boundary is 10.27 req/s
+    stopped, full = _toy_run(rate, slo, True), _toy_run(rate, slo, False)
+    assert bool(slo.failures(stopped)) == bool(slo.failures(full))
+    if "early_stop" in stopped:
+        assert slo.failures(full) and stopped["completed_so_far"] < N
+        assert slo.ttft_p95_ms < stopped["p95_ttft_ms"] <= full["p95_ttft_ms"]
+        assert "run stopped" in slo.failures(stopped)[0]
+    if rate >= 11.0:  # far past the boundary the proof comes early: most of the run is skipped
+        assert stopped["completed_so_far"] < N / 2

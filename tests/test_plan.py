@@ -158,3 +158,25 @@ def test_plan_searches_kv_dtype_quantization_and_pipeline_stages_and_counts_tp_x
     assert set(ok["kv_cache_dtype"]) == {"auto", "fp8"}
     best = result.answers[0]["best"]
     assert best["usd_per_hour"] == min(ok["usd_per_hour"])
+
+
+def test_every_candidate_dropped_on_cost_really_costs_more_and_only_the_answer_is_confirmed():
+    """The cheapest-first order only saves runs: a candidate stopped at its floor (or by its
+    throughput bound), searched in full without a floor, needs at least the answer's cost."""
+    import math
+
+    from reports.plan import SearchTask, run_search
+
+    slo, target = SLO(ttft_p95_ms=150, tpot_p95_ms=12), 60
+    result = run_plan([target], slo, tps=(1, 2))
+    best = result.answers[0]["best"]
+    dropped = [a for a in result.assessments["llama3-8b"] if a.status == "cost bound"]
+    assert dropped, "nothing was dropped: the test would show nothing"
+    for a in dropped:
+        task = SearchTask(a.candidate, a.profile, small_workload(), FAST["search_requests"], 0, slo, 5.0,
+                          FAST["tolerance"], 2 * target, 0.0)
+        full = run_search(task)
+        cost = math.inf if full.max_rate <= 0 else a.cost_per_hour(math.ceil(target / full.max_rate))
+        assert cost >= best["usd_per_hour"], (a.candidate.label, full.max_rate)
+    confirmed = result.table[result.table["confirmed"] != "-"]
+    assert len(confirmed) == 1 and str(confirmed.iloc[0]["confirmed"]).startswith("yes")

@@ -103,7 +103,7 @@ def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp
 
     exact = _overloaded_run(data_parallel_size=dp)
     assert exact.records.kept and exact.itl.exact
-    assert exact.record["resolution"] == {"itl": "exact", "requests": "exact"}
+    assert exact.record["resolution"] == {"itl": "exact", "requests": "exact", "steps": "every step"}
     monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
     monkeypatch.setattr(records, "ITL_EXACT_CAP", 500)
     monkeypatch.setattr(records, "_ROW_CHUNK", 32)
@@ -147,3 +147,102 @@ def test_request_rows_are_few_dozen_bytes():
     from simcore.records import _RAW
 
     assert sum(np.dtype(dtype).itemsize for _, dtype in _RAW.values()) <= 72
+
+
+# -- step table: coalesced beyond its cap, totals exact ---------------------------------------
+def test_a_coalesced_step_table_keeps_the_totals_and_the_regime(monkeypatch):
+    import simcore.metrics as metrics
+    from reports.regime import classify_regime, regime_of
+    from simcore.metrics import StepTotals
+
+    full = _overloaded_run()
+    monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 40)
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 16)
+    small = _overloaded_run()
+    assert len(full.steps) > 200 and len(small.steps) <= 40
+    assert small.record["resolution"]["steps"].startswith("at most 40 rows")
+    assert full.record["resolution"]["steps"] == "every step"
+    assert small.summary == full.summary | {"extrapolated_steps": small.summary["extrapolated_steps"]}
+    a, b = StepTotals.from_frame(full.steps), StepTotals.from_frame(small.steps)
+    assert b.num_steps == a.num_steps and b.seq_steps == pytest.approx(a.seq_steps, rel=1e-9)
+    assert b.duration_s == pytest.approx(a.duration_s, rel=1e-12)
+    for kind, value in a.kv_slot_s.items():
+        assert b.kv_slot_s[kind] == pytest.approx(value, rel=1e-9), kind
+    for col in ("kernels_ms", "collectives_ms", "host_ms", "num_preempted"):
+        weights = small.steps["num_steps"] if col == "num_preempted" else 1
+        assert (small.steps[col] * weights).sum() == pytest.approx(full.steps[col].sum(), rel=1e-9), col
+    # the regime from the recorder's sums is the step table's
+    exact = regime_of(full)
+    summed = regime_of(small)
+    assert (summed.label, summed.num_preempted) == (exact.label, exact.num_preempted)
+    assert summed.peak_kv_use == exact.peak_kv_use
+    assert summed.kv_blocked_share == pytest.approx(exact.kv_blocked_share, rel=1e-9)
+    blocked_run = classify_regime(full.steps, full.memory.num_gpu_tokens, True, full.memory.block_size)
+    assert blocked_run == exact
+
+
+# -- kvsim run --out: rows past the caps streamed into the staging folder -----------------------
+RUN = ["run", "--model", "tiny", "--num-requests", "400", "--rate", "400", "--input-len", "32",
+       "--output-len", "16", "--max-model-len", "128", "--seed", "5"]
+
+
+def _invoke(*args):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _tiny_caps(monkeypatch):
+    import simcore.metrics as metrics
+    import simcore.records as records
+
+    monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 50)
+    monkeypatch.setattr(records, "_ROW_CHUNK", 20)
+    monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 30)
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 10)
+
+
+def test_rows_past_the_caps_are_streamed_to_out_in_full(tmp_path, monkeypatch):
+    import pandas as pd
+
+    whole = tmp_path / "whole"
+    assert _invoke(*RUN, "--out", str(whole)).exit_code == 0
+    _tiny_caps(monkeypatch)
+    streamed = tmp_path / "streamed"
+    result = _invoke(*RUN, "--out", str(streamed), "--json")
+    assert result.exit_code == 0, result.output
+    a_req, b_req = pd.read_csv(whole / "requests.csv"), pd.read_csv(streamed / "requests.csv")
+    assert len(b_req) == 400
+    pd.testing.assert_frame_equal(b_req.sort_values("request_id", ignore_index=True), a_req)
+    pd.testing.assert_frame_equal(pd.read_csv(streamed / "steps.csv"), pd.read_csv(whole / "steps.csv"))
+    import json
+
+    resolution = json.loads(result.stdout)["record"]["resolution"]
+    assert resolution["requests"].startswith("running sums") and resolution["steps"].startswith("at most 30")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["streamed", "whole"]  # no staging left
+
+
+def test_a_run_that_fails_midway_leaves_the_old_folder_untouched(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert _invoke(*RUN, "--out", str(out)).exit_code == 0
+    (out / "notes.txt").write_text("mine\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _tiny_caps(monkeypatch)
+    import simcore.records as records
+
+    seal = records.RequestRecords._seal
+    calls = []
+
+    def failing_seal(self):  # the run dies after rows were streamed into the staging folder
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("simulated crash")
+        seal(self)
+
+    monkeypatch.setattr(records.RequestRecords, "_seal", failing_seal)
+    result = _invoke(*RUN, "--seed", "6", "--out", str(out))
+    assert result.exit_code != 0 and isinstance(result.exception, RuntimeError)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]

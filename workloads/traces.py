@@ -13,10 +13,12 @@ import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from simcore.errors import WorkloadError
 
@@ -73,6 +75,8 @@ def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
 
 
 def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+    import pandas as pd
+
     try:
         with warnings.catch_warnings():  # a row longer than the header: pandas warns, we refuse
             warnings.simplefilter("error", pd.errors.ParserWarning)
@@ -86,6 +90,8 @@ def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def _read_jsonl(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+    import pandas as pd
+
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     with open(path, encoding="utf-8") as handle:
@@ -150,6 +156,8 @@ def _integers(
     path: str, column: pd.Series, lines: np.ndarray, name: str, minimum: int, blank: int | None = None
 ) -> np.ndarray:
     """Whole numbers >= minimum; an empty cell becomes `blank` when the column is optional."""
+    import pandas as pd
+
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
     if blank is not None:
         values[column.astype(str).str.strip().to_numpy() == ""] = blank
@@ -166,6 +174,8 @@ def _integers(
 
 
 def _seconds(path: str, column: pd.Series, lines: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
     row = _first_bad(~np.isfinite(values) | (values < 0))
     if row is not None:
@@ -176,6 +186,8 @@ def _seconds(path: str, column: pd.Series, lines: np.ndarray) -> np.ndarray:
 
 
 def _timestamps(path: str, column: pd.Series, lines: np.ndarray) -> np.ndarray:
+    import pandas as pd
+
     stamps = pd.to_datetime(column.astype(str), format="ISO8601", errors="coerce")
     row = _first_bad(stamps.isna().to_numpy())
     if row is not None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from simcore.state import ReqState
+import numpy as np
+
+from simcore.state import ReqState, SlotStore
 from simcore.step import MemorySnapshot, StepPlan
 
 __all__ = ["MemorySnapshot", "Policy", "Queues", "StepPlan"]
@@ -28,6 +30,11 @@ class Queues(Protocol):
 
     @property
     def swapped(self) -> Sequence[ReqState]: ...  # preempted by swap, FIFO
+
+    @property
+    def store(self) -> SlotStore: ...  # counters of queued and running requests, by slot
+
+    def running_slots(self) -> np.ndarray: ...  # slots of `running`, in its order
 
 
 class Policy(Protocol):

@@ -57,6 +57,8 @@ class ContinuousPagedPolicy:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.swap = preemption_mode == "swap"
+        # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
+        self._seq_index = np.zeros(256, dtype=np.int64)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -93,36 +95,59 @@ class ContinuousPagedPolicy:
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         running = list(queues.running)  # this step's running set, as the plan changes it
         plan = self._new_plan()
-        budget = self._schedule_running(plan, running, self.max_num_batched_tokens)
+        budget = self._schedule_running(plan, running, self.max_num_batched_tokens, queues)
         if not plan.num_preempted:
             budget = self._swap_in(queues, plan, running, budget)
             if len(plan.swapped_in) == len(queues.swapped):
                 self._admit_waiting(queues, plan, running, budget)
-        return plan if plan.scheduled else None
+        return plan if plan.num_scheduled else None
 
     def _new_plan(self) -> StepPlan:
         self._emitting_groups = []
         self._filling_prefix = []
         return StepPlan()
 
-    def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int) -> int:
+    def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int, queues: Queues) -> int:
         """Running requests in admission order, each its next tokens under the budget; when
-        one cannot get a block, preempt from the tail (itself last). Returns the budget left."""
-        groups = self.groups
+        one cannot get a block, preempt from the tail (itself last). Returns the budget left.
+
+        Consecutive plain decodes (one sequence, one token, its slot fits) are scheduled as one
+        `DecodeRun`: they need a new block exactly when their computed tokens fill whole
+        blocks, so the run goes as far as the budget and the free blocks allow, and takes
+        those blocks in the order one append per request would. Everything else (prefill
+        chunks, forked requests, the first request whose block does not fit) takes the path
+        below, one request at a time."""
+        num_running = len(running)
+        if not num_running or budget <= 0:
+            return budget
+        alloc, store = self.allocator, queues.store
+        slots = queues.running_slots().copy()
+        computed = store.computed[slots]
+        plain = store.simple[slots] & (store.tokens[slots] - computed == 1) & (store.generated[slots] > 0)
+        stops = np.flatnonzero(~plain).tolist()
+        stops.append(num_running)
+        needs_block = computed % alloc.block_size == 0
+        seq_index, rid = self._seq_index, store.rid
+        stop = 0
         i = 0
-        append_slots = self.allocator.append_slots
-        no_groups = not groups.active
         while i < len(running) and budget > 0:
+            while stops[stop] < i:
+                stop += 1
+            end = min(stops[stop], len(running), i + budget)
+            if end > i:  # a run of plain decodes: as far as the free blocks go
+                need = needs_block[i:end]
+                if np.count_nonzero(need) > alloc.num_free_blocks:
+                    end = i + int(np.searchsorted(np.cumsum(need), alloc.num_free_blocks, side="right"))
+                    need = needs_block[i:end]
+                if end > i:
+                    run = slots[i:end]
+                    alloc.append_decodes(seq_index[run], rid[run[need]].tolist())
+                    plan.add_decode_run(run, store, int(computed[i:end].sum()) + (end - i))
+                    budget -= end - i
+                    i = end
+                    continue
             st = running[i]
-            # The common case, inlined (what the general path below does for it): a one-sequence
-            # request decoding its next token, whose slot fits.
-            if (no_groups and st.num_tokens - st.num_computed_tokens == 1 and st.num_generated
-                    and st.request.n == 1 and st.request.beam_width == 1 and append_slots(st.request_id, 1)):
-                plan.add_decode(st, 1)
-                budget -= 1
-                i += 1
-                continue
-            seq_ids = groups.seq_ids(st)
+            seq_ids = self.groups.seq_ids(st)
             k = len(seq_ids)
             if k == 1:
                 num_new = min(st.num_tokens - st.num_computed_tokens, budget)
@@ -235,6 +260,9 @@ class ContinuousPagedPolicy:
         returns the sequences it adds to the step."""
         self.prefix_query_tokens += st.num_tokens if shares_prefix else 0
         self.prefix_hit_tokens += num_cached
+        if st.slot >= len(self._seq_index):
+            self._seq_index = np.concatenate([self._seq_index, np.zeros(st.slot + 1, dtype=np.int64)])
+        self._seq_index[st.slot] = self.allocator.seq_index(st.request_id)
         plan.admit(st, num_cached)
         running.append(st)
         self._add(plan, st, num_new, 1, num_cached)
@@ -262,17 +290,17 @@ class ContinuousPagedPolicy:
         if (plan.prefill_chunks or plan.num_preempted or plan.swapped_in or plan.admitted
                 or self.groups.active or self._emitting_groups or queues.swapped):
             return None
-        running = queues.running
-        num_running = len(running)
+        num_running = len(queues.running)
         if not num_running or plan.num_decode_seqs != num_running:
             return None
         waiting = queues.waiting
         if waiting and self._prefix_hashes(waiting[0]):
             return None
-        if min([st.num_output_target - st.num_generated for st in running]) < MIN_SPAN_STEPS:
+        store, slots = queues.store, queues.running_slots()
+        remaining = store.target[slots] - store.generated[slots]
+        if remaining.min() < MIN_SPAN_STEPS:
             return None  # a request finishes within a step or two: single steps are cheaper
-        computed = np.fromiter([st.num_computed_tokens for st in running], np.int64, num_running)
-        remaining = np.fromiter([st.num_output_target - st.num_generated for st in running], np.int64, num_running)
+        computed = store.computed[slots]
         alloc = self.allocator
         shape = span_shape(computed, remaining, alloc.block_size, alloc.num_free_blocks)
         if shape.num_steps < 2:
@@ -287,10 +315,9 @@ class ContinuousPagedPolicy:
         evicted, does not."""
         if num_steps < 2:
             return
-        alloc = self.allocator
-        for st, _ in plan.scheduled:
-            ok = alloc.append_slots(st.request_id, num_steps - 1)
-            assert ok, "a decode span checked its blocks"
+        slots = plan.decode_slots()
+        store = plan.parts[0].store
+        self.allocator.append_runs(self._seq_index[slots], store.rid[slots], num_steps - 1)
 
     # -- commit ----------------------------------------------------------------------------
     def _release(self, st: ReqState) -> None:
@@ -319,7 +346,7 @@ class ContinuousPagedPolicy:
         if groups.active:
             internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
         else:
-            internal += sum([(-st.num_computed_tokens) % bs for st in queues.running])
+            internal += int(((-queues.store.computed[queues.running_slots()]) % bs).sum())
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
             self._release(st)

@@ -61,12 +61,12 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
         plan = self._new_plan()
         if not queues.swapped:
             self._schedule_prefills(queues, plan, running)
-            if plan.scheduled:
+            if plan.num_scheduled:
                 return plan
-        budget = self._schedule_running(plan, running, self.max_num_batched_tokens)
+        budget = self._schedule_running(plan, running, self.max_num_batched_tokens, queues)
         if not plan.num_preempted:
             self._swap_in(queues, plan, running, budget)
-        return plan if plan.scheduled else None
+        return plan if plan.num_scheduled else None
 
     def _schedule_prefills(self, queues: Queues, plan: StepPlan, running: list[ReqState]) -> None:
         alloc = self.allocator

@@ -80,7 +80,7 @@ class OrcaPolicy:
                 plan.add_prefill(st, num_new)
             budget -= num_new
         self._admit_waiting(queues, plan, budget)
-        return plan if plan.scheduled else None
+        return plan if plan.num_scheduled else None
 
     def _admit_waiting(self, queues: Queues, plan: StepPlan, budget: int) -> None:
         num_running = len(queues.running)

@@ -99,7 +99,7 @@ class StaticPolicy:
             ok = self.ledger.reserve(st, self.slot_tokens, st.num_prompt_tokens + num_output - 1)
             assert ok, "an empty cache holds num_slots slots"
             plan.admit(st, 0, max(1, output_cap))
-            plan.scheduled.append((st, st.num_prompt_tokens))
+            plan.add(st, st.num_prompt_tokens)
             plan.prefill_chunks.append((padded_len, 0))
         plan.num_tokens = len(batch) * padded_len
         plan.num_sampled = len(batch)
@@ -112,7 +112,8 @@ class StaticPolicy:
     def _decode_plan(self, queues: Queues) -> StepPlan:
         """Every slot decodes, finished or not; only unfinished sequences emit a token."""
         size = len(self.batch)
-        plan = StepPlan(scheduled=[(st, 1) for st in queues.running])
+        running = queues.running
+        plan = StepPlan(parts=[(st, 1) for st in running], num_scheduled=len(running))
         plan.num_tokens = size
         plan.num_decode_seqs = size
         plan.decode_context_tokens = size * (self.padded_len + self.num_decode_steps + 1)
