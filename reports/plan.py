@@ -498,7 +498,7 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
         return head + "nothing meets the SLO. " + answer["why_none"]
     knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
     return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
-            f"${best['usd_per_hour']:,.2f}/h, sustains ~{best['max_rate']:.1f} req/s "
+            f"${best['usd_per_hour']:,.2f}/h, sustains {'at least ' if best.get('capped') else '~'}{best['max_rate']:.1f} req/s "
             f"({100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
             f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms)")
