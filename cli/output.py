@@ -25,8 +25,11 @@ def _section(title: str) -> str:
 def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ") -> str:
     lines = [f"{title:=^50}"]
     lines.append(_row("Successful requests:", s["completed"]))
-    if s.get("rejected"):
-        lines.append(_row("Rejected requests:", s["rejected"]))
+    lines.append(_row("Failed requests:", s.get("rejected", 0)))  # vLLM fails what it rejects (too long)
+    if s.get("max_concurrency") is not None:
+        lines.append(_row("Maximum request concurrency:", s["max_concurrency"]))
+    if s.get("request_rate") is not None:
+        lines.append(_row("Request rate configured (RPS):", s["request_rate"]))
     lines += [
         _row("Benchmark duration (s):", s["duration_s"]),
         _row("Total input tokens:", s["total_input_tokens"]),
@@ -40,7 +43,7 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("Goodput SLOs (ms):", " ".join(f"{k}:{v:g}" for k, v in s["goodput_slo_ms"].items())))
     lines += [
         _row("Output token throughput (tok/s):", s["output_throughput"]),
-        _row("Total Token throughput (tok/s):", s["total_token_throughput"]),
+        _row("Total token throughput (tok/s):", s["total_token_throughput"]),
     ]
     for key, name, title_ in (
         ("ttft", "TTFT", "Time to First Token"),
@@ -79,6 +82,16 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def configured_load(workload: dict[str, Any]) -> dict[str, Any]:
+    """What `vllm bench serve` records of the load it was asked for: `request_rate` (req/s) for
+    arrivals at a set rate, `max_concurrency` for a closed loop of clients; {} otherwise."""
+    a = workload.get("arrival", {})
+    if a.get("process") == "closed_loop":
+        return {"max_concurrency": a["concurrency"]}
+    rate = a.get("rate", a.get("mean_rate", (workload.get("trace") or {}).get("rescale_rate")))
+    return {} if rate is None else {"request_rate": rate}
 
 
 def _load_label(s: dict[str, Any]) -> str:
@@ -171,18 +184,29 @@ def _arrival_text(workload: dict[str, Any]) -> str:
     return f"{kind} arrivals"
 
 
-def describe_run(workload: dict[str, Any], config: dict[str, Any], model: str, gpu: str) -> str:
-    """One line saying what is simulated: workload, arrivals, requests, policy, GPUs = TP x DP."""
-    tp, dp = config["tensor_parallel_size"], config["data_parallel_size"]
+def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, gpu: str) -> str:
+    """One line saying what is simulated: workload, arrivals, requests, model and its dtypes,
+    GPUs = TP x PP x DP, policy and the engine options that change what it does. `model` is the
+    resolved `ModelSpec` (FP8 from --quantization, --kv-cache-dtype or the checkpoint itself)."""
+    tp, pp, dp = config["tensor_parallel_size"], config.get("pipeline_parallel_size", 1), config["data_parallel_size"]
+    layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + f" x DP {dp}"
+    dtypes = [text for dtype, text in ((model.weight_dtype, "FP8 weights"), (model.kv_dtype, "FP8 KV cache"))
+              if dtype == "fp8"]
+    model_text = f"{model.name} ({', '.join(dtypes)})" if dtypes else model.name
     policy = config["policy"]
     if policy == "continuous":
         kv = "paged" if config["allocator"] == "paged" else f"contiguous/{config['reservation']}"
-        policy = f"{policy} ({kv} KV, block {config['block_size']})"
+        extras = [f"{kv} KV", f"block {config['block_size']}"]
+        if config.get("enable_chunked_prefill") is False:
+            extras.append("no chunked prefill")
+        if config.get("preemption_mode") == "swap":
+            extras.append("swap preemption")
+        policy = f"{policy} ({', '.join(extras)})"
     elif policy == "static":
         policy = f"static (batch {config['max_batch_size']})"
     return (
         f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
-        f"{_arrival_text(workload)}; {model} on {tp * dp} x {gpu} (TP {tp} x DP {dp}); policy {policy}"
+        f"{_arrival_text(workload)}; {model_text} on {tp * pp * dp} x {gpu} ({layout}); policy {policy}"
     )
 
 

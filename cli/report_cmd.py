@@ -32,7 +32,7 @@ def seed_table(
     seed: Annotated[int, typer.Option(help="Seed; every run uses it, so policies see the same traffic.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.html and its PNGs. [default: reports/reference in a source checkout, else ./reports/seed-table in the current directory]")] = None,
 ) -> None:
-    """Rerun the seed article's benchmark table (3 settings x 3 policies) and write the report."""
+    """Rerun the seed article's benchmark table (4 settings x 3 policies) and write the report."""
     from reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
     if seed < 0:

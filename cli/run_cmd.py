@@ -56,6 +56,7 @@ from cli.output import (
     RUN_FILES,
     LiveProgress,
     check_out_folder,
+    configured_load,
     describe_run,
     format_summary,
     rejected_lines,
@@ -116,7 +117,8 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
 ) -> None:
-    """Simulate one engine replica serving a workload; print a `vllm bench serve`-style summary."""
+    """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
+    print vLLM's KV cache size and a `vllm bench serve`-style summary."""
     from profiles import check_profile_matches, default_profile
     from simcore.latency import load_profile
     from workloads import load_workload
@@ -171,7 +173,7 @@ def run(
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(describe_run(wl.describe(), config.to_dict(), model_spec.name, gpu_spec.name))
+    say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
     say(memory.describe())
     if pp > 1:
@@ -200,9 +202,10 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
-    for note in wl.notes():
+    generation = result.record["workload"]["generation"]  # what generating the requests counted
+    for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
-    for warning in wl.warnings():
+    for warning in wl.warnings(generation):
         typer.echo(f"WARNING {warning}", err=True)
     problems, fatal = result_problems(result.summary, result.records, result.totals.duration_s)
     for warning in [*result.warnings, *problems]:
@@ -218,6 +221,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
     regime = regime_of(result)
     summary = {
+        **configured_load(result.record["workload"]),
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }

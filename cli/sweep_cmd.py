@@ -232,6 +232,7 @@ def sweep(
     as_json: AsJson = False,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
+    import numpy as np
     import pandas as pd
 
     from reports.sweep import (
@@ -291,9 +292,12 @@ def sweep(
     rows = _run(plan, table, resume, jobs, executor.value, address)
     frame = summarize_points(pd.DataFrame(rows), plan.swept)
     wl = plan.points[0].workload
-    for note in wl.notes():
+    # the first point's requests (simcore.simulate's seed split), counted here so the lines do not
+    # depend on which process ran the point
+    generation = wl.generation_stats(np.random.SeedSequence(plan.points[0].seed).spawn(2)[0])
+    for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
-    for warning in wl.warnings():
+    for warning in wl.warnings(generation):
         typer.echo(f"WARNING {warning}", err=True)
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)
@@ -303,7 +307,7 @@ def sweep(
         best = _cheapest_by_model(frame, [m.name for m in model_specs])
     _print(frame, best, SWEEPABLE, as_json, {
         "model": ", ".join(m.name for m in model_specs), "gpu": ", ".join(g.name for g in gpu_specs),
-        "workload": wl.describe(),
+        "workload": wl.describe(generation),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
     }, out)
 

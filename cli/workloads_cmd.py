@@ -64,7 +64,7 @@ def show(
     spec = load_workload(workload, {"num_requests": num_requests}, max_model_len=max_model_len)
     check_out_file(plot, "--plot")
     workload_seed = np.random.SeedSequence(seed).spawn(2)[0]  # the split simcore.simulate uses
-    requests = spec.sample_requests(workload_seed, limit=SHOW_SAMPLE)  # bounded for 1e9 requests
+    requests, generation = spec.draw(workload_seed, limit=SHOW_SAMPLE)  # bounded for 1e9 requests
     sampled = len(requests) < spec.num_requests
     arrivals = np.array([r.arrival_s for r in requests])
     prompt = np.array([r.num_prompt_tokens for r in requests])
@@ -95,9 +95,9 @@ def show(
     extras = {k: info[k] for k in ("n", "beam_width", "shared_prefix") if info[k] not in (1, None)}
     for key, value in extras.items():
         console.print(f"{key}: {value}", markup=False)
-    for note in spec.notes():
+    for note in spec.notes(generation):
         console.print(f"note: {note}", markup=False)
-    for warning in spec.warnings():
+    for warning in spec.warnings(generation):
         console.print(f"warning: {warning}", markup=False)
     if plot is not None:
         _plot(plot, spec.name, arrivals if not spec.is_closed_loop else None, prompt, output)

@@ -203,15 +203,16 @@ class ScaledWorkload:
 
         arrays, base = self.scaler.draw(seed)
         yield from open_loop_process(env, sink, [(arrays.to_requests(), arrays.arrival_s * (base / self.rate))])
+        return arrays.stats  # the whole draw's counts
 
-    def notes(self) -> list[str]:
-        return self.scaler.spec.notes()
+    def notes(self, stats: dict[str, Any] | None = None) -> list[str]:
+        return self.scaler.spec.notes(stats)
 
-    def warnings(self) -> list[str]:
-        return self.scaler.spec.warnings()
+    def warnings(self, stats: dict[str, Any] | None = None) -> list[str]:
+        return self.scaler.spec.warnings(stats)
 
-    def describe(self) -> dict[str, Any]:
-        return {**self.scaler.spec.describe(), "rescaled_to_rate": self.rate}
+    def describe(self, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {**self.scaler.spec.describe(stats), "rescaled_to_rate": self.rate}
 
 
 # -- the search -------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise ConfigError(f"model config {path}: field 'tie_word_embeddings' must be true or false, got {tie!r}")
-    name = cfg.get("_name_or_path") or path.parent.name or "hf-model"
+    name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem) or "hf-model"
     return ModelSpec(
         name=str(name),
         num_layers=ints["num_hidden_layers"],

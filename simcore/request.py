@@ -46,10 +46,12 @@ class Workload(Protocol):
 
     def process(
         self, env: simpy.Environment, sink: RequestSink, seed: np.random.SeedSequence
-    ) -> Generator[simpy.Event, Any, None]:
-        """Submit every request to `sink`, then return. All randomness comes from `seed`."""
+    ) -> Generator[simpy.Event, Any, Any]:
+        """Submit every request to `sink`, then return what the generation counted (clipped
+        lengths, ...), which `describe` takes back, or None. All randomness comes from `seed`."""
         ...
 
-    def describe(self) -> dict[str, Any]:
-        """The workload's parameters, recorded in every result."""
+    def describe(self, stats: Any = None) -> dict[str, Any]:
+        """The workload's parameters, with a generation's `stats` when `process` returned some,
+        recorded in every result."""
         ...

@@ -96,6 +96,7 @@ class Simulation:
     latency: StepLatencyModel
     record: dict[str, Any]
     workload: Workload
+    arrivals: simpy.Process  # the workload's process; its value is the generation's stats
     config: ResolvedConfig | None = None
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
@@ -134,7 +135,9 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        record = {**self.record, "workload": self.workload.describe(), "resolution": {
+        stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
+        described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
                 f"running sums and histograms, relative bin width {HIST_RELATIVE_WIDTH:.2g} "
@@ -219,7 +222,7 @@ def prepare(
         env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)
-    env.process(workload.process(env, sink, workload_seed))
+    arrivals = env.process(workload.process(env, sink, workload_seed))
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -234,7 +237,7 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engines, memory, latency, record, workload, cfg, warnings, started)
+    return Simulation(env, engines, memory, latency, record, workload, arrivals, cfg, warnings, started)
 
 
 def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):

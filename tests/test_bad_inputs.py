@@ -294,6 +294,32 @@ def test_every_run_says_what_it_simulated():
     assert "closed loop of 3 clients" in closed.stderr and "policy static (batch 64)" in closed.stderr
 
 
+def test_the_simulating_line_counts_pipeline_stages_and_names_fp8():
+    from cli.output import describe_run
+    from simcore import EngineConfig, get_model
+
+    workload = {"name": "w", "num_requests": 10, "arrival": {"process": "poisson", "rate": 1.0}}
+    config = EngineConfig(tensor_parallel_size=8, pipeline_parallel_size=2, data_parallel_size=3,
+                          quantization="fp8", kv_cache_dtype="fp8", preemption_mode="swap",
+                          enable_chunked_prefill=False)
+    model = config.resolve_model(get_model("llama3-70b"))
+    line = describe_run(workload, config.to_dict(), model, "H100-SXM-80GB")
+    assert "llama3-70b (FP8 weights, FP8 KV cache) on 48 x H100-SXM-80GB (TP 8 x PP 2 x DP 3)" in line
+    assert line.endswith("policy continuous (paged KV, block 16, no chunked prefill, swap preemption)")
+
+
+def test_an_fp8_checkpoint_is_named_by_its_file_and_said_to_be_fp8(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+              "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+              "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    path = tmp_path / "my-llama-fp8.json"
+    path.write_text(json.dumps(config))
+    result = invoke("run", "--model", str(path), *TINY)
+    assert result.exit_code == 0, result.stderr
+    assert "; my-llama-fp8 (FP8 weights) on 1 x H100-SXM-80GB" in result.stdout.splitlines()[0]
+
+
 def test_version():
     from simcore.simulate import KVSIM_VERSION
 

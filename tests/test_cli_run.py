@@ -27,6 +27,13 @@ def test_run_prints_kv_cache_size_and_a_vllm_style_summary():
                   "Mean TPOT (ms):", "Median ITL (ms):", "P95 E2EL (ms):", "KV cache waste (%):"):
         assert label in out
     assert "Successful requests:                     40" in out
+    # vllm bench serve's lines (vllm/benchmarks/serve.py), in its order
+    vllm_lines = ["Successful requests:", "Failed requests:                         0",
+                  "Request rate configured (RPS):           20.00", "Benchmark duration (s):",
+                  "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
+                  "Output token throughput (tok/s):", "Total token throughput (tok/s):"]
+    positions = [out.index(line) for line in vllm_lines]
+    assert positions == sorted(positions)
     assert "Regime:                                  compute-bound (KV not binding)" in out
 
 
@@ -180,3 +187,13 @@ def test_out_that_is_a_file_is_refused(tmp_path: Path):
     result = invoke(*FAST, "--out", str(target))
     assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: --out")
     assert target.read_text() == "keep me"
+
+
+def test_vllm_bench_serve_names_for_the_load_are_accepted():
+    ours = invoke("--rate", "20", "--num-requests", "12", "--json")
+    theirs = invoke("--request-rate", "20", "--num-prompts", "12", "--json")
+    assert ours.exit_code == theirs.exit_code == 0, theirs.stderr
+    assert json.loads(ours.stdout)["summary"] == json.loads(theirs.stdout)["summary"]
+    closed = invoke("--max-concurrency", "3", "--num-prompts", "6", "--json")
+    assert closed.exit_code == 0, closed.stderr
+    assert json.loads(closed.stdout)["summary"]["max_concurrency"] == 3

@@ -180,3 +180,14 @@ def test_every_candidate_dropped_on_cost_really_costs_more_and_only_the_answer_i
         assert cost >= best["usd_per_hour"], (a.candidate.label, full.max_rate)
     confirmed = result.table[result.table["confirmed"] != "-"]
     assert len(confirmed) == 1 and str(confirmed.iloc[0]["confirmed"]).startswith("yes")
+
+
+def test_plan_progress_is_the_shared_live_progress_with_plain_lines_off_a_terminal(monkeypatch):
+    import cli.output
+
+    monkeypatch.setattr(cli.output.LiveProgress.__init__, "__defaults__", (0.0,))  # a line per update
+    result = CliRunner().invoke(app, [*PLAN, "--rate", "20", "--json"])
+    assert result.exit_code == 0, result.stderr
+    lines = [x for x in result.stderr.splitlines() if x.startswith("planning: ")]
+    assert lines and "candidates searched" in lines[-1] and "elapsed" in lines[-1]
+    json.loads(result.stdout)  # stdout stays pure JSON

@@ -115,3 +115,20 @@ def test_cli_outside_a_checkout_writes_md_csv_html_pngs_to_reports_here(monkeypa
     assert dom.count("<figure>") == 3 and 'data-sortable-ready="1"' in dom
     rows = dom.split("Every row")[-1].split("<tbody>")[1].split("</tbody>")[0]
     assert rows.count("<tr") == len(SETTINGS) * len(POLICIES)
+
+
+def test_the_committed_reference_report_names_the_profiles_kvsim_uses_now():
+    """reports/reference/ is rerun whenever a profile it uses changes (its sha256 is in the report)."""
+    import re
+
+    from profiles import default_profile
+    from simcore.catalog import get_gpu, get_model
+
+    reference = Path(__file__).resolve().parents[1] / "reports" / "reference"
+    markdown = (reference / "seed-table.md").read_text()
+    recorded = dict(re.findall(r"Profile TP (\d+): .*sha256 `([0-9a-f]{12})`", markdown))
+    model, gpu = get_model("llama3-70b"), get_gpu("H100-SXM-80GB")
+    current = {str(tp): default_profile(gpu, model, tp).sha256[:12] for tp in {s.tp for s in SETTINGS}}
+    assert recorded == current, "regenerate it: kvsim report seed-table --num-requests 1000 --seed 0"
+    table = pd.read_csv(reference / "seed-table.csv")
+    assert set(table["profile_sha256"]) == set(current.values())

@@ -266,15 +266,29 @@ def test_process_submits_what_sample_requests_returns():
 
 def test_clipping_to_max_model_len_is_counted():
     spec = _spec(num_requests=2000, max_model_len=512)
-    requests = spec.sample_requests(1)
+    requests, generation = spec.draw(1)
     assert all(r.num_prompt_tokens <= 511 for r in requests)
     assert all(r.num_prompt_tokens + r.num_output_tokens <= 512 for r in requests)
     assert all(r.num_prompt_tokens + r.max_tokens <= 512 for r in requests)
-    clipped = spec.describe()["generation"]["clipped"]
+    clipped = spec.describe(generation)["generation"]["clipped"]
     raw = _spec(num_requests=2000).generate(1)
     assert clipped["prompt"] == int((raw.num_prompt_tokens > 511).sum()) > 0
     assert clipped["output"] > 0
-    assert any("clipped" in note for note in spec.describe()["notes"])
+    assert any("clipped" in note for note in spec.describe(generation)["notes"])
+    # the same counts from every way of generating, and none kept on the (frozen) spec
+    assert spec.generation_stats(1) == spec.generate(1).stats == generation
+    assert spec.draw(1, limit=10)[1] is None  # a sample that stopped early counted only its part
+    assert not any("clipped" in note for note in spec.describe()["notes"])
+
+
+@pytest.mark.parametrize("arrival", [GammaArrivals(5.0), ClosedLoop(4)])
+def test_the_arrival_process_returns_the_generation_counts(arrival):
+    spec = _spec(num_requests=300, max_model_len=512, arrival=arrival)
+    env = simpy.Environment()
+    process = env.process(spec.process(env, FakeSink(env), np.random.SeedSequence(1)))
+    env.run()
+    assert process.value == spec.generation_stats(np.random.SeedSequence(1))
+    assert process.value["clipped"]["prompt"] > 0
 
 
 def test_prompt_longer_than_max_model_len_is_an_error():

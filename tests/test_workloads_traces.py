@@ -57,11 +57,12 @@ def test_azure_trace_replays_every_row_in_order(kind):
 
 def test_num_requests_takes_the_head_and_says_how_many_were_skipped():
     spec = load_workload("azure-conv", {"num_requests": 2000})
-    requests = spec.sample_requests(0)
+    requests, generation = spec.draw(0)
     rows = _csv_rows(AZURE["conv"])[:2000]
     assert [r.num_prompt_tokens for r in requests] == [int(row["ContextTokens"]) for row in rows]
     assert spec.notes() == ["skipped 17366 of 19366 trace rows: num_requests=2000 replays the first 2000"]
-    assert spec.describe()["generation"]["trace"]["rows_not_sampled"] == 17366
+    assert spec.describe(generation)["generation"]["trace"]["rows_not_sampled"] == 17366
+    assert spec.describe()["generation"] == {}  # the workload alone: nothing generated
 
 
 def test_window_random_sample_and_rescale(tmp_path):
@@ -74,11 +75,11 @@ trace: {{path: {AZURE['conv']}, window_s: [600, 1800], sample: random, rescale_r
     spec = load_workload(str(path))
     trace = read_trace(AZURE["conv"])
     inside = int(((trace.arrival_s >= 600) & (trace.arrival_s < 1800)).sum())
-    requests = spec.sample_requests(4)
+    requests, generation = spec.draw(4)
     times = np.array([r.arrival_s for r in requests])
     assert len(requests) == 300 and times[0] == 0.0 and np.all(np.diff(times) >= 0)
     assert (len(times) - 1) / times[-1] == pytest.approx(12.5, rel=1e-9)
-    stats = spec.describe()["generation"]["trace"]
+    stats = spec.describe(generation)["generation"]["trace"]
     assert stats["rows_outside_window"] == len(trace) - inside
     assert stats["rows_not_sampled"] == inside - 300
     assert any("outside window_s" in note for note in spec.notes())
@@ -102,11 +103,11 @@ def test_asking_for_more_rows_than_the_trace_has():
 
 def test_trace_lengths_under_other_arrivals_and_clipping():
     spec = load_workload("azure-code", {"concurrency": 8, "num_requests": 500}, max_model_len=2048)
-    requests = spec.sample_requests(0)
+    requests, generation = spec.draw(0)
     fits = [r for r in requests if r.num_prompt_tokens <= 2048]
     assert all(r.num_prompt_tokens + r.num_output_tokens <= 2048 for r in fits)
     # a trace prompt longer than the context is kept whole, for the engine to reject (as vLLM does)
-    clipped = spec.describe()["generation"]["clipped"]
+    clipped = spec.describe(generation)["generation"]["clipped"]
     assert clipped["prompt"] == 0
     assert clipped["prompt_over_max_model_len"] == len(requests) - len(fits) > 0
     assert load_workload("azure-conv", {"rate": 5.0}).describe()["arrival"]["process"] == "poisson"
@@ -129,12 +130,12 @@ def test_kvsim_csv_and_jsonl_formats(tmp_path):
     ]) + "\n")  # fmt: skip
     for path in (csv_path, jsonl_path):
         spec = load_workload(str(path))
-        requests = spec.sample_requests(0)
+        requests, generation = spec.draw(0)
         assert [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.max_tokens, r.n) for r in requests] == [
             (0.0, 100, 20, 64, 1), (0.5, 200, 30, 64, 2), (0.5, 300, 64, 64, 1),
         ]  # fmt: skip
         assert [(r.prefix_id, r.num_prefix_tokens) for r in requests] == [(0, 50), (None, 0), (0, 50)]
-        assert spec.describe()["generation"]["clipped"]["output_capped_by_max_tokens"] == 1
+        assert spec.describe(generation)["generation"]["clipped"]["output_capped_by_max_tokens"] == 1
 
 
 # --- bad inputs -----------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ replays fixed arrival times or runs a closed loop of clients.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,8 @@ LOUD_CLIP_SHARE = 0.10  # clipping 10%+ of the requests is a warning, not a note
 CHUNK = 65_536  # requests generated at a time: memory stays flat in num_requests
 CLIP_KEYS = ("prompt", "output", "output_capped_by_max_tokens", "max_tokens", "prompt_over_max_model_len")
 STREAMS = ("arrivals", "prompt", "output", "sampling", "prefix", "think", "trace")
+
+GenerationStats = dict[str, Any]  # one generation's counts: {"clipped": {CLIP_KEYS...}, "trace": {...}}
 
 
 def streams(seed: np.random.SeedSequence | int) -> dict[str, np.random.Generator]:
@@ -116,6 +118,18 @@ class RequestArrays:
         ]
 
 
+GenerationChunks = Generator[RequestArrays, None, GenerationStats]
+
+
+def drain(chunks: GenerationChunks, each: Callable[[RequestArrays], Any]) -> GenerationStats:
+    """Hand every chunk to `each` and return the generation's counts (the generator's value)."""
+    while True:
+        try:
+            each(next(chunks))
+        except StopIteration as stop:
+            return stop.value
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
     """Traffic described by a workload file (or built in code); see workloads/README.md for the fields."""
@@ -136,7 +150,6 @@ class WorkloadSpec:
     max_model_len: int | None = None  # clip lengths to this context window
     description: str = ""
     source: str = ""  # the file it came from
-    last_stats: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)  # written by each generation
 
     def __post_init__(self) -> None:
         if int(self.num_requests) != self.num_requests or self.num_requests < 1:
@@ -179,10 +192,10 @@ class WorkloadSpec:
 
     # --- generation -------------------------------------------------------------------------
 
-    def iter_arrays(self, seed: np.random.SeedSequence | int, chunk: int = CHUNK) -> Iterator[RequestArrays]:
+    def iter_arrays(self, seed: np.random.SeedSequence | int, chunk: int = CHUNK) -> GenerationChunks:
         """Every request's fields, `chunk` requests at a time, drawn from `seed`'s named streams, so
-        memory stays bounded however many requests there are. When the last chunk is out,
-        `last_stats` holds the counts (clipped lengths, trace rows) of the whole generation."""
+        memory stays bounded however many requests there are. The generator returns (StopIteration's
+        value) the counts of the whole generation: clipped lengths, trace rows (`GenerationStats`)."""
         rng = streams(seed)
         count = int(self.num_requests)
         stats: dict[str, Any] = {"clipped": dict.fromkeys(CLIP_KEYS, 0)}
@@ -200,8 +213,7 @@ class WorkloadSpec:
             for key, value in arrays.stats.pop("clipped").items():
                 stats["clipped"][key] += value
             yield arrays
-        self.last_stats.clear()
-        self.last_stats.update(stats)
+        return stats
 
     def _chunk(self, rng: dict[str, np.random.Generator], start: int, size: int, chosen: Any,
                times: Iterator[np.ndarray] | None) -> RequestArrays:  # fmt: skip
@@ -241,9 +253,14 @@ class WorkloadSpec:
 
     def generate(self, seed: np.random.SeedSequence | int) -> RequestArrays:
         """Every request's fields in one set of arrays (small workloads and tests); the same
-        requests as `iter_arrays` and `process` draw."""
-        parts = list(self.iter_arrays(seed))
-        return RequestArrays.concat(parts, dict(self.last_stats))
+        requests as `iter_arrays` and `process` draw; `.stats` holds the generation's counts."""
+        parts: list[RequestArrays] = []
+        stats = drain(self.iter_arrays(seed), parts.append)
+        return RequestArrays.concat(parts, stats)
+
+    def generation_stats(self, seed: np.random.SeedSequence | int) -> GenerationStats:
+        """The counts a generation from `seed` would return, without keeping its requests."""
+        return drain(self.iter_arrays(seed), lambda _: None)
 
     def _prefixes(
         self, rng: np.random.Generator, count: int, extras: dict[str, np.ndarray]
@@ -297,32 +314,48 @@ class WorkloadSpec:
     def sample_requests(self, seed: np.random.SeedSequence | int, limit: int | None = None) -> list[Request]:
         """The requests as the process would submit them (arrival_s planned; 0 for a closed loop);
         with `limit`, only the first `limit` (what `kvsim workloads show` samples)."""
+        return self.draw(seed, limit)[0]
+
+    def draw(
+        self, seed: np.random.SeedSequence | int, limit: int | None = None
+    ) -> tuple[list[Request], GenerationStats | None]:
+        """`sample_requests`, plus the whole generation's counts (None when `limit` stopped it early)."""
         out: list[Request] = []
-        for arrays in self.iter_arrays(seed, min(CHUNK, limit or CHUNK)):
-            out.extend(arrays.to_requests())
-            if limit is not None and len(out) >= limit:
-                return out[:limit]
-        return out
+        chunks = self.iter_arrays(seed, min(CHUNK, limit or CHUNK))
+        try:
+            while limit is None or limit >= self.num_requests or len(out) < limit:
+                out.extend(next(chunks).to_requests())
+        except StopIteration as stop:
+            return out[:limit], stop.value
+        return out[:limit], None
 
     def process(
         self, env: simpy.Environment, sink: RequestSink, seed: np.random.SeedSequence
-    ) -> Generator[simpy.Event, Any, None]:
-        """SimPy process: submit every request to `sink`, a chunk of requests at a time, then return."""
-        chunks = self.iter_arrays(seed)
+    ) -> Generator[simpy.Event, Any, GenerationStats]:
+        """SimPy process: submit every request to `sink`, a chunk of requests at a time, then return
+        the generation's counts (the process event's value)."""
+        done: list[GenerationStats] = []
+
+        def chunks() -> Iterator[RequestArrays]:
+            done.append((yield from self.iter_arrays(seed)))
+
         if isinstance(self.arrival, ClosedLoop):
-            stream = (pair for arrays in chunks for pair in zip(
+            stream = (pair for arrays in chunks() for pair in zip(
                 arrays.to_requests(), arrays.think_s.tolist(), strict=True))  # fmt: skip
             clients = min(self.arrival.concurrency, int(self.num_requests))
             yield from closed_loop_process(env, sink, stream, clients)
         else:
-            yield from open_loop_process(env, sink, ((a.to_requests(), a.arrival_s) for a in chunks))
+            yield from open_loop_process(env, sink, ((a.to_requests(), a.arrival_s) for a in chunks()))
+        assert done, "the arrival process returned before the workload's last request"
+        return done[0]
 
     # --- reporting --------------------------------------------------------------------------
 
-    def warnings(self) -> list[str]:
-        """Loud lines: clipping that changed a large share of the traffic (LOUD_CLIP_SHARE or more),
-        and trace prompts the engine will reject."""
-        clipped = self.last_stats.get("clipped") or {}
+    def warnings(self, stats: GenerationStats | None = None) -> list[str]:
+        """Loud lines about a generation (`stats`, as `process`/`iter_arrays` return them): clipping
+        that changed a large share of the traffic (LOUD_CLIP_SHARE or more), and trace prompts the
+        engine will reject."""
+        clipped = (stats or {}).get("clipped") or {}
         total = int(self.num_requests)
         lines = [
             f"clipped {count:,} of {total:,} {what} lengths ({100 * count / total:.0f}%) to fit "
@@ -338,16 +371,17 @@ class WorkloadSpec:
             )
         return lines
 
-    def notes(self) -> list[str]:
-        """Human-readable lines about rows left out by options and lengths clipped by the latest
-        generation (those not loud enough for `warnings`)."""
+    def notes(self, stats: GenerationStats | None = None) -> list[str]:
+        """Human-readable lines about rows left out by options and, given a generation's `stats`,
+        lengths it clipped (those not loud enough for `warnings`)."""
         total = int(self.num_requests)
+        clipped = (stats or {}).get("clipped") or {}
         lines = [
             f"clipped {count} {what} lengths to fit max_model_len {self.max_model_len}"
-            for what, count in (self.last_stats.get("clipped") or {}).items()
+            for what, count in clipped.items()
             if count and what in ("prompt", "output") and count < LOUD_CLIP_SHARE * total
         ]
-        capped = (self.last_stats.get("clipped") or {}).get("output_capped_by_max_tokens", 0)
+        capped = clipped.get("output_capped_by_max_tokens", 0)
         if capped:
             lines.append(f"capped {capped} outputs at max_tokens")
         if self.trace is None:
@@ -365,8 +399,9 @@ class WorkloadSpec:
             )
         return lines
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-serialisable parameters; `generation` holds the counts of the latest generate()."""
+    def describe(self, stats: GenerationStats | None = None) -> dict[str, Any]:
+        """JSON-serialisable parameters; `generation` holds a generation's counts when given (a
+        run's record), else {} (the workload alone, e.g. a sweep point's id)."""
         out: dict[str, Any] = {
             "name": self.name,
             "source": self.source,
@@ -389,8 +424,8 @@ class WorkloadSpec:
                 "prompt_scale": self.prompt_scale,
                 "output_scale": self.output_scale,
             }
-        out["notes"] = self.notes()
-        out["generation"] = _jsonable(self.last_stats)
+        out["notes"] = self.notes(stats)
+        out["generation"] = _jsonable(stats or {})
         return out
 
 
