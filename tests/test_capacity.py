@@ -188,3 +188,15 @@ def test_early_stop_only_ever_stops_a_run_that_fails_and_its_p95_is_a_lower_boun
         assert "run stopped" in slo.failures(stopped)[0]
     if rate >= 11.0:  # far past the boundary the proof comes early: most of the run is skipped
         assert stopped["completed_so_far"] < N / 2
+
+
+@pytest.mark.parametrize("rate", [9.5, 11.0, 14.0])
+def test_early_stop_on_goodput_agrees_with_the_full_run(rate):
+    slo = SLO(goodput_ms=(("ttft", STEP_S * 1000 + 300.0), ("tpot", 50.0)))
+    stopped, full = _toy_run(rate, slo, True), _toy_run(rate, slo, False)
+    assert bool(slo.failures(stopped)) == bool(slo.failures(full))
+    if "early_stop" in stopped:
+        assert stopped["goodput_share"] >= full["goodput_share"]  # an upper bound, already too low
+        assert stopped["goodput_share"] < slo.goodput_attainment
+    if rate >= 14.0:
+        assert "early_stop" in stopped

@@ -197,3 +197,17 @@ def test_vllm_bench_serve_names_for_the_load_are_accepted():
     closed = invoke("--max-concurrency", "3", "--num-prompts", "6", "--json")
     assert closed.exit_code == 0, closed.stderr
     assert json.loads(closed.stdout)["summary"]["max_concurrency"] == 3
+
+
+def test_the_readme_shows_what_the_main_job_prints_now():
+    """The quick start's sample output is the default run's, line for line (regenerate it when a
+    change moves the numbers: `kvsim run --policy continuous --block-size 16`)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("```\nSimulating: workload sharegpt")
+    shown = readme[start + 4:readme.index("```", start + 4)].splitlines()
+    result = invoke("--policy", "continuous", "--block-size", "16")
+    assert result.exit_code == 0, result.stderr
+    printed = [line.rstrip() for line in result.stdout.splitlines()]
+    expected = [line for line in shown if not line.startswith(("...", "Simulated in"))]
+    assert expected == [line for line in printed if line in expected], "README sample is stale"
+    assert len(expected) > 30 and all(line in printed for line in expected)
