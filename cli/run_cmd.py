@@ -165,6 +165,11 @@ def run(
     from reports.capacity import SLO
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    from simcore import records
+
+    if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
+        raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
+                          f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = resolved.memory
     out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
     check_inputs_kept(out, [workload, profile, model], out_files)

@@ -37,11 +37,11 @@ STEP_COLUMNS = (
 # A span row holds the sums over its steps.
 COST_COLUMNS = ("kernels_ms", "collectives_ms", "host_ms")
 KV_KINDS = ("allocated", "live", "reserved_future", "internal", "stale", "external", "unshared")
-# Step rows kept in memory (21 columns, 168 B a row: ~42 MiB at the cap). Beyond it, adjacent rows
+# Step rows kept in memory (21 columns, 168 B a row: 21 MiB at the cap). Beyond it, adjacent rows
 # are coalesced in pairs (counts weighted by num_steps, KV by duration, costs summed), so the
 # table keeps covering the whole run at a coarser grain; `StepTotals` stay exact, and a caller
 # that wants every row gets them through `spill` (steps.csv with --out).
-STEP_ROWS_CAP = 1 << 18
+STEP_ROWS_CAP = 1 << 17
 _STEP_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
 _PER_STEP = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_running", "num_waiting",
              "num_swapped", "num_preempted", "num_swap_blocks")  # a row's per-step values
@@ -225,7 +225,9 @@ class StepRecorder:
             if self.spill is not None:  # the full-resolution rows so far, before any coalescing
                 for kept in self._kept:
                     self.spill(self.table_columns(kept))
-        merged = {name: np.concatenate([c[name] for c in self._kept]) for name in chunk}
+        kept, self._kept = self._kept, []
+        merged = {name: np.concatenate([c.pop(name) for c in kept]) for name in self.columns}  # a column at a time
+        del kept
         while len(merged["start_s"]) > self.cap // 2 and len(merged["start_s"]) > 1:
             merged = _coalesce_pairs(merged)
             self._halvings += 1

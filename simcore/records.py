@@ -25,27 +25,28 @@ _SHIFT = 52 - HIST_MANTISSA_BITS  # float64 bits >> _SHIFT: exponent and the top
 # Values kept exactly before switching to the histogram. 2**22 ITLs is 32 MiB (a 10k-request run
 # of ~300-token outputs stays exact); the histogram over 1e-4..1e3 s is ~3 MiB whatever the count.
 ITL_EXACT_CAP = 1 << 22
-_FLUSH = 1 << 16  # scalar appends buffered before they join the chunks
+_FLUSH = 1 << 16  # values buffered before they are binned (histogram mode)
 
 
 class Samples:
-    """Non-negative latency samples in seconds. Exact (every value, insertion order) while at
-    most `cap` values; then a histogram keyed on the float's exponent and top mantissa bits, so
-    a percentile is off by at most half a bin (relative 2**-15) and the mean is exact up to
-    summation order. `append` (one value) and `extend` (one array, e.g. a step's ITLs) may mix."""
+    """Non-negative latency samples in seconds. Exact (every value, insertion order, in one
+    growing buffer) while at most `cap` values; then a histogram keyed on the float's exponent
+    and top mantissa bits, so a percentile is off by at most half a bin (relative 2**-15) and
+    the mean is exact up to summation order. `append` (one value) and `extend` (one array, e.g.
+    a step's ITLs) may mix."""
 
-    __slots__ = ("cap", "count", "total", "min", "max", "append", "_buf", "_chunks", "_hist",
+    __slots__ = ("cap", "count", "total", "min", "max", "append", "_buf", "_binned", "_hist",
                  "_key0", "_zeros")
 
     def __init__(self, cap: int | None = None) -> None:
         self.cap = ITL_EXACT_CAP if cap is None else cap  # values kept exactly at most; beyond: the histogram
-        self.count = 0  # values seen (buffered ones excluded until the next flush)
+        self.count = 0  # values binned (histogram mode only)
         self.total = 0.0  # their sum
         self.min = np.inf
         self.max = -np.inf
-        self._buf = array("d")
+        self._buf = array("d")  # exact mode: every value; histogram mode: values not binned yet
         self.append = self._buf.append  # the per-value path: one C call; `settle` bounds it
-        self._chunks: list[np.ndarray] | None = []  # None once the histogram took over
+        self._binned = False
         self._hist: np.ndarray | None = None  # counts by key - _key0
         self._key0 = 0
         self._zeros = 0  # exact zeros (outside the log bins)
@@ -53,13 +54,13 @@ class Samples:
     @property
     def exact(self) -> bool:
         """Every value is still kept (percentiles are numpy's)."""
-        return self._chunks is not None and self.count + len(self._buf) <= self.cap
+        return not self._binned and len(self._buf) <= self.cap
 
     @property
     def resolution(self) -> str:
         """What the summary's percentiles came from, for the run's record."""
         self.settle(force=True)
-        if self._chunks is not None:
+        if not self._binned:
             return "exact"
         return f"histogram, relative bin width {HIST_RELATIVE_WIDTH:.2g} (more than {self.cap:,} values)"
 
@@ -67,34 +68,32 @@ class Samples:
         return self.count + len(self._buf)
 
     def extend(self, values: np.ndarray) -> None:
-        """Add an array of values (copied)."""
-        if len(self._buf):
+        """Add an array of values (copied into the buffer)."""
+        self._buf.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+        if len(self._buf) > (_FLUSH if self._binned else self.cap):
             self._flush()
-        if len(values):
-            self._add(np.array(values, dtype=np.float64, copy=True))
 
     def settle(self, force: bool = False) -> None:
-        """Move buffered single values into the store (cheap; called once per finished request)."""
-        if len(self._buf) >= _FLUSH or (force and len(self._buf)):
+        """Bin the buffer once it is past the cap (cheap to call once per finished request)."""
+        if len(self._buf) > (_FLUSH if self._binned else self.cap) or (force and self._binned and len(self._buf)):
             self._flush()
 
     def _flush(self) -> None:
-        values = np.frombuffer(self._buf, dtype=np.float64).copy()
+        values = np.frombuffer(self._buf, dtype=np.float64)
+        self._binned = True
+        self._bin_values(values)
+        del values
         del self._buf[:]  # same array object: the bound `append` stays valid
-        self._add(values)
 
-    def _add(self, values: np.ndarray) -> None:
+    def _bin_values(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
         self.count += len(values)
         self.total += float(values.sum())
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
-        if self._chunks is not None:
-            self._chunks.append(values)
-            if self.count <= self.cap:
-                return
-            values = np.concatenate(self._chunks)
-            self._chunks = None
-        self._bin(values)
+        for start in range(0, len(values), _FLUSH * 16):  # bounded temporaries
+            self._bin(values[start: start + _FLUSH * 16])
 
     def _bin(self, values: np.ndarray) -> None:
         assert not (values < 0).any(), "latency samples are >= 0"
@@ -123,18 +122,16 @@ class Samples:
         out = cls(stores[0].cap)
         for store in stores:
             store.settle(force=True)
-            if store._chunks is not None:
-                for chunk in store._chunks:
-                    out._add(chunk)
-                continue
-            out._add_binned(store)
+            if not store._binned:
+                out.extend(np.frombuffer(store._buf, dtype=np.float64))
+            else:
+                out._add_binned(store)
+        out.settle()
         return out
 
     def _add_binned(self, other: Samples) -> None:
-        if self._chunks is not None:  # switch to bins first, whatever the count
-            values = np.concatenate(self._chunks) if self._chunks else np.zeros(0)
-            self._chunks = None
-            self._bin(values)
+        if not self._binned:  # switch to bins first, whatever the count
+            self._flush()
         self.count += other.count
         self.total += other.total
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
@@ -147,8 +144,8 @@ class Samples:
     def count_le(self, x: float) -> int:
         """How many values are <= x (exact while `exact`; beyond, to the bin x falls in)."""
         self.settle(force=True)
-        if self._chunks is not None:
-            return int(sum(int((c <= x).sum()) for c in self._chunks))
+        if not self._binned:
+            return int((np.frombuffer(self._buf, dtype=np.float64) <= x).sum())
         if x < 0:
             return 0
         if self._hist is None or x == 0:
@@ -159,17 +156,15 @@ class Samples:
     def values(self) -> np.ndarray:
         """Every value in insertion order (only while `exact`)."""
         self.settle(force=True)
-        assert self._chunks is not None, "values beyond the cap are binned; use stats()"
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0)
+        assert not self._binned, "values beyond the cap are binned; use stats()"
+        return np.frombuffer(self._buf, dtype=np.float64).copy()
 
     def percentiles(self, qs: tuple[float, ...]) -> list[float]:
         """numpy's linear-interpolation percentiles (exact), or the same rule over bin midpoints."""
         self.settle(force=True)
-        if self._chunks is not None:
-            v = self.values()
-            return [float(x) for x in np.percentile(v, qs)]
-        counts = self._hist
-        cum = np.cumsum(counts)
+        if not self._binned:
+            return [float(x) for x in np.percentile(np.frombuffer(self._buf, dtype=np.float64), qs)]
+        cum = np.cumsum(self._hist) if self._hist is not None else np.zeros(1, dtype=np.int64)
         out = []
         for q in qs:
             rank = (self.count - 1) * q / 100.0
@@ -194,19 +189,21 @@ class Samples:
         if not len(self):
             out.update(dict.fromkeys(keys, None))
             return
-        if self._chunks is not None:  # bit-identical to the pre-cap summary
-            v = self.values() * scale
-            mean, (median, p95, p99) = float(np.mean(v)), np.percentile(v, (50, 95, 99))
-            out.update(zip(keys, (mean, float(median), float(p95), float(p99)), strict=True))
+        if not self._binned:  # bit-identical to the pre-cap summary
+            v = np.frombuffer(self._buf, dtype=np.float64) * scale
+            mean, median, (p95, p99) = float(np.mean(v)), float(np.median(v)), np.percentile(v, (95, 99))
+            out.update(zip(keys, (mean, median, float(p95), float(p99)), strict=True))
             return
         values = [self.total / self.count, *self.percentiles((50, 95, 99))]
         out.update(zip(keys, (float(v) * scale for v in values), strict=True))
 
 
 # -- requests ----------------------------------------------------------------------------------
-# Rows kept in memory (71 bytes each, 71 MiB at the cap); beyond it the summary comes from
+# Rows kept in memory (71 bytes each, 36 MiB at the cap); beyond it the summary comes from
 # running sums and histograms, and the rows only go to the `spill` (requests.csv when --out).
-REQUEST_ROWS_CAP = 1 << 20
+# The end-of-run summary over kept rows needs ~5x their size in temporaries (derived latencies,
+# masks, the saturation fit): 2**19 rows keeps that peak near 200 MiB (benchmarks/bench_memory.py).
+REQUEST_ROWS_CAP = 1 << 19
 _ROW_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
 SATURATION_BLOCK = 64  # arrivals per block of the saturation sums beyond the cap
 
@@ -329,13 +326,18 @@ class RequestRecords:
         self.finalize()
         if not self._chunks:
             return {name: np.zeros(0, dtype=dtype) for name, (_, dtype) in _RAW.items()}
-        cols = {name: np.concatenate([c[name] for c in self._chunks]) for name in _RAW}
+        if len(self._chunks) > 1:  # one chunk from now on, joined a column at a time (no second copy)
+            chunks, cols = self._chunks, {}
+            for name in _RAW:
+                cols[name] = np.concatenate([c.pop(name) for c in chunks])
+            self._chunks = [cols]
+        cols = self._chunks[0]
         ids = cols["request_id"]
         if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
             order = np.argsort(ids, kind="stable")
-            cols = {name: col[order] for name, col in cols.items()}
-        self._chunks = [cols]  # one sorted chunk from now on, not a second copy
-        return cols
+            for name in _RAW:
+                cols[name] = cols[name][order]
+        return dict(cols)
 
     def table_columns(self, cols: dict[str, np.ndarray], replicas: bool | None = None) -> dict[str, np.ndarray]:
         """The requests table's columns (names, dtypes and order of the old per-object table)."""

@@ -12,7 +12,7 @@ import simpy
 
 from simcore.config import ResolvedConfig, resolve
 from simcore.engine import Engine
-from simcore.errors import ConfigError
+from simcore.errors import ConfigError, KvsimError
 from simcore.latency import Profile, StepLatencyModel
 from simcore.memory import MemoryPlan
 from simcore.metrics import StepRecorder, StepTotals, summarize_records
@@ -52,6 +52,9 @@ class Result:
         """One row per request, by id, with a `replica` column when there are several (only
         while `records.kept`: runs beyond the cap stream their rows to requests.csv instead)."""
         if "requests" not in self._frames:
+            if not self.records.kept:
+                raise KvsimError(f"more than {self.records.cap:,} requests: the request table is not kept in "
+                                 "memory (its rows go to requests.csv with --out)")
             self._frames["requests"] = self.records.frame()
         return self._frames["requests"]
 

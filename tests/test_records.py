@@ -246,3 +246,12 @@ def test_a_run_that_fails_midway_leaves_the_old_folder_untouched(tmp_path, monke
     assert result.exit_code != 0 and isinstance(result.exception, RuntimeError)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_goodput_past_the_request_cap_is_refused_before_the_work(monkeypatch):
+    import simcore.records as records
+
+    monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
+    result = _invoke(*RUN, "--goodput", "ttft:500")
+    assert result.exit_code == 2 and "--goodput needs every request row" in result.stderr
+    assert "Simulating" not in result.stdout
