@@ -474,7 +474,7 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
         completed = int((finished & (finish > start) & (finish <= end)).sum()) / window
     wait = (first_scheduled_s - arrival_s)[order][first:]
     t = arrival[first:]
-    known = ~np.isnan(wait)
+    known = first_scheduled_s[order][first:] >= 0  # never scheduled (rejected): no queueing delay
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
     overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
     out.update({

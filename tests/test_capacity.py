@@ -200,3 +200,18 @@ def test_early_stop_on_goodput_agrees_with_the_full_run(rate):
         assert stopped["goodput_share"] < slo.goodput_attainment
     if rate >= 14.0:
         assert "early_stop" in stopped
+
+
+def test_rejected_requests_do_not_hide_an_overload():
+    """Rejected requests were never scheduled: they have no queueing delay and must not pull the
+    delay trend down (they once entered the fit as a wait of -1 - arrival)."""
+    from simcore.metrics import saturation_columns
+
+    arrival = np.linspace(0.0, 100.0, 1000)
+    rejected = np.arange(1000) % 2 == 1
+    first_scheduled = np.where(rejected, -1.0, arrival * 1.5)  # scheduled ones wait 0.5 s per s more
+    finished = ~rejected
+    finish = np.where(rejected, -1.0, arrival * 1.5 + 1.0)
+    out = saturation_columns(arrival, first_scheduled, finish, finished)
+    assert out["queue_wait_slope"] == pytest.approx(0.5)
+    assert out["saturation"] == "overloaded"
