@@ -55,6 +55,7 @@ class StepTotals:
     num_steps: int = 0
     duration_s: float = 0.0
     seq_steps: int = 0  # sum over steps of the sequences scheduled
+    running_s: float = 0.0  # sum over steps of requests running at its end x its duration
     max_running: int = 0  # most requests running at the end of a step
     # the regime's measures (reports.regime), kept when the recorder knows the KV capacity
     kv_allocated_max: int = 0  # most KV slots allocated at the end of a step
@@ -67,6 +68,7 @@ class StepTotals:
         self.num_steps += other.num_steps
         self.duration_s += other.duration_s
         self.seq_steps += other.seq_steps
+        self.running_s += other.running_s
         self.max_running = max(self.max_running, other.max_running)
         self.kv_allocated_max = max(self.kv_allocated_max, other.kv_allocated_max)
         self.kv_blocked_s += other.kv_blocked_s
@@ -85,6 +87,7 @@ class StepTotals:
         totals.num_steps = int(counts.sum())
         totals.duration_s = float(dt.sum())
         totals.seq_steps = int(np.dot(steps["num_seqs"].to_numpy(), counts))
+        totals.running_s = float(np.dot(steps["num_running"].to_numpy(), dt))
         for kind in KV_KINDS:
             totals.kv_slot_s[kind] = float(np.dot(steps[f"kv_{kind}"].to_numpy(), dt))
         return totals
@@ -148,6 +151,7 @@ class StepRecorder:
         t.num_steps += 1
         t.duration_s += dt
         t.seq_steps += num_seqs
+        t.running_s += num_running * dt
         kv = t.kv_slot_s
         kv["allocated"] += mem.allocated * dt
         kv["live"] += mem.live * dt
@@ -191,6 +195,7 @@ class StepRecorder:
         t.num_steps += num_steps
         t.duration_s += duration
         t.seq_steps += num_seqs * num_steps
+        t.running_s += num_running * duration
         kv = t.kv_slot_s
         alloc_s = float(np.dot(allocated, durations))
         internal_s = float(np.dot(internal, durations))

@@ -168,6 +168,9 @@ def test_a_coalesced_step_table_keeps_the_totals_and_the_regime(monkeypatch):
     assert b.duration_s == pytest.approx(a.duration_s, rel=1e-12)
     for kind, value in a.kv_slot_s.items():
         assert b.kv_slot_s[kind] == pytest.approx(value, rel=1e-9), kind
+    # time-weighted running requests (the seed table's mean running) from the recorder's sums
+    assert small.totals.running_s == pytest.approx(a.running_s, rel=1e-12)
+    assert full.totals.running_s == pytest.approx(a.running_s, rel=1e-12)
     for col in ("kernels_ms", "collectives_ms", "host_ms", "num_preempted"):
         weights = small.steps["num_steps"] if col == "num_preempted" else 1
         assert (small.steps[col] * weights).sum() == pytest.approx(full.steps[col].sum(), rel=1e-9), col
