@@ -106,8 +106,8 @@ def plan(
     for flag, value in (("--search-requests", search_requests), ("--confirm-requests", confirm_requests)):
         if value < 50:
             raise ConfigError(f"{flag} must be >= 50 (a run needs a warm-up and a tail), got {value}")
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if not 1 <= jobs <= 1024:  # one process each
+        raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
     prices = load_prices(price)

@@ -180,8 +180,12 @@ def compare_cmd(
 ) -> None:
     """Price a common grid of steps with both profiles: times and ratio B/A, median and worst."""
     from profiles.compare import compare
-    from simcore.latency import load_profile
+    from simcore.latency import POLICIES, load_profile
+    from simcore.specs import EngineConfig
 
+    EngineConfig(block_size=block_size)  # a block size vLLM has, else one line naming --block-size
+    if policy not in POLICIES:
+        raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     pa, pb = load_profile(a), load_profile(b)
     rows, summary = compare(pa, pb, policy, block_size)
     table = _table(title=f"A = {pa.label}\nB = {pb.label}")

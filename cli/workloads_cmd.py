@@ -46,7 +46,7 @@ def _length_row(label: str, values: np.ndarray) -> list[str]:
 def show(
     workload: Annotated[str, typer.Argument(help="A named workload (see `kvsim workloads`) or a .yaml/.csv/.jsonl file.")],
     num_requests: Annotated[int | None, typer.Option(min=1, help="Requests to draw. [default: the workload's]")] = None,
-    max_model_len: Annotated[int | None, typer.Option(min=2, help="Clip lengths as a model with this context would.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(min=2, max=2**31 - 1, help="Clip lengths as a model with this context would.")] = None,
     seed: Annotated[int, typer.Option(help="Seed, split as `kvsim run --seed` splits it.")] = 0,
     plot: Annotated[Path | None, typer.Option(help="Also draw arrival-rate and length histograms to this PNG.")] = None,
 ) -> None:

@@ -229,13 +229,16 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+MAX_REPEATS = 10_000  # each repeat reruns every point; a 95% interval needs a handful, not millions
+
+
 def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
     """--seeds 0,1,2 or --repeats K (seeds seed .. seed+K-1), else [seed]."""
     if seeds is not None and repeats is not None:
         raise ConfigError("give --seeds or --repeats, not both")
     if repeats is not None:
-        if repeats < 1:
-            raise ConfigError(f"--repeats must be >= 1, got {repeats}")
+        if not 1 <= repeats <= MAX_REPEATS:
+            raise ConfigError(f"--repeats must be from 1 to {MAX_REPEATS:,}, got {repeats}")
         return [seed + k for k in range(repeats)]
     if seeds is None:
         return [seed]

@@ -130,6 +130,8 @@ def read_table(path: Path) -> pd.DataFrame:
         raise ConfigError(f"{path}: no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not a readable CSV table ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:  # a folder, no permission
+        raise ConfigError(f"{path}: cannot read the table ({exc.strerror or exc})") from None
     if not {"point", "point_id", "seed"} <= set(frame.columns):
         raise ConfigError(f"{path}: not a kvsim sweep table (no point / point_id / seed columns)")
     return frame.sort_values(["point", "seed"], kind="stable").reset_index(drop=True)

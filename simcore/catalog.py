@@ -119,7 +119,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"model config {path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
