@@ -41,6 +41,8 @@ from simcore.span import (
 )
 from simcore.step import StepPlan
 
+HOLD_WAITING = 65_536  # waiting requests past which an open-loop workload holds new arrivals back
+
 
 class Engine:
     """The step loop of one replica and its RequestSink."""
@@ -63,9 +65,30 @@ class Engine:
         self.policy: Policy | None = None  # set by attach()
         self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
         self._wakeup: simpy.Event | None = None
+        self._drained: simpy.Event | None = None  # fires when a held-back workload may go on
+        self.hold_at = HOLD_WAITING
+        self.num_holds = 0  # times the workload was held back (reported in the run's record)
 
     def attach(self, policy: Policy) -> None:
         self.policy = policy
+        # FCFS policies look at most this many waiting requests per step; holding starts at four
+        # times it and ends at two, so a held request could never have been admitted earlier.
+        reach = max(getattr(policy, "max_num_seqs", 0) or 0, getattr(policy, "num_slots", 0) or 0)
+        self.hold_at = max(HOLD_WAITING, 4 * reach)
+
+    def hold_arrivals(self) -> simpy.Event | None:
+        """Backpressure for an overloaded run: None while fewer than the hold threshold wait;
+        past it, an event that fires once half of them have been admitted. The workload then
+        submits what it held, in order, with the arrival times it planned (`submit(request,
+        arrival_s)`): requests that deep in a FCFS queue could not have been scheduled sooner,
+        so every request's timeline is the same as without holding, and memory stays bounded
+        (a held request is a row of the workload's chunk, not a ReqState)."""
+        if len(self.lifecycle.waiting) < self.hold_at:
+            return None
+        if self._drained is None:
+            self._drained = self.env.event()
+            self.num_holds += 1
+        return self._drained
 
     @property
     def load(self) -> int:
@@ -73,9 +96,9 @@ class Engine:
         return self.lifecycle.num_in_system
 
     # -- RequestSink ---------------------------------------------------------------------
-    def submit(self, request: Request) -> simpy.Event:
+    def submit(self, request: Request, arrival_s: float | None = None) -> simpy.Event:
         life = self.lifecycle
-        st = life.arrive(request)
+        st = life.arrive(request, arrival_s)
         if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
             reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
         else:
@@ -106,6 +129,9 @@ class Engine:
                 continue
             start = env.now
             life.begin_step(plan, start)
+            if self._drained is not None and len(life.waiting) <= self.hold_at // 2:
+                self._drained.succeed()
+                self._drained = None
             shape = span_of(plan, life) if span_of is not None else None
             if shape is not None:
                 plan, start, dt = yield from self._span(plan, shape, start)

@@ -74,9 +74,10 @@ class Lifecycle:
         st.status = to
 
     # -- arrival -----------------------------------------------------------------------------
-    def arrive(self, request: Request) -> ReqState:
-        """A new request, stamped with its arrival time; not queued yet."""
-        now = request.arrival_s = self.env.now
+    def arrive(self, request: Request, arrival_s: float | None = None) -> ReqState:
+        """A new request, stamped with its arrival time (now, or the earlier time it was planned
+        for when the workload held it back behind a long queue); not queued yet."""
+        now = request.arrival_s = self.env.now if arrival_s is None else arrival_s
         st = ReqState(request, self.env.event(), self.max_model_len)
         self.num_arrived += 1
         self.records.arrive(now)

@@ -35,7 +35,8 @@ class RequestSink(Protocol):
 
     def submit(self, request: Request) -> simpy.Event:
         """Stamp `arrival_s = env.now`, enqueue, and return an event that fires when the
-        request finishes or is rejected (a closed loop of clients waits on it)."""
+        request finishes or is rejected (a closed loop of clients waits on it). An engine also
+        takes `submit(request, arrival_s)` for a request its `hold_arrivals` delayed."""
         ...
 
 

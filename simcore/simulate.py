@@ -148,6 +148,10 @@ class Simulation:
             "steps": "every step" if not any(e.recorder.coalesced for e in engines) else (
                 f"at most {engines[0].recorder.cap:,} rows per replica, adjacent rows coalesced"),
         }}
+        if any(e.num_holds for e in engines):  # see Engine.hold_arrivals
+            record["resolution"]["waiting"] = (
+                f"arrivals held in the workload while {engines[0].hold_at:,} requests waited (timelines "
+                "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,

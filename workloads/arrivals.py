@@ -256,15 +256,29 @@ def open_loop_process(
     env: simpy.Environment, sink: RequestSink, chunks: Iterable[tuple[list[Request], np.ndarray]]
 ) -> Generator[simpy.Event, Any, None]:
     """Submit each request at its planned time (seconds after the process starts), one chunk of
-    (requests, arrival_s) at a time: one timeout per distinct time."""
+    (requests, arrival_s) at a time: one timeout per distinct time.
+
+    A sink with `hold_arrivals` (one engine; see `Engine.hold_arrivals`) may hold the stream back
+    while its queue is very long; held requests are submitted later with their planned times,
+    so an overloaded run keeps one chunk of pending arrivals in memory, not its whole backlog."""
     start = env.now
     previous = start
+    hold = getattr(sink, "hold_arrivals", None)
+    late = False  # submitting what a hold delayed: planned times already past keep their stamp
     for requests, arrival_s in chunks:
         for request, at in zip(requests, (start + arrival_s).tolist(), strict=True):
             if at > previous:  # compare planned times, so same-time arrivals never cost a timeout
-                yield env.timeout(max(at - env.now, 0.0))
+                if not (late and at <= env.now):
+                    late = False
+                    yield env.timeout(max(at - env.now, 0.0))
                 previous = at
-            sink.submit(request)
+            if hold is not None and (drained := hold()) is not None:
+                yield drained
+                late = True
+            if late:
+                sink.submit(request, at)
+            else:
+                sink.submit(request)
 
 
 def closed_loop_process(
