@@ -127,6 +127,10 @@ def plan(
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
+    from reports.plan import expand, refuse_unconfigurable
+
+    for m in models:  # a model no candidate can be configured for (e.g. --tp dividing none of its heads)
+        refuse_unconfigurable(m, expand(m, dims, base))
     max_len = min(base.resolved_max_model_len(m) for m in models)
     overrides = {"rate": max(rates), "num_requests": max(search_requests, confirm_requests),
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}

@@ -452,6 +452,26 @@ class PlanResult:
     context: dict[str, Any]
 
 
+def refuse_unconfigurable(model: ModelSpec, candidates: list[Candidate]) -> None:
+    """Raise the first candidate's ConfigError when every candidate is refused as configured (a
+    --tp that divides none of the model's heads, FP8 on GPUs without it, ...): there is nothing
+    to plan, and saying "nothing meets the SLO" would hide the input's mistake. Candidates that
+    merely do not fit in memory are an answer (memory binds), not an error."""
+    from simcore.config import resolve
+
+    first = None
+    for c in candidates:
+        try:
+            resolve(c.model, c.gpu, c.config)
+            return
+        except DoesNotFitError:
+            return
+        except ConfigError as exc:
+            first = first or exc
+    if first is not None:
+        raise ConfigError(str(first)) from None
+
+
 def plan(
     models: list[ModelSpec], dims: list[Dimension], base: EngineConfig, targets: list[float], spec, slo: SLO,
     prices: dict[str, float], *, seed: int = 0, tolerance: float = PLAN_TOLERANCE,
@@ -471,8 +491,11 @@ def plan(
     spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
     take = min(search_requests, int(spec_confirm.num_requests))
     rows, answers, by_model, runs = [], [], {}, 0
+    expanded = {model.name: expand(model, dims, base) for model in models}
+    for model in models:  # before any run: a model no candidate can even be configured for is bad input
+        refuse_unconfigurable(model, expanded[model.name])
     for model in models:
-        candidates = expand(model, dims, base)
+        candidates = expanded[model.name]
         assessments = assess(candidates, spec_confirm, take, slo, prices, seed, profile_for)
         search_all(assessments, spec_confirm, take, slo, seed, targets, tolerance, map_fn, batch, progress)
         runs += sum(a.capacity.num_runs for a in assessments if a.capacity is not None)

@@ -206,6 +206,10 @@ def plan_sweep(
                    **workload_columns(workload.describe()), **config.to_dict(), **fixed}
         for seed in seeds:
             points.append(Point(model, gpu, config, workload, profile, seed, options, reason, resolved))
+    if points and all(p.does_not_fit for p in points):  # nothing would run: bad input, not a table
+        if len(points) == 1:
+            raise DoesNotFitError(points[0].does_not_fit)
+        raise DoesNotFitError(f"no point of the sweep fits; the first: {points[0].does_not_fit}")
     ids = [p.point_id() for p in points]
     sweep_id = sweep_id_of(ids)
     points = [replace(p, options={"point": p.options["point"], "point_id": pid, "sweep_id": sweep_id, **p.options})

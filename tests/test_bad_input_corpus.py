@@ -583,9 +583,6 @@ def _as_unprivileged_user():
 
 # Cases another issue closes; they run, and are reported, but do not fail the suite meanwhile.
 OPEN_ELSEWHERE = {
-    "sweep:model-does-not-fit": "issue 13: the sweep resolves its points per point, after the runner starts",
-    "plan:hf-tp-not-dividing-heads": "issue 13: a plan whose every candidate cannot run answers 'nothing meets "
-                                     "the SLO' instead of refusing up front",
 }
 
 

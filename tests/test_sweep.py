@@ -86,3 +86,11 @@ def test_same_seed_same_table_and_csv_written(tmp_path: Path):
     ta, tb = (read_table(tmp_path / f"{x}.csv").drop(columns="wall_s") for x in "ab")
     pd.testing.assert_frame_equal(ta, tb)
     assert len(ta) == 2 and list(ta["block_size"]) == [16, 32] and (ta["seed"] == 5).all()
+
+
+def test_a_sweep_where_no_point_fits_is_refused_before_any_run():
+    result = invoke("--model", "llama3-70b", "--tp", "1,2", "--gpu", "A100-40GB", "--num-requests", "10",
+                    "--rate", "5")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: no point of the sweep fits"), lines
