@@ -116,6 +116,8 @@ class Engine:
         env, policy, latency, record = self.env, self.policy, self.latency, self.recorder.record
         life = self.lifecycle
         span_of = None if self.exact_steps else getattr(policy, "decode_span", None)
+        # pipeline parallelism: micro-batches leave the last stage at different times in a step
+        emit_times = getattr(latency, "emit_times_s", None)
         while True:
             plan = policy.schedule(life, env.now)
             if plan is None:
@@ -141,9 +143,15 @@ class Engine:
                     plan.decode_context_tokens, plan.num_sampled,
                 ) + plan.num_swap_blocks * self.swap_block_s
                 yield env.timeout(dt)
-            finished = life.emit(plan, env.now)
-            mem = policy.end_step(plan, finished, life)
-            life.finish(finished, env.now)
+            if emit_times is None:
+                finished = life.emit(plan, env.now)
+                mem = policy.end_step(plan, finished, life)
+                life.finish(finished, env.now)
+            else:  # each request's token (and its finish) when its micro-batch leaves the last stage
+                compute_start = start + plan.num_swap_blocks * self.swap_block_s
+                finished = life.emit_at(plan, emit_times(compute_start, plan.num_scheduled))
+                mem = policy.end_step(plan, finished, life)
+                life.finish(finished, None)
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
 
     def _span(self, plan: StepPlan, shape: SpanShape, start: float):

@@ -208,6 +208,52 @@ class Lifecycle:
             self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
 
+    def emit_at(self, plan: StepPlan, times_s: list[float]) -> list[ReqState]:
+        """`emit` for a step whose scheduled entries produce their tokens at different times:
+        entry i (in schedule order) at `times_s[i]` (a pipeline's micro-batches each leave the
+        last stage when they are done, not all at the round's end; simcore.pipeline)."""
+        store = self.store
+        times = np.asarray(times_s, dtype=np.float64)
+        finished: list[ReqState] = []
+        pieces: list[np.ndarray] = []  # ITLs, in schedule order
+        k = 0  # entry index
+        for part in plan.parts:
+            if type(part) is tuple:
+                st, num_new = part
+                t = float(times[k])
+                k += 1
+                st.num_computed_tokens = computed = st.num_computed_tokens + num_new
+                if computed == st.num_tokens:
+                    generated = st.num_generated
+                    if generated:
+                        pieces.append(np.array([t - st.last_token_s]))
+                    else:
+                        st.first_token_s = t
+                    st.last_token_s = t
+                    st.num_generated = generated = generated + 1
+                    if generated >= st.num_output_target:
+                        finished.append(st)
+                if st.slot >= 0:
+                    store.mark(st)
+                continue
+            slots = part.slots
+            ts = times[k:k + len(slots)]
+            k += len(slots)
+            last = store.last_token
+            pieces.append(ts - last[slots])
+            last[slots] = ts
+            store.computed[slots] = part.computed + 1
+            generated = store.generated[slots] + 1
+            store.generated[slots] = generated
+            done = (generated >= store.target[slots]).nonzero()[0]
+            if len(done):
+                by_slot = store.by_slot
+                finished.extend([by_slot[s] for s in slots[done].tolist()])
+        assert k == len(times), "one emission time per scheduled entry"
+        if pieces:
+            self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
+        return finished
+
     def emit_span(self, plan: StepPlan, ends_s: np.ndarray) -> None:
         """Steps 1..m of a decode span (m = len(ends_s), step k ending at ends_s[k-1]): every
         request of a decode-only plan emits one token per step and none finishes. The same
@@ -234,13 +280,14 @@ class Lifecycle:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""
         self.itl.extend(values)
 
-    def finish(self, finished: list[ReqState], now: float) -> None:
-        """Requests that produced their last token leave `running` (their KV is already back)."""
+    def finish(self, finished: list[ReqState], now: float | None) -> None:
+        """Requests that produced their last token leave `running` (their KV is already back);
+        each finishes at `now`, or (None) when its last token was produced (`emit_at`)."""
         if not finished:
             return
         for st in finished:
             self._move(st, RequestStatus.FINISHED)
-            st.finish_s = now
+            st.finish_s = st.last_token_s if now is None else now
             self._leave(st)
         self._drop_finished(finished)
 

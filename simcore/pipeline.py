@@ -24,9 +24,9 @@ stream, so consecutive micro-batches leave it max_s t_s apart, the last at the r
 
     emit_j = round - (m - 1 - j) * max_s t_s        j = 0 .. m-1  (all > 0, since round >= m max_s t_s)
 
-The engine today stamps every token of a step at the step's end (one timestamp per step, set in
-`Lifecycle.emit`), so these offsets are computed and tested here but not yet applied to TTFT/ITL:
-that needs the engine to pass per-entry times to `Lifecycle.emit` (issue-14 note).
+The engine stamps each scheduled entry's token (first token, ITL, and the finish of a request
+that is done) at its micro-batch's exit time (`emit_times_s` -> `Lifecycle.emit_at`); the step's
+KV, its record and the next step still wait for the round's end.
 
 Hand-offs inside a node and across nodes are priced from the profile's `send_recv` and
 `send_recv_inter_node` tables when it has them (TP > 1 profiles: `profiles/collectives.py`), else

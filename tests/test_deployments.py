@@ -354,3 +354,36 @@ def test_sweep_takes_pp_kv_dtype_and_quantization_and_counts_gpus():
     by = {(r["pp"], r["kv_dtype"], r["quant"]): r for r in rows}
     assert by[(2, "auto", None)]["gpus"] == 2 and by[(1, "auto", None)]["gpus"] == 1
     assert 1.99 < by[(1, "fp8", None)]["kv_cache_tokens"] / by[(1, "auto", None)]["kv_cache_tokens"] < 2.01
+
+
+def _pp_run(monkeypatch=None):
+    from simcore.simulate import simulate
+    from tests.helpers import ListWorkload, flat_profile, req
+
+    if monkeypatch is not None:  # every token at the round's end, as before per-micro-batch emission
+        from simcore.pipeline import PipelineLatency
+
+        monkeypatch.delattr(PipelineLatency, "emit_times_s")
+    requests = [req(i, 0.004 * i, 8 + i % 5, 6 + i % 4) for i in range(12)]
+    cfg = EngineConfig(max_model_len=128, block_size=4, pipeline_parallel_size=2)
+    profile = flat_profile(linear_ms=3.0, overhead_ms=2.0)
+    return simulate(get_model("tiny"), H100, cfg, ListWorkload(requests), profile, seed=0)
+
+
+def test_pipeline_micro_batches_emit_when_they_leave_the_last_stage(monkeypatch):
+    """With two stages a step's first micro-batch leaves the pipeline one stage-pass before the
+    round ends: its tokens (first tokens, ITLs, the finish) are stamped then, not at the step's end."""
+    result = _pp_run()
+    done = result.requests
+    steps = result.steps
+    ends = set((steps["start_s"] + steps["duration_s"]).round(12))
+    first = done["first_token_s"].round(12)
+    assert (~first.isin(ends)).any(), "some first tokens leave before their step ends"
+    assert (done["first_token_s"] >= done["first_scheduled_s"]).all()
+    assert (done["finish_s"] >= done["first_token_s"]).all()
+    round_end = _pp_run(monkeypatch)  # the same schedule, every token at the round's end
+    assert result.summary["num_steps"] == round_end.summary["num_steps"]
+    assert result.summary["total_output_tokens"] == round_end.summary["total_output_tokens"]
+    assert (done["first_token_s"] <= round_end.requests["first_token_s"]).all()
+    assert result.summary["mean_ttft_ms"] < round_end.summary["mean_ttft_ms"]
+    assert (done["finish_s"] <= round_end.requests["finish_s"]).all()
