@@ -143,15 +143,12 @@ class Engine:
                     plan.decode_context_tokens, plan.num_sampled,
                 ) + plan.num_swap_blocks * self.swap_block_s
                 yield env.timeout(dt)
-            if emit_times is None:
-                finished = life.emit(plan, env.now)
-                mem = policy.end_step(plan, finished, life)
-                life.finish(finished, env.now)
-            else:  # each request's token (and its finish) when its micro-batch leaves the last stage
-                compute_start = start + plan.num_swap_blocks * self.swap_block_s
-                finished = life.emit_at(plan, emit_times(compute_start, plan.num_scheduled))
-                mem = policy.end_step(plan, finished, life)
-                life.finish(finished, None)
+            times = None  # pipeline: each token (and finish) when its micro-batch leaves the last stage
+            if emit_times is not None:
+                times = emit_times(start + plan.num_swap_blocks * self.swap_block_s, plan.num_scheduled)
+            finished = life.emit(plan, env.now, times)
+            mem = policy.end_step(plan, finished, life)
+            life.finish(finished, env.now if times is None else None)
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
 
     def _span(self, plan: StepPlan, shape: SpanShape, start: float):

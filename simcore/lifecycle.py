@@ -164,24 +164,30 @@ class Lifecycle:
         self._run(st)
 
     # -- the step's outcome ------------------------------------------------------------------
-    def emit(self, plan: StepPlan, now: float) -> list[ReqState]:
+    def emit(self, plan: StepPlan, now: float, times_s: list[float] | None = None) -> list[ReqState]:
         """Advance every scheduled request; return those that produced their last token, and
-        pool the step's inter-token gaps (in schedule order)."""
+        pool the step's inter-token gaps (in schedule order). Tokens are stamped `now`, or, with
+        `times_s`, entry i (in schedule order) at `times_s[i]` (a pipeline's micro-batches each
+        leave the last stage when they are done, not all at the round's end; simcore.pipeline)."""
         store = self.store
+        times = None if times_s is None else np.asarray(times_s, dtype=np.float64)
+        k = 0  # entry index into `times`
         finished: list[ReqState] = []
         pieces: list[np.ndarray] = []  # ITLs, in order
         gaps: list[float] = []  # ITLs of single requests since the last DecodeRun
         for part in plan.parts:
             if type(part) is tuple:
                 st, num_new = part
+                t = now if times is None else float(times[k])
+                k += 1
                 st.num_computed_tokens = computed = st.num_computed_tokens + num_new
                 if computed == st.num_tokens:
                     generated = st.num_generated
                     if generated:
-                        gaps.append(now - st.last_token_s)
+                        gaps.append(t - st.last_token_s)
                     else:
-                        st.first_token_s = now
-                    st.last_token_s = now
+                        st.first_token_s = t
+                    st.last_token_s = t
                     st.num_generated = generated = generated + 1  # num_tokens grows with it
                     if generated >= st.num_output_target:
                         finished.append(st)
@@ -189,56 +195,11 @@ class Lifecycle:
                     store.mark(st)
                 continue
             slots = part.slots  # plain decodes: num_tokens == num_computed_tokens + 1, one token out
+            ts = now if times is None else times[k:k + len(slots)]
+            k += len(slots)
             if gaps:
                 pieces.append(np.array(gaps))
                 gaps = []
-            last = store.last_token
-            pieces.append(now - last[slots])
-            last[slots] = now
-            store.computed[slots] = part.computed + 1
-            generated = store.generated[slots] + 1
-            store.generated[slots] = generated
-            done = (generated >= store.target[slots]).nonzero()[0]
-            if len(done):
-                by_slot = store.by_slot
-                finished.extend([by_slot[s] for s in slots[done].tolist()])
-        if gaps:
-            pieces.append(np.array(gaps))
-        if pieces:
-            self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
-        return finished
-
-    def emit_at(self, plan: StepPlan, times_s: list[float]) -> list[ReqState]:
-        """`emit` for a step whose scheduled entries produce their tokens at different times:
-        entry i (in schedule order) at `times_s[i]` (a pipeline's micro-batches each leave the
-        last stage when they are done, not all at the round's end; simcore.pipeline)."""
-        store = self.store
-        times = np.asarray(times_s, dtype=np.float64)
-        finished: list[ReqState] = []
-        pieces: list[np.ndarray] = []  # ITLs, in schedule order
-        k = 0  # entry index
-        for part in plan.parts:
-            if type(part) is tuple:
-                st, num_new = part
-                t = float(times[k])
-                k += 1
-                st.num_computed_tokens = computed = st.num_computed_tokens + num_new
-                if computed == st.num_tokens:
-                    generated = st.num_generated
-                    if generated:
-                        pieces.append(np.array([t - st.last_token_s]))
-                    else:
-                        st.first_token_s = t
-                    st.last_token_s = t
-                    st.num_generated = generated = generated + 1
-                    if generated >= st.num_output_target:
-                        finished.append(st)
-                if st.slot >= 0:
-                    store.mark(st)
-                continue
-            slots = part.slots
-            ts = times[k:k + len(slots)]
-            k += len(slots)
             last = store.last_token
             pieces.append(ts - last[slots])
             last[slots] = ts
@@ -249,7 +210,9 @@ class Lifecycle:
             if len(done):
                 by_slot = store.by_slot
                 finished.extend([by_slot[s] for s in slots[done].tolist()])
-        assert k == len(times), "one emission time per scheduled entry"
+        assert times is None or k == len(times), "one emission time per scheduled entry"
+        if gaps:
+            pieces.append(np.array(gaps))
         if pieces:
             self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
@@ -282,7 +245,7 @@ class Lifecycle:
 
     def finish(self, finished: list[ReqState], now: float | None) -> None:
         """Requests that produced their last token leave `running` (their KV is already back);
-        each finishes at `now`, or (None) when its last token was produced (`emit_at`)."""
+        each finishes at `now`, or (None) when its last token was produced (`emit` with per-entry times)."""
         if not finished:
             return
         for st in finished:

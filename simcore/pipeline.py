@@ -25,7 +25,7 @@ stream, so consecutive micro-batches leave it max_s t_s apart, the last at the r
     emit_j = round - (m - 1 - j) * max_s t_s        j = 0 .. m-1  (all > 0, since round >= m max_s t_s)
 
 The engine stamps each scheduled entry's token (first token, ITL, and the finish of a request
-that is done) at its micro-batch's exit time (`emit_times_s` -> `Lifecycle.emit_at`); the step's
+that is done) at its micro-batch's exit time (`emit_times_s` -> `Lifecycle.emit`); the step's
 KV, its record and the next step still wait for the round's end.
 
 Hand-offs inside a node and across nodes are priced from the profile's `send_recv` and
