@@ -26,8 +26,10 @@ a table are extrapolated along the edge segment and counted.
 
 `decode_span_times_s(num_seqs, context_sums)` prices a run of decode-only steps (same batch, the
 contexts' sum given per step) in one numpy call; it equals `step_time_s(num_seqs, [], num_seqs,
-context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), so an engine may
-price a decode span without one Python call per step.
+context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), and counts
+extrapolated steps as they would, so an engine may price a decode span without one Python call
+per step. Pricing is memoised (what depends only on a step's shape, a table's row blend per batch
+size): kept values are computed exactly as fresh ones, the memos are bounded (MEMO_ENTRIES).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ SOURCES = ("measured", "roofline", "calibrated")
 HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_token_ms")
 ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
 POLICIES = ("static", "dynamic", "continuous")
+# Bounds on the pricing memos (kept, never evicted; a key's result is the same computed or kept):
+MEMO_ENTRIES = 65536  # small tuples keyed by a step's shape, a few MiB at most
+ROW_MEMO_ENTRIES = 4096  # numpy rows for decode spans, keyed by batch size (~1 KiB each)
 
 
 def _monotone(values: list[float]) -> list[float]:
@@ -95,9 +100,14 @@ class Table1D:
 
 
 class Table2D:
-    """z(a, b) on a grid: log-log in a, log1p in b (b may be 0), monotone in both."""
+    """z(a, b) on a grid: log-log in a, log1p in b (b may be 0), monotone in both.
 
-    __slots__ = ("la", "lb", "lz", "a_range", "b_range")
+    Steps price it with a (batch size, chunk length) from a small set and b (context) ever new,
+    so what depends on a alone (its segment, weight and the two grid rows blended) is found once
+    per a and kept, and each row's steps are subtracted once: the same floating-point operations
+    on the same values as working them out per call, so a kept value never changes a result."""
+
+    __slots__ = ("la", "lb", "lz", "a_range", "b_range", "_dlb", "_dlz", "_by_a", "_rows_by_a", "_np_inner")
 
     def __init__(self, a: list[float], b: list[float], z: list[list[float]]):
         self.la = [math.log(x) for x in a]
@@ -106,6 +116,13 @@ class Table2D:
         cols = [_monotone([rows[i][j] for i in range(len(a))]) for j in range(len(b))]
         self.lz = [[_log(cols[j][i]) for j in range(len(b))] for i in range(len(a))]
         self.a_range, self.b_range = (a[0], a[-1]), (b[0], b[-1])
+        n = len(self.lb)
+        self._dlb = [self.lb[j + 1] - self.lb[j] for j in range(n - 1)]  # b segments' widths
+        # each row's steps z[j + 1] - z[j]; the last 0.0 is z[j] - z[j] (only a one-point b grid reads it)
+        self._dlz = [[hi - lo for lo, hi in zip(row, row[1:], strict=False)] + [0.0] for row in self.lz]
+        self._by_a: dict[float, tuple] = {}  # a -> (s, top row, its steps, bottom row, its steps)
+        self._rows_by_a: dict[float, tuple] = {}  # the same as numpy arrays, for row()
+        self._np_inner = np.asarray(self.lb[1:-1], dtype=np.float64)  # inner grid points, for row()
 
     def outside(self, a: float, b: float) -> bool:
         return not (self.a_range[0] <= a <= self.a_range[1] and self.b_range[0] <= b <= self.b_range[1])
@@ -117,37 +134,63 @@ class Table2D:
         i = min(max(bisect_right(grid, v) - 1, 0), len(grid) - 2)
         return i, (v - grid[i]) / (grid[i + 1] - grid[i])
 
+    def _a_terms(self, a: float) -> tuple:
+        """(weight s of the bottom row, top row, its steps, bottom row, its steps) at a > 0."""
+        terms = self._by_a.get(a)
+        if terms is None:
+            i, s = self._locate(self.la, math.log(a))
+            i1 = min(i + 1, len(self.lz) - 1)
+            terms = (s, self.lz[i], self._dlz[i], self.lz[i1], self._dlz[i1])
+            if len(self._by_a) < MEMO_ENTRIES:
+                self._by_a[a] = terms
+        return terms
+
     def __call__(self, a: float, b: float) -> float:
         if a <= 0:
             return 0.0
-        i, s = self._locate(self.la, math.log(a))
-        j, t = self._locate(self.lb, math.log1p(b))
-        lz = self.lz
-        i1 = min(i + 1, len(lz) - 1)
-        j1 = min(j + 1, len(lz[0]) - 1)
-        top = lz[i][j] + t * (lz[i][j1] - lz[i][j])
-        bot = lz[i1][j] + t * (lz[i1][j1] - lz[i1][j])
+        s, top_z, top_dz, bot_z, bot_dz = self._a_terms(a)
+        v = math.log1p(b)
+        lb = self.lb
+        if len(lb) == 1:
+            j, t = 0, 0.0
+        else:  # bisect among the inner grid points: the edge segments extend outwards
+            j = bisect_right(lb, v, 1, len(lb) - 1) - 1
+            t = (v - lb[j]) / self._dlb[j]
+        top = top_z[j] + t * top_dz[j]
+        bot = bot_z[j] + t * bot_dz[j]
         return math.exp(top + s * (bot - top))
 
     def row(self, a: float, bs: np.ndarray) -> np.ndarray:
         """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b."""
         if a <= 0:
             return np.zeros(len(bs))
-        i, s = self._locate(self.la, math.log(a))
-        lz = self.lz
-        i1 = min(i + 1, len(lz) - 1)
         lb = np.log1p(np.asarray(bs, dtype=np.float64))
-        top_row, bot_row = np.asarray(lz[i]), np.asarray(lz[i1])
-        if len(self.lb) == 1:
-            top = np.full(len(lb), top_row[0])
-            bot = np.full(len(lb), bot_row[0])
+        s, segments, top0, bot0 = self._row_terms(a)
+        if segments is None:  # one context point: the rows' only values
+            top = np.full(len(lb), top0)
+            bot = np.full(len(lb), bot0)
         else:
-            grid = np.asarray(self.lb)
-            j = np.clip(np.searchsorted(grid, lb, side="right") - 1, 0, len(grid) - 2)
-            t = (lb - grid[j]) / (grid[j + 1] - grid[j])
-            top = top_row[j] + t * (top_row[j + 1] - top_row[j])
-            bot = bot_row[j] + t * (bot_row[j + 1] - bot_row[j])
+            j = self._np_inner.searchsorted(lb, side="right")  # = clip(searchsorted(grid, lb) - 1, 0, n - 2)
+            lb_j, width, top_z, top_dz, bot_z, bot_dz = segments[:, j]  # one gather for all six
+            t = (lb - lb_j) / width
+            top = top_z + t * top_dz
+            bot = bot_z + t * bot_dz
         return np.exp(top + s * (bot - top))
+
+    def _row_terms(self, a: float) -> tuple[np.ndarray, np.ndarray | None, float, float]:
+        """For row() at a > 0: s as a 0-d array (numpy multiplies arrays faster than by a Python
+        float; the product is the same); per b segment j the column (lb[j], its width, top row,
+        its step, bottom row, its step), None with a single context point; the rows' first values."""
+        terms = self._rows_by_a.get(a)
+        if terms is None:
+            s, top_z, top_dz, bot_z, bot_dz = self._a_terms(a)
+            m = len(self.lb) - 1
+            segments = None if m == 0 else np.array(
+                [self.lb[:m], self._dlb, top_z[:m], top_dz[:m], bot_z[:m], bot_dz[:m]], dtype=np.float64)
+            terms = (np.array(s, dtype=np.float64), segments, top_z[0], bot_z[0])
+            if len(self._rows_by_a) < ROW_MEMO_ENTRIES:
+                self._rows_by_a[a] = terms
+        return terms
 
 
 @dataclass
@@ -272,8 +315,9 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
         raise ProfileError(f"{where}.tensor_parallel_size: expected a positive integer, got {tp!r}")
     if not isinstance(data["model_shape"], dict):
         raise ProfileError(f"{where}.model_shape: expected an object")
-    for policy in POLICIES:  # builds every table and host model, so anything malformed fails here
-        StepLatencyModel(data, where, policy=policy)
+    # builds every table and reads every policy's host model (host_overhead checks them all,
+    # whichever it picks; the tables are the same for each), so anything malformed fails here
+    StepLatencyModel(data, where)
     _check_absurd(data, where)
     return Profile(data=data, sha256=profile_hash(data))
 
@@ -429,6 +473,7 @@ class StepLatencyModel:
         self._last_key: tuple | None = None
         self._last_chunks: list[tuple[int, int]] = []
         self._last_parts = (0.0, 0.0, 0.0)
+        self._fixed_memo: dict[tuple, tuple[float, float, float, bool]] = {}
         self.set_block_size(16)
 
     def _init_collectives(self, data: dict, shape: dict, where: str) -> None:
@@ -491,8 +536,24 @@ class StepLatencyModel:
         table = self.send_recv_inter_node if across_nodes else self.send_recv
         return table(nbytes) if table is not None else None
 
+    def fixed_parts_ms(self, num_tokens: int, num_decode_seqs: int, num_prefill_chunks: int,
+                       num_sampled: int) -> tuple[float, float, float, bool]:
+        """(GEMM-like kernels, collectives, host) ms of a step and whether its linear table was
+        extrapolated: everything but attention, which alone depends on the contexts. Kept per
+        step shape: the same few shapes recur (a decode batch at each size) step after step."""
+        key = (num_tokens, num_decode_seqs, num_prefill_chunks, num_sampled)
+        hit = self._fixed_memo.get(key)
+        if hit is None:
+            hit = (self.num_layers * self.linear(num_tokens) + self.lm_head(num_sampled),
+                   self.collectives_ms(num_tokens, num_sampled),
+                   self.host.ms(num_prefill_chunks + num_decode_seqs, num_tokens - num_decode_seqs),
+                   self.linear.outside(num_tokens))
+            if len(self._fixed_memo) < MEMO_ENTRIES:
+                self._fixed_memo[key] = hit
+        return hit
+
     def _attention_ms(self, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
-                      decode_context_tokens: int) -> tuple[float, bool]:
+                      decode_context_tokens: int, counter: ExtrapolationCounter | None) -> tuple[float, bool]:
         out = False
         ms = 0.0
         prefill = self.prefill
@@ -500,7 +561,8 @@ class StepLatencyModel:
             ms += prefill(chunk, ctx)
             if prefill.outside(chunk, ctx):
                 out = True
-                self.extrapolated.note("prefill_attention")
+                if counter is not None:
+                    counter.note("prefill_attention")
         if prefill_chunks and self.occupancy is not None:
             ms = self.occupancy.floor_ms + ms / self.occupancy.share(prefill_chunks)
         if num_decode_seqs:
@@ -508,42 +570,42 @@ class StepLatencyModel:
             ms += self.decode(num_decode_seqs, mean_ctx)
             if self.decode.outside(num_decode_seqs, mean_ctx):
                 out = True
-                self.extrapolated.note("decode_attention")
+                if counter is not None:
+                    counter.note("decode_attention")
         return ms, out
+
+    def _parts_ms(self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
+                  decode_context_tokens: int, num_sampled: int,
+                  counter: ExtrapolationCounter | None) -> tuple[float, float, float, float]:
+        """step_parts_ms, counting extrapolated tables and steps in `counter` (None: not at all)."""
+        gemm, coll, host, linear_out = self.fixed_parts_ms(num_tokens, num_decode_seqs, len(prefill_chunks),
+                                                           num_sampled)
+        if linear_out and counter is not None:
+            counter.note("linear")
+        attention, attn_out = self._attention_ms(prefill_chunks, num_decode_seqs, decode_context_tokens, counter)
+        if (linear_out or attn_out) and counter is not None:
+            counter.steps += 1
+        return gemm, self.num_layers * attention, coll, host
 
     def step_parts_ms(
         self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
         decode_context_tokens: int, num_sampled: int,
     ) -> tuple[float, float, float, float]:
         """(GEMM-like kernels: linear + LM head, attention kernels, collectives, host) in ms."""
-        out = False
-        linear = self.linear(num_tokens)
-        if self.linear.outside(num_tokens):
-            out = True
-            self.extrapolated.note("linear")
-        attention, attn_out = self._attention_ms(prefill_chunks, num_decode_seqs, decode_context_tokens)
-        if out or attn_out:
-            self.extrapolated.steps += 1
-        L = self.num_layers
-        prefill_tokens = num_tokens - num_decode_seqs
-        host = self.host.ms(len(prefill_chunks) + num_decode_seqs, prefill_tokens)
-        return (L * linear + self.lm_head(num_sampled), L * attention,
-                self.collectives_ms(num_tokens, num_sampled), host)
+        return self._parts_ms(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled,
+                              self.extrapolated)
 
     def step_breakdown_ms(
         self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
         decode_context_tokens: int, num_sampled: int,
     ) -> tuple[float, float, float]:
-        """(kernels, collectives, host) in ms; the step just priced by step_time_s is reused."""
+        """(kernels, collectives, host) in ms; the step just priced by step_time_s is reused.
+        Pricing a step here again (the last of a decode span) counts no extrapolation."""
         key = (num_tokens, num_decode_seqs, decode_context_tokens, num_sampled)
         if key == self._last_key and prefill_chunks == self._last_chunks:
             return self._last_parts
-        counter, self.extrapolated = self.extrapolated, ExtrapolationCounter()
-        try:
-            g, a, c, h = self.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
-                                            decode_context_tokens, num_sampled)
-        finally:
-            self.extrapolated = counter
+        g, a, c, h = self._parts_ms(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens,
+                                    num_sampled, None)
         return g + a, c, h
 
     def step_time_s(
@@ -556,8 +618,8 @@ class StepLatencyModel:
     ) -> float:
         """Seconds for one step: `prefill_chunks` are (chunk_tokens, prior_context_tokens);
         decodes are `num_decode_seqs` sequences attending to `decode_context_tokens` in all."""
-        g, a, c, h = self.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
-                                        decode_context_tokens, num_sampled)
+        g, a, c, h = self._parts_ms(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens,
+                                    num_sampled, self.extrapolated)
         self._last_key = (num_tokens, num_decode_seqs, decode_context_tokens, num_sampled)
         self._last_chunks = list(prefill_chunks)
         self._last_parts = (g + a, c, h)
@@ -565,18 +627,33 @@ class StepLatencyModel:
 
     def decode_span_times_s(self, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
         """Seconds of each decode-only step of a span: `num_seqs` sequences, their context sum
-        per step in `context_sums`; equal to step_time_s per step (to 1e-12 relative)."""
-        ctx = np.asarray(context_sums, dtype=np.float64)
+        per step in `context_sums`; equal to step_time_s per step (to 1e-12 relative), and its
+        extrapolated steps counted per step and per table exactly as step_time_s counts them."""
         if num_seqs <= 0:
             raise ValueError("decode_span_times_s needs num_seqs >= 1")
-        L = self.num_layers
-        fixed_g = L * self.linear(num_seqs) + self.lm_head(num_seqs)
-        coll = self.collectives_ms(num_seqs, num_seqs)
-        host = self.host.ms(num_seqs, 0)
-        mean_ctx = ctx / num_seqs
-        attention = L * self.decode.row(num_seqs, mean_ctx)
-        if len(ctx) and (self.linear.outside(num_seqs) or self.decode.outside(num_seqs, float(mean_ctx.min()))
-                         or self.decode.outside(num_seqs, float(mean_ctx.max()))):
-            self.extrapolated.steps += len(ctx)
-            self.extrapolated.note("decode_attention")
+        fixed_g, coll, host, linear_out = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
+        mean_ctx = np.asarray(context_sums, dtype=np.float64) / num_seqs
+        dec = self.decode
+        attention = self.num_layers * dec.row(num_seqs, mean_ctx)
+        self._count_span(num_seqs, mean_ctx, linear_out)
         return (host + fixed_g + attention + coll) / 1000.0
+
+    def _count_span(self, num_seqs: int, mean_ctx: np.ndarray, linear_out: bool) -> None:
+        """Count a decode span's extrapolated steps as step_time_s would, step by step."""
+        steps = len(mean_ctx)
+        dec = self.decode
+        (a_lo, a_hi), (b_lo, b_hi) = dec.a_range, dec.b_range
+        if not a_lo <= num_seqs <= a_hi:
+            dec_out = steps
+        else:
+            ctx = mean_ctx.tolist()  # a span is short: Python's min/max beat numpy's set-up here
+            inside = not ctx or (min(ctx) >= b_lo and max(ctx) <= b_hi)
+            dec_out = 0 if inside else int(np.count_nonzero((mean_ctx < b_lo) | (mean_ctx > b_hi)))
+        counter = self.extrapolated
+        if linear_out:
+            counter.tables["linear"] = counter.tables.get("linear", 0) + steps
+            counter.steps += steps
+        elif dec_out:
+            counter.steps += dec_out
+        if dec_out:
+            counter.tables["decode_attention"] = counter.tables.get("decode_attention", 0) + dec_out

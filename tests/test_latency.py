@@ -173,3 +173,119 @@ def test_set_block_size_picks_nearest():
     m = StepLatencyModel(doc)
     assert m.set_block_size(32) is True and m.decode_block_size == 32
     assert m.set_block_size(64) is False and m.decode_block_size == 32
+
+
+def _plain_table2d(t: Table2D, a: float, b: float) -> float:
+    """Table2D's interpolation written out plainly, nothing kept between calls: the reference
+    the per-a memo and the precomputed row steps must equal bit for bit."""
+    from bisect import bisect_right
+
+    def locate(grid, v):
+        if len(grid) == 1:
+            return 0, 0.0
+        i = min(max(bisect_right(grid, v) - 1, 0), len(grid) - 2)
+        return i, (v - grid[i]) / (grid[i + 1] - grid[i])
+
+    if a <= 0:
+        return 0.0
+    i, s = locate(t.la, math.log(a))
+    j, u = locate(t.lb, math.log1p(b))
+    lz = t.lz
+    i1, j1 = min(i + 1, len(lz) - 1), min(j + 1, len(lz[0]) - 1)
+    top = lz[i][j] + u * (lz[i][j1] - lz[i][j])
+    bot = lz[i1][j] + u * (lz[i1][j1] - lz[i1][j])
+    return math.exp(top + s * (bot - top))
+
+
+def _plain_row(t: Table2D, a: float, bs):
+    """Table2D.row written out plainly with numpy (the arithmetic decode spans were priced with)."""
+    import numpy as np
+
+    if a <= 0:
+        return np.zeros(len(bs))
+    from bisect import bisect_right
+
+    la = t.la
+    i = 0 if len(la) == 1 else min(max(bisect_right(la, math.log(a)) - 1, 0), len(la) - 2)
+    s = 0.0 if len(la) == 1 else (math.log(a) - la[i]) / (la[i + 1] - la[i])
+    i1 = min(i + 1, len(t.lz) - 1)
+    lb = np.log1p(np.asarray(bs, dtype=np.float64))
+    top_row, bot_row = np.asarray(t.lz[i]), np.asarray(t.lz[i1])
+    if len(t.lb) == 1:
+        top, bot = np.full(len(lb), top_row[0]), np.full(len(lb), bot_row[0])
+    else:
+        grid = np.asarray(t.lb)
+        j = np.clip(np.searchsorted(grid, lb, side="right") - 1, 0, len(grid) - 2)
+        u = (lb - grid[j]) / (grid[j + 1] - grid[j])
+        top = top_row[j] + u * (top_row[j + 1] - top_row[j])
+        bot = bot_row[j] + u * (bot_row[j + 1] - bot_row[j])
+    return np.exp(top + s * (bot - top))
+
+
+def _tables():
+    dec = DOC["decode_attention"]["16"]
+    pre = DOC["prefill_attention"]
+    return [
+        Table2D(dec["batch_size"], dec["context_tokens"], dec["time_ms"]),
+        Table2D(pre["chunk_tokens"], pre["context_tokens"], pre["time_ms"]),
+        Table2D([4.0], [0.0, 100.0, 1000.0], [[1.0, 2.0, 5.0]]),  # one batch size
+        Table2D([1.0, 8.0, 64.0], [512.0], [[1.0], [2.0], [9.0]]),  # one context
+        Table2D([2.0], [16.0], [[3.0]]),  # one point
+    ]
+
+
+@given(st.floats(-2.0, 1e5), st.floats(0.0, 1e7), st.floats(0.0, 1e7))
+def test_table2d_memo_and_rows_equal_plain_interpolation_bit_for_bit(a, b1, b2):
+    import numpy as np
+
+    a = float(round(a)) if a > 1 else a  # integer batch sizes (the memo's usual keys) and fractions
+    bs = np.array([b1, b2, 0.0, b1 + 1.0])
+    for t in _tables():
+        first, again = t(a, b1), t(a, b1)  # the second call reads the kept a-terms
+        assert first == again == _plain_table2d(t, a, b1)
+        assert t(a, b2) == _plain_table2d(t, a, b2)
+        assert np.array_equal(t.row(a, bs), _plain_row(t, a, bs))
+        assert np.array_equal(t.row(a, bs), t.row(a, bs))
+        if a > 0:  # the vectorised row is the scalar interpolation, up to numpy's log1p/exp
+            assert np.allclose(t.row(a, bs), [t(a, b) for b in bs], rtol=1e-12, atol=0)
+
+
+def test_decode_span_counts_extrapolation_as_step_by_step_pricing():
+    import numpy as np
+
+    dec = DOC["decode_attention"]["16"]
+    b_max, a_max = dec["context_tokens"][-1], dec["batch_size"][-1]
+    spans = [(8, 8 * np.arange(100, 110)),  # inside every grid
+             (8, 8 * (b_max - 3) + 8 * np.arange(6)),  # leaves the context grid half way
+             (2 * a_max, 2 * a_max * 100 + 2 * a_max * np.arange(4)),  # batch beyond the grid
+             (60000, 60000 * 10 + 60000 * np.arange(3))]  # tokens beyond the linear grid too
+    span, steps = StepLatencyModel(DOC), StepLatencyModel(DOC)
+    for n, sums in spans:
+        times = span.decode_span_times_s(n, sums)
+        one_by_one = [steps.step_time_s(n, [], n, int(s), n) for s in sums]
+        assert np.allclose(times, one_by_one, rtol=1e-12, atol=0)
+        assert (span.extrapolated.steps, span.extrapolated.tables) == (steps.extrapolated.steps,
+                                                                       steps.extrapolated.tables)
+    assert span.extrapolated.tables.keys() == {"linear", "decode_attention"}
+    assert 0 < span.extrapolated.steps < sum(len(s) for _, s in spans)
+
+
+def test_pricing_memos_stay_bounded_and_change_no_result(monkeypatch):
+    import numpy as np
+
+    import simcore.latency as latency
+
+    shapes = [(n + c, [(c, 7 * n)] if c else [], n, n * (50 + 13 * n), n + (1 if c else 0))
+              for n in range(1, 40) for c in (0, 3, 100)]
+    free = StepLatencyModel(DOC)
+    want = [(free.step_time_s(*s), free.step_breakdown_ms(*s)) for s in shapes]
+    want_spans = [free.decode_span_times_s(n, n * 300 + n * np.arange(5)) for n in range(1, 40)]
+    monkeypatch.setattr(latency, "MEMO_ENTRIES", 5)
+    monkeypatch.setattr(latency, "ROW_MEMO_ENTRIES", 3)
+    capped = StepLatencyModel(DOC)
+    got = [(capped.step_time_s(*s), capped.step_breakdown_ms(*s)) for s in shapes]
+    got_spans = [capped.decode_span_times_s(n, n * 300 + n * np.arange(5)) for n in range(1, 40)]
+    assert got == want and all(np.array_equal(a, b) for a, b in zip(got_spans, want_spans, strict=True))
+    assert len(capped._fixed_memo) == 5 and len(capped.decode._by_a) == 5 and len(capped.decode._rows_by_a) == 3
+    assert (capped.extrapolated.steps, capped.extrapolated.tables) == (free.extrapolated.steps,
+                                                                       free.extrapolated.tables)
