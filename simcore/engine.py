@@ -130,8 +130,7 @@ class Engine:
                 self._wakeup = None
                 continue
             start = env.now
-            if plan.preempted or plan.swapped_in or plan.admitted:
-                life.begin_step(plan, start)
+            life.begin_step(plan, start)
             if self._drained is not None and len(life.waiting) <= self.hold_at // 2:
                 self._drained.succeed()
                 self._drained = None
