@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -63,15 +64,102 @@ def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
     if size == 0:
         raise WorkloadError(f"trace file {path} is empty")
     try:
+        trace = None if path.endswith((".jsonl", ".json")) else _read_plain_csv(path)
+        if trace is not None:
+            return trace
         frame, lines = _read_jsonl(path) if path.endswith((".jsonl", ".json")) else _read_csv(path)
     except OSError as exc:  # unreadable (permissions), or gone while reading
         raise WorkloadError(f"trace file {path}: cannot read it ({exc.strerror or exc})") from None
     if len(frame) == 0:
         raise WorkloadError(f"trace file {path} has a header but no rows")
-    trace = _validate(path, frame, lines)
+    return _frozen(_validate(path, frame, lines))
+
+
+def _frozen(trace: Trace) -> Trace:
     for array in (trace.arrival_s, trace.num_prompt_tokens, trace.num_output_tokens, *trace.extras.values()):
         array.flags.writeable = False  # shared through the cache
     return trace
+
+
+_ISO_STAMPS = re.compile(r"(?:[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\n)+")
+_NS_PER_S = 1_000_000_000
+
+
+def _read_plain_csv(path: str) -> Trace | None:
+    """A plain CSV trace read without pandas, else None (then `_read_csv` reads it and words any error).
+
+    Importing pandas costs more than generating and simulating a short run (the peer workload's
+    lengths come from the Azure trace), so the common file is read here: ASCII, no quotes, lines
+    ending in LF or CRLF, no blank lines, every row as wide as the header, every cell of a column
+    kvsim reads a whole number up to 2**53 (>= 1 for lengths), TIMESTAMP cells plain
+    ISO 8601 (`2023-11-16 18:15:46.6805900`), rows sorted, no optional kvsim column. The Trace is
+    the one `_validate` builds from pandas, value for value (seconds as pandas' `total_seconds`).
+    """
+    with open(path, "rb") as handle:
+        data = handle.read().replace(b"\r\n", b"\n")
+    if not data.isascii() or b'"' in data or b"\r" in data:
+        return None
+    first, _, body = data.decode("ascii").partition("\n")
+    header = [name.strip() for name in first.split(",")]
+    width, columns = len(header), set(header)
+    is_azure = bool(columns & set(AZURE_COLUMNS))
+    required = AZURE_COLUMNS if is_azure else KVSIM_COLUMNS
+    if len(columns) != width or not columns.issuperset(required) or columns & set(KVSIM_OPTIONAL):
+        return None  # duplicate or missing columns, or optional columns (may hold blanks): pandas path
+    body = body if body.endswith("\n") else body + "\n"
+    num_rows = body.count("\n")
+    separators = np.frombuffer(body.encode("ascii"), np.uint8)
+    separators = separators[(separators == ord(",")) | (separators == ord("\n"))]
+    if num_rows == 0 or len(separators) != num_rows * width:
+        return None
+    separators = separators.reshape(num_rows, width)  # each row: width - 1 commas, then its newline
+    if (separators[:, :-1] != ord(",")).any() or (separators[:, -1] != ord("\n")).any():
+        return None
+    cells = body[:-1].replace("\n", ",").split(",")
+    column = {name: cells[i::width] for i, name in enumerate(header) if name in required}
+    time_col, prompt_col, output_col = required
+    numbers = {}
+    for name in (prompt_col, output_col) if is_azure else required:
+        if not "".join(column[name]).isdigit():
+            return None
+        try:
+            numbers[name] = np.array(column[name], dtype=np.int64)
+        except (ValueError, OverflowError):  # an empty cell, or past int64
+            return None
+        if numbers[name].max() > MAX_INTEGER:
+            return None
+    if numbers[prompt_col].min() < 1 or numbers[output_col].min() < 1:
+        return None
+    if is_azure:
+        arrival = _plain_timestamps(column[time_col])
+        if arrival is None:
+            return None
+    else:
+        arrival = numbers[time_col].astype(np.float64)
+    if (np.diff(arrival) < 0).any():
+        return None
+    return _frozen(Trace(
+        source=path, format="azure" if is_azure else "kvsim", arrival_s=arrival - arrival[0],
+        num_prompt_tokens=numbers[prompt_col], num_output_tokens=numbers[output_col],
+    ))  # fmt: skip
+
+
+def _plain_timestamps(stamps: list[str]) -> np.ndarray | None:
+    """Seconds since the first stamp, computed as `_timestamps` does (pandas' total_seconds: whole
+    seconds + remaining nanoseconds / 1e9); None unless every stamp is plain ISO 8601."""
+    if _ISO_STAMPS.fullmatch("\n".join(stamps) + "\n") is None:
+        return None
+    if min(stamps)[:4] < "1678" or max(stamps)[:4] > "2261":  # numpy's datetime64[ns] wraps outside
+        return None
+    try:
+        ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
+    except ValueError:  # e.g. month 13: the pandas path says which line
+        return None
+    ticks = ns - ns[0]
+    if (np.abs(ticks) > 2**53).any():  # pandas nudges results off whole seconds there
+        return None
+    whole, fraction = np.divmod(ticks, _NS_PER_S)
+    return whole + fraction / _NS_PER_S
 
 
 def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:

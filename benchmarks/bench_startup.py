@@ -1,0 +1,72 @@
+"""Process start-up and per-run setup cost of the `kvsim` command (issue 10).
+
+The peer target (10k requests in <= 0.8 s for the whole `kvsim run` process) includes the
+interpreter, the imports and the setup before the first engine step, so they are measured
+on their own here: each command runs as a fresh process, `--repeats` times, and the CPU
+seconds of the finished child (getrusage, user + system) are reported as min and median
+(CPU time is the steadier figure on a shared machine; wall time is printed for reference).
+
+Run: python benchmarks/bench_startup.py [--repeats 7] [--peer]
+`--peer` adds the peer workload at 10k requests (benchmarks/bench_peer.py's arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_peer import PEER_ARGS  # noqa: E402  (the peer workload's flags, defined once)
+
+KVSIM = [sys.executable, "-m", "cli.main"]
+CASES = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "import numpy, simpy, yaml": [sys.executable, "-c", "import numpy, simpy, yaml"],
+    "kvsim --help": [*KVSIM, "--help"],
+    "kvsim run --help": [*KVSIM, "run", "--help"],
+    "kvsim list models": [*KVSIM, "list", "models"],
+    "kvsim run --num-requests 10": [*KVSIM, "run", "--num-requests", "10"],
+    "kvsim run peer --num-requests 10": [*KVSIM, "run", *PEER_ARGS, "--num-requests", "10"],
+}
+PEER_10K = [*KVSIM, "run", *PEER_ARGS, "--num-requests", "10000"]
+
+
+def run_once(cmd: list[str]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one whole process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_before = usage.ru_utime + usage.ru_stime
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return usage.ru_utime + usage.ru_stime - cpu_before, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--peer", action="store_true", help="also time the peer workload at 10k requests")
+    args = parser.parse_args()
+    cases = dict(CASES)
+    if args.peer:
+        cases["kvsim run peer --num-requests 10000"] = PEER_10K
+    print(f"{'command':40s} {'cpu min':>8s} {'cpu med':>8s} {'wall min':>9s}")
+    for name, cmd in cases.items():
+        runs = [run_once(cmd) for _ in range(args.repeats)]
+        cpu = [c for c, _ in runs]
+        print(f"{name:40s} {min(cpu):8.3f} {statistics.median(cpu):8.3f} {min(w for _, w in runs):9.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Start-up and per-run setup (issue 10): what `kvsim run` imports, and the pandas-free trace reader.
+
+The peer target counts the whole process, so `kvsim run` must not import what it does not use
+(pandas, matplotlib, ray, torch), and a plain trace CSV is read without pandas, giving exactly the
+Trace the pandas reader gives (anything unusual still goes through pandas, which words the errors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simcore.errors import WorkloadError
+from workloads import traces
+from workloads.catalog import DATA_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy")
+
+
+def _modules_after(args: list[str]) -> dict:
+    """Run `kvsim ARGS` in a fresh interpreter; (exit code, heavy modules it imported)."""
+    code = (
+        "import json, sys\n"
+        "from cli.main import app\n"
+        "try:\n"
+        f"    app({args!r})\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        f"print(json.dumps({{'code': code, 'heavy': sorted(m for m in {HEAVY!r} if m in sys.modules)}}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--num-requests", "5", "--json"],
+    ["run", "--model", "llama2-70b", "--tp", "4", "--workload", "benchmarks/peer-azure-conv.yaml", "--rate", "4",
+     "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--no-enable-chunked-prefill",
+     "--no-enable-prefix-caching", "--num-requests", "5", "--json"],
+    ["run", "--help"],
+])
+def test_run_does_not_import_heavy_libraries(args):
+    seen = _modules_after(args)
+    assert seen == {"code": 0, "heavy": []}
+
+
+# --- the pandas-free trace reader --------------------------------------------------------------
+
+
+def _pandas_trace(path: Path) -> traces.Trace:
+    frame, lines = traces._read_csv(str(path))
+    return traces._validate(str(path), frame, lines)
+
+
+def _same(fast: traces.Trace, slow: traces.Trace) -> None:
+    assert (fast.source, fast.format, sorted(fast.extras)) == (slow.source, slow.format, sorted(slow.extras))
+    for name in ("arrival_s", "num_prompt_tokens", "num_output_tokens"):
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+        assert not a.flags.writeable
+
+
+@pytest.mark.parametrize("kind", ["code", "conv"])
+def test_shipped_azure_traces_are_read_without_pandas_exactly(kind):
+    path = DATA_DIR / f"AzureLLMInferenceTrace_{kind}.csv"
+    fast = traces._read_plain_csv(str(path))
+    assert fast is not None
+    _same(fast, _pandas_trace(path))
+
+
+@pytest.mark.parametrize("text", [
+    'TIMESTAMP,ContextTokens,GeneratedTokens\n"2023-11-16 18:15:46.1",3,4\n',  # quoted
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3,4\n\n2023-11-16 18:15:47,3,4\n",  # blank line
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1, 3,4\n",  # a space (pandas skips it)
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3.0,4\n",  # not digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,0,4\n",  # below the minimum
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,,4\n",  # empty cell
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3\n",  # short row
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3,4,5\n",  # long row
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,3,4\n2023-11-16 18:15:46,3,4\n",  # unsorted
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-16 18:15:46,3,4\n",  # month 13
+    "TIMESTAMP,ContextTokens,GeneratedTokens\nnow,3,4\n",  # numpy reads it, ISO 8601 does not
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+01:00,3,4\n",  # time zone
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2300-01-01 00:00:00,3,4\n",  # past datetime64[ns]
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,99999999999999999\n",  # past 2**53
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\r2023-11-16 18:15:47,3,4\r",  # CR only
+    "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n",  # byte order mark
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:47,3,\u0664\n",  # not ASCII
+    "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n",  # a missing column
+    "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:15:46,3,4,5\n",  # duplicate
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n",  # header only
+    "arrival_s,num_prompt_tokens,num_output_tokens\n0.5,3,4\n",  # fractional seconds
+    "arrival_s,num_prompt_tokens,num_output_tokens,prefix_id\n0,3,4,\n",  # optional column (blanks)
+])
+def test_unusual_files_are_left_to_pandas(tmp_path, text):
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    assert traces._read_plain_csv(str(path)) is None
+
+
+@pytest.mark.parametrize("text", [
+    "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,374,44\r\n2023-11-16 18:15:50,7,09\r\n",
+    "GeneratedTokens,x,TIMESTAMP,ContextTokens\n5,a b,2023-11-16T00:00:00.000000001,3\n5,,2023-11-17 00:00:00,1\n",
+    " TIMESTAMP , ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,1,1\n2023-01-01 00:00:00,2,9007199254740992",
+    "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,5,6\n17,1,1\n",
+])
+def test_plain_files_read_as_pandas_reads_them(tmp_path, text):
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    fast = traces._read_plain_csv(str(path))
+    assert fast is not None
+    _same(fast, _pandas_trace(path))
+
+
+_STAMP = st.one_of(  # mostly close together (whole traces), sometimes centuries apart
+    st.datetimes(datetime(2023, 11, 16), datetime(2023, 11, 17)), st.datetimes(),
+).map(lambda d: d.isoformat(sep=" "))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(st.tuples(_STAMP, st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=6),
+    sort=st.booleans(), crlf=st.booleans(), zeros=st.integers(0, 2),
+)
+def test_fast_reader_agrees_with_pandas(tmp_path, rows, sort, crlf, zeros):
+    """Whenever the fast reader answers, pandas gives the same Trace; whenever pandas refuses, the
+    fast reader has left the file to it."""
+    if sort:
+        rows = sorted(rows)
+    end = "\r\n" if crlf else "\n"
+    body = "".join(f"{t},{'0' * zeros}{p},{o}{end}" for t, p, o in rows)
+    path = tmp_path / "t.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens{end}{body}", encoding="ascii", newline="")
+    fast = traces._read_plain_csv(str(path))
+    try:
+        slow = _pandas_trace(path)
+    except WorkloadError:
+        assert fast is None
+        return
+    if fast is not None:  # None (left to pandas) is always allowed
+        _same(fast, slow)
+
+
+def test_read_trace_uses_the_fast_reader_and_still_words_errors(tmp_path):
+    good = tmp_path / "good.csv"
+    good.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n2,5,6\n")
+    trace = traces.read_trace(good)
+    assert trace.format == "kvsim" and list(trace.arrival_s) == [0.0, 2.0]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n2,3,4\n0,5,6\n")
+    with pytest.raises(WorkloadError, match="line 3: arrival_s '0' is earlier than the previous row's '2'"):
+        traces.read_trace(bad)
+    assert np.array_equal(trace.num_prompt_tokens, [3, 5])
