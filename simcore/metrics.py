@@ -45,6 +45,20 @@ STEP_ROWS_CAP = 1 << 17
 _STEP_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
 _PER_STEP = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_running", "num_waiting",
              "num_swapped", "num_preempted", "num_swap_blocks")  # a row's per-step values
+_COLUMNS = STEP_COLUMNS + COST_COLUMNS  # a recorded row, in this order
+_WIDTH = len(_COLUMNS)
+_NO_COSTS = (math.nan, math.nan, math.nan)  # no latency model: costs unknown
+_KV_ALLOCATED, _KV_LIVE, _KV_INTERNAL, _KV_UNSHARED = (
+    KV_KINDS.index(kind) for kind in ("allocated", "live", "internal", "unshared"))
+
+
+def _add_in_order(totals: list[float], addends: np.ndarray) -> list[float]:
+    """Each total plus its column of addends, added one row at a time in row order: the floats a
+    `+=` per row would give (numpy's accumulate is sequential; its sum is pairwise, not)."""
+    acc = np.empty((len(addends) + 1, len(totals)))
+    acc[0] = totals
+    acc[1:] = addends
+    return [float(x) for x in np.add.accumulate(acc, axis=0)[-1]]
 
 
 @dataclass
@@ -94,23 +108,31 @@ class StepTotals:
 
 
 class StepRecorder:
-    """Column arrays, one row per step, or per decode span (`num_steps` > 1: its duration is the
+    """The step table, one row per step, or per decode span (`num_steps` > 1: its duration is the
     span's, its counts and KV the state at the end of its last step); cheap enough to call on
     every step. `totals` sums every step exactly, spans included. With a latency model it also
     records each step's cost breakdown (the model reuses the step it just priced). At most
     `cap` rows are kept (STEP_ROWS_CAP; older rows coalesced beyond it); `spill(columns)`, when
-    set, receives every row at full resolution once the cap is passed (the kept ones first)."""
+    set, receives every row at full resolution once the cap is passed (the kept ones first).
+
+    Why it is cheap: a step is one `array.extend` of its row (plus one of its costs) into a
+    row-major buffer; the columns and the `totals` are worked out once per chunk of rows with
+    numpy, the float sums added row by row in step order (`_add_in_order`), so they are the
+    same bits as summing step by step."""
 
     def __init__(self, latency: StepLatencyModel | None = None, cap: int | None = None) -> None:
-        self.columns = {name: array("d") for name in STEP_COLUMNS + COST_COLUMNS}  # rows not sealed yet
-        self._appends = [self.columns[name].append for name in STEP_COLUMNS]
-        self._cost_appends = [self.columns[name].append for name in COST_COLUMNS]
+        self._rows = array("d")  # rows not sealed yet, row-major in _COLUMNS order
+        self._extend = self._rows.extend
+        # span rows not in the totals yet: (row index among the pending rows, KV
+        # allocated slot-seconds, internal slot-seconds, KV-blocked seconds), from its steps
+        self._span_sums: list[tuple[int, float, float, float]] = []
+        self._num_folded = 0  # pending rows already in `_totals`
+        self._seal_len = _STEP_CHUNK * _WIDTH  # buffer length that seals a chunk
         self._breakdown = latency.step_breakdown_ms if latency is not None else None
-        self.totals = StepTotals()
+        self._totals = StepTotals()
         self.cap = STEP_ROWS_CAP if cap is None else cap
         self._kept: list[dict[str, np.ndarray]] = []  # sealed chunks, oldest first
         self._num_kept = 0
-        self._pending = 0
         self.coalesced = False  # some kept rows stand for several rows (the table is coarser)
         self._halvings = 0  # times the kept table was coalesced: a kept row is ~2**halvings rows
         self.streaming = False  # rows passed the cap and go to `spill` as they are sealed
@@ -118,105 +140,110 @@ class StepRecorder:
         self.kv_capacity = 0  # KV slots of the replica (0: unknown, no regime sums)
         self.kv_unit = 1  # smallest allocation (block size when paged)
 
+    @property
+    def totals(self) -> StepTotals:
+        """Exact sums over every step recorded so far."""
+        self._fold()
+        return self._totals
+
     def record(
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
         num_running: int, num_waiting: int, num_swapped: int,
     ) -> None:
-        num_seqs = plan.num_scheduled
-        unshared = mem.unshared or mem.allocated
-        values = (
-            start, dt, 1, num_seqs, plan.num_tokens - plan.num_decode_seqs,
+        self._extend((
+            start, dt, 1, plan.num_scheduled, plan.num_tokens - plan.num_decode_seqs,
             plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
             plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
-            mem.stale, mem.external, unshared,
-        )
-        for append, value in zip(self._appends, values, strict=True):
-            append(value)
-        parts = (math.nan, math.nan, math.nan) if self._breakdown is None else self._breakdown(
+            mem.stale, mem.external, mem.unshared or mem.allocated,
+        ))
+        self._extend(_NO_COSTS if self._breakdown is None else self._breakdown(
             plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
             plan.num_sampled,
-        )
-        for append, value in zip(self._cost_appends, parts, strict=True):
-            append(value)
-        t = self.totals
-        if num_running > t.max_running:
-            t.max_running = num_running
-        if mem.allocated > t.kv_allocated_max:
-            t.kv_allocated_max = mem.allocated
-        if plan.num_preempted:
-            t.num_preempted += plan.num_preempted
-        if (self.kv_capacity and (num_waiting or num_swapped)
-                and (plan.num_preempted or self.kv_capacity - mem.allocated - mem.external < self.kv_unit)):
-            t.kv_blocked_s += dt
-        t.num_steps += 1
-        t.duration_s += dt
-        t.seq_steps += num_seqs
-        t.running_s += num_running * dt
-        kv = t.kv_slot_s
-        kv["allocated"] += mem.allocated * dt
-        kv["live"] += mem.live * dt
-        kv["reserved_future"] += mem.reserved_future * dt
-        kv["internal"] += mem.internal * dt
-        kv["stale"] += mem.stale * dt
-        kv["external"] += mem.external * dt
-        kv["unshared"] += unshared * dt
-        self._pending += 1
-        if self._pending >= _STEP_CHUNK:
+        ))
+        if len(self._rows) >= self._seal_len:
             self._seal()
 
     def record_span(
         self, start: float, durations: np.ndarray, plan: StepPlan, allocated: np.ndarray,
         internal: np.ndarray, num_running: int, num_waiting: int, num_swapped: int,
-        costs_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan),
+        costs_ms: tuple[float, float, float] = _NO_COSTS,
     ) -> None:
         """Steps of a decode span (all decodes of the same batch, nothing shared, reserved or
         stale): `allocated` / `internal` KV slots at the end of each step; `costs_ms` the
         span's (kernels, collectives, host) summed over its steps."""
-        num_steps = len(durations)
-        num_seqs = plan.num_scheduled
-        duration = float(durations.sum())
         end_alloc, end_internal = int(allocated[-1]), int(internal[-1])
-        values = (
-            start, duration, num_steps, num_seqs, 0, plan.num_decode_seqs, num_running,
-            num_waiting, num_swapped, 0, 0, end_alloc, end_alloc - end_internal, 0, end_internal,
-            0, 0, end_alloc,
-        )
-        for append, value in zip(self._appends, values, strict=True):
-            append(value)
-        for append, value in zip(self._cost_appends, costs_ms, strict=True):
-            append(value)
-        t = self.totals
-        if num_running > t.max_running:
-            t.max_running = num_running
-        if end_alloc > t.kv_allocated_max:  # allocations only grow within a span
-            t.kv_allocated_max = end_alloc
-        if self.kv_capacity and (num_waiting or num_swapped):
-            t.kv_blocked_s += float(durations[allocated > self.kv_capacity - self.kv_unit].sum())
-        t.num_steps += num_steps
-        t.duration_s += duration
-        t.seq_steps += num_seqs * num_steps
-        t.running_s += num_running * duration
-        kv = t.kv_slot_s
-        alloc_s = float(np.dot(allocated, durations))
-        internal_s = float(np.dot(internal, durations))
-        kv["allocated"] += alloc_s
-        kv["live"] += alloc_s - internal_s
-        kv["internal"] += internal_s
-        kv["unshared"] += alloc_s
-        self._pending += 1
-        if self._pending >= _STEP_CHUNK:
+        blocked_s = 0.0  # allocations only grow within a span: none blocked unless the last step is
+        if self.kv_capacity and (num_waiting or num_swapped) and end_alloc > self.kv_capacity - self.kv_unit:
+            blocked_s = float(np.add.reduce(durations[allocated > self.kv_capacity - self.kv_unit]))
+        self._span_sums.append((
+            len(self._rows) // _WIDTH, float(np.dot(allocated, durations)), float(np.dot(internal, durations)),
+            blocked_s,
+        ))
+        self._extend((  # np.add.reduce: ndarray.sum's own reduction, without its Python wrapper
+            start, float(np.add.reduce(durations)), len(durations), plan.num_scheduled, 0, plan.num_decode_seqs,
+            num_running, num_waiting, num_swapped, 0, 0, end_alloc, end_alloc - end_internal, 0,
+            end_internal, 0, 0, end_alloc,
+        ))
+        self._extend(costs_ms)
+        if len(self._rows) >= self._seal_len:
             self._seal()
+
+    def _fold(self) -> None:
+        """Add the pending rows not yet in `_totals` to it: what `record` / `record_span` once
+        summed on every call, in the same order (so the same floats)."""
+        n = len(self._rows) // _WIDTH
+        if n <= self._num_folded:
+            return
+        # a copy: no view may outlive this call, or the buffer could not grow again
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(n, _WIDTH)[self._num_folded:].copy()
+        first, self._num_folded = self._num_folded, n
+        t = self._totals
+        col = dict(zip(_COLUMNS, rows.T, strict=True))
+        dt = col["duration_s"]
+        steps = col["num_steps"].astype(np.int64)
+        t.num_steps += int(steps.sum())
+        t.seq_steps += int((col["num_seqs"].astype(np.int64) * steps).sum())
+        t.max_running = max(t.max_running, int(col["num_running"].max()))
+        t.kv_allocated_max = max(t.kv_allocated_max, int(col["kv_allocated"].max()))  # spans: at their end
+        t.num_preempted += int(col["num_preempted"].astype(np.int64).sum())
+        # one addend per row and sum (a step's kv x dt; a span's sums over its own steps)
+        addends = np.empty((len(rows), 3 + len(KV_KINDS)))
+        addends[:, 0] = dt
+        addends[:, 1] = col["num_running"] * dt
+        if self.kv_capacity:
+            blocked = ((col["num_waiting"] > 0) | (col["num_swapped"] > 0)) & (
+                (col["num_preempted"] > 0) | (self.kv_capacity - col["kv_allocated"] - col["kv_external"] < self.kv_unit))
+            addends[:, 2] = np.where(blocked, dt, 0.0)  # adding 0.0 leaves a sum of durations as it was
+        else:
+            addends[:, 2] = 0.0
+        for j, kind in enumerate(KV_KINDS, start=3):
+            addends[:, j] = col[f"kv_{kind}"] * dt
+        if self._span_sums:
+            index, alloc_s, internal_s, blocked_s = (np.array(v) for v in zip(*self._span_sums, strict=True))
+            self._span_sums.clear()
+            index = index.astype(np.int64) - first
+            addends[index, 2] = blocked_s
+            addends[index, 3 + _KV_ALLOCATED] = alloc_s
+            addends[index, 3 + _KV_LIVE] = alloc_s - internal_s
+            addends[index, 3 + _KV_INTERNAL] = internal_s
+            addends[index, 3 + _KV_UNSHARED] = alloc_s
+        kv = t.kv_slot_s
+        sums = _add_in_order([t.duration_s, t.running_s, t.kv_blocked_s, *(kv[kind] for kind in KV_KINDS)], addends)
+        t.duration_s, t.running_s, t.kv_blocked_s = sums[:3]
+        for kind, value in zip(KV_KINDS, sums[3:], strict=True):
+            kv[kind] = value
 
     # -- the kept table ----------------------------------------------------------------------
     def _seal(self) -> None:
         """Pending rows become a numpy chunk; past the cap they are spilled and the kept table is
         coalesced."""
-        chunk = {name: np.frombuffer(col, dtype=np.float64).copy() for name, col in self.columns.items()}
-        for col in self.columns.values():
-            del col[:]
-        self._pending = 0
-        if not len(chunk["start_s"]):
+        self._fold()
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _WIDTH).T.copy()  # one array per column
+        del self._rows[:]  # same array object: the bound `_extend` stays valid
+        self._num_folded = 0
+        if not rows.shape[1]:
             return
+        chunk = dict(zip(_COLUMNS, rows, strict=True))
         if self.streaming and self.spill is not None:
             self.spill(self.table_columns(chunk))
         for _ in range(self._halvings):  # new rows at the grain of the kept ones
@@ -231,7 +258,7 @@ class StepRecorder:
                 for kept in self._kept:
                     self.spill(self.table_columns(kept))
         kept, self._kept = self._kept, []
-        merged = {name: np.concatenate([c.pop(name) for c in kept]) for name in self.columns}  # a column at a time
+        merged = {name: np.concatenate([c.pop(name) for c in kept]) for name in _COLUMNS}  # a column at a time
         del kept
         while len(merged["start_s"]) > self.cap // 2 and len(merged["start_s"]) > 1:
             merged = _coalesce_pairs(merged)
@@ -254,9 +281,9 @@ class StepRecorder:
         self.finalize()
         if not self._kept:
             return {name: np.zeros(0, dtype=np.float64 if name.endswith(("_s", "_ms")) else np.int64)
-                    for name in self.columns}
+                    for name in _COLUMNS}
         if len(self._kept) > 1:  # one chunk from now on
-            self._kept = [{name: np.concatenate([c[name] for c in self._kept]) for name in self.columns}]
+            self._kept = [{name: np.concatenate([c[name] for c in self._kept]) for name in _COLUMNS}]
         return self.table_columns(self._kept[0], self.coalesced)
 
     def frame(self) -> pd.DataFrame:

@@ -204,19 +204,21 @@ class Samples:
 # The end-of-run summary over kept rows needs ~5x their size in temporaries (derived latencies,
 # masks, the saturation fit): 2**19 rows keeps that peak near 200 MiB (benchmarks/bench_memory.py).
 REQUEST_ROWS_CAP = 1 << 19
-_ROW_CHUNK = 1 << 14  # rows gathered in Python arrays before they become numpy columns
+_ROW_CHUNK = 1 << 14  # rows gathered in a Python array before they become numpy columns
 SATURATION_BLOCK = 64  # arrivals per block of the saturation sums beyond the cap
 
 FINISHED, REJECTED = 0, 1  # `status` codes of a kept row
 STATUS_NAMES = ("finished", "rejected")
-# name -> (array typecode while gathering, numpy dtype once sealed)
+# name -> numpy dtype of the sealed column. While gathering, a row is float64 (every value is an
+# integer below 2**53 or a time), one `array.extend` per request; sealing casts each column.
 _RAW = {
-    "request_id": ("q", np.int64), "replica": ("h", np.int16), "status": ("b", np.int8),
-    "reason": ("i", np.int32), "arrival_s": ("d", np.float64), "first_scheduled_s": ("d", np.float64),
-    "first_token_s": ("d", np.float64), "finish_s": ("d", np.float64),
-    "num_prompt_tokens": ("i", np.int32), "num_positions": ("i", np.int32), "max_tokens": ("i", np.int32),
-    "n": ("i", np.int32), "beam_width": ("i", np.int32), "num_preemptions": ("i", np.int32),
+    "request_id": np.int64, "replica": np.int16, "status": np.int8,
+    "reason": np.int32, "arrival_s": np.float64, "first_scheduled_s": np.float64,
+    "first_token_s": np.float64, "finish_s": np.float64,
+    "num_prompt_tokens": np.int32, "num_positions": np.int32, "max_tokens": np.int32,
+    "n": np.int32, "beam_width": np.int32, "num_preemptions": np.int32,
 }
+_RAW_WIDTH = len(_RAW)
 # the requests table, in this order (`replica` after request_id when there are replicas)
 REQUEST_COLUMNS = (
     "request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
@@ -245,8 +247,9 @@ class RequestRecords:
 
     def __init__(self, cap: int | None = None) -> None:
         self.cap = REQUEST_ROWS_CAP if cap is None else cap  # rows kept at most
-        self._raw = {name: array(code) for name, (code, _) in _RAW.items()}
-        self._append = [self._raw[name].append for name in _RAW]
+        self._rows = array("d")  # rows not sealed yet, row-major in _RAW order
+        self._extend = self._rows.extend
+        self._seal_len = _ROW_CHUNK * _RAW_WIDTH  # buffer length that seals a chunk
         self._chunks: list[dict[str, np.ndarray]] = []
         self._num_kept = 0
         self.kept = True  # every row is in `_chunks` (the table and exact percentiles exist)
@@ -281,26 +284,25 @@ class RequestRecords:
             self.reason_counts[code] += 1
         else:
             status, code = FINISHED, -1
-        values = (
+        self._extend((
             st.request_id, replica, status, code, req.arrival_s, st.first_scheduled_s,
             st.first_token_s, st.finish_s, st.num_prompt_tokens, st.num_generated,
             req.max_tokens, req.n, req.beam_width, st.num_preemptions,
-        )
-        for append, value in zip(self._append, values, strict=True):
-            append(value)
+        ))
         self.num_left += 1
-        if len(self._raw["request_id"]) >= _ROW_CHUNK:
+        if len(self._rows) >= self._seal_len:
             self._seal()
 
     def finalize(self) -> None:
         """Seal the last partial chunk (the end of the run)."""
-        if len(self._raw["request_id"]):
+        if len(self._rows):
             self._seal()
 
     def _seal(self) -> None:
-        chunk = {name: np.frombuffer(raw, dtype=_RAW[name][1]).copy() for name, raw in self._raw.items()}
-        for raw in self._raw.values():
-            del raw[:]
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _RAW_WIDTH)
+        chunk = {name: rows[:, i].astype(dtype) for i, (name, dtype) in enumerate(_RAW.items())}
+        del rows
+        del self._rows[:]  # same array object: the bound `_extend` stays valid
         if self.kept:
             self._chunks.append(chunk)
             self._num_kept += len(chunk["request_id"])
@@ -325,7 +327,7 @@ class RequestRecords:
         assert self.kept, "rows beyond the cap were not kept"
         self.finalize()
         if not self._chunks:
-            return {name: np.zeros(0, dtype=dtype) for name, (_, dtype) in _RAW.items()}
+            return {name: np.zeros(0, dtype=dtype) for name, dtype in _RAW.items()}
         if len(self._chunks) > 1:  # one chunk from now on, joined a column at a time (no second copy)
             chunks, cols = self._chunks, {}
             for name in _RAW:

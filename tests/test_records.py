@@ -146,7 +146,7 @@ def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp
 def test_request_rows_are_few_dozen_bytes():
     from simcore.records import _RAW
 
-    assert sum(np.dtype(dtype).itemsize for _, dtype in _RAW.values()) <= 72
+    assert sum(np.dtype(dtype).itemsize for dtype in _RAW.values()) <= 72
 
 
 # -- step table: coalesced beyond its cap, totals exact ---------------------------------------
@@ -182,6 +182,149 @@ def test_a_coalesced_step_table_keeps_the_totals_and_the_regime(monkeypatch):
     assert summed.kv_blocked_share == pytest.approx(exact.kv_blocked_share, rel=1e-9)
     blocked_run = classify_regime(full.steps, full.memory.num_gpu_tokens, True, full.memory.block_size)
     assert blocked_run == exact
+
+
+# -- the recorder's totals: summed per chunk, the same floats as summing per step ------------------
+def _reference_totals(calls, kv_capacity, kv_unit):
+    """The step totals as a `+=` per recorded step or span gives them (the recorder's contract)."""
+    from simcore.metrics import StepTotals
+
+    t = StepTotals()
+    kv = t.kv_slot_s
+    for kind, args in calls:
+        if kind == "step":
+            _, dt, plan, mem, running, waiting, swapped = args
+            unshared = mem.unshared or mem.allocated
+            t.max_running = max(t.max_running, running)
+            t.kv_allocated_max = max(t.kv_allocated_max, mem.allocated)
+            t.num_preempted += plan.num_preempted
+            if (waiting or swapped) and (plan.num_preempted or kv_capacity - mem.allocated - mem.external < kv_unit):
+                t.kv_blocked_s += dt
+            t.num_steps += 1
+            t.duration_s += dt
+            t.seq_steps += plan.num_scheduled
+            t.running_s += running * dt
+            for name in ("allocated", "live", "reserved_future", "internal", "stale", "external"):
+                kv[name] += getattr(mem, name) * dt
+            kv["unshared"] += unshared * dt
+        else:
+            _, durations, plan, allocated, internal, running, waiting, swapped, _ = args
+            duration = float(durations.sum())
+            t.max_running = max(t.max_running, running)
+            t.kv_allocated_max = max(t.kv_allocated_max, int(allocated[-1]))
+            if waiting or swapped:
+                t.kv_blocked_s += float(durations[allocated > kv_capacity - kv_unit].sum())
+            t.num_steps += len(durations)
+            t.duration_s += duration
+            t.seq_steps += plan.num_scheduled * len(durations)
+            t.running_s += running * duration
+            alloc_s, internal_s = float(np.dot(allocated, durations)), float(np.dot(internal, durations))
+            kv["allocated"] += alloc_s
+            kv["live"] += alloc_s - internal_s
+            kv["internal"] += internal_s
+            kv["unshared"] += alloc_s
+    return t
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recorder_totals_are_the_per_step_sums_bit_for_bit(monkeypatch, seed):
+    import dataclasses
+
+    import simcore.metrics as metrics
+    from simcore.step import MemorySnapshot, StepPlan
+
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 7)  # many chunks, spans on both sides of a seal
+    rng = np.random.default_rng(seed)
+    capacity, unit = 4000, 16
+    rec = metrics.StepRecorder(cap=10)  # coalesced beyond 10 rows: the totals stay exact
+    rec.kv_capacity, rec.kv_unit = capacity, unit
+    calls, start = [], 0.0
+    for i in range(300):
+        running, waiting, swapped = (int(x) for x in rng.integers(0, 4, 3) * rng.integers(0, 2, 3))
+        if rng.random() < 0.6:
+            plan = StepPlan(num_scheduled=int(rng.integers(1, 9)), num_tokens=int(rng.integers(8, 500)),
+                            num_decode_seqs=int(rng.integers(0, 8)), num_preempted=int(rng.integers(0, 3) // 2))
+            alloc = int(rng.integers(capacity - 64, capacity + 1)) if rng.random() < 0.5 else int(rng.integers(0, capacity))
+            mem = MemorySnapshot(allocated=alloc, live=alloc // 2, reserved_future=int(rng.integers(0, 50)),
+                                 internal=int(rng.integers(0, 50)), stale=int(rng.integers(0, 5)),
+                                 external=int(rng.integers(0, 20)), unshared=int(rng.integers(0, 2)) * (alloc + 7))
+            dt = float(rng.exponential(0.02))
+            args = (start, dt, plan, mem, running, waiting, swapped)
+            rec.record(*args)
+            calls.append(("step", args))
+            start += dt
+        else:
+            n = int(rng.integers(1, 12))
+            durations = rng.exponential(0.02, n)
+            allocated = (int(rng.integers(capacity // 2, capacity)) + np.cumsum(rng.integers(0, 3, n)) * unit).astype(np.int64)
+            internal = rng.integers(0, 40, n).astype(np.int64)
+            plan = StepPlan(num_scheduled=int(rng.integers(1, 9)))
+            plan = dataclasses.replace(plan, num_decode_seqs=plan.num_scheduled)
+            args = (start, durations, plan, allocated, internal, running, waiting, swapped, (1.0, 0.5, 0.25))
+            rec.record_span(*args)
+            calls.append(("span", args))
+            start += float(durations.sum())
+        if i % 37 == 0:  # read mid-chunk: later rows still add on exactly
+            assert rec.totals == _reference_totals(calls, capacity, unit)
+    rec.finalize()
+    expected = _reference_totals(calls, capacity, unit)
+    assert expected.kv_blocked_s > 0 and expected.num_preempted > 0
+    assert rec.totals == expected  # dataclass equality: every float bit for bit
+    assert rec.coalesced and len(rec.frame()) <= 10
+
+
+def test_recorded_rows_are_the_step_table_row_for_row(monkeypatch):
+    import simcore.metrics as metrics
+    from simcore.step import MemorySnapshot, StepPlan
+
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 4)
+    rec = metrics.StepRecorder()
+    for i in range(10):
+        plan = StepPlan(num_scheduled=i + 1, num_tokens=10 * i + 3, num_decode_seqs=i, num_preempted=i % 2,
+                        num_swap_blocks=i % 3)
+        mem = MemorySnapshot(allocated=100 + i, live=50 + i, reserved_future=i, internal=2 * i, stale=3, external=1)
+        rec.record(0.5 * i, 0.25 + i, plan, mem, 7 + i, i % 4, i % 5)
+    rec.record_span(5.0, np.array([0.5, 0.25]), StepPlan(num_scheduled=3, num_decode_seqs=3),
+                    np.array([160, 176]), np.array([4, 6]), 3, 0, 0, (1.0, 2.0, 3.0))
+    steps = rec.frame()
+    assert len(steps) == 11 and list(steps.columns) == [*metrics.STEP_COLUMNS, *metrics.COST_COLUMNS]
+    row = steps.iloc[9].to_dict()
+    assert all(np.isnan(row.pop(name)) for name in metrics.COST_COLUMNS)  # no latency model: costs unknown
+    assert row == {
+        "start_s": 4.5, "duration_s": 9.25, "num_steps": 1, "num_seqs": 10, "num_prefill_tokens": 84,
+        "num_decode_tokens": 9, "num_running": 16, "num_waiting": 1, "num_swapped": 4, "num_preempted": 1,
+        "num_swap_blocks": 0, "kv_allocated": 109, "kv_live": 59, "kv_reserved_future": 9, "kv_internal": 18,
+        "kv_stale": 3, "kv_external": 1, "kv_unshared": 109}
+    assert steps.iloc[10].to_dict() == {
+        "start_s": 5.0, "duration_s": 0.75, "num_steps": 2, "num_seqs": 3, "num_prefill_tokens": 0,
+        "num_decode_tokens": 3, "num_running": 3, "num_waiting": 0, "num_swapped": 0, "num_preempted": 0,
+        "num_swap_blocks": 0, "kv_allocated": 176, "kv_live": 170, "kv_reserved_future": 0, "kv_internal": 6,
+        "kv_stale": 0, "kv_external": 0, "kv_unshared": 176, "kernels_ms": 1.0, "collectives_ms": 2.0, "host_ms": 3.0}
+    assert steps["num_steps"].dtype == np.int64 and steps["kv_live"].dtype == np.int64
+
+
+def test_request_rows_come_back_with_their_values_and_dtypes(monkeypatch):
+    from types import SimpleNamespace
+
+    import simcore.records as records
+
+    monkeypatch.setattr(records, "_ROW_CHUNK", 3)
+    store = records.RequestRecords()
+    for i in (4, 0, 3, 1, 2):  # leave out of id order: the columns come back by id
+        req = SimpleNamespace(arrival_s=0.125 * i, max_tokens=100 + i, n=1 + i % 2, beam_width=1)
+        st = SimpleNamespace(request=req, reject_reason="too long" if i == 3 else "", request_id=i,
+                             first_scheduled_s=1.0 + i, first_token_s=2.0 + i, finish_s=3.5 + i,
+                             num_prompt_tokens=2**31 - 1 - i, num_generated=10 * i, num_preemptions=i % 3)
+        store.leave(st, replica=i % 2)
+    cols = store.columns()
+    for name, dtype in records._RAW.items():
+        assert cols[name].dtype == dtype, name
+    assert cols["request_id"].tolist() == [0, 1, 2, 3, 4]
+    assert cols["num_prompt_tokens"].tolist() == [2**31 - 1 - i for i in range(5)]
+    assert cols["status"].tolist() == [0, 0, 0, 1, 0] and cols["reason"].tolist() == [-1, -1, -1, 0, -1]
+    assert cols["finish_s"].tolist() == [3.5 + i for i in range(5)] and cols["replica"].tolist() == [0, 1, 0, 1, 0]
+    assert cols["num_positions"].tolist() == [0, 10, 20, 30, 40] and cols["n"].tolist() == [1, 2, 1, 2, 1]
+    assert store.reason_names() == ["too long"] and store.reason_counts == [1]
 
 
 # -- kvsim run --out: rows past the caps streamed into the staging folder -----------------------
