@@ -24,7 +24,7 @@ blocks in one all-or-nothing call (`allocate_slots`). The pool that evicts owns 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -39,27 +39,60 @@ class AllocStatus(IntEnum):
     NEVER = 2
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Block:
-    block_id: int  # index into its pool, fixed at creation
-    ref_cnt: int = 0  # number of block tables holding it; written only by BlockPool
-    block_hash: Hashable | None = None  # content key while cached; written only by BlockPool
+    """One block's state as read from its pool (`BlockPool.blocks[block_id]`): a snapshot; the
+    pool keeps the live state in flat per-id containers."""
+
+    block_id: int  # index into its pool
+    ref_cnt: int = 0  # number of block tables holding it
+    block_hash: Hashable | None = None  # content key while cached
+
+
+class _BlockView(Sequence[Block]):
+    """`BlockPool.blocks`: the materialised blocks (index == block id) as `Block` snapshots,
+    for tests and inspection; the pool itself never goes through it."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPool) -> None:
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return len(self._pool.ref_cnt)
+
+    def __getitem__(self, block_id):
+        if isinstance(block_id, slice):
+            return [self[i] for i in range(*block_id.indices(len(self)))]
+        ref_cnt = self._pool.ref_cnt
+        if block_id < 0:
+            block_id += len(ref_cnt)
+        if not 0 <= block_id < len(ref_cnt):
+            raise IndexError(block_id)
+        return Block(block_id, ref_cnt[block_id], self._pool._hash_of.get(block_id))
 
 
 class BlockPool:
     """A fixed number of blocks with an O(1) free stack (pop / append at the end).
 
-    Blocks are materialised on first use (ids 0, 1, 2, ... in order), so a pool of millions of
-    blocks (a small model on a large GPU) costs nothing until it fills; `blocks` holds the
-    materialised ones and `_free_ids` the recycled ids, reused last-freed first.
+    Per-block state is flat, indexed by block id: `ref_cnt` (a list of ints) and `_hash_of`
+    (the cached ones only), so freeing a sequence's table or taking a run of blocks touches
+    one list slot per block, not a `Block` object's attributes (a request frees ~80 blocks).
+    Ids are materialised on first use (0, 1, 2, ... in order), so a pool of millions of blocks
+    (a small model on a large GPU) costs nothing until it fills; `_free_ids` holds the
+    recycled ids, reused last-freed first.
     """
 
     def __init__(self, num_blocks: int):
         self._num_blocks = num_blocks  # fixed capacity
-        self.blocks: list[Block] = []  # materialised blocks, index == block_id
+        # number of block tables holding each materialised block (index == block id, so
+        # len(ref_cnt) blocks were handed out at least once); written only by BlockPool
+        self.ref_cnt: list[int] = []
+        self._hash_of: dict[int, Hashable] = {}  # block id -> content hash, while cached
         self._free_ids: list[int] = []  # recycled uncached ids; never-used ids are implicit
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
         self.cached_hash_to_block: dict[Hashable, int] = {}  # content hash -> block id, while cached
+        self.blocks = _BlockView(self)  # read-only view of the materialised blocks
 
     @property
     def num_blocks(self) -> int:
@@ -67,80 +100,96 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free_ids) + self._num_blocks - len(self.blocks) + len(self._evictable)
+        return len(self._free_ids) + self._num_blocks - len(self.ref_cnt) + len(self._evictable)
 
-    def take_many(self, count: int) -> list[int]:
-        """`count` blocks, as `count` calls of `take` would hand them out (same ids, order)."""
-        free_ids = self._free_ids
-        if len(free_ids) >= count:  # the common case: recycled ids, last freed first
-            ids = free_ids[len(free_ids) - count:]
-            ids.reverse()
-            del free_ids[len(free_ids) - count:]
-            blocks = self.blocks
-            for block_id in ids:
-                block = blocks[block_id]
-                assert block.ref_cnt == 0, "free block still referenced"
-                block.ref_cnt = 1
-            return ids
-        return [self.take() for _ in range(count)]
+    def block_hash(self, block_id: int) -> Hashable | None:
+        """The content hash a block is cached under, None if it is not cached."""
+        return self._hash_of.get(block_id)
 
-    def decref_all(self, block_ids: list[int]) -> None:
-        """`decref` each block, in order."""
-        blocks, free_ids = self.blocks, self._free_ids
-        for block_id in block_ids:
-            block = blocks[block_id]
-            assert block.ref_cnt > 0, "double free"
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None:
-                    free_ids.append(block_id)
-                else:
-                    self._evictable[block_id] = None
+    def _evict(self) -> int:
+        """The least recently freed cached block, its content forgotten (it is being reused)."""
+        assert self._evictable, "pool exhausted"
+        block_id = self._evictable.popitem(last=False)[0]
+        del self.cached_hash_to_block[self._hash_of.pop(block_id)]
+        return block_id
 
     def take(self) -> int:
+        """A free block, held once: the last recycled id, else a never-used one, else the
+        least recently freed cached block (evicted)."""
+        ref_cnt = self.ref_cnt
         if self._free_ids:
-            block = self.blocks[self._free_ids.pop()]
-            assert block.ref_cnt == 0, "free block still referenced"
-        elif len(self.blocks) < self._num_blocks:
-            block = Block(len(self.blocks))
-            self.blocks.append(block)
+            block_id = self._free_ids.pop()
+            assert ref_cnt[block_id] == 0, "free block still referenced"
+        elif len(ref_cnt) < self._num_blocks:
+            ref_cnt.append(1)
+            return len(ref_cnt) - 1
         else:
-            assert self._evictable, "pool exhausted"
-            block = self.blocks[self._evictable.popitem(last=False)[0]]
-            del self.cached_hash_to_block[block.block_hash]  # evicted: the content is gone
-            block.block_hash = None
-        block.ref_cnt = 1
-        return block.block_id
+            block_id = self._evict()
+        ref_cnt[block_id] = 1
+        return block_id
+
+    def take_many(self, count: int) -> list[int]:
+        """`count` blocks, as `count` calls of `take` would hand them out (same ids, order):
+        recycled ids last freed first, then never-used ids, then evicted cached blocks."""
+        free_ids, ref_cnt = self._free_ids, self.ref_cnt
+        num_recycled = min(count, len(free_ids))
+        start = len(free_ids) - num_recycled
+        ids = free_ids[start:]
+        del free_ids[start:]
+        ids.reverse()
+        for block_id in ids:
+            if ref_cnt[block_id]:
+                raise AssertionError("free block still referenced")
+            ref_cnt[block_id] = 1
+        if num_recycled < count:
+            num_fresh = min(count - num_recycled, self._num_blocks - len(ref_cnt))
+            ids.extend(range(len(ref_cnt), len(ref_cnt) + num_fresh))
+            ref_cnt.extend([1] * num_fresh)
+            for _ in range(count - len(ids)):
+                block_id = self._evict()
+                ref_cnt[block_id] = 1
+                ids.append(block_id)
+        return ids
+
+    def decref_all(self, block_ids: list[int]) -> None:
+        """`decref` each block, in order (a freed sequence's table: one pass, no calls)."""
+        ref_cnt, release, hash_of = self.ref_cnt, self._free_ids.append, self._hash_of
+        for block_id in block_ids:
+            left = ref_cnt[block_id] - 1
+            ref_cnt[block_id] = left
+            if left <= 0:
+                assert left == 0, "double free"
+                if block_id in hash_of:
+                    self._evictable[block_id] = None
+                else:
+                    release(block_id)
 
     def cache(self, block_id: int, block_hash: Hashable) -> None:
         """Register a full, held block under its content hash (the first block with it wins)."""
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0, "only a held block can be registered"
-        if block.block_hash is None and block_hash not in self.cached_hash_to_block:
-            block.block_hash = block_hash
+        assert self.ref_cnt[block_id] > 0, "only a held block can be registered"
+        if block_id not in self._hash_of and block_hash not in self.cached_hash_to_block:
+            self._hash_of[block_id] = block_hash
             self.cached_hash_to_block[block_hash] = block_id
 
     def touch(self, block_id: int) -> None:
         """Take a reference to a cached block, reviving it if it was evictable."""
-        block = self.blocks[block_id]
-        if block.ref_cnt == 0:
+        if self.ref_cnt[block_id] == 0:
             del self._evictable[block_id]
-        block.ref_cnt += 1
+        self.ref_cnt[block_id] += 1
 
     def incref(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0, "incref on a free block"
-        block.ref_cnt += 1
+        assert self.ref_cnt[block_id] > 0, "incref on a free block"
+        self.ref_cnt[block_id] += 1
 
     def decref(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        assert block.ref_cnt > 0, "double free"
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            if block.block_hash is None:
-                self._free_ids.append(block_id)
-            else:
+        left = self.ref_cnt[block_id] - 1
+        assert left >= 0, "double free"
+        self.ref_cnt[block_id] = left
+        if left == 0:
+            if block_id in self._hash_of:
                 self._evictable[block_id] = None
+            else:
+                self._free_ids.append(block_id)
 
 
 class _SeqBlocks:
@@ -212,7 +261,7 @@ class PagedAllocator:
         ones plus cached hits it revives from the evictable pool. Changes nothing."""
         gpu = self.gpu
         hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
-        num_revived = sum(1 for block_id in hits if gpu.blocks[block_id].ref_cnt == 0)
+        num_revived = sum(1 for block_id in hits if gpu.ref_cnt[block_id] == 0)
         return num_revived + self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
 
     def allocate_slots(self, seq_id: int, num_new_tokens: int, cached_hashes: list[Hashable] = ()) -> bool:
@@ -290,7 +339,7 @@ class PagedAllocator:
         bs = self.block_size
         filled = self._nt[seq.idx]
         need = -(-(filled + num_new_tokens) // bs) - len(seq.table)
-        if num_new_tokens and filled % bs and self.gpu.blocks[seq.table[-1]].ref_cnt > 1:
+        if num_new_tokens and filled % bs and self.gpu.ref_cnt[seq.table[-1]] > 1:
             need += 1
         return need
 
@@ -307,7 +356,7 @@ class PagedAllocator:
         new_total = filled + num_new_tokens
         # Fast path: the last block has room and is not shared (a decode step, mostly).
         if filled % bs and new_total <= len(seq.table) * bs:
-            if self.gpu.blocks[seq.table[-1]].ref_cnt == 1:
+            if self.gpu.ref_cnt[seq.table[-1]] == 1:
                 self._nt[seq.idx] = new_total
                 return True
         need = self.num_blocks_needed(seq_id, num_new_tokens)
@@ -316,7 +365,7 @@ class PagedAllocator:
                 self._drop_seq(seq_id)
             return False
         gpu = self.gpu
-        if num_new_tokens and filled % bs and gpu.blocks[seq.table[-1]].ref_cnt > 1:
+        if num_new_tokens and filled % bs and gpu.ref_cnt[seq.table[-1]] > 1:
             shared = seq.table[-1]
             seq.table[-1] = gpu.take()  # copy-on-write: the copy is ours, the original stays
             gpu.decref(shared)
@@ -331,9 +380,9 @@ class PagedAllocator:
         step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The caller
         checked that they fit. Same block ids and counts as one `append_slots` per sequence."""
         self._ntok[indices] += 1
-        seqs, take = self._seqs, self.gpu.take
-        for seq_id in block_seq_ids:
-            seqs[seq_id].table.append(take())
+        seqs = self._seqs
+        for seq_id, block_id in zip(block_seq_ids, self.gpu.take_many(len(block_seq_ids)), strict=True):
+            seqs[seq_id].table.append(block_id)
 
     def append_runs(self, indices: np.ndarray, seq_ids: np.ndarray, num_new_tokens: int) -> None:
         """`append_slots(seq_id, num_new_tokens)` for each sequence, in order: unshared, on the
@@ -343,10 +392,15 @@ class PagedAllocator:
         bs = self.block_size
         new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
         self._ntok[indices] = new_total
-        seqs, take_many = self._seqs, self.gpu.take_many
         grows = new_blocks.nonzero()[0]
-        for seq_id, count in zip(seq_ids[grows].tolist(), new_blocks[grows].tolist(), strict=True):
-            seqs[seq_id].table.extend(take_many(count))
+        counts = new_blocks[grows]
+        # one take for all: the sequences' runs of ids follow each other, in order
+        taken = self.gpu.take_many(int(counts.sum()))
+        ends = counts.cumsum().tolist()
+        seqs, start = self._seqs, 0
+        for seq_id, end in zip(seq_ids[grows].tolist(), ends, strict=True):
+            seqs[seq_id].table += taken[start:end]
+            start = end
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (parallel sampling, beam search)."""

@@ -453,3 +453,65 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
             assert bulk.num_tokens(seq_id) == one.num_tokens(seq_id)
         assert bulk.gpu._free_ids == one.gpu._free_ids and list(bulk.gpu._evictable) == list(one.gpu._evictable)
         assert bulk.cached == one.cached
+
+
+def _pool_state(pool: BlockPool) -> tuple:
+    return (list(pool.ref_cnt), list(pool._free_ids), list(pool._evictable), dict(pool.cached_hash_to_block),
+            [b.block_hash for b in pool.blocks], pool.num_free)
+
+
+@settings(max_examples=80, deadline=None)
+@given(num_blocks=st.integers(1, 40), ops=st.lists(st.tuples(st.sampled_from("tTdDci"), st.integers(0, 10**6)),
+                                                     max_size=60))
+def test_bulk_pool_ops_match_one_call_per_block(num_blocks, ops):
+    """take_many / decref_all (one pass over flat per-id state) leave the pool exactly as one
+    take / decref per block would: same ids in the same order, ref counts, free stack, LRU
+    order of the evictable cached blocks and evictions."""
+    bulk, one = BlockPool(num_blocks), BlockPool(num_blocks)
+    held: list[int] = []  # one entry per reference, like block tables
+    next_hash = 0
+    for op, r in ops:
+        if op in "tT" and bulk.num_free:
+            count = 1 + r % bulk.num_free if op == "T" else 1
+            ids = bulk.take_many(count)
+            assert ids == [one.take() for _ in range(count)]
+            held += ids
+        elif op in "dD" and held:  # release distinct held references, as one table's
+            picked = list(dict.fromkeys(held[r % len(held):][: 1 + r % 7]))
+            bulk.decref_all(picked)
+            for block_id in picked:
+                one.decref(block_id)
+                held.remove(block_id)
+        elif op == "c" and held:
+            block_id = held[r % len(held)]
+            bulk.cache(block_id, ("h", next_hash))
+            one.cache(block_id, ("h", next_hash))
+            next_hash += 1
+        elif op == "i" and (bulk._evictable or held):
+            hashes = sorted(bulk.cached_hash_to_block)
+            if hashes:  # touch a cached block (revives it if evictable)
+                block_id = bulk.cached_hash_to_block[hashes[r % len(hashes)]]
+                bulk.touch(block_id)
+                one.touch(block_id)
+                held.append(block_id)
+        assert _pool_state(bulk) == _pool_state(one)
+    assert sorted(b for b, n in enumerate(bulk.ref_cnt) for _ in range(n)) == sorted(held)
+
+
+def test_blocks_view_reads_snapshots_of_the_pool_state():
+    pool = BlockPool(4)
+    a, b = pool.take_many(2)
+    pool.cache(b, "h")
+    assert len(pool.blocks) == 2  # block 2 and 3 never materialised
+    assert pool.blocks[a].ref_cnt == 1 and pool.blocks[b].block_hash == "h" and pool.blocks[-1].block_id == b
+    assert [blk.block_id for blk in pool.blocks] == [0, 1] and pool.blocks[1:] == [pool.blocks[1]]
+    snapshot = pool.blocks[b]
+    pool.decref(b)
+    assert snapshot.ref_cnt == 1 and pool.blocks[b].ref_cnt == 0 and list(pool._evictable) == [b]
+    assert pool.block_hash(b) == "h" and pool.block_hash(a) is None
+    for bad in (2, -3):
+        try:
+            pool.blocks[bad]
+        except IndexError:
+            continue
+        raise AssertionError(f"blocks[{bad}] should not exist")
