@@ -8,6 +8,7 @@ from typer import _click as click  # typer >= 0.29 vendors click (pinned in pypr
 from typer.core import TyperGroup
 from typer.exceptions import Abort
 
+from cli.coercion import install
 from simcore.errors import KvsimError
 
 USER_ERROR_EXIT = 2  # bad input: refused before any work
@@ -22,6 +23,10 @@ def fail(message: str, code: int = USER_ERROR_EXIT) -> None:
 
 class OneLineErrorsGroup(TyperGroup):
     """Root command group that reports usage and domain errors as one stderr line."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        install(self)  # option values converted without importing pydantic where that is plain
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
         try:

@@ -21,7 +21,6 @@ against (tests/test_fastpath_equivalence.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 import simpy
@@ -38,6 +37,7 @@ from simcore.span import (
     decode_step_fixed_ms,
     delay_to,
     internal_slots,
+    step_offsets,
 )
 from simcore.step import StepPlan
 
@@ -126,7 +126,7 @@ class Engine:
                 if timeout is None:
                     yield self._wakeup
                 else:
-                    yield self._wakeup | env.timeout(timeout)
+                    yield _first_of(env, self._wakeup, env.timeout(timeout))
                 self._wakeup = None
                 continue
             start = env.now
@@ -136,7 +136,20 @@ class Engine:
                 self._drained = None
             shape = span_of(plan, life) if span_of is not None else None
             if shape is not None:
-                plan, start, dt = yield from self._span(plan, shape, start)
+                durations, ends = self._span_times(plan, shape, start)
+                k = shape.num_steps
+                end = float(ends[-1])
+                if life.waiting:  # its head cannot be admitted before the span ends; arrivals queue behind it
+                    yield env.timeout(delay_to(start, end))
+                else:  # an arrival is planned for at the first step boundary at or after it
+                    wakeup = self._wakeup = env.event()
+                    yield _first_of(env, wakeup, env.timeout(delay_to(start, end)))
+                    self._wakeup = None
+                    if wakeup.triggered and env.now < end:
+                        k = int(ends.searchsorted(env.now, side="left")) + 1
+                        if ends[k - 1] > env.now:
+                            yield env.timeout(delay_to(env.now, float(ends[k - 1])))
+                start, dt = self._apply_span(plan, shape, start, durations, ends, k)
             else:
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
@@ -148,43 +161,54 @@ class Engine:
                 times = emit_times(start + plan.num_swap_blocks * self.swap_block_s, plan.num_scheduled)
             finished = life.emit(plan, env.now, times)
             mem = policy.end_step(plan, finished, life)
-            life.finish(finished, env.now if times is None else None)
+            if finished:
+                life.finish(finished, env.now if times is None else None)
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
 
-    def _span(self, plan: StepPlan, shape: SpanShape, start: float):
-        """Wait out steps 1..k of a decode span and apply steps 1..k-1; returns the plan, start
-        and duration of step k, which the caller finishes like a single step."""
-        env, life, policy = self.env, self.lifecycle, self.policy
+    def _span_times(self, plan: StepPlan, shape: SpanShape, start: float) -> tuple[np.ndarray, np.ndarray]:
+        """Durations and end times of steps 1..K of a decode span starting at `start`."""
         num_seqs = plan.num_decode_seqs
-        steps = shape.num_steps
         durations = decode_span_times_s(
-            self.latency, num_seqs, plan.decode_context_tokens + num_seqs * np.arange(steps)
+            self.latency, num_seqs, plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
         )
-        ends = boundaries(start, durations)
-        k = steps
-        if life.waiting:  # its head cannot be admitted before the span ends; arrivals queue behind it
-            yield env.timeout(delay_to(start, float(ends[-1])))
-        else:  # an arrival is planned for at the first step boundary at or after it
-            self._wakeup = env.event()
-            yield self._wakeup | env.timeout(delay_to(start, float(ends[-1])))
-            woke = self._wakeup.triggered
-            self._wakeup = None
-            if woke and env.now < ends[-1]:
-                k = int(np.searchsorted(ends, env.now, side="left")) + 1
-                if ends[k - 1] > env.now:
-                    yield env.timeout(delay_to(env.now, float(ends[k - 1])))
-        policy.extend_span(plan, k)
+        return durations, boundaries(start, durations)
+
+    def _apply_span(self, plan: StepPlan, shape: SpanShape, start: float, durations: np.ndarray,
+                    ends: np.ndarray, k: int) -> tuple[float, float]:
+        """Steps 1..k of a decode span were waited out: apply steps 1..k-1 in bulk (KV, tokens,
+        one step-table row) and advance `plan` to step k, which the caller finishes like a
+        single step; returns step k's start and duration."""
+        life = self.lifecycle
+        self.policy.extend_span(plan, k)
         if k > 1:
-            life.emit_span(plan, ends[: k - 1])
-            bs = policy.allocator.block_size
-            allocated = (shape.used_blocks + shape.new_blocks_cum[: k - 1]) * bs
-            internal = internal_slots(shape.computed, bs, k - 1)
-            coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
-            span_ms = float(durations[: k - 1].sum()) * 1000.0
             n = k - 1
+            num_seqs = plan.num_decode_seqs
+            life.emit_span(plan, ends[:n])
+            bs = self.policy.allocator.block_size
+            allocated = (shape.used_blocks + shape.new_blocks_cum[:n]) * bs
+            internal = internal_slots(shape, num_seqs, bs, n)
+            coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
+            span_durations = durations[:n]
+            span_ms = float(span_durations.sum()) * 1000.0
             costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
-            self.recorder.record_span(start, durations[: k - 1], plan, allocated, internal,
+            self.recorder.record_span(start, span_durations, plan, allocated, internal,
                                       len(life.running), len(life.waiting), len(life.swapped), costs)
-            start = float(ends[k - 2])
-            plan = replace(plan, decode_context_tokens=plan.decode_context_tokens + (k - 1) * num_seqs)
-        return plan, start, float(durations[k - 1])
+            start = float(ends[n - 1])
+            # the plan now describes step k: every sequence attends to n more tokens
+            plan.decode_context_tokens += n * num_seqs
+        return start, float(durations[k - 1])
+
+
+def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """An event that succeeds once `a` or `b` has been processed: `a | b` without building a
+    Condition, and with the same event hops (a or b processed, then this one), so events at
+    the same instant are processed in the same order."""
+    first = env.event()
+
+    def fire(_event: simpy.Event) -> None:
+        if not first.triggered:
+            first.succeed()
+
+    a.callbacks.append(fire)
+    b.callbacks.append(fire)
+    return first

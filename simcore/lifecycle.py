@@ -228,16 +228,19 @@ class Lifecycle:
         slots = plan.decode_slots()
         assert len(slots) == plan.num_scheduled, "a decode span holds plain decodes only"
         assert (store.generated[slots] + num_steps < store.target[slots]).all(), "nobody finishes in a span"
-        first = float(ends_s[0])
-        gaps = first - store.last_token[slots]
-        if num_steps > 1:  # every request's gap in step k is ends_s[k-1] - ends_s[k-2]
-            gaps = np.concatenate([gaps, np.repeat(np.diff(ends_s), len(slots))])
+        num_seqs = len(slots)
+        last = store.last_token
+        # every request's gap in step 1 is ends_s[0] - its last token; in step k > 1, ends_s[k-1] - ends_s[k-2]
+        gaps = np.empty(num_seqs * num_steps)
+        np.subtract(ends_s[0], last[slots], out=gaps[:num_seqs])
+        if num_steps > 1:
+            gaps[num_seqs:] = (ends_s[1:] - ends_s[:-1]).repeat(num_seqs)
         self._add_itls(gaps)
         store.computed[slots] += num_steps
         store.generated[slots] += num_steps
         for part in plan.parts:  # the plan's last step starts from there
             part.computed = part.computed + num_steps
-        store.last_token[slots] = float(ends_s[-1])
+        last[slots] = ends_s[-1]
 
     def _add_itls(self, values: np.ndarray) -> None:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""

@@ -43,7 +43,35 @@ class SpanShape:
     num_steps: int  # K >= 1
     new_blocks_cum: np.ndarray  # [K] blocks taken by the appends of steps 2..k (0 for k = 1)
     computed: np.ndarray  # [R] tokens each request had computed before step 1
+    internal_first: int = 0  # unfilled slots of the requests' last blocks after step 1
     used_blocks: int = 0  # GPU blocks in use after step 1's appends (set by the policy)
+
+
+def _step_residues(block_size: int, num_steps: int) -> np.ndarray:
+    """k % block_size for k = 1..num_steps (a view of an array built once per block size)."""
+    cached = _STEP_RESIDUES.get(block_size)
+    if cached is None or len(cached) < num_steps:
+        cached = _STEP_RESIDUES[block_size] = _frozen(np.arange(1, max(num_steps, MAX_SPAN_STEPS) + 1) % block_size)
+    return cached[:num_steps]
+
+
+def _first_step_weights(block_size: int) -> np.ndarray:
+    """(r - 2) % block_size for r = 0..block_size-1: a request with (1 - c) % bs == r has
+    (-(c + 1)) % bs unfilled slots in its last block after step 1."""
+    cached = _FIRST_STEP_WEIGHTS.get(block_size)
+    if cached is None:
+        cached = _FIRST_STEP_WEIGHTS[block_size] = _frozen((np.arange(block_size) - 2) % block_size)
+    return cached
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A cached array handed out as views: read-only, so no caller can change it for the next."""
+    array.flags.writeable = False
+    return array
+
+
+_STEP_RESIDUES: dict[int, np.ndarray] = {}
+_FIRST_STEP_WEIGHTS: dict[int, np.ndarray] = {}
 
 
 def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, free_blocks: int,
@@ -51,24 +79,34 @@ def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, fre
     """`computed`: tokens each request had computed before step 1; `remaining`: tokens each still
     emits, step 1's included; `free_blocks`: free GPU blocks after step 1's appends."""
     k_max = int(min(int(remaining.min()), cap))
-    steps = np.arange(1, k_max + 1)
     # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. k % bs == (1 - c) % bs
     hist = np.bincount((1 - computed) % block_size, minlength=block_size)
-    new = hist[steps % block_size]
+    new = hist[_step_residues(block_size, k_max)]
     new[0] = 0  # step 1's appends were made by the policy's schedule
-    cum = np.cumsum(new)
-    fits = int(np.searchsorted(cum, free_blocks - 1, side="right"))  # steps with cum <= free - 1
+    cum = new.cumsum()
+    fits = int(cum.searchsorted(free_blocks - 1, side="right"))  # steps with cum <= free - 1
     k = min(k_max, fits)
     k = max(k, 1) if free_blocks >= 1 else 1
-    return SpanShape(k, cum[:k], computed)
+    return SpanShape(k, cum[:k], computed, int(hist.dot(_first_step_weights(block_size))))
 
 
-def internal_slots(computed: np.ndarray, block_size: int, num_steps: int) -> np.ndarray:
-    """Unfilled slots of the requests' last blocks after each step k = 1..K: sum_j (-(c_j + k)) % bs."""
-    hist = np.bincount(computed % block_size, minlength=block_size)
-    residues = np.arange(block_size)
-    k = np.arange(1, num_steps + 1)
-    return hist @ ((-(residues[:, None] + k[None, :])) % block_size)
+def internal_slots(shape: SpanShape, num_seqs: int, block_size: int, num_steps: int) -> np.ndarray:
+    """Unfilled slots of the requests' last blocks after each step k = 1..num_steps,
+    sum_j (-(c_j + k)) % bs: every step fills one slot per request, and a step that opens a
+    new block for a request adds block_size free ones, so I_k = I_1 - R (k - 1) + bs * cum_k."""
+    k = step_offsets(num_steps)
+    return shape.internal_first - num_seqs * k + block_size * shape.new_blocks_cum[:num_steps]
+
+
+def step_offsets(num_steps: int) -> np.ndarray:
+    """0, 1, ..., num_steps - 1 (a view of one array built once)."""
+    global _OFFSETS
+    if len(_OFFSETS) < num_steps:
+        _OFFSETS = _frozen(np.arange(max(num_steps, MAX_SPAN_STEPS)))
+    return _OFFSETS[:num_steps]
+
+
+_OFFSETS = np.arange(0)
 
 
 def decode_span_times_s(latency: StepLatencyModel, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:

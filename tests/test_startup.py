@@ -1,8 +1,10 @@
-"""Start-up and per-run setup (issue 10): what `kvsim run` imports, and the pandas-free trace reader.
+"""Start-up and per-run setup (issue 10): what `kvsim run` imports, option values converted
+without pydantic, and the pandas-free trace reader.
 
 The peer target counts the whole process, so `kvsim run` must not import what it does not use
-(pandas, matplotlib, ray, torch), and a plain trace CSV is read without pandas, giving exactly the
-Trace the pandas reader gives (anything unusual still goes through pandas, which words the errors).
+(pandas, matplotlib, ray, torch, pydantic); plain option values are converted as typer's pydantic
+adapters convert them, and a plain trace CSV is read without pandas, giving exactly the Trace the
+pandas reader gives (anything unusual still goes through typer / pandas, which word the errors).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from workloads import traces
 from workloads.catalog import DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy")
+HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy", "pydantic")  # pydantic: cli/coercion.py
 
 
 def _modules_after(args: list[str]) -> dict:
@@ -54,6 +56,69 @@ def _modules_after(args: list[str]) -> dict:
 def test_run_does_not_import_heavy_libraries(args):
     seen = _modules_after(args)
     assert seen == {"code": 0, "heavy": []}
+
+
+# --- option values without pydantic ------------------------------------------------------------
+
+VALUES = [
+    "0", "7", "+3", "-2", "007", "-0", "1.5", "-0.0", "2.50", "0.1", "123456789012345.123456789012345",
+    "1e3", "inf", "nan", " 4", "4 ", "", "x", "a/b", "-", ".", "static", "STATIC", "Continuous", "fp8", "paged",
+    "round-robin", "0x10", "1_000", "\u0663", "9" * 18, "9" * 19, "1.", ".5", "True", "models", "ttft:500",
+]
+
+
+def _every_option():
+    import typer.main
+    from typer import _click as click
+
+    from cli.main import app
+
+    def walk(command, parent):
+        ctx = click.Context(command, parent=parent, **command.context_settings)
+        for param in command.get_params(ctx):
+            yield ctx, param
+        for sub in getattr(command, "commands", {}).values():
+            yield from walk(sub, ctx)
+
+    yield from walk(typer.main.get_command(app), None)
+
+
+def test_plain_option_values_convert_as_typer_converts_them():
+    """Each value the plain path converts, typer's pydantic adapter converts to the same value
+    (same type, same float bits); values it declines go to typer unchanged."""
+    from typer._coercion import build_runtime_param
+
+    from cli.coercion import _NOT_PLAIN, PlainCoercion
+
+    converted = declined = 0
+    for ctx, param in _every_option():
+        assert isinstance(param._runtime_param, PlainCoercion), param.name  # --help included
+        multiple = param.multiple or param.nargs == -1
+        values = [param.default, *VALUES] if not multiple else [tuple(VALUES[:3]), ("a", 1), []]
+        for value in values:
+            if value is None:
+                continue
+            plain = PlainCoercion(param.type_descriptor)._plain(value, multiple, param, ctx)
+            if plain is _NOT_PLAIN:
+                declined += 1
+                continue
+            converted += 1
+            expected = build_runtime_param(param.type_descriptor).coerce(value, param=param, ctx=ctx)
+            assert type(plain) is type(expected) and repr(plain) == repr(expected), (param.name, value)
+    assert converted > 500 and declined > 500  # both paths are exercised
+
+
+def test_typer_still_words_refused_values(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "--tp", "4x"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--tp' / '--tensor-parallel-size': Input should be a valid integer" in result.stderr
+    result = runner.invoke(app, ["run", "--policy", "fifo"])
+    assert "'fifo' is not one of 'static', 'dynamic', 'continuous'" in result.stderr
 
 
 # --- the pandas-free trace reader --------------------------------------------------------------

@@ -123,9 +123,13 @@ class ContinuousPagedPolicy:
         alloc, store = self.allocator, queues.store
         slots = queues.running_slots().copy()
         computed = store.computed[slots]
-        stops = np.logical_not(store.plain[slots]).nonzero()[0].tolist()
-        stops.append(num_running)
-        needs_block = computed % alloc.block_size == 0
+        plain = store.plain[slots]
+        if np.count_nonzero(plain) == num_running:  # the common step: every request decodes
+            stops = [num_running]
+        else:
+            stops = np.logical_not(plain).nonzero()[0].tolist()
+            stops.append(num_running)
+        needs_block = np.logical_not(computed % alloc.block_size)  # last block full
         seq_index, rid = self._seq_index, store.rid
         stop = 0
         i = 0
@@ -135,13 +139,13 @@ class ContinuousPagedPolicy:
             end = min(stops[stop], len(running), i + budget)
             if end > i:  # a run of plain decodes: as far as the free blocks go
                 need = needs_block[i:end]
-                if np.count_nonzero(need) > alloc.num_free_blocks:
-                    end = i + int(np.searchsorted(np.cumsum(need), alloc.num_free_blocks, side="right"))
+                free = alloc.num_free_blocks
+                if np.count_nonzero(need) > free:
+                    end = i + int(np.searchsorted(np.cumsum(need), free, side="right"))
                     need = needs_block[i:end]
                 if end > i:
-                    run = slots[i:end]
+                    run, run_computed = slots[i:end], computed[i:end]
                     alloc.append_decodes(seq_index[run], rid[run[need]].tolist())
-                    run_computed = computed[i:end]
                     plan.add_decode_run(run, store, run_computed, int(run_computed.sum()) + (end - i))
                     budget -= end - i
                     i = end
@@ -202,7 +206,7 @@ class ContinuousPagedPolicy:
         return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
 
     def _num_seqs(self, running: list[ReqState]) -> int:
-        return len(running) + self.groups.num_extra_seqs()
+        return len(running) + (self.groups.num_extra_seqs() if self.groups.active else 0)
 
     def _swap_in(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> int:
         alloc, swapped = self.allocator, queues.swapped
@@ -232,6 +236,8 @@ class ContinuousPagedPolicy:
         return budget
 
     def _admit_waiting(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> None:
+        if not queues.waiting:
+            return
         alloc = self.allocator
         num_seqs = self._num_seqs(running)
         for st in queues.waiting:
@@ -294,11 +300,11 @@ class ContinuousPagedPolicy:
         if not num_running or plan.num_decode_seqs != num_running:
             return None
         waiting = queues.waiting
-        if waiting and self._prefix_hashes(waiting[0]):
+        if waiting and self.enable_prefix_caching and self._prefix_hashes(waiting[0]):
             return None
         store, slots = queues.store, queues.running_slots()
         remaining = store.target[slots] - store.generated[slots]
-        if remaining.min() < MIN_SPAN_STEPS:
+        if remaining[remaining.argmin()] < MIN_SPAN_STEPS:  # argmin: no ufunc-reduction set-up
             return None  # a request finishes within a step or two: single steps are cheaper
         computed = store.computed[slots]
         alloc = self.allocator
@@ -342,12 +348,29 @@ class ContinuousPagedPolicy:
         allocated = alloc.num_used_blocks * bs
         # Only last blocks can be partly filled, and those are never shared across requests,
         # so live = allocated - unfilled slots of last blocks (right even when prefixes are shared).
-        internal, saved = groups.internal_and_saved() if groups.active else (0, 0)
         if groups.active:
+            internal, saved = groups.internal_and_saved()
             internal += sum([(-st.num_computed_tokens) % bs for st in queues.running if not groups.is_forked(st)])
-        else:
-            internal += int(((-queues.store.computed[queues.running_slots()]) % bs).sum())
+        elif alloc.cached:  # running requests may share cached prefix blocks
+            internal, saved = int(((-queues.store.computed[queues.running_slots()]) % bs).sum()), 0
+        else:  # no block is shared (a block is shared only by a fork or while it is cached): the
+            # running requests hold every used block, each exactly blocks_for(its computed
+            # tokens), so the unfilled slots are allocated - computed tokens
+            internal, saved = allocated - self._running_computed(plan, queues), 0
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
-        for st in finished:
-            self._release(st)
+        if groups.active:
+            for st in finished:
+                self._release(st)
+        else:
+            for st in finished:
+                alloc.free(st.request_id)
         return mem
+
+    @staticmethod
+    def _running_computed(plan: StepPlan, queues: Queues) -> int:
+        """Computed tokens of the running requests after the step (one-sequence requests)."""
+        num_running = len(queues.running)
+        if plan.num_decode_seqs == plan.num_scheduled == num_running and not plan.prefill_chunks:
+            # every running request decoded one token: each attended to all its computed tokens
+            return plan.decode_context_tokens
+        return int(queues.store.computed[queues.running_slots()].sum())

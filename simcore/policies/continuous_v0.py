@@ -69,22 +69,29 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
         return plan if plan.num_scheduled else None
 
     def _schedule_prefills(self, queues: Queues, plan: StepPlan, running: list[ReqState]) -> None:
+        if not queues.waiting:
+            return
         alloc = self.allocator
         budget = self.max_num_batched_tokens
         num_seqs = self._num_seqs(running)
         for st in queues.waiting:
+            num_tokens = st.num_tokens
+            # the budget and sequence checks come first here (vLLM checks blocks first): each
+            # refusal stops admission and changes nothing, so the order decides nothing
+            if num_tokens > budget or num_seqs + group_width(st) > self.max_num_seqs:
+                break
             hashes = self._prefix_hashes(st)
             hit_blocks = 0
             if hashes:
-                hit_blocks = min(alloc.num_cached_prefix_blocks(hashes), (st.num_tokens - 1) // alloc.block_size)
-            num_cached = hit_blocks * alloc.block_size
-            num_new = st.num_tokens - num_cached
-            need = alloc.num_blocks_to_allocate(num_new, hashes[:hit_blocks])
+                hit_blocks = min(alloc.num_cached_prefix_blocks(hashes), (num_tokens - 1) // alloc.block_size)
+                need = alloc.num_blocks_to_allocate(num_tokens - hit_blocks * alloc.block_size, hashes[:hit_blocks])
+            else:
+                need = alloc.blocks_for(num_tokens)
             if alloc.num_free_blocks - need < self.watermark_blocks:
                 break  # AllocStatus.LATER
-            if st.num_tokens > budget or num_seqs + group_width(st) > self.max_num_seqs:
-                break
+            num_cached = hit_blocks * alloc.block_size
+            num_new = num_tokens - num_cached
             ok = alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks])
             assert ok, "the watermark check left room"
             num_seqs += self._take_admitted(plan, running, st, num_new, num_cached, bool(hashes))
-            budget -= st.num_tokens  # V0 counts the whole prompt against the budget
+            budget -= num_tokens  # V0 counts the whole prompt against the budget
