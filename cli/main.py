@@ -1,23 +1,33 @@
-"""The `kvsim` command: a thin typer layer over simcore, workloads, profiles and reports."""
+"""The `kvsim` command: a thin typer layer over simcore, workloads, profiles and reports.
+
+Each command lives in its own module. `kvsim CMD ...` imports and registers only CMD's module
+(start-up is part of every run's cost); `kvsim`, `kvsim --help`, an unknown command, and
+`from cli.main import app` get every command.
+"""
 
 from __future__ import annotations
 
+import sys
+from importlib import import_module
 from typing import Annotated
 
 import typer
 
-from cli import calibrate_cmd, list_cmd, plan_cmd, profile_cmd, report_cmd, run_cmd, sweep_cmd, workloads_cmd
 from cli.errors import OneLineErrorsGroup
 
-app = typer.Typer(
-    name="kvsim",
-    cls=OneLineErrorsGroup,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    help="Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs.",
-)
+_EXTRA_ARGS = {"allow_extra_args": True}
+# name -> (module, attribute, add_typer? , app.command keywords), in registration order (= `kvsim --help`'s)
+COMMANDS: dict[str, tuple[str, str, bool, dict]] = {
+    "run": ("cli.run_cmd", "run", False, {"no_args_is_help": False, "context_settings": _EXTRA_ARGS}),
+    "profile": ("cli.profile_cmd", "app", True, {}),
+    "workloads": ("cli.workloads_cmd", "app", True, {}),
+    "sweep": ("cli.sweep_cmd", "sweep", False, {}),
+    "report": ("cli.report_cmd", "app", True, {}),
+    "list": ("cli.list_cmd", "list_catalog", False, {}),
+    "calibrate": ("cli.calibrate_cmd", "calibrate", False, {}),
+    "plan": ("cli.plan_cmd", "plan", False, {"context_settings": _EXTRA_ARGS}),
+}
+HELP = "Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."
 
 
 def _version() -> str:
@@ -38,7 +48,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: Annotated[bool, typer.Option(
         "--version", callback=_print_version, is_eager=True, help="Print the kvsim version and exit.",
@@ -47,18 +56,37 @@ def _root(
     """Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."""
 
 
-app.command("run", no_args_is_help=False, context_settings={"allow_extra_args": True})(run_cmd.run)
-app.add_typer(profile_cmd.app, name="profile")
-app.add_typer(workloads_cmd.app, name="workloads")
-app.command("sweep")(sweep_cmd.sweep)
-app.add_typer(report_cmd.app, name="report")
-app.command("list")(list_cmd.list_catalog)
-app.command("calibrate")(calibrate_cmd.calibrate)
-app.command("plan", context_settings={"allow_extra_args": True})(plan_cmd.plan)
+def build_app(names: list[str] | None = None) -> typer.Typer:
+    """The `kvsim` app with the given commands (default: all of them)."""
+    app = typer.Typer(
+        name="kvsim", cls=OneLineErrorsGroup, no_args_is_help=True, add_completion=False,
+        pretty_exceptions_enable=False, rich_markup_mode=None, help=HELP,
+    )
+    app.callback()(_root)
+    for name in COMMANDS if names is None else names:
+        module, attribute, is_group, keywords = COMMANDS[name]
+        target = getattr(import_module(module), attribute)
+        if is_group:
+            app.add_typer(target, name=name, **keywords)
+        else:
+            app.command(name, **keywords)(target)
+    return app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`cli.main.app`: the whole app (for tests and embedding), built on first use."""
+    if name != "app":
+        raise AttributeError(f"module 'cli.main' has no attribute {name!r}")
+    app = globals()["app"] = build_app()
+    return app
 
 
 def main() -> None:
-    app()
+    """The console script: `kvsim CMD ...` imports and registers CMD alone. Anything else (no
+    command, a root option first such as `kvsim --help run`, an unknown name) gets every command,
+    so the root's help and its "No such command ... Did you mean" list them all."""
+    command = sys.argv[1] if len(sys.argv) > 1 else None
+    build_app([command] if command in COMMANDS else None)()
 
 
 if __name__ == "__main__":

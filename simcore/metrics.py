@@ -238,12 +238,14 @@ class StepRecorder:
         """Pending rows become a numpy chunk; past the cap they are spilled and the kept table is
         coalesced."""
         self._fold()
-        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _WIDTH).T.copy()  # one array per column
+        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _WIDTH)
+        # one array per column, each its own copy: a kept view of one column must not hold the others
+        chunk = {name: rows[:, i].copy() for i, name in enumerate(_COLUMNS)}
+        del rows
         del self._rows[:]  # same array object: the bound `_extend` stays valid
         self._num_folded = 0
-        if not rows.shape[1]:
+        if not len(chunk["start_s"]):
             return
-        chunk = dict(zip(_COLUMNS, rows, strict=True))
         if self.streaming and self.spill is not None:
             self.spill(self.table_columns(chunk))
         for _ in range(self._halvings):  # new rows at the grain of the kept ones

@@ -273,6 +273,27 @@ def test_recorder_totals_are_the_per_step_sums_bit_for_bit(monkeypatch, seed):
     assert rec.coalesced and len(rec.frame()) <= 10
 
 
+def test_kept_step_columns_hold_no_more_memory_than_their_rows(monkeypatch):
+    """A kept (coalesced) column may be a view, but never of a block holding the other columns:
+    the kept table's memory is its rows', whatever the chunking."""
+    import simcore.metrics as metrics
+    from simcore.step import MemorySnapshot, StepPlan
+
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 64)
+    rec = metrics.StepRecorder(cap=256)
+    plan, mem = StepPlan(num_scheduled=4, num_tokens=4, num_decode_seqs=4), MemorySnapshot(allocated=64, live=60)
+    for i in range(64 * 40):
+        rec.record(0.01 * i, 0.01, plan, mem, 4, 0, 0)
+    assert rec.coalesced and len(rec._kept) > 1
+    owners = {}
+    for chunk in rec._kept:
+        for col in chunk.values():
+            owner = col if col.base is None else col.base
+            owners[id(owner)] = owner.nbytes
+    kept_bytes = sum(col.nbytes for chunk in rec._kept for col in chunk.values())
+    assert sum(owners.values()) <= 2 * kept_bytes
+
+
 def test_recorded_rows_are_the_step_table_row_for_row(monkeypatch):
     import simcore.metrics as metrics
     from simcore.step import MemorySnapshot, StepPlan

@@ -30,15 +30,19 @@ HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy", "pydantic")
 
 
 def _modules_after(args: list[str]) -> dict:
-    """Run `kvsim ARGS` in a fresh interpreter; (exit code, heavy modules it imported)."""
+    """Run `kvsim ARGS` (the console script's main) in a fresh interpreter: its exit code, the
+    heavy modules and the command modules it imported."""
     code = (
         "import json, sys\n"
-        "from cli.main import app\n"
+        "from cli.main import main\n"
+        f"sys.argv = ['kvsim', *{args!r}]\n"
         "try:\n"
-        f"    app({args!r})\n"
+        "    main()\n"
         "except SystemExit as exc:\n"
         "    code = exc.code\n"
-        f"print(json.dumps({{'code': code, 'heavy': sorted(m for m in {HEAVY!r} if m in sys.modules)}}))\n"
+        f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        "commands = sorted(m for m in sys.modules if m.startswith('cli.') and m.endswith('_cmd'))\n"
+        "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -53,9 +57,30 @@ def _modules_after(args: list[str]) -> dict:
      "--no-enable-prefix-caching", "--num-requests", "5", "--json"],
     ["run", "--help"],
 ])
-def test_run_does_not_import_heavy_libraries(args):
+def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     seen = _modules_after(args)
-    assert seen == {"code": 0, "heavy": []}
+    assert seen == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--help", "run"], []])
+def test_root_help_lists_every_command(args):
+    seen = _modules_after(args)
+    assert seen["code"] == 0 and len(seen["commands"]) == 8
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    listed = proc.stdout.split("Commands:")[1].split()
+    from cli.main import COMMANDS
+
+    assert all(name in listed for name in COMMANDS)
+
+
+def test_unknown_command_suggests_from_every_command():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "pln"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "kvsim: error: python -m cli.main: No such command 'pln'. Did you mean 'plan'?\n"
 
 
 # --- option values without pydantic ------------------------------------------------------------
