@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from operator import itemgetter
 
 import numpy as np
 
@@ -93,14 +94,13 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
         self.cached_hash_to_block: dict[Hashable, int] = {}  # content hash -> block id, while cached
         self.blocks = _BlockView(self)  # read-only view of the materialised blocks
+        # free blocks (recycled + never used + evictable), kept as a count because schedulers
+        # read it several times a step; written only by BlockPool
+        self.num_free = num_blocks
 
     @property
     def num_blocks(self) -> int:
         return self._num_blocks
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free_ids) + self._num_blocks - len(self.ref_cnt) + len(self._evictable)
 
     def block_hash(self, block_id: int) -> Hashable | None:
         """The content hash a block is cached under, None if it is not cached."""
@@ -117,6 +117,7 @@ class BlockPool:
         """A free block, held once: the last recycled id, else a never-used one, else the
         least recently freed cached block (evicted)."""
         ref_cnt = self.ref_cnt
+        self.num_free -= 1
         if self._free_ids:
             block_id = self._free_ids.pop()
             assert ref_cnt[block_id] == 0, "free block still referenced"
@@ -132,14 +133,17 @@ class BlockPool:
         """`count` blocks, as `count` calls of `take` would hand them out (same ids, order):
         recycled ids last freed first, then never-used ids, then evicted cached blocks."""
         free_ids, ref_cnt = self._free_ids, self.ref_cnt
+        self.num_free -= count
         num_recycled = min(count, len(free_ids))
         start = len(free_ids) - num_recycled
         ids = free_ids[start:]
         del free_ids[start:]
         ids.reverse()
+        if num_recycled > 1:
+            assert not any(itemgetter(*ids)(ref_cnt)), "free block still referenced"
+        elif num_recycled:
+            assert not ref_cnt[ids[0]], "free block still referenced"
         for block_id in ids:
-            if ref_cnt[block_id]:
-                raise AssertionError("free block still referenced")
             ref_cnt[block_id] = 1
         if num_recycled < count:
             num_fresh = min(count - num_recycled, self._num_blocks - len(ref_cnt))
@@ -153,16 +157,29 @@ class BlockPool:
 
     def decref_all(self, block_ids: list[int]) -> None:
         """`decref` each block, in order (a freed sequence's table: one pass, no calls)."""
-        ref_cnt, release, hash_of = self.ref_cnt, self._free_ids.append, self._hash_of
+        free_ids, evictable = self._free_ids, self._evictable
+        if len(block_ids) > 1 and (not self._hash_of or self._hash_of.keys().isdisjoint(block_ids)):
+            # the common case, blocks held once and none cached: all go on the free stack, in
+            # order; the counts are read in C (itemgetter), only the stores loop in Python
+            ref_cnt = self.ref_cnt
+            if itemgetter(*block_ids)(ref_cnt).count(1) == len(block_ids):
+                for block_id in block_ids:
+                    ref_cnt[block_id] = 0
+                free_ids.extend(block_ids)
+                self.num_free += len(block_ids)
+                return
+        num_free_before = len(free_ids) + len(evictable)
+        ref_cnt, release, hash_of = self.ref_cnt, free_ids.append, self._hash_of
         for block_id in block_ids:
             left = ref_cnt[block_id] - 1
             ref_cnt[block_id] = left
             if left <= 0:
                 assert left == 0, "double free"
                 if block_id in hash_of:
-                    self._evictable[block_id] = None
+                    evictable[block_id] = None
                 else:
                     release(block_id)
+        self.num_free += len(free_ids) + len(evictable) - num_free_before
 
     def cache(self, block_id: int, block_hash: Hashable) -> None:
         """Register a full, held block under its content hash (the first block with it wins)."""
@@ -175,6 +192,7 @@ class BlockPool:
         """Take a reference to a cached block, reviving it if it was evictable."""
         if self.ref_cnt[block_id] == 0:
             del self._evictable[block_id]
+            self.num_free -= 1
         self.ref_cnt[block_id] += 1
 
     def incref(self, block_id: int) -> None:
@@ -186,6 +204,7 @@ class BlockPool:
         assert left >= 0, "double free"
         self.ref_cnt[block_id] = left
         if left == 0:
+            self.num_free += 1
             if block_id in self._hash_of:
                 self._evictable[block_id] = None
             else:
@@ -380,9 +399,9 @@ class PagedAllocator:
         step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The caller
         checked that they fit. Same block ids and counts as one `append_slots` per sequence."""
         self._ntok[indices] += 1
-        seqs = self._seqs
-        for seq_id, block_id in zip(block_seq_ids, self.gpu.take_many(len(block_seq_ids)), strict=True):
-            seqs[seq_id].table.append(block_id)
+        seqs, take = self._seqs, self.gpu.take
+        for seq_id in block_seq_ids:
+            seqs[seq_id].table.append(take())
 
     def append_runs(self, indices: np.ndarray, seq_ids: np.ndarray, num_new_tokens: int) -> None:
         """`append_slots(seq_id, num_new_tokens)` for each sequence, in order: unshared, on the
@@ -393,12 +412,13 @@ class PagedAllocator:
         new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
         self._ntok[indices] = new_total
         grows = new_blocks.nonzero()[0]
-        counts = new_blocks[grows]
+        if not len(grows):
+            return
         # one take for all: the sequences' runs of ids follow each other, in order
-        taken = self.gpu.take_many(int(counts.sum()))
-        ends = counts.cumsum().tolist()
+        taken = self.gpu.take_many(int(new_blocks.sum()))
         seqs, start = self._seqs, 0
-        for seq_id, end in zip(seq_ids[grows].tolist(), ends, strict=True):
+        for seq_id, count in zip(seq_ids[grows].tolist(), new_blocks[grows].tolist(), strict=True):
+            end = start + count
             seqs[seq_id].table += taken[start:end]
             start = end
 

@@ -28,7 +28,7 @@ import simpy
 from simcore.records import RequestRecords, Samples
 from simcore.request import Request
 from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
-from simcore.step import StepPlan
+from simcore.step import DecodeRun, StepPlan
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
 
@@ -169,6 +169,11 @@ class Lifecycle:
         pool the step's inter-token gaps (in schedule order). Tokens are stamped `now`, or, with
         `times_s`, entry i (in schedule order) at `times_s[i]` (a pipeline's micro-batches each
         leave the last stage when they are done, not all at the round's end; simcore.pipeline)."""
+        parts = plan.parts
+        if times_s is None and len(parts) == 1 and type(parts[0]) is not tuple:  # a decode-only step
+            finished: list[ReqState] = []
+            self._add_itls(self._emit_run(parts[0], now, finished))
+            return finished
         store = self.store
         times = None if times_s is None else np.asarray(times_s, dtype=np.float64)
         k = 0  # entry index into `times`
@@ -194,28 +199,38 @@ class Lifecycle:
                 if st.slot >= 0:
                     store.mark(st)
                 continue
-            slots = part.slots  # plain decodes: num_tokens == num_computed_tokens + 1, one token out
-            ts = now if times is None else times[k:k + len(slots)]
-            k += len(slots)
+            num = len(part.slots)
+            ts = now if times is None else times[k:k + num]
+            k += num
             if gaps:
                 pieces.append(np.array(gaps))
                 gaps = []
-            last = store.last_token
-            pieces.append(ts - last[slots])
-            last[slots] = ts
-            store.computed[slots] = part.computed + 1
-            generated = store.generated[slots] + 1
-            store.generated[slots] = generated
-            done = (generated >= store.target[slots]).nonzero()[0]
-            if len(done):
-                by_slot = store.by_slot
-                finished.extend([by_slot[s] for s in slots[done].tolist()])
+            pieces.append(self._emit_run(part, ts, finished))
         assert times is None or k == len(times), "one emission time per scheduled entry"
         if gaps:
             pieces.append(np.array(gaps))
         if pieces:
             self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
+
+    def _emit_run(self, run: DecodeRun, ts: float | np.ndarray, finished: list[ReqState]) -> np.ndarray:
+        """One token for every request of a run of plain decodes (num_tokens == num_computed_tokens
+        + 1), stamped `ts`; appends those that emitted their last token to `finished` and returns
+        the run's inter-token gaps."""
+        store = self.store
+        slots = run.slots
+        last = store.last_token
+        gaps = ts - last[slots]
+        last[slots] = ts
+        store.computed[slots] = run.computed + 1
+        generated = store.generated[slots]
+        generated += 1
+        store.generated[slots] = generated
+        done = (generated >= store.target[slots]).nonzero()[0]
+        if len(done):
+            by_slot = store.by_slot
+            finished.extend([by_slot[s] for s in slots[done].tolist()])
+        return gaps
 
     def emit_span(self, plan: StepPlan, ends_s: np.ndarray) -> None:
         """Steps 1..m of a decode span (m = len(ends_s), step k ending at ends_s[k-1]): every

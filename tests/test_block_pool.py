@@ -275,6 +275,8 @@ class PagedMachine(RuleBasedStateMachine):
             assert len(set(free_ids)) == len(free_ids)
             assert not set(free_ids) & set(pool_refs)  # a free block is in no table
             assert pool.num_free + len(pool_refs) == pool.num_blocks
+            # the kept count agrees with the free structures
+            assert pool.num_free == len(free_ids) + pool.num_blocks - len(pool.blocks) + len(pool._evictable)
         assert a.num_free_blocks + a.num_used_blocks == a.num_gpu_blocks
         assert a.num_used_blocks == len(gpu_refs)
 
@@ -457,7 +459,8 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
 
 def _pool_state(pool: BlockPool) -> tuple:
     return (list(pool.ref_cnt), list(pool._free_ids), list(pool._evictable), dict(pool.cached_hash_to_block),
-            [b.block_hash for b in pool.blocks], pool.num_free)
+            [b.block_hash for b in pool.blocks], pool.num_free,
+            len(pool._free_ids) + pool.num_blocks - len(pool.blocks) + len(pool._evictable))
 
 
 @settings(max_examples=80, deadline=None)

@@ -183,3 +183,23 @@ def test_slot_store_flags_and_allocator_counts_stay_in_step():
             policy.end_step = checking
         sim.run()
     assert checked > 1000
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_arrival_exactly_on_a_step_boundary_inside_a_span(chunked):
+    """An arrival at exactly the instant a decode step ends, in the middle of a span with an
+    empty queue: the span wakes up, stops at that boundary, and the next step sees the new
+    request, as with one event per step (same SimPy event order at that instant)."""
+    config = EngineConfig(max_model_len=2048, max_num_seqs=8, enable_prefix_caching=False,
+                          enable_chunked_prefill=chunked)
+    alone = simulate(TINY, H100, config, ListWorkload([req(0, 0.0, 50, 400)]), _profile(), seed=1,
+                     exact_steps=True)
+    step_starts = alone.steps["start_s"].to_numpy()  # each one the exact clock value of a boundary
+    for j in (2, 9, 57, 300):
+        at = float(step_starts[j])
+        requests = [req(0, 0.0, 50, 400), req(1, at, 30, 40)]
+        fast, exact = _compare(config, requests, seed=1, context=f"arrival on boundary {j}")
+        assert (fast.steps["num_steps"] > 1).any(), "a span was running when the request arrived"
+        for result in (fast, exact):
+            row = result.requests.set_index("request_id").loc[1]
+            assert row["first_scheduled_s"] == at, (j, row["first_scheduled_s"], at)
