@@ -56,6 +56,7 @@ POLICIES = ("static", "dynamic", "continuous")
 # Bounds on the pricing memos (kept, never evicted; a key's result is the same computed or kept):
 MEMO_ENTRIES = 65536  # small tuples keyed by a step's shape, a few MiB at most
 ROW_MEMO_ENTRIES = 4096  # numpy rows for decode spans, keyed by batch size (~1 KiB each)
+_THOUSAND = np.array(1000.0)  # ms per s, as a 0-d array for decode spans (see _span_terms)
 
 
 def _monotone(values: list[float]) -> list[float]:
@@ -474,6 +475,7 @@ class StepLatencyModel:
         self._last_chunks: list[tuple[int, int]] = []
         self._last_parts = (0.0, 0.0, 0.0)
         self._fixed_memo: dict[tuple, tuple[float, float, float, bool]] = {}
+        self._span_memo: dict[int, tuple] = {}
         self.set_block_size(16)
 
     def _init_collectives(self, data: dict, shape: dict, where: str) -> None:
@@ -631,12 +633,25 @@ class StepLatencyModel:
         extrapolated steps counted per step and per table exactly as step_time_s counts them."""
         if num_seqs <= 0:
             raise ValueError("decode_span_times_s needs num_seqs >= 1")
-        fixed_g, coll, host, linear_out = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
-        mean_ctx = np.asarray(context_sums, dtype=np.float64) / num_seqs
-        dec = self.decode
-        attention = self.num_layers * dec.row(num_seqs, mean_ctx)
+        n, layers, fixed, coll, linear_out = self._span_terms(num_seqs)
+        mean_ctx = np.asarray(context_sums, dtype=np.float64) / n
+        attention = layers * self.decode.row(num_seqs, mean_ctx)
         self._count_span(num_seqs, mean_ctx, linear_out)
-        return (host + fixed_g + attention + coll) / 1000.0
+        return (fixed + attention + coll) / _THOUSAND
+
+    def _span_terms(self, num_seqs: int) -> tuple:
+        """A decode span's scalars as 0-d arrays (numpy combines two arrays several times faster
+        than an array and a Python number; the values and so the results are the same): the
+        batch size, the layer count, host + GEMM-like ms, collectives ms; and whether the linear
+        table was extrapolated."""
+        terms = self._span_memo.get(num_seqs)
+        if terms is None:
+            gemm, coll, host, linear_out = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
+            terms = (*(np.array(x, dtype=np.float64) for x in (num_seqs, self.num_layers, host + gemm, coll)),
+                     linear_out)
+            if len(self._span_memo) < MEMO_ENTRIES:
+                self._span_memo[num_seqs] = terms
+        return terms
 
     def _count_span(self, num_seqs: int, mean_ctx: np.ndarray, linear_out: bool) -> None:
         """Count a decode span's extrapolated steps as step_time_s would, step by step."""

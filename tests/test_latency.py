@@ -286,6 +286,7 @@ def test_pricing_memos_stay_bounded_and_change_no_result(monkeypatch):
     got = [(capped.step_time_s(*s), capped.step_breakdown_ms(*s)) for s in shapes]
     got_spans = [capped.decode_span_times_s(n, n * 300 + n * np.arange(5)) for n in range(1, 40)]
     assert got == want and all(np.array_equal(a, b) for a, b in zip(got_spans, want_spans, strict=True))
-    assert len(capped._fixed_memo) == 5 and len(capped.decode._by_a) == 5 and len(capped.decode._rows_by_a) == 3
+    assert len(capped._fixed_memo) == 5 and len(capped._span_memo) == 5
+    assert len(capped.decode._by_a) == 5 and len(capped.decode._rows_by_a) == 3
     assert (capped.extrapolated.steps, capped.extrapolated.tables) == (free.extrapolated.steps,
                                                                        free.extrapolated.tables)
