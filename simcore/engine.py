@@ -33,7 +33,6 @@ from simcore.request import Request
 from simcore.span import (
     SpanShape,
     boundaries,
-    decode_span_times_s,
     decode_step_fixed_ms,
     delay_to,
     internal_slots,
@@ -168,8 +167,8 @@ class Engine:
     def _span_times(self, plan: StepPlan, shape: SpanShape, start: float) -> tuple[np.ndarray, np.ndarray]:
         """Durations and end times of steps 1..K of a decode span starting at `start`."""
         num_seqs = plan.num_decode_seqs
-        durations = decode_span_times_s(
-            self.latency, num_seqs, plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
+        durations = self.latency.decode_span_times_s(
+            num_seqs, plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
         )
         return durations, boundaries(start, durations)
 

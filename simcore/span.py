@@ -47,31 +47,28 @@ class SpanShape:
     used_blocks: int = 0  # GPU blocks in use after step 1's appends (set by the policy)
 
 
+def _constant(key: tuple, length: int, build) -> np.ndarray:
+    """The first `length` values of a constant array, built once (`build(n)`, n >= length) and
+    handed out as views: read-only, so no caller can change it for the next."""
+    cached = _CONSTANTS.get(key)
+    if cached is None or len(cached) < length:
+        cached = _CONSTANTS[key] = build(max(length, MAX_SPAN_STEPS))
+        cached.flags.writeable = False
+    return cached[:length]
+
+
+_CONSTANTS: dict[tuple, np.ndarray] = {}
+
+
 def _step_residues(block_size: int, num_steps: int) -> np.ndarray:
-    """k % block_size for k = 1..num_steps (a view of an array built once per block size)."""
-    cached = _STEP_RESIDUES.get(block_size)
-    if cached is None or len(cached) < num_steps:
-        cached = _STEP_RESIDUES[block_size] = _frozen(np.arange(1, max(num_steps, MAX_SPAN_STEPS) + 1) % block_size)
-    return cached[:num_steps]
+    """k % block_size for k = 1..num_steps."""
+    return _constant(("residues", block_size), num_steps, lambda n: np.arange(1, n + 1) % block_size)
 
 
 def _first_step_weights(block_size: int) -> np.ndarray:
     """(r - 2) % block_size for r = 0..block_size-1: a request with (1 - c) % bs == r has
     (-(c + 1)) % bs unfilled slots in its last block after step 1."""
-    cached = _FIRST_STEP_WEIGHTS.get(block_size)
-    if cached is None:
-        cached = _FIRST_STEP_WEIGHTS[block_size] = _frozen((np.arange(block_size) - 2) % block_size)
-    return cached
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    """A cached array handed out as views: read-only, so no caller can change it for the next."""
-    array.flags.writeable = False
-    return array
-
-
-_STEP_RESIDUES: dict[int, np.ndarray] = {}
-_FIRST_STEP_WEIGHTS: dict[int, np.ndarray] = {}
+    return _constant(("weights", block_size), block_size, lambda n: (np.arange(block_size) - 2) % block_size)
 
 
 def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, free_blocks: int,
@@ -99,22 +96,8 @@ def internal_slots(shape: SpanShape, num_seqs: int, block_size: int, num_steps: 
 
 
 def step_offsets(num_steps: int) -> np.ndarray:
-    """0, 1, ..., num_steps - 1 (a view of one array built once)."""
-    global _OFFSETS
-    if len(_OFFSETS) < num_steps:
-        _OFFSETS = _frozen(np.arange(max(num_steps, MAX_SPAN_STEPS)))
-    return _OFFSETS[:num_steps]
-
-
-_OFFSETS = np.arange(0)
-
-
-def decode_span_times_s(latency: StepLatencyModel, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
-    """Seconds of each decode-only step of a span (`num_seqs` sequences, their context sum per
-    step), priced by `StepLatencyModel.decode_span_times_s`, which counts extrapolated steps per
-    step and per table exactly as step-by-step pricing counts them. Called through the model's
-    attribute, so a run that wraps the method (profiles.calibrate's probe) sees every span."""
-    return latency.decode_span_times_s(num_seqs, context_sums)
+    """0, 1, ..., num_steps - 1."""
+    return _constant(("offsets",), num_steps, np.arange)
 
 
 def decode_step_fixed_ms(latency: StepLatencyModel, num_seqs: int) -> tuple[float, float]:

@@ -206,7 +206,7 @@ class ContinuousPagedPolicy:
         return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
 
     def _num_seqs(self, running: list[ReqState]) -> int:
-        return len(running) + (self.groups.num_extra_seqs() if self.groups.active else 0)
+        return len(running) + self.groups.num_extra_seqs()
 
     def _swap_in(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> int:
         alloc, swapped = self.allocator, queues.swapped
@@ -358,12 +358,8 @@ class ContinuousPagedPolicy:
             # tokens), so the unfilled slots are allocated - computed tokens
             internal, saved = allocated - self._running_computed(plan, queues), 0
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
-        if groups.active:
-            for st in finished:
-                self._release(st)
-        else:
-            for st in finished:
-                alloc.free(st.request_id)
+        for st in finished:
+            self._release(st)
         return mem
 
     @staticmethod
