@@ -23,6 +23,8 @@ multi-sequence request preempted by recompute re-prefills one sequence and forks
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from simcore.block_pool import AllocStatus, PagedAllocator
@@ -97,7 +99,8 @@ class ContinuousPagedPolicy:
         budget = self.max_num_batched_tokens
         if self._decode_all(plan, queues, budget):
             budget -= plan.num_scheduled
-            if not queues.waiting and not queues.swapped:
+            if not queues.swapped:
+                self._admit_waiting(queues, plan, self._num_seqs(queues.running), budget)
                 return plan
             running = list(queues.running)  # this step's running set, as the plan changes it
         else:
@@ -107,7 +110,7 @@ class ContinuousPagedPolicy:
                 return plan if plan.num_scheduled else None
         budget = self._swap_in(queues, plan, running, budget)
         if len(plan.swapped_in) == len(queues.swapped):
-            self._admit_waiting(queues, plan, running, budget)
+            self._admit_waiting(queues, plan, self._num_seqs(running), budget)
         return plan if plan.num_scheduled else None
 
     def _new_plan(self) -> StepPlan:
@@ -239,7 +242,7 @@ class ContinuousPagedPolicy:
             return []
         return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
 
-    def _num_seqs(self, running: list[ReqState]) -> int:
+    def _num_seqs(self, running: Sequence[ReqState]) -> int:
         return len(running) + self.groups.num_extra_seqs()
 
     def _swap_in(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> int:
@@ -269,11 +272,12 @@ class ContinuousPagedPolicy:
             budget -= num_new * k
         return budget
 
-    def _admit_waiting(self, queues: Queues, plan: StepPlan, running: list[ReqState], budget: int) -> None:
+    def _admit_waiting(self, queues: Queues, plan: StepPlan, num_seqs: int, budget: int) -> None:
+        """Waiting requests in order while the budget, `max_num_seqs` (`num_seqs` already
+        scheduled or running) and the blocks allow; chunked when the budget ends in a prompt."""
         if not queues.waiting:
             return
         alloc = self.allocator
-        num_seqs = self._num_seqs(running)
         for st in queues.waiting:
             if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
                 break
@@ -289,13 +293,10 @@ class ContinuousPagedPolicy:
                 num_new = budget
             if not alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks]):
                 break
-            num_seqs += self._take_admitted(plan, running, st, num_new, num_cached, bool(hashes))
+            num_seqs += self._take_admitted(plan, st, num_new, num_cached, bool(hashes))
             budget -= num_new
 
-    def _take_admitted(
-        self, plan: StepPlan, running: list[ReqState], st: ReqState, num_new: int, num_cached: int,
-        shares_prefix: bool,
-    ) -> int:
+    def _take_admitted(self, plan: StepPlan, st: ReqState, num_new: int, num_cached: int, shares_prefix: bool) -> int:
         """Count its prefix-cache hit, admit and schedule a request whose slots are allocated;
         returns the sequences it adds to the step."""
         self.prefix_query_tokens += st.num_tokens if shares_prefix else 0
@@ -304,7 +305,6 @@ class ContinuousPagedPolicy:
             self._seq_index = np.concatenate([self._seq_index, np.zeros(st.slot + 1, dtype=np.int64)])
         self._seq_index[st.slot] = self.allocator.seq_index(st.request_id)
         plan.admit(st, num_cached)
-        running.append(st)
         self._add(plan, st, num_new, 1, num_cached)
         return group_width(st)
 

@@ -57,23 +57,30 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
         return ""
 
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
-        running = list(queues.running)
         plan = self._new_plan()
-        if not queues.swapped:
-            self._schedule_prefills(queues, plan, running)
+        if not queues.swapped and queues.waiting:
+            self._schedule_prefills(queues, plan, self._num_seqs(queues.running))
             if plan.num_scheduled:
                 return plan
-        budget = self._schedule_running(plan, running, self.max_num_batched_tokens, queues)
-        if not plan.num_preempted:
-            self._swap_in(queues, plan, running, budget)
+        budget = self.max_num_batched_tokens
+        if self._decode_all(plan, queues, budget):  # the common decode step
+            if not queues.swapped:
+                return plan
+            budget -= plan.num_scheduled
+            running = list(queues.running)  # this step's running set, as the plan changes it
+        else:
+            running = list(queues.running)
+            budget = self._schedule_running(plan, running, budget, queues)
+            if plan.num_preempted:
+                return plan if plan.num_scheduled else None
+        self._swap_in(queues, plan, running, budget)
         return plan if plan.num_scheduled else None
 
-    def _schedule_prefills(self, queues: Queues, plan: StepPlan, running: list[ReqState]) -> None:
-        if not queues.waiting:
-            return
+    def _schedule_prefills(self, queues: Queues, plan: StepPlan, num_seqs: int) -> None:
+        """Whole waiting prompts in order while the budget, `max_num_seqs` (`num_seqs` running)
+        and the blocks above the watermark allow."""
         alloc = self.allocator
         budget = self.max_num_batched_tokens
-        num_seqs = self._num_seqs(running)
         for st in queues.waiting:
             num_tokens = st.num_tokens
             # the budget and sequence checks come first here (vLLM checks blocks first): each
@@ -93,5 +100,5 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
             num_new = num_tokens - num_cached
             ok = alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks])
             assert ok, "the watermark check left room"
-            num_seqs += self._take_admitted(plan, running, st, num_new, num_cached, bool(hashes))
+            num_seqs += self._take_admitted(plan, st, num_new, num_cached, bool(hashes))
             budget -= num_tokens  # V0 counts the whole prompt against the budget
