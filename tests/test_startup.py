@@ -193,6 +193,16 @@ def test_shipped_azure_traces_are_read_without_pandas_exactly(kind):
     "TIMESTAMP,ContextTokens,GeneratedTokens\n",  # header only
     "arrival_s,num_prompt_tokens,num_output_tokens\n0.5,3,4\n",  # fractional seconds
     "arrival_s,num_prompt_tokens,num_output_tokens,prefix_id\n0,3,4,\n",  # optional column (blanks)
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.,3,4\n",  # a "." without digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1234567890,3,4\n",  # ten fraction digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16_18:15:47,3,4\n",  # not " " / "T"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023/11/16 18:15:46,3,4\n",  # not "-"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.12a,3,4\n",  # a letter in the fraction
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:4,3,4\n",  # mixed, short
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,00000000000000003,4\n",  # 17 digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4/\n",  # "/" is just below "0"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4:\n",  # ":" is just above "9"
+    "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,3\n",  # short row, cell count still divides
 ])
 def test_unusual_files_are_left_to_pandas(tmp_path, text):
     path = tmp_path / "t.csv"
@@ -205,6 +215,8 @@ def test_unusual_files_are_left_to_pandas(tmp_path, text):
     "GeneratedTokens,x,TIMESTAMP,ContextTokens\n5,a b,2023-11-16T00:00:00.000000001,3\n5,,2023-11-17 00:00:00,1\n",
     " TIMESTAMP , ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,1,1\n2023-01-01 00:00:00,2,9007199254740992",
     "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,5,6\n17,1,1\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:15:46,3,4\n2023-11-16 18:15:47,0012,4503599627370496\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.123456789,3,4\n2023-11-16 18:15:46.2,5,6\n",
 ])
 def test_plain_files_read_as_pandas_reads_them(tmp_path, text):
     path = tmp_path / "t.csv"
@@ -253,3 +265,28 @@ def test_read_trace_uses_the_fast_reader_and_still_words_errors(tmp_path):
     with pytest.raises(WorkloadError, match="line 3: arrival_s '0' is earlier than the previous row's '2'"):
         traces.read_trace(bad)
     assert np.array_equal(trace.num_prompt_tokens, [3, 5])
+
+
+# --- the committed profile found without a Path per file ------------------------------------------
+
+
+def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
+    from profiles.lookup import PROFILE_DIR, find_profile_path
+
+    def by_glob(gpu, model, tp, directory):
+        wanted = f"{gpu}-{model}-tp{tp}.json".lower()
+        return next((p for p in sorted(directory.glob("*.json")) if p.name.lower() == wanted), None)
+
+    for name in ("b-M-tp2.json", "B-m-tp2.json", "b-m-tp2.JSON", "b-m-tp4.json.bak", "a-m-tp1.json"):
+        (tmp_path / name).write_text("{}")
+    cases = [("b", "m", 2), ("B", "M", 2), ("a", "m", 1), ("b", "m", 4), ("c", "m", 1)]
+    for gpu, model, tp in cases:
+        assert find_profile_path(gpu, model, tp, directory=tmp_path) == by_glob(gpu, model, tp, tmp_path)
+    assert find_profile_path("b", "m", 2, directory=tmp_path).name == "B-m-tp2.json"
+    assert find_profile_path("b", "m", 2, directory=tmp_path / "missing") is None
+    for path in PROFILE_DIR.glob("*GB-*-tp*.json"):  # every committed GPU profile, its GPU name in capitals
+        gpu, _, rest = path.stem.partition("GB-")
+        gpu += "GB"
+        model, _, tp = rest.rpartition("-tp")
+        found = find_profile_path(gpu.upper(), model, int(tp), directory=PROFILE_DIR)
+        assert found == path, path
