@@ -31,6 +31,7 @@ from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
 from simcore.step import DecodeRun, StepPlan
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
+_ONE = np.ones((), dtype=np.int64)  # one token, as a 0-d array (see `_emit_run`)
 
 
 class Lifecycle:
@@ -172,7 +173,7 @@ class Lifecycle:
         parts = plan.parts
         if times_s is None and len(parts) == 1 and type(parts[0]) is not tuple:  # a decode-only step
             finished: list[ReqState] = []
-            self._add_itls(self._emit_run(parts[0], now, finished))
+            self.itl.extend(self._emit_run(parts[0], now, finished))
             return finished
         store = self.store
         times = None if times_s is None else np.asarray(times_s, dtype=np.float64)
@@ -216,15 +217,17 @@ class Lifecycle:
     def _emit_run(self, run: DecodeRun, ts: float | np.ndarray, finished: list[ReqState]) -> np.ndarray:
         """One token for every request of a run of plain decodes (num_tokens == num_computed_tokens
         + 1), stamped `ts`; appends those that emitted their last token to `finished` and returns
-        the run's inter-token gaps."""
+        the run's inter-token gaps. (Its scalars are 0-d arrays: numpy combines two arrays faster
+        than an array and a Python number; the same values.)"""
         store = self.store
         slots = run.slots
         last = store.last_token
+        ts = np.asarray(ts)
         gaps = ts - last[slots]
         last[slots] = ts
-        store.computed[slots] = run.computed + 1
+        store.computed[slots] = run.computed + _ONE
         generated = store.generated[slots]
-        generated += 1
+        generated += _ONE
         store.generated[slots] = generated
         done = (generated >= store.target[slots]).nonzero()[0]
         if len(done):
