@@ -96,8 +96,21 @@ class Engine:
 
     # -- RequestSink ---------------------------------------------------------------------
     def submit(self, request: Request, arrival_s: float | None = None) -> simpy.Event:
+        """Queue (or reject) the request; the event succeeds when it leaves (a closed-loop client
+        waits on it)."""
+        done = self.env.event()
+        self._accept(request, arrival_s, done)
+        return done
+
+    def send(self, request: Request, arrival_s: float | None = None) -> None:
+        """`submit` for a caller that never waits (an open loop): no completion event is made, so
+        none is scheduled and processed when the request leaves (an event nobody waits on
+        changes nothing: the others keep their times and order)."""
+        self._accept(request, arrival_s, None)
+
+    def _accept(self, request: Request, arrival_s: float | None, done: simpy.Event | None) -> None:
         life = self.lifecycle
-        st = life.arrive(request, arrival_s)
+        st = life.arrive(request, arrival_s, done)
         if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
             reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
         else:
@@ -106,9 +119,9 @@ class Engine:
             life.reject(st, reason)
         else:
             life.enqueue(st)
-            if self._wakeup is not None and not self._wakeup.triggered:
-                self._wakeup.succeed()
-        return st.done
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.triggered:
+                wakeup.succeed()
 
     # -- the step loop ---------------------------------------------------------------------
     def run(self):
