@@ -185,24 +185,28 @@ class Lifecycle:
         finished: list[ReqState] = []
         pieces: list[np.ndarray] = []  # ITLs, in order
         gaps: list[float] = []  # ITLs of single requests since the last DecodeRun
+        # a single request's counters, read and written in its slot through the store's
+        # memoryviews (what the ReqState properties do, without a property call per access)
+        computed_mv, generated_mv, last_mv = store.computed_mv, store.generated_mv, store.last_token_mv
         for part in plan.parts:
             if type(part) is tuple:
                 st, num_new = part
                 t = now if times is None else float(times[k])
                 k += 1
-                st.num_computed_tokens = computed = st.num_computed_tokens + num_new
-                if computed == st.num_tokens:
-                    generated = st.num_generated
+                slot = st.slot
+                assert slot >= 0, "a queued or running request holds a store slot"
+                computed_mv[slot] = computed = computed_mv[slot] + num_new
+                generated = generated_mv[slot]
+                if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
                     if generated:
-                        gaps.append(t - st.last_token_s)
+                        gaps.append(t - last_mv[slot])
                     else:
                         st.first_token_s = t
-                    st.last_token_s = t
-                    st.num_generated = generated = generated + 1  # num_tokens grows with it
-                    if generated >= st.num_output_target:
+                    last_mv[slot] = t
+                    generated_mv[slot] = generated = generated + 1  # num_tokens grows with it
+                    if generated >= store.target_mv[slot]:
                         finished.append(st)
-                if st.slot >= 0:
-                    store.mark(st)
+                store.mark(st)
                 continue
             num = len(part.slots)
             ts = now if times is None else times[k:k + num]
