@@ -21,6 +21,7 @@ against (tests/test_fastpath_equivalence.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 
 import numpy as np
 import simpy
@@ -96,8 +97,21 @@ class Engine:
 
     # -- RequestSink ---------------------------------------------------------------------
     def submit(self, request: Request, arrival_s: float | None = None) -> simpy.Event:
+        """Queue (or reject) the request; the event succeeds when it leaves (a closed-loop client
+        waits on it)."""
+        done = self.env.event()
+        self._accept(request, arrival_s, done)
+        return done
+
+    def send(self, request: Request, arrival_s: float | None = None) -> None:
+        """`submit` for a caller that never waits (an open loop): no completion event is made, so
+        none is scheduled and processed when the request leaves (an event nobody waits on
+        changes nothing: the others keep their times and order)."""
+        self._accept(request, arrival_s, None)
+
+    def _accept(self, request: Request, arrival_s: float | None, done: simpy.Event | None) -> None:
         life = self.lifecycle
-        st = life.arrive(request, arrival_s)
+        st = life.arrive(request, arrival_s, done)
         if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
             reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
         else:
@@ -106,9 +120,9 @@ class Engine:
             life.reject(st, reason)
         else:
             life.enqueue(st)
-            if self._wakeup is not None and not self._wakeup.triggered:
-                self._wakeup.succeed()
-        return st.done
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.triggered:
+                wakeup.succeed()
 
     # -- the step loop ---------------------------------------------------------------------
     def run(self):
@@ -138,7 +152,8 @@ class Engine:
                 durations, ends = self._span_times(plan, shape, start)
                 k = shape.num_steps
                 end = float(ends[-1])
-                if life.waiting:  # its head cannot be admitted before the span ends; arrivals queue behind it
+                num_waiting = len(life.waiting)
+                if num_waiting:  # its head cannot be admitted before the span ends; arrivals queue behind it
                     yield env.timeout(delay_to(start, end))
                 else:  # an arrival is planned for at the first step boundary at or after it
                     wakeup = self._wakeup = env.event()
@@ -148,7 +163,7 @@ class Engine:
                         k = int(ends.searchsorted(env.now, side="left")) + 1
                         if ends[k - 1] > env.now:
                             yield env.timeout(delay_to(env.now, float(ends[k - 1])))
-                start, dt = self._apply_span(plan, shape, start, durations, ends, k)
+                start, dt = self._apply_span(plan, shape, start, durations, ends, k, num_waiting)
             else:
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
@@ -173,10 +188,11 @@ class Engine:
         return durations, boundaries(start, durations)
 
     def _apply_span(self, plan: StepPlan, shape: SpanShape, start: float, durations: np.ndarray,
-                    ends: np.ndarray, k: int) -> tuple[float, float]:
+                    ends: np.ndarray, k: int, num_waiting: int) -> tuple[float, float]:
         """Steps 1..k of a decode span were waited out: apply steps 1..k-1 in bulk (KV, tokens,
         one step-table row) and advance `plan` to step k, which the caller finishes like a
-        single step; returns step k's start and duration."""
+        single step; returns step k's start and duration. `num_waiting`: the queue's length
+        when the span started."""
         life = self.lifecycle
         self.policy.extend_span(plan, k)
         if k > 1:
@@ -190,12 +206,23 @@ class Engine:
             span_durations = durations[:n]
             span_ms = float(span_durations.sum()) * 1000.0
             costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
-            self.recorder.record_span(start, span_durations, plan, allocated, internal,
-                                      len(life.running), len(life.waiting), len(life.swapped), costs)
+            self.recorder.record_span(start, span_durations, plan, allocated, internal, len(life.running),
+                                      self._waiting_at(num_waiting, float(ends[n - 1])), len(life.swapped), costs)
             start = float(ends[n - 1])
             # the plan now describes step k: every sequence attends to n more tokens
             plan.decode_context_tokens += n * num_seqs
         return start, float(durations[k - 1])
+
+    def _waiting_at(self, num_waiting: int, t: float) -> int:
+        """Requests waiting at the end of a span's step that ended at `t`, as a step-by-step run
+        records it: the `num_waiting` of the span's start and those that arrived by `t` (a
+        span that started with an empty queue ends at the first boundary after an arrival, so
+        none did; one with a waiting head may have arrivals queued behind it, at the tail)."""
+        waiting = self.lifecycle.waiting
+        new = len(waiting) - num_waiting
+        if not num_waiting or not new:
+            return num_waiting
+        return num_waiting + sum(1 for st in islice(reversed(waiting), new) if st.request.arrival_s <= t)
 
 
 def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:

@@ -55,6 +55,7 @@ class Lifecycle:
         self.itl = Samples()
         self.store = SlotStore()  # counters of queued and running requests, by slot
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
+        self._run_slots_mv = memoryview(self._run_slots)  # the same, for scalar writes and shifts
         self.num_done = 0  # finished + rejected
         self._progress = progress
 
@@ -74,17 +75,18 @@ class Lifecycle:
         st.status = to
 
     # -- arrival -----------------------------------------------------------------------------
-    def arrive(self, request: Request, arrival_s: float | None = None) -> ReqState:
+    def arrive(self, request: Request, arrival_s: float | None = None, done: simpy.Event | None = None) -> ReqState:
         """A new request, stamped with its arrival time (now, or the earlier time it was planned
-        for when the workload held it back behind a long queue); not queued yet."""
+        for when the workload held it back behind a long queue); not queued yet. `done`, when
+        someone waits for the request, succeeds as it leaves."""
         now = request.arrival_s = self.env.now if arrival_s is None else arrival_s
-        st = ReqState(request, self.env.event(), self.max_model_len)
+        st = ReqState(request, done, self.max_model_len)
         self.num_arrived += 1
         self.records.arrive(now)
         return st
 
     def enqueue(self, st: ReqState) -> None:
-        assert st.status == RequestStatus.WAITING and st.num_computed_tokens == 0
+        assert st.status == RequestStatus.WAITING and st.slot < 0, "a new request is queued once"
         self.store.attach(st)
         self.waiting.append(st)
 
@@ -96,7 +98,8 @@ class Lifecycle:
         running = self.running
         if len(running) == len(self._run_slots):
             self._run_slots = np.concatenate([self._run_slots, np.zeros_like(self._run_slots)])
-        self._run_slots[len(running)] = st.slot
+            self._run_slots_mv = memoryview(self._run_slots)
+        self._run_slots_mv[len(running)] = st.slot
         running.append(st)
 
     def _unrun(self, st: ReqState) -> None:
@@ -106,14 +109,15 @@ class Lifecycle:
             return
         i = running.index(st)
         del running[i]
-        slots = self._run_slots
-        slots[i : len(running)] = slots[i + 1 : len(running) + 1].copy()
+        slots = self._run_slots_mv  # a memoryview copies overlapping slices correctly, and fast
+        slots[i : len(running)] = slots[i + 1 : len(running) + 1]
 
     def reject(self, st: ReqState, reason: str) -> None:
         assert reason, "a rejection needs a reason"
         self._move(st, RequestStatus.REJECTED)
         st.reject_reason = reason
         self._leave(st)
+        self.itl.settle()
 
     # -- the transitions a plan asks for -----------------------------------------------------
     def begin_step(self, plan: StepPlan, now: float) -> None:
@@ -270,6 +274,7 @@ class Lifecycle:
             self._move(st, RequestStatus.FINISHED)
             st.finish_s = st.last_token_s if now is None else now
             self._leave(st)
+        self.itl.settle()
         self._drop_finished(finished)
 
     def _drop_finished(self, finished: list[ReqState]) -> None:
@@ -288,9 +293,10 @@ class Lifecycle:
             store.detach(st)
 
     def _leave(self, st: ReqState) -> None:
-        """The request's row goes to the records; nothing here keeps the object."""
-        st.done.succeed()
-        self.itl.settle()
+        """The request's row goes to the records; nothing here keeps the object. (The caller
+        settles the pooled ITLs once, so their buffer stays bounded.)"""
+        if st.done is not None:
+            st.done.succeed()
         self.records.leave(st, self.replica)
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:

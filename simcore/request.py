@@ -39,6 +39,10 @@ class RequestSink(Protocol):
         takes `submit(request, arrival_s)` for a request its `hold_arrivals` delayed."""
         ...
 
+    # A sink may also offer `send(request[, arrival_s]) -> None`: `submit` without the completion
+    # event, for a caller that never waits (an open loop; see `Engine.send`). Optional, so it is
+    # not part of the protocol; workloads.arrivals falls back to `submit`.
+
 
 class Workload(Protocol):
     """A description of traffic that can start its SimPy arrival process."""

@@ -37,3 +37,7 @@ class Router:
 
     def submit(self, request: Request) -> simpy.Event:
         return self._pick().submit(request)
+
+    def send(self, request: Request) -> None:
+        """`submit` without a completion event (an open loop never waits; see `Engine.send`)."""
+        self._pick().send(request)

@@ -36,7 +36,7 @@ class SlotStore:
     """The token counters and last-token time of every admitted, unfinished request, as numpy
     columns indexed by the request's slot, so a step updates a whole batch in a few array
     operations (simcore.lifecycle) instead of one Python attribute write per token. A slot is
-    taken at first admission and given back when the request leaves; slots are reused.
+    taken when the request is queued and given back when it leaves; slots are reused.
 
     Scalar access (a request on a rare path) goes through memoryviews (`*_mv`), which read and
     write Python ints / floats directly. Columns are replaced when the store grows: read them
@@ -68,13 +68,15 @@ class SlotStore:
             setattr(self, name, grown)
         self.computed_mv, self.generated_mv = memoryview(self.computed), memoryview(self.generated)
         self.target_mv, self.last_token_mv = memoryview(self.target), memoryview(self.last_token)
+        self.rid_mv = memoryview(self.rid)
         self.simple_mv, self.plain_mv = memoryview(self.simple), memoryview(self.plain)
         self.by_slot.extend([None] * (capacity - old))
         self._free.extend(range(capacity - 1, old - 1, -1))
         self.capacity = capacity
 
     def attach(self, st: ReqState) -> None:
-        """Move the request's counters into a free slot; they live there until `detach`."""
+        """Move a newly queued request's counters into a free slot; they live there until
+        `detach`. It has generated nothing yet, so it is not `plain`."""
         if not self._free:
             self._grow(2 * self.capacity)
         slot = self._free.pop()
@@ -82,12 +84,12 @@ class SlotStore:
         self.generated_mv[slot] = st._generated
         self.target_mv[slot] = st._target
         self.last_token_mv[slot] = st._last_token_s
-        self.rid[slot] = st.request_id
+        self.rid_mv[slot] = st.request_id
         req = st.request
         self.simple_mv[slot] = req.n == 1 and req.beam_width == 1
+        self.plain_mv[slot] = False
         self.by_slot[slot] = st
         st._store, st.slot = self, slot
-        self.mark(st)
 
     def mark(self, st: ReqState) -> None:
         """Recompute the request's `plain` flag after its counters changed one by one."""
@@ -128,17 +130,15 @@ class ReqState:
         "reject_reason", "done", "slot", "_store",
     )
 
-    def __init__(self, request: Request, done: simpy.Event, max_model_len: int):
+    def __init__(self, request: Request, done: simpy.Event | None, max_model_len: int):
         self.request = request
         self.request_id = request.request_id
-        self.status = RequestStatus.WAITING
-        self.num_prompt_tokens = request.num_prompt_tokens
-        self.slot = -1  # no SlotStore slot until admitted
+        self.status = _W
+        self.num_prompt_tokens = prompt = request.num_prompt_tokens
+        self.slot = -1  # no SlotStore slot until queued
         self._store: SlotStore | None = None
         # vLLM stops a sequence at max_model_len (finish reason "length").
-        self._target = max(
-            1, min(request.num_output_tokens, max_model_len - request.num_prompt_tokens)
-        )
+        self._target = max(1, min(request.num_output_tokens, max_model_len - prompt))
         self._computed = 0  # tokens whose KV is written, <= num_tokens
         self._generated = 0  # output tokens emitted so far
         self.first_scheduled_s = -1.0  # first admission; kept across preemptions
@@ -147,7 +147,7 @@ class ReqState:
         self.finish_s = -1.0
         self.num_preemptions = 0
         self.reject_reason = ""
-        self.done = done  # succeeds when the request leaves (finished or rejected)
+        self.done = done  # succeeds when the request leaves (finished or rejected); None: nobody waits
 
     @property
     def num_computed_tokens(self) -> int:

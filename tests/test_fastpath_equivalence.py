@@ -124,7 +124,38 @@ def _compare(config: EngineConfig, requests: list, seed: int, context: str):
     for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # span rows sum their steps
         assert fast.steps[col].sum() == pytest.approx(exact.steps[col].sum(), rel=1e-9), (context, col)
     assert fast.steps["num_steps"].sum() == len(exact.steps), context
+    _same_steps(fast.steps, exact.steps, context)
     return fast, exact
+
+
+# a step's own counts: a span row (num_steps > 1) has the same value in each of its steps
+PER_STEP = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_running", "num_swapped",
+            "num_preempted", "num_swap_blocks")
+
+
+def _same_steps(fast, exact, context: str) -> None:
+    """The fast step table, its rows expanded to one per step, against the reference's: every
+    per-step count equal at every step; the KV columns (a row's are those after its last step)
+    and start times (within TIME_TOL_S) equal at the rows' ends and starts. `num_waiting` too, except that a span
+    whose queue was not empty keeps, for its earlier steps, the count after its last step
+    (arrivals queue behind a head that waits anyway), which is at least theirs."""
+    if "replica" in fast:  # replica by replica, each in step order
+        for replica in exact["replica"].unique():
+            _same_steps(fast[fast["replica"] == replica].drop(columns="replica"),
+                        exact[exact["replica"] == replica].drop(columns="replica"), f"{context}, replica {replica}")
+        return
+    counts = fast["num_steps"].to_numpy()
+    last = np.cumsum(counts) - 1
+    for col in PER_STEP:
+        same = np.repeat(fast[col].to_numpy(), counts) == exact[col].to_numpy()
+        assert same.all(), f"{context}: steps.{col} differs at steps {np.flatnonzero(~same)[:5].tolist()}"
+    waiting = np.repeat(fast["num_waiting"].to_numpy(), counts)
+    assert (waiting >= exact["num_waiting"].to_numpy()).all(), f"{context}: num_waiting"
+    for col in ("num_waiting", *(c for c in exact.columns if c.startswith("kv_"))):
+        same = fast[col].to_numpy() == exact[col].to_numpy()[last]
+        assert same.all(), f"{context}: steps.{col} differs at rows {np.flatnonzero(~same)[:5].tolist()}"
+    starts = exact["start_s"].to_numpy()[last - counts + 1]
+    assert np.allclose(fast["start_s"].to_numpy(), starts, rtol=0.0, atol=TIME_TOL_S), context
 
 
 @pytest.mark.parametrize("block", range(8))

@@ -256,7 +256,8 @@ def open_loop_process(
     env: simpy.Environment, sink: RequestSink, chunks: Iterable[tuple[list[Request], np.ndarray]]
 ) -> Generator[simpy.Event, Any, None]:
     """Submit each request at its planned time (seconds after the process starts), one chunk of
-    (requests, arrival_s) at a time: one timeout per distinct time.
+    (requests, arrival_s) at a time: one timeout per distinct time. Nothing waits for a
+    request to finish, so a sink's `send` (no completion event) is used when it has one.
 
     A sink with `hold_arrivals` (one engine; see `Engine.hold_arrivals`) may hold the stream back
     while its queue is very long; held requests are submitted later with their planned times,
@@ -264,6 +265,7 @@ def open_loop_process(
     start = env.now
     previous = start
     hold = getattr(sink, "hold_arrivals", None)
+    send = getattr(sink, "send", sink.submit)  # an open loop never waits: no completion event
     late = False  # submitting what a hold delayed: planned times already past keep their stamp
     for requests, arrival_s in chunks:
         for request, at in zip(requests, (start + arrival_s).tolist(), strict=True):
@@ -276,9 +278,9 @@ def open_loop_process(
                 yield drained
                 late = True
             if late:
-                sink.submit(request, at)
+                send(request, at)
             else:
-                sink.submit(request)
+                send(request)
 
 
 def closed_loop_process(

@@ -99,23 +99,13 @@ class RequestArrays:
         count = len(self.num_prompt_tokens)
         arrivals = self.arrival_s.tolist() if self.arrival_s is not None else [0.0] * count
         prefix_ids = [None if p < 0 else p for p in self.prefix_id.tolist()]
-        return [
-            Request(i, a, p, o, m, n, b, pid, k)
-            for i, (a, p, o, m, n, b, pid, k) in enumerate(
-                zip(
-                    arrivals,
-                    self.num_prompt_tokens.tolist(),
-                    self.num_output_tokens.tolist(),
-                    self.max_tokens.tolist(),
-                    self.n.tolist(),
-                    self.beam_width.tolist(),
-                    prefix_ids,
-                    self.num_prefix_tokens.tolist(),
-                    strict=True,
-                ),
-                start=self.first_id,
-            )
-        ]
+        columns = (
+            arrivals, self.num_prompt_tokens.tolist(), self.num_output_tokens.tolist(), self.max_tokens.tolist(),
+            self.n.tolist(), self.beam_width.tolist(), prefix_ids, self.num_prefix_tokens.tolist(),
+        )
+        assert all(len(c) == count for c in columns), "one value per request in every column"
+        # map calls the class with each row's fields directly (no tuple per row to unpack)
+        return list(map(Request, range(self.first_id, self.first_id + count), *columns))
 
 
 GenerationChunks = Generator[RequestArrays, None, GenerationStats]

@@ -1,0 +1,114 @@
+"""What every request pays once (issue 10): an open loop sends requests without a completion
+event, the running list's slot column shifts without numpy temporaries, and a chunk of requests
+is built in one call. Each cut must leave the run unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+
+from simcore.catalog import GPUS, MODELS
+from simcore.lifecycle import Lifecycle
+from simcore.request import Request
+from simcore.simulate import prepare
+from simcore.specs import EngineConfig
+from tests.helpers import flat_profile, req
+from workloads.arrivals import GammaArrivals
+from workloads.lengths import Categorical, Uniform
+from workloads.spec import RequestArrays, SharedPrefix, WorkloadSpec
+
+TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
+
+
+class CountingEnv(simpy.Environment):
+    """Counts the events scheduled (every one is processed once by `run`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_scheduled = 0
+
+    def schedule(self, event, priority=1, delay=0):
+        self.num_scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+def _open_loop(monkeypatch, waits: bool, dp: int = 1):
+    """300 Poisson requests on the tiny model, queueing behind 8 slots. `waits`: every request
+    is submitted with a completion event that something waits on (as a closed loop would)."""
+    workload = WorkloadSpec(name="open", num_requests=300, arrival=GammaArrivals(rate=300.0),
+                            prompt_len=Uniform(4, 60), output_len=Uniform(2, 40))
+    cfg = EngineConfig(max_model_len=128, max_num_seqs=8, block_size=4, data_parallel_size=dp)
+    monkeypatch.setattr(simpy, "Environment", CountingEnv)
+    sim = prepare(TINY, H100, cfg, workload, flat_profile(), seed=3)
+    env = sim.env
+    assert isinstance(env, CountingEnv)
+    finishes = []
+    if waits:
+        for engine in sim.engines:
+            def send(request, arrival_s=None, submit=engine.submit):
+                done = submit(request, arrival_s)
+                done.callbacks.append(lambda _e, rid=request.request_id: finishes.append((rid, env.now)))
+
+            engine.send = send
+    return sim.run(), env.num_scheduled, finishes
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_an_open_loop_makes_no_completion_events_and_the_run_is_the_same(monkeypatch, dp):
+    sent, sent_events, _ = _open_loop(monkeypatch, waits=False, dp=dp)
+    waited, waited_events, finishes = _open_loop(monkeypatch, waits=True, dp=dp)
+    assert sent.summary == waited.summary
+    a, b = sent.requests, waited.requests
+    assert a.equals(b)
+    assert sent.steps.equals(waited.steps)
+    # the waited run processes one completion event per request, each when its request left
+    assert waited_events - sent_events == len(a) == 300
+    left = dict(zip(a["request_id"], a["finish_s"], strict=True))
+    assert all(left[rid] == now for rid, now in finishes) and len(finishes) == 300
+
+
+def test_running_slots_follow_running_through_random_removals():
+    rng = np.random.default_rng(5)
+    life = Lifecycle(simpy.Environment(), max_model_len=4096)
+    states = []
+    for i in range(400):
+        st = life.arrive(req(i, 0.0, 8, 4))
+        life.enqueue(st)
+        states.append(st)
+    peak = 0
+    for step in range(400):  # mostly admissions first (the column grows past 64), then mixed
+        if life.waiting and (not life.running or rng.random() < (0.9 if step < 100 else 0.5)):
+            life.admit(life.waiting[0], now=float(step))
+        else:  # a random running request leaves (first, last or middle)
+            st = life.running[int(rng.integers(len(life.running)))]
+            life._unrun(st)
+        assert life.running_slots().tolist() == [st.slot for st in life.running]
+        peak = max(peak, len(life.running))
+    assert peak > 64  # the slot column grew past its first size on the way
+
+
+@pytest.mark.parametrize("first_id", [0, 1000])
+def test_a_chunk_builds_the_same_requests_as_one_call_per_row(first_id):
+    spec = WorkloadSpec(name="mixed", num_requests=50, arrival=GammaArrivals(rate=5.0),
+                        prompt_len=Uniform(4, 60), output_len=Uniform(2, 40), max_tokens=30,
+                        n=Categorical((1, 2)), shared_prefix=SharedPrefix(3, 8, 0.5))
+    arrays = spec.generate(7)
+    arrays.first_id = first_id
+    built = arrays.to_requests()
+    expected = [
+        Request(first_id + i, float(arrays.arrival_s[i]), int(arrays.num_prompt_tokens[i]),
+                int(arrays.num_output_tokens[i]), int(arrays.max_tokens[i]), int(arrays.n[i]),
+                int(arrays.beam_width[i]), None if arrays.prefix_id[i] < 0 else int(arrays.prefix_id[i]),
+                int(arrays.num_prefix_tokens[i]))
+        for i in range(50)
+    ]
+    assert built == expected
+    assert {r.prefix_id for r in built} > {None} and {r.n for r in built} == {1, 2}
+    assert all(type(v) in (int, float, type(None)) for r in built for v in (r.arrival_s, r.prefix_id, r.n))
+
+
+def test_closed_loop_arrays_have_no_arrival_column():
+    arrays = RequestArrays(None, np.array([5, 6]), np.array([2, 3]), np.array([2, 3]), np.ones(2, int),
+                           np.ones(2, int), np.array([-1, -1]), np.zeros(2, int), None, {}, first_id=4)
+    assert [(r.request_id, r.arrival_s) for r in arrays.to_requests()] == [(4, 0.0), (5, 0.0)]
