@@ -25,11 +25,14 @@ Tables are interpolated piecewise-linearly in log-log space after being made mon
 a table are extrapolated along the edge segment and counted.
 
 `decode_span_times_s(num_seqs, context_sums)` prices a run of decode-only steps (same batch, the
-contexts' sum given per step) in one numpy call; it equals `step_time_s(num_seqs, [], num_seqs,
+contexts' sum given per step) in one call, a few numpy operations for the whole run; it equals `step_time_s(num_seqs, [], num_seqs,
 context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), and counts
 extrapolated steps as they would, so an engine may price a decode span without one Python call
 per step. Pricing is memoised (what depends only on a step's shape, a table's row blend per batch
 size): kept values are computed exactly as fresh ones, the memos are bounded (MEMO_ENTRIES).
+Every step and span is priced by the same floating-point operations in the same order whichever
+way it goes (a step's parts in one function, a short span's interpolation on Python floats):
+tests/test_latency.py compares them bit for bit with the formulas written out plainly.
 """
 
 from __future__ import annotations
