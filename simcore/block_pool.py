@@ -236,6 +236,10 @@ class PagedAllocator:
         self._ntok = np.zeros(0, dtype=np.int64)
         self._nt = memoryview(self._ntok)  # scalar access to _ntok (Python ints)
         self._free_idx: list[int] = []
+        self._seq_of_row: list[_SeqBlocks | None] = []  # the live sequence at each row of _ntok
+        # slots written over every sequence on the GPU (a shared block counted per sequence):
+        # with nothing shared, used blocks * block_size - this = unfilled slots of last blocks
+        self.num_gpu_tokens = 0
         self.num_cow_copies = 0  # blocks copied on write, for reporting
 
     def _new_seq(self, seq_id: int) -> _SeqBlocks:
@@ -245,13 +249,16 @@ class PagedAllocator:
             grown[:old] = self._ntok
             self._ntok, self._nt = grown, memoryview(grown)
             self._free_idx.extend(range(len(grown) - 1, old - 1, -1))
+            self._seq_of_row.extend([None] * (len(grown) - old))
         seq = self._seqs[seq_id] = _SeqBlocks(self._free_idx.pop())
         self._nt[seq.idx] = 0
+        self._seq_of_row[seq.idx] = seq
         return seq
 
     def _drop_seq(self, seq_id: int) -> _SeqBlocks:
         seq = self._seqs.pop(seq_id)
         self._free_idx.append(seq.idx)
+        self._seq_of_row[seq.idx] = None
         return seq
 
     def seq_index(self, seq_id: int) -> int:
@@ -293,6 +300,15 @@ class PagedAllocator:
         """
         assert seq_id not in self._seqs, "allocate_slots starts a new sequence"
         gpu = self.gpu
+        if not cached_hashes:  # nothing to adopt (the common admission): new blocks only
+            num_new_blocks = -(-num_new_tokens // self.block_size)
+            if num_new_blocks > gpu.num_free:
+                return False
+            seq = self._new_seq(seq_id)
+            seq.table = gpu.take_many(num_new_blocks)
+            self._nt[seq.idx] = num_new_tokens
+            self.num_gpu_tokens += num_new_tokens
+            return True
         if self.num_blocks_to_allocate(num_new_tokens, cached_hashes) > gpu.num_free:
             return False
         hits = [gpu.cached_hash_to_block[h] for h in cached_hashes]
@@ -304,6 +320,7 @@ class PagedAllocator:
             seq.table.append(block_id)
         seq.table.extend(gpu.take_many(num_new_blocks))
         self._nt[seq.idx] = num_cached_tokens + num_new_tokens
+        self.num_gpu_tokens += num_cached_tokens + num_new_tokens
         return True
 
     def cache_full_blocks(self, seq_id: int, block_hashes: list[Hashable]) -> None:
@@ -377,6 +394,7 @@ class PagedAllocator:
         if filled % bs and new_total <= len(seq.table) * bs:
             if self.gpu.ref_cnt[seq.table[-1]] == 1:
                 self._nt[seq.idx] = new_total
+                self.num_gpu_tokens += num_new_tokens
                 return True
         need = self.num_blocks_needed(seq_id, num_new_tokens)
         if need > self.gpu.num_free:
@@ -391,17 +409,21 @@ class PagedAllocator:
             self.num_cow_copies += 1
         seq.table.extend(gpu.take_many(-(-new_total // bs) - len(seq.table)))
         self._nt[seq.idx] = new_total
+        self.num_gpu_tokens += num_new_tokens
         return True
 
-    def append_decodes(self, indices: np.ndarray, block_seq_ids: list[int]) -> None:
+    def append_decodes(self, indices: np.ndarray, full_rows: list[int]) -> None:
         """One decode slot for each sequence at `indices` (rows from `seq_index`): unshared,
-        on the GPU, and `block_seq_ids` exactly those whose last block is full, in the order
-        step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The caller
-        checked that they fit. Same block ids and counts as one `append_slots` per sequence."""
+        on the GPU, and `full_rows` exactly the rows of those whose last block is full, in the
+        order step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The
+        caller checked that they fit. One `take_many` for the step's new blocks, handed out in
+        that order: the same block ids and counts as one `append_slots` per sequence."""
         self._ntok[indices] += 1
-        seqs, take = self._seqs, self.gpu.take
-        for seq_id in block_seq_ids:
-            seqs[seq_id].table.append(take())
+        self.num_gpu_tokens += len(indices)
+        if full_rows:
+            seq_of_row = self._seq_of_row
+            for row, block_id in zip(full_rows, self.gpu.take_many(len(full_rows)), strict=True):
+                seq_of_row[row].table.append(block_id)
 
     def append_runs(self, indices: np.ndarray, seq_ids: np.ndarray, num_new_tokens: int) -> None:
         """`append_slots(seq_id, num_new_tokens)` for each sequence, in order: unshared, on the
@@ -411,6 +433,7 @@ class PagedAllocator:
         bs = self.block_size
         new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
         self._ntok[indices] = new_total
+        self.num_gpu_tokens += num_new_tokens * len(indices)
         grows = new_blocks.nonzero()[0]
         if not len(grows):
             return
@@ -429,6 +452,7 @@ class PagedAllocator:
         child = self._new_seq(child_id)
         child.table = list(parent.table)
         self._nt[child.idx] = self._nt[parent.idx]
+        self.num_gpu_tokens += self._nt[parent.idx]
         for block_id in child.table:
             self.gpu.incref(block_id)
 
@@ -437,8 +461,11 @@ class PagedAllocator:
         if seq_id not in self._seqs:
             return
         seq = self._drop_seq(seq_id)
-        pool = self.cpu if seq.on_cpu else self.gpu
-        pool.decref_all(seq.table[::-1])
+        if seq.on_cpu:
+            self.cpu.decref_all(seq.table[::-1])
+        else:
+            self.num_gpu_tokens -= self._nt[seq.idx]
+            self.gpu.decref_all(seq.table[::-1])
 
     # -- swapping ------------------------------------------------------------------------
     def distinct_blocks(self, seq_ids: list[int]) -> list[int]:
@@ -470,6 +497,7 @@ class PagedAllocator:
                 src.decref(block_id)
             seq.table = new_table
             seq.on_cpu = to_cpu
+            self.num_gpu_tokens += -self._nt[seq.idx] if to_cpu else self._nt[seq.idx]
         return len(mapping)
 
     def swap_out(self, seq_ids: list[int]) -> int:

@@ -149,7 +149,7 @@ class Engine:
                 self._drained = None
             shape = span_of(plan, life) if span_of is not None else None
             if shape is not None:
-                durations, ends = self._span_times(plan, shape, start)
+                sums, durations, ends = self._span_times(plan, shape, start)
                 k = shape.num_steps
                 end = float(ends[-1])
                 num_waiting = len(life.waiting)
@@ -163,6 +163,7 @@ class Engine:
                         k = int(ends.searchsorted(env.now, side="left")) + 1
                         if ends[k - 1] > env.now:
                             yield env.timeout(delay_to(env.now, float(ends[k - 1])))
+                latency.count_decode_span(plan.num_decode_seqs, sums[:k])  # only the steps that ran
                 start, dt = self._apply_span(plan, shape, start, durations, ends, k, num_waiting)
             else:
                 dt = latency.step_time_s(
@@ -179,13 +180,15 @@ class Engine:
                 life.finish(finished, env.now if times is None else None)
             record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
 
-    def _span_times(self, plan: StepPlan, shape: SpanShape, start: float) -> tuple[np.ndarray, np.ndarray]:
-        """Durations and end times of steps 1..K of a decode span starting at `start`."""
+    def _span_times(self, plan: StepPlan, shape: SpanShape,
+                    start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Context sums, durations and end times of steps 1..K of a decode span starting at
+        `start`. Priced without counting extrapolation: an arrival may cut the span, and the
+        steps it did not run are priced again later (the caller counts those that ran)."""
         num_seqs = plan.num_decode_seqs
-        durations = self.latency.decode_span_times_s(
-            num_seqs, plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
-        )
-        return durations, boundaries(start, durations)
+        sums = plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
+        durations = self.latency.decode_span_times_s(num_seqs, sums, count=False)
+        return sums, durations, boundaries(start, durations)
 
     def _apply_span(self, plan: StepPlan, shape: SpanShape, start: float, durations: np.ndarray,
                     ends: np.ndarray, k: int, num_waiting: int) -> tuple[float, float]:

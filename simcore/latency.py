@@ -661,17 +661,26 @@ class StepLatencyModel:
         self._last_parts = (g + a, c, h)
         return (h + g + a + c) / 1000.0
 
-    def decode_span_times_s(self, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
+    def decode_span_times_s(self, num_seqs: int, context_sums: np.ndarray, count: bool = True) -> np.ndarray:
         """Seconds of each decode-only step of a span: `num_seqs` sequences, their context sum
         per step in `context_sums`; equal to step_time_s per step (to 1e-12 relative), and its
-        extrapolated steps counted per step and per table exactly as step_time_s counts them."""
+        extrapolated steps counted per step and per table exactly as step_time_s counts them.
+        `count=False`: nothing counted (a span that may be cut short counts the steps it ran
+        with count_decode_span)."""
         if num_seqs <= 0:
             raise ValueError("decode_span_times_s needs num_seqs >= 1")
         n, layers, fixed, coll, linear_out = self._span_terms(num_seqs)
         mean_ctx = np.asarray(context_sums, dtype=np.float64) / n
-        self._count_span(num_seqs, mean_ctx, linear_out)
+        if count:
+            self._count_span(num_seqs, mean_ctx, linear_out)
         attention = self.decode.row(num_seqs, mean_ctx)
         return (fixed + layers * attention + coll) / _THOUSAND
+
+    def count_decode_span(self, num_seqs: int, context_sums: np.ndarray) -> None:
+        """Count the extrapolated steps of decode-only steps priced with count=False, as
+        decode_span_times_s would have counted them."""
+        n, _, _, _, linear_out = self._span_terms(num_seqs)
+        self._count_span(num_seqs, np.asarray(context_sums, dtype=np.float64) / n, linear_out)
 
     def _span_terms(self, num_seqs: int) -> tuple:
         """A decode span's scalars as 0-d arrays (numpy combines two arrays several times faster

@@ -13,6 +13,7 @@ the per-request objects (`ReqState`, its SimPy event) are dropped as soon as a r
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -210,7 +211,7 @@ SATURATION_BLOCK = 64  # arrivals per block of the saturation sums beyond the ca
 FINISHED, REJECTED = 0, 1  # `status` codes of a kept row
 STATUS_NAMES = ("finished", "rejected")
 # name -> numpy dtype of the sealed column. While gathering, a row is float64 (every value is an
-# integer below 2**53 or a time), one `array.extend` per request; sealing casts each column.
+# integer below 2**53 or a time), one packed row per request; sealing casts each column.
 _RAW = {
     "request_id": np.int64, "replica": np.int16, "status": np.int8,
     "reason": np.int32, "arrival_s": np.float64, "first_scheduled_s": np.float64,
@@ -219,6 +220,9 @@ _RAW = {
     "n": np.int32, "beam_width": np.int32, "num_preemptions": np.int32,
 }
 _RAW_WIDTH = len(_RAW)
+# one row as native float64 bytes: struct converts the 14 values ~3x faster than array.extend
+# (same conversion to double), and the array takes the bytes in one copy
+_pack_row = struct.Struct(f"{_RAW_WIDTH}d").pack
 # the requests table, in this order (`replica` after request_id when there are replicas)
 REQUEST_COLUMNS = (
     "request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
@@ -248,7 +252,7 @@ class RequestRecords:
     def __init__(self, cap: int | None = None) -> None:
         self.cap = REQUEST_ROWS_CAP if cap is None else cap  # rows kept at most
         self._rows = array("d")  # rows not sealed yet, row-major in _RAW order
-        self._extend = self._rows.extend
+        self._add_row = self._rows.frombytes
         self._seal_len = _ROW_CHUNK * _RAW_WIDTH  # buffer length that seals a chunk
         self._chunks: list[dict[str, np.ndarray]] = []
         self._num_kept = 0
@@ -284,7 +288,7 @@ class RequestRecords:
             self.reason_counts[code] += 1
         else:
             status, code = FINISHED, -1
-        self._extend((
+        self._add_row(_pack_row(
             st.request_id, replica, status, code, req.arrival_s, st.first_scheduled_s,
             st.first_token_s, st.finish_s, st.num_prompt_tokens, st.num_generated,
             req.max_tokens, req.n, req.beam_width, st.num_preemptions,
@@ -302,7 +306,7 @@ class RequestRecords:
         rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _RAW_WIDTH)
         chunk = {name: rows[:, i].astype(dtype) for i, (name, dtype) in enumerate(_RAW.items())}
         del rows
-        del self._rows[:]  # same array object: the bound `_extend` stays valid
+        del self._rows[:]  # same array object: the bound `_add_row` stays valid
         if self.kept:
             self._chunks.append(chunk)
             self._num_kept += len(chunk["request_id"])

@@ -305,6 +305,16 @@ class PagedMachine(RuleBasedStateMachine):
             read = [self.content[(pool, table[i // self.bs])][i % self.bs] for i in range(len(labels))]
             assert read == labels
 
+    @invariant()
+    def gpu_token_count_is_the_sum_over_gpu_sequences(self) -> None:
+        """`num_gpu_tokens` (kept, not summed) = written slots of the sequences on the GPU; with
+        no block shared, used slots - it = the unfilled slots of last blocks."""
+        a = self.alloc
+        assert a.num_gpu_tokens == sum(len(self.tokens[s]) for s in self._gpu_seqs())
+        if all(n == 1 for n in a.ref_counts_from_tables()[0].values()) and not a.cached:
+            unfilled = sum(len(a.block_table(s)) * self.bs - len(self.tokens[s]) for s in self._gpu_seqs())
+            assert a.num_used_blocks * self.bs - a.num_gpu_tokens == unfilled
+
 
 PagedMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPagedMachine = PagedMachine.TestCase
@@ -424,32 +434,39 @@ def test_block_pool_hands_out_low_ids_first():
 def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num_seqs):
     """append_decodes / append_runs (the vectorised decode step and span) hand out the same
     block ids, in the same order, as one append_slots per sequence; evictable cached blocks
-    included (taken least recently freed first)."""
+    included (taken least recently freed first). The batch order is random (a running queue
+    is not in row order), and rows are recycled (freed sequences' rows go to new ones)."""
     def build() -> PagedAllocator:
         a = PagedAllocator(num_blocks, block_size)
         a.allocate_slots(999, 3 * block_size)  # cached, then freed: evictable blocks
         a.cache_full_blocks(999, [("p", i) for i in range(3)])
-        for seq_id in range(num_seqs):
+        for seq_id in range(-3, 0):  # rows taken, then recycled out of order
+            a.allocate_slots(seq_id, 1)
+        for seq_id in (-2, -3, -1):
+            a.free(seq_id)
+        for seq_id in order:
             a.allocate_slots(seq_id, lengths[seq_id])
         a.free(999)
         return a
 
     lengths = data.draw(st.lists(st.integers(1, 40), min_size=num_seqs, max_size=num_seqs), label="lengths")
     rounds = data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=6), label="rounds")
+    order = data.draw(st.permutations(range(num_seqs)), label="order")  # the batch, in schedule order
     # exactly enough blocks for the end: the last appends evict the cached ones
     num_blocks = max(sum(_ceil_div(n + sum(rounds), block_size) for n in lengths) + 1,
                      3 + sum(_ceil_div(n, block_size) for n in lengths))
     one, bulk = build(), build()
-    rows = np.array([bulk.seq_index(s) for s in range(num_seqs)])
-    ids = np.arange(num_seqs)
+    rows = np.array([bulk.seq_index(s) for s in order])
+    ids = np.array(order)
     for num_new in rounds:
-        for seq_id in range(num_seqs):
+        for seq_id in order:
             assert one.append_slots(seq_id, num_new)
         if num_new == 1:
-            full = [s for s in range(num_seqs) if bulk.num_tokens(s) % block_size == 0]
+            full = [bulk.seq_index(s) for s in order if bulk.num_tokens(s) % block_size == 0]
             bulk.append_decodes(rows, full)
         else:
             bulk.append_runs(rows, ids, num_new)
+        assert bulk.num_gpu_tokens == one.num_gpu_tokens == sum(one.num_tokens(s) for s in order)
         for seq_id in range(num_seqs):
             assert bulk.block_table(seq_id) == one.block_table(seq_id)
             assert bulk.num_tokens(seq_id) == one.num_tokens(seq_id)

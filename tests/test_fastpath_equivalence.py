@@ -234,3 +234,29 @@ def test_arrival_exactly_on_a_step_boundary_inside_a_span(chunked):
         for result in (fast, exact):
             row = result.requests.set_index("request_id").loc[1]
             assert row["first_scheduled_s"] == at, (j, row["first_scheduled_s"], at)
+
+
+def test_extrapolated_steps_counted_once_when_arrivals_cut_spans():
+    """A profile whose decode table stops at 64 context tokens, so long decodes are priced
+    outside it: the fast engine prices a span's K steps at once, but an arrival cuts it at
+    k < K, and the unrun steps are priced again later. Only the steps that ran may be counted,
+    so `extrapolated_steps` equals the reference's (one event per step)."""
+    import copy
+
+    from simcore.latency import Profile, profile_hash
+
+    data = copy.deepcopy(_profile().data)
+    for table in data["decode_attention"].values():
+        keep = [i for i, c in enumerate(table["context_tokens"]) if c <= 64]
+        table["context_tokens"] = [table["context_tokens"][i] for i in keep]
+        table["time_ms"] = [[row[i] for i in keep] for row in table["time_ms"]]
+    profile = Profile(data, profile_hash(data))
+    config = EngineConfig(max_model_len=2048, max_num_seqs=16, enable_prefix_caching=False)
+    rng = np.random.default_rng(11)
+    requests = [req(i, 0.004 * i + float(rng.random()) * 0.002, int(rng.integers(40, 120)),
+                    int(rng.integers(100, 400))) for i in range(30)]
+    fast = simulate(TINY, H100, config, ListWorkload(requests), profile, seed=5)
+    exact = simulate(TINY, H100, config, ListWorkload(requests), profile, seed=5, exact_steps=True)
+    assert (fast.steps["num_steps"] > 1).sum() > 5, "decode spans should run (and arrivals cut some)"
+    assert 0 < exact.summary["extrapolated_steps"] < fast.steps["num_steps"].sum()
+    assert fast.summary["extrapolated_steps"] == exact.summary["extrapolated_steps"]

@@ -112,3 +112,28 @@ def test_closed_loop_arrays_have_no_arrival_column():
     arrays = RequestArrays(None, np.array([5, 6]), np.array([2, 3]), np.array([2, 3]), np.ones(2, int),
                            np.ones(2, int), np.array([-1, -1]), np.zeros(2, int), None, {}, first_id=4)
     assert [(r.request_id, r.arrival_s) for r in arrays.to_requests()] == [(4, 0.0), (5, 0.0)]
+
+
+def test_a_request_row_keeps_every_value_exactly():
+    """Rows are packed as float64 bytes: integers below 2**53 and times come back bit for bit."""
+    from types import SimpleNamespace
+
+    from simcore.records import RequestRecords
+
+    records = RequestRecords()
+    times = (0.1 + 0.2, 1e-300, 123456.789012345, 7.0)
+    request = SimpleNamespace(arrival_s=times[0], max_tokens=2**31 - 1, n=3, beam_width=2)
+    done = SimpleNamespace(request=request, request_id=2**40 + 1, reject_reason="", first_scheduled_s=times[1],
+                           first_token_s=times[2], finish_s=times[3], num_prompt_tokens=4097,
+                           num_generated=65_000, num_preemptions=5)
+    rejected = SimpleNamespace(**{**vars(done), "request_id": 3, "reject_reason": "too long"})
+    records.leave(done, 1)
+    records.leave(rejected, 0)
+    cols = records.columns()
+    assert cols["request_id"].tolist() == [3, 2**40 + 1] and cols["replica"].tolist() == [0, 1]
+    assert cols["status"].tolist() == [1, 0] and cols["reason"].tolist() == [0, -1]
+    assert cols["arrival_s"][1] == times[0] and cols["first_scheduled_s"][1] == times[1]
+    assert cols["first_token_s"][1] == times[2] and cols["finish_s"][1] == times[3]
+    assert [int(cols[k][1]) for k in ("num_prompt_tokens", "num_positions", "max_tokens", "n", "beam_width",
+                                      "num_preemptions")] == [4097, 65_000, 2**31 - 1, 3, 2, 5]
+    assert records.reason_names() == ["too long"]

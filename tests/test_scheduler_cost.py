@@ -1,10 +1,12 @@
 """The continuous policies' shortcuts for per-step work give what the long way gives.
 
 `ContinuousPagedPolicy.end_step` reports the unfilled slots of last blocks as
-`allocated - computed tokens of the running requests` when no block is shared (no forked
-request, nothing in the prefix cache), instead of summing `(-computed) % block_size` per request.
+`allocated - the allocator's written GPU slots` when no block is shared (no forked request,
+nothing in the prefix cache), instead of summing `(-computed) % block_size` per request.
 That holds only if the running requests hold every used GPU block, each exactly
-`blocks_for(its computed tokens)`; checked here after every step of random small runs (both
+`blocks_for(its computed tokens)`; and `schedule`'s all-decode step takes its context tokens
+from the same written-slot count, which holds only if the GPU's sequences are exactly the running
+requests' (one each). Checked here before and after every step of random small runs (both
 engine modes, preemption by recompute and swap, chunked prefill, prefix caching, n > 1).
 """
 
@@ -17,17 +19,33 @@ from tests.helpers import ListWorkload
 from tests.test_fastpath_equivalence import H100, TINY, _profile, _random_case
 
 
-def _check_case(case: int, exact_steps: bool) -> tuple[int, int]:
-    """Run one random case with every `end_step` checked; returns (steps checked, of which
-    took the no-sharing shortcut)."""
+def _check_case(case: int, exact_steps: bool) -> tuple[int, int, int]:
+    """Run one random case with every `schedule` and `end_step` checked; returns (steps
+    checked, of which took the no-sharing shortcut, decode-only plans checked)."""
     config, requests = _random_case(np.random.default_rng(case))
     if config.policy != "continuous" or config.allocator == "contiguous":
-        return 0, 0
+        return 0, 0, 0
     sim = prepare(TINY, H100, config, ListWorkload(requests), _profile(), seed=case, exact_steps=exact_steps)
-    checked = shortcut = 0
+    checked = shortcut = decoded = 0
     for engine in sim.engines:
         life, policy = engine.lifecycle, engine.policy
-        end_step = policy.end_step
+        end_step, schedule = policy.end_step, policy.schedule
+
+        def scheduling(queues, now, schedule=schedule, life=life, policy=policy):
+            nonlocal decoded
+            if not policy.groups.active:  # every running request has one sequence, on the GPU
+                computed = sum(st.num_computed_tokens for st in life.running)
+                assert policy.allocator.num_gpu_tokens == computed, (case, exact_steps)
+            plan = schedule(queues, now)
+            if plan is not None and plan.num_scheduled == plan.num_decode_seqs == plan.num_tokens:
+                # a decode-only step: each sequence attends to its computed tokens + 1
+                everyone = [*life.running, *life.swapped, *life.waiting]
+                seqs = [(st, len(policy.groups.seq_ids(st))) for st in everyone]
+                scheduled = {id(st) for st, _ in plan.scheduled}
+                expect = sum(k * (st.num_computed_tokens + 1) for st, k in seqs if id(st) in scheduled)
+                assert plan.decode_context_tokens == expect, (case, exact_steps)
+                decoded += 1
+            return plan
 
         def checking(plan, finished, queues, end_step=end_step, life=life, policy=policy):
             nonlocal checked, shortcut
@@ -48,15 +66,17 @@ def _check_case(case: int, exact_steps: bool) -> tuple[int, int]:
             return mem
 
         policy.end_step = checking
+        policy.schedule = scheduling
     sim.run()
-    return checked, shortcut
+    return checked, shortcut, decoded
 
 
-def test_end_step_unfilled_slots_shortcut_equals_the_per_request_sum():
-    checked = shortcut = 0
+def test_scheduler_shortcuts_equal_the_per_request_sums():
+    checked = shortcut = decoded = 0
     for case in range(80):
         for exact_steps in (False, True):
-            c, s = _check_case(case, exact_steps)
+            c, s, d = _check_case(case, exact_steps)
             checked += c
             shortcut += s
-    assert shortcut > 500 and checked > shortcut, (checked, shortcut)
+            decoded += d
+    assert shortcut > 500 and checked > shortcut and decoded > 500, (checked, shortcut, decoded)

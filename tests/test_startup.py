@@ -193,6 +193,16 @@ def test_shipped_azure_traces_are_read_without_pandas_exactly(kind):
     "TIMESTAMP,ContextTokens,GeneratedTokens\n",  # header only
     "arrival_s,num_prompt_tokens,num_output_tokens\n0.5,3,4\n",  # fractional seconds
     "arrival_s,num_prompt_tokens,num_output_tokens,prefix_id\n0,3,4,\n",  # optional column (blanks)
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.,3,4\n",  # a "." without digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1234567890,3,4\n",  # ten fraction digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16_18:15:47,3,4\n",  # not " " / "T"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023/11/16 18:15:46,3,4\n",  # not "-"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.12a,3,4\n",  # a letter in the fraction
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:4,3,4\n",  # mixed, short
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,00000000000000003,4\n",  # 17 digits
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4/\n",  # "/" is just below "0"
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4:\n",  # ":" is just above "9"
+    "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,3\n",  # short row, cell count still divides
 ])
 def test_unusual_files_are_left_to_pandas(tmp_path, text):
     path = tmp_path / "t.csv"
@@ -205,6 +215,8 @@ def test_unusual_files_are_left_to_pandas(tmp_path, text):
     "GeneratedTokens,x,TIMESTAMP,ContextTokens\n5,a b,2023-11-16T00:00:00.000000001,3\n5,,2023-11-17 00:00:00,1\n",
     " TIMESTAMP , ContextTokens,GeneratedTokens\n2023-01-01 00:00:00,1,1\n2023-01-01 00:00:00,2,9007199254740992",
     "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,5,6\n17,1,1\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:15:46,3,4\n2023-11-16 18:15:47,0012,4503599627370496\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.123456789,3,4\n2023-11-16 18:15:46.2,5,6\n",
 ])
 def test_plain_files_read_as_pandas_reads_them(tmp_path, text):
     path = tmp_path / "t.csv"

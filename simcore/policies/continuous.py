@@ -93,19 +93,52 @@ class ContinuousPagedPolicy:
 
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
-        running = list(queues.running)  # this step's running set, as the plan changes it
         plan = self._new_plan()
-        budget = self._schedule_running(plan, running, self.max_num_batched_tokens, queues)
-        if not plan.num_preempted:
-            budget = self._swap_in(queues, plan, running, budget)
-            if len(plan.swapped_in) == len(queues.swapped):
-                self._admit_waiting(queues, plan, running, budget)
+        budget = self.max_num_batched_tokens
+        if self._decode_all(plan, queues, budget):
+            budget -= plan.num_scheduled
+            if not queues.waiting and not queues.swapped:
+                return plan
+            running = list(queues.running)  # this step's running set, as the plan changes it
+        else:
+            running = list(queues.running)
+            budget = self._schedule_running(plan, running, budget, queues)
+            if plan.num_preempted:
+                return plan if plan.num_scheduled else None
+        budget = self._swap_in(queues, plan, running, budget)
+        if len(plan.swapped_in) == len(queues.swapped):
+            self._admit_waiting(queues, plan, running, budget)
         return plan if plan.num_scheduled else None
 
     def _new_plan(self) -> StepPlan:
         self._emitting_groups = []
         self._filling_prefix = []
         return StepPlan()
+
+    def _decode_all(self, plan: StepPlan, queues: Queues, budget: int) -> bool:
+        """The common step: every running request is a plain decode (one sequence, one token)
+        and the budget and the free blocks take them all. Schedules them as one `DecodeRun`
+        (what `_schedule_running` would plan, in fewer array operations) and returns True;
+        otherwise returns False and changes nothing. A request needs a new block exactly when
+        its computed tokens fill whole blocks. Their computed tokens sum to the allocator's
+        written GPU slots: every sequence on the GPU belongs to a running request (finished
+        and recompute-preempted ones were freed, swapped ones sit on the CPU), here one each."""
+        slots = queues.running_slots()
+        num = len(slots)
+        if not num or num > budget:
+            return False
+        store = queues.store
+        if np.count_nonzero(store.plain[slots]) != num:
+            return False
+        computed = store.computed[slots]
+        full = np.logical_not(computed % self.allocator.block_size).nonzero()[0]  # last block full
+        if len(full) > self.allocator.num_free_blocks:
+            return False
+        rows = self._seq_index[slots]
+        context_tokens = self.allocator.num_gpu_tokens + num  # each attends to computed + 1
+        self.allocator.append_decodes(rows, rows[full].tolist())
+        plan.add_decode_run(slots.copy(), store, computed, context_tokens)
+        return True
 
     def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int, queues: Queues) -> int:
         """Running requests in admission order, each its next tokens under the budget; when
@@ -130,7 +163,7 @@ class ContinuousPagedPolicy:
             stops = np.logical_not(plain).nonzero()[0].tolist()
             stops.append(num_running)
         needs_block = np.logical_not(computed % alloc.block_size)  # last block full
-        seq_index, rid = self._seq_index, store.rid
+        seq_index = self._seq_index
         stop = 0
         i = 0
         while i < len(running) and budget > 0:
@@ -145,7 +178,8 @@ class ContinuousPagedPolicy:
                     need = needs_block[i:end]
                 if end > i:
                     run, run_computed = slots[i:end], computed[i:end]
-                    alloc.append_decodes(seq_index[run], rid[run[need]].tolist())
+                    rows = seq_index[run]
+                    alloc.append_decodes(rows, rows[need].tolist())
                     plan.add_decode_run(run, store, run_computed, int(run_computed.sum()) + (end - i))
                     budget -= end - i
                     i = end
@@ -354,19 +388,10 @@ class ContinuousPagedPolicy:
         elif alloc.cached:  # running requests may share cached prefix blocks
             internal, saved = int(((-queues.store.computed[queues.running_slots()]) % bs).sum()), 0
         else:  # no block is shared (a block is shared only by a fork or while it is cached): the
-            # running requests hold every used block, each exactly blocks_for(its computed
-            # tokens), so the unfilled slots are allocated - computed tokens
-            internal, saved = allocated - self._running_computed(plan, queues), 0
+            # sequences on the GPU (the running requests) hold every used block, each exactly
+            # blocks_for(its written slots), so the unfilled slots are allocated - written slots
+            internal, saved = allocated - alloc.num_gpu_tokens, 0
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
             self._release(st)
         return mem
-
-    @staticmethod
-    def _running_computed(plan: StepPlan, queues: Queues) -> int:
-        """Computed tokens of the running requests after the step (one-sequence requests)."""
-        num_running = len(queues.running)
-        if plan.num_decode_seqs == plan.num_scheduled == num_running and not plan.prefill_chunks:
-            # every running request decoded one token: each attended to all its computed tokens
-            return plan.decode_context_tokens
-        return int(queues.store.computed[queues.running_slots()].sum())
