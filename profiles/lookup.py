@@ -7,6 +7,7 @@ without `weight_dtype` / `kv_cache_dtype` fields is one of the model's own dtype
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from simcore.errors import ProfileError
@@ -44,12 +45,16 @@ def _fp8(weight_dtype: str, kv_dtype: str) -> tuple[bool, bool]:
 def find_profile_path(
     gpu_name: str, model_name: str, tp: int, directory: Path = PROFILE_DIR, tag: str = ""
 ) -> Path | None:
-    """The committed `profiles/<gpu>-<model><tag>-tp<N>.json` (matched case-insensitively)."""
+    """The committed `profiles/<gpu>-<model><tag>-tp<N>.json` (matched case-insensitively; the
+    first in name order if several match). Names are compared as strings (a Path per file, as
+    a glob makes, cost more than the rest of the lookup)."""
     wanted = profile_filename(gpu_name, model_name, tp, tag).lower()
-    for path in sorted(directory.glob("*.json")):
-        if path.name.lower() == wanted:
-            return path
-    return None
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    found = sorted(name for name in names if name.endswith(".json") and name.lower() == wanted)
+    return Path(directory) / found[0] if found else None
 
 
 def shape_mismatches(profile: Profile, model: ModelSpec) -> list[str]:

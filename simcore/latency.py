@@ -678,8 +678,17 @@ class StepLatencyModel:
 
     def count_decode_span(self, num_seqs: int, context_sums: np.ndarray) -> None:
         """Count the extrapolated steps of decode-only steps priced with count=False, as
-        decode_span_times_s would have counted them."""
+        decode_span_times_s would have counted them. `context_sums` grow step by step, so the
+        first and last steps' mean contexts bound the others: when both, the batch size and
+        the GEMM tokens are inside the tables (the usual case), nothing is counted."""
         n, _, _, _, linear_out = self._span_terms(num_seqs)
+        if not linear_out:
+            dec = self.decode
+            (a_lo, a_hi), (b_lo, b_hi) = dec.a_range, dec.b_range
+            # int / int rounds once, as numpy's float64 division of these exact integers does
+            if (a_lo <= num_seqs <= a_hi and b_lo <= int(context_sums[0]) / num_seqs
+                    and int(context_sums[-1]) / num_seqs <= b_hi):
+                return
         self._count_span(num_seqs, np.asarray(context_sums, dtype=np.float64) / n, linear_out)
 
     def _span_terms(self, num_seqs: int) -> tuple:

@@ -71,18 +71,26 @@ def _first_step_weights(block_size: int) -> np.ndarray:
     return _constant(("weights", block_size), block_size, lambda n: (np.arange(block_size) - 2) % block_size)
 
 
-def span_shape(computed: np.ndarray, remaining: np.ndarray, block_size: int, free_blocks: int,
+def span_shape(computed: np.ndarray, min_remaining: int, block_size: int, free_blocks: int,
                cap: int = MAX_SPAN_STEPS) -> SpanShape:
-    """`computed`: tokens each request had computed before step 1; `remaining`: tokens each still
-    emits, step 1's included; `free_blocks`: free GPU blocks after step 1's appends."""
-    k_max = int(min(int(remaining.min()), cap))
+    """`computed`: tokens each request had computed before step 1; `min_remaining`: the fewest
+    tokens a request still emits, step 1's included; `free_blocks`: free GPU blocks after step
+    1's appends."""
+    k_max = min(min_remaining, cap)
     # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. k % bs == (1 - c) % bs
-    hist = np.bincount((1 - computed) % block_size, minlength=block_size)
+    residues = np.subtract(1, computed)
+    if block_size & (block_size - 1):
+        np.remainder(residues, block_size, out=residues)
+    else:  # a power of two: the same residues (two's complement), several times cheaper
+        np.bitwise_and(residues, block_size - 1, out=residues)
+    hist = np.bincount(residues, minlength=block_size)
     new = hist[_step_residues(block_size, k_max)]
     new[0] = 0  # step 1's appends were made by the policy's schedule
     cum = new.cumsum()
-    fits = int(cum.searchsorted(free_blocks - 1, side="right"))  # steps with cum <= free - 1
-    k = min(k_max, fits)
+    if int(cum[-1]) < free_blocks:  # every step leaves a block free (the usual case)
+        k = k_max
+    else:
+        k = min(k_max, int(cum.searchsorted(free_blocks - 1, side="right")))  # steps with cum <= free - 1
     k = max(k, 1) if free_blocks >= 1 else 1
     return SpanShape(k, cum[:k], computed, int(hist.dot(_first_step_weights(block_size))))
 

@@ -21,7 +21,7 @@ def test_span_shape_and_internal_slots_follow_step_by_step_blocks():
         computed = rng.integers(0, 300, num_seqs)
         remaining = rng.integers(2, 200, num_seqs)
         free = int(rng.integers(0, 60))
-        shape = span_shape(computed, remaining, block_size, free)
+        shape = span_shape(computed, int(remaining.min()), block_size, free)
         k = shape.num_steps
         assert 1 <= k <= remaining.min()
         # after step 1 each request holds blocks for computed + 1 tokens; step j adds one token each

@@ -265,3 +265,28 @@ def test_read_trace_uses_the_fast_reader_and_still_words_errors(tmp_path):
     with pytest.raises(WorkloadError, match="line 3: arrival_s '0' is earlier than the previous row's '2'"):
         traces.read_trace(bad)
     assert np.array_equal(trace.num_prompt_tokens, [3, 5])
+
+
+# --- the committed profile found without a Path per file ------------------------------------------
+
+
+def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
+    from profiles.lookup import PROFILE_DIR, find_profile_path
+
+    def by_glob(gpu, model, tp, directory):
+        wanted = f"{gpu}-{model}-tp{tp}.json".lower()
+        return next((p for p in sorted(directory.glob("*.json")) if p.name.lower() == wanted), None)
+
+    for name in ("b-M-tp2.json", "B-m-tp2.json", "b-m-tp2.JSON", "b-m-tp4.json.bak", "a-m-tp1.json"):
+        (tmp_path / name).write_text("{}")
+    cases = [("b", "m", 2), ("B", "M", 2), ("a", "m", 1), ("b", "m", 4), ("c", "m", 1)]
+    for gpu, model, tp in cases:
+        assert find_profile_path(gpu, model, tp, directory=tmp_path) == by_glob(gpu, model, tp, tmp_path)
+    assert find_profile_path("b", "m", 2, directory=tmp_path).name == "B-m-tp2.json"
+    assert find_profile_path("b", "m", 2, directory=tmp_path / "missing") is None
+    for path in PROFILE_DIR.glob("*GB-*-tp*.json"):  # every committed GPU profile, its GPU name in capitals
+        gpu, _, rest = path.stem.partition("GB-")
+        gpu += "GB"
+        model, _, tp = rest.rpartition("-tp")
+        found = find_profile_path(gpu.upper(), model, int(tp), directory=PROFILE_DIR)
+        assert found == path, path

@@ -336,13 +336,20 @@ class ContinuousPagedPolicy:
         waiting = queues.waiting
         if waiting and self.enable_prefix_caching and self._prefix_hashes(waiting[0]):
             return None
-        store, slots = queues.store, queues.running_slots()
+        parts = plan.parts
+        if len(parts) == 1 and type(parts[0]) is not tuple:  # one DecodeRun (the all-decode step): its slots and computed tokens
+            slots, computed = parts[0].slots, parts[0].computed
+        else:
+            slots, computed = queues.running_slots(), None
+        store = queues.store
         remaining = store.target[slots] - store.generated[slots]
-        if remaining[remaining.argmin()] < MIN_SPAN_STEPS:  # argmin: no ufunc-reduction set-up
+        min_remaining = int(remaining[remaining.argmin()])  # argmin: no ufunc-reduction set-up
+        if min_remaining < MIN_SPAN_STEPS:
             return None  # a request finishes within a step or two: single steps are cheaper
-        computed = store.computed[slots]
+        if computed is None:
+            computed = store.computed[slots]
         alloc = self.allocator
-        shape = span_shape(computed, remaining, alloc.block_size, alloc.num_free_blocks)
+        shape = span_shape(computed, min_remaining, alloc.block_size, alloc.num_free_blocks)
         if shape.num_steps < 2:
             return None
         shape.used_blocks = alloc.num_used_blocks
