@@ -25,11 +25,14 @@ Tables are interpolated piecewise-linearly in log-log space after being made mon
 a table are extrapolated along the edge segment and counted.
 
 `decode_span_times_s(num_seqs, context_sums)` prices a run of decode-only steps (same batch, the
-contexts' sum given per step) in one numpy call; it equals `step_time_s(num_seqs, [], num_seqs,
+contexts' sum given per step) in one call, a few numpy operations for the whole run; it equals `step_time_s(num_seqs, [], num_seqs,
 context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), and counts
 extrapolated steps as they would, so an engine may price a decode span without one Python call
 per step. Pricing is memoised (what depends only on a step's shape, a table's row blend per batch
 size): kept values are computed exactly as fresh ones, the memos are bounded (MEMO_ENTRIES).
+Every step and span is priced by the same floating-point operations in the same order whichever
+way it goes (a step's parts in one function, a short span's interpolation on Python floats):
+tests/test_latency.py compares them bit for bit with the formulas written out plainly.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ POLICIES = ("static", "dynamic", "continuous")
 # Bounds on the pricing memos (kept, never evicted; a key's result is the same computed or kept):
 MEMO_ENTRIES = 65536  # small tuples keyed by a step's shape, a few MiB at most
 ROW_MEMO_ENTRIES = 4096  # numpy rows for decode spans, keyed by batch size (~1 KiB each)
+# Rows of up to this many values are interpolated on Python floats, longer ones by numpy (Table2D.row)
+SHORT_ROW = 16
 _THOUSAND = np.array(1000.0)  # ms per s, as a 0-d array for decode spans (see _span_terms)
 
 
@@ -95,8 +100,9 @@ class Table1D:
         lx, ly = self.lx, self.ly
         if len(lx) == 1:
             return math.exp(ly[0]) * x / self.lo
-        i = min(max(bisect_right(lx, math.log(x)) - 1, 0), len(lx) - 2)
-        t = (math.log(x) - lx[i]) / (lx[i + 1] - lx[i])
+        v = math.log(x)
+        i = bisect_right(lx, v, 1, len(lx) - 1) - 1  # the edge segments extend outwards
+        t = (v - lx[i]) / (lx[i + 1] - lx[i])
         return math.exp(ly[i] + t * (ly[i + 1] - ly[i]))
 
 
@@ -108,7 +114,8 @@ class Table2D:
     per a and kept, and each row's steps are subtracted once: the same floating-point operations
     on the same values as working them out per call, so a kept value never changes a result."""
 
-    __slots__ = ("la", "lb", "lz", "a_range", "b_range", "_dlb", "_dlz", "_by_a", "_rows_by_a", "_np_inner")
+    __slots__ = ("la", "lb", "lz", "a_range", "b_range", "a_lo", "a_hi", "b_lo", "b_hi", "_dlb", "_dlz", "_by_a",
+                 "_rows_by_a", "_np_inner")
 
     def __init__(self, a: list[float], b: list[float], z: list[list[float]]):
         self.la = [math.log(x) for x in a]
@@ -117,6 +124,7 @@ class Table2D:
         cols = [_monotone([rows[i][j] for i in range(len(a))]) for j in range(len(b))]
         self.lz = [[_log(cols[j][i]) for j in range(len(b))] for i in range(len(a))]
         self.a_range, self.b_range = (a[0], a[-1]), (b[0], b[-1])
+        self.a_lo, self.a_hi, self.b_lo, self.b_hi = a[0], a[-1], b[0], b[-1]
         n = len(self.lb)
         self._dlb = [self.lb[j + 1] - self.lb[j] for j in range(n - 1)]  # b segments' widths
         # each row's steps z[j + 1] - z[j]; the last 0.0 is z[j] - z[j] (only a one-point b grid reads it)
@@ -126,7 +134,7 @@ class Table2D:
         self._np_inner = np.asarray(self.lb[1:-1], dtype=np.float64)  # inner grid points, for row()
 
     def outside(self, a: float, b: float) -> bool:
-        return not (self.a_range[0] <= a <= self.a_range[1] and self.b_range[0] <= b <= self.b_range[1])
+        return not (self.a_lo <= a <= self.a_hi and self.b_lo <= b <= self.b_hi)
 
     @staticmethod
     def _locate(grid: list[float], v: float) -> tuple[int, float]:
@@ -149,7 +157,8 @@ class Table2D:
     def __call__(self, a: float, b: float) -> float:
         if a <= 0:
             return 0.0
-        s, top_z, top_dz, bot_z, bot_dz = self._a_terms(a)
+        terms = self._by_a.get(a)  # _a_terms' lookup, inline: most calls find it
+        s, top_z, top_dz, bot_z, bot_dz = self._a_terms(a) if terms is None else terms
         v = math.log1p(b)
         lb = self.lb
         if len(lb) == 1:
@@ -162,10 +171,13 @@ class Table2D:
         return math.exp(top + s * (bot - top))
 
     def row(self, a: float, bs: np.ndarray) -> np.ndarray:
-        """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b."""
+        """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b (the
+        logarithms and exponentials by numpy, so the same bits whichever way it goes below)."""
         if a <= 0:
             return np.zeros(len(bs))
         lb = np.log1p(np.asarray(bs, dtype=np.float64))
+        if len(lb) <= SHORT_ROW:
+            return np.exp(self._exponents(a, lb.tolist()))
         s, segments, top0, bot0 = self._row_terms(a)
         if segments is None:  # one context point: the rows' only values
             top = np.full(len(lb), top0)
@@ -177,6 +189,23 @@ class Table2D:
             top = top_z + t * top_dz
             bot = bot_z + t * bot_dz
         return np.exp(top + s * (bot - top))
+
+    def _exponents(self, a: float, lbs: list[float]) -> list[float]:
+        """row()'s interpolation in log space for a few log1p(b), on Python floats: the same
+        IEEE operations on the same values as numpy's (so the same bits), without its set-up
+        cost per call (~a microsecond, many times one value's arithmetic)."""
+        s, top_z, top_dz, bot_z, bot_dz = self._a_terms(a)
+        grid, widths, last = self.lb, self._dlb, len(self.lb) - 1
+        if last == 0:  # one context point: the rows' only values
+            return [top_z[0] + s * (bot_z[0] - top_z[0])] * len(lbs)
+        out = []
+        for v in lbs:
+            j = bisect_right(grid, v, 1, last) - 1  # the segment row()'s searchsorted finds
+            t = (v - grid[j]) / widths[j]
+            top = top_z[j] + t * top_dz[j]
+            bot = bot_z[j] + t * bot_dz[j]
+            out.append(top + s * (bot - top))
+        return out
 
     def _row_terms(self, a: float) -> tuple[np.ndarray, np.ndarray | None, float, float]:
         """For row() at a > 0: s as a 0-d array (numpy multiplies arrays faster than by a Python
@@ -428,7 +457,10 @@ class PrefillOccupancy:
         self.floor_ms = floor_ms
 
     def share(self, chunks: list[tuple[int, int]]) -> float:
-        ctas = sum(math.ceil(c / self.tile) for c, _ in chunks) * self.ctas
+        tiles = 0
+        for c, _ in chunks:
+            tiles += math.ceil(c / self.tile)
+        ctas = tiles * self.ctas
         return ctas / (math.ceil(ctas / self.sms) * self.sms)
 
 
@@ -554,40 +586,42 @@ class StepLatencyModel:
                 self._fixed_memo[key] = hit
         return hit
 
-    def _attention_ms(self, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
-                      decode_context_tokens: int, counter: ExtrapolationCounter | None) -> tuple[float, bool]:
-        out = False
-        ms = 0.0
-        prefill = self.prefill
-        for chunk, ctx in prefill_chunks:
-            ms += prefill(chunk, ctx)
-            if prefill.outside(chunk, ctx):
-                out = True
-                if counter is not None:
-                    counter.note("prefill_attention")
-        if prefill_chunks and self.occupancy is not None:
-            ms = self.occupancy.floor_ms + ms / self.occupancy.share(prefill_chunks)
-        if num_decode_seqs:
-            mean_ctx = decode_context_tokens / num_decode_seqs
-            ms += self.decode(num_decode_seqs, mean_ctx)
-            if self.decode.outside(num_decode_seqs, mean_ctx):
-                out = True
-                if counter is not None:
-                    counter.note("decode_attention")
-        return ms, out
-
     def _parts_ms(self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
                   decode_context_tokens: int, num_sampled: int,
                   counter: ExtrapolationCounter | None) -> tuple[float, float, float, float]:
-        """step_parts_ms, counting extrapolated tables and steps in `counter` (None: not at all)."""
-        gemm, coll, host, linear_out = self.fixed_parts_ms(num_tokens, num_decode_seqs, len(prefill_chunks),
-                                                           num_sampled)
-        if linear_out and counter is not None:
+        """step_parts_ms, counting extrapolated tables and steps in `counter` (None: not at all).
+        Written out in one function (the fixed parts' memo read here, the tables called
+        directly): every step of a simulation comes through here, most of them a decode batch
+        alone or with one prompt chunk, and Python charges for each call on the way."""
+        num_chunks = len(prefill_chunks)
+        fixed = self._fixed_memo.get((num_tokens, num_decode_seqs, num_chunks, num_sampled))
+        if fixed is None:
+            fixed = self.fixed_parts_ms(num_tokens, num_decode_seqs, num_chunks, num_sampled)
+        gemm, coll, host, out = fixed
+        if out and counter is not None:
             counter.note("linear")
-        attention, attn_out = self._attention_ms(prefill_chunks, num_decode_seqs, decode_context_tokens, counter)
-        if (linear_out or attn_out) and counter is not None:
+        ms = 0.0
+        if num_chunks:
+            prefill = self.prefill
+            for chunk, ctx in prefill_chunks:
+                ms += prefill(chunk, ctx)
+                if prefill.outside(chunk, ctx):
+                    out = True
+                    if counter is not None:
+                        counter.note("prefill_attention")
+            if self.occupancy is not None:
+                ms = self.occupancy.floor_ms + ms / self.occupancy.share(prefill_chunks)
+        if num_decode_seqs:
+            mean_ctx = decode_context_tokens / num_decode_seqs
+            decode = self.decode
+            ms += decode(num_decode_seqs, mean_ctx)
+            if decode.outside(num_decode_seqs, mean_ctx):
+                out = True
+                if counter is not None:
+                    counter.note("decode_attention")
+        if out and counter is not None:
             counter.steps += 1
-        return gemm, self.num_layers * attention, coll, host
+        return gemm, self.num_layers * ms, coll, host
 
     def step_parts_ms(
         self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
@@ -637,10 +671,10 @@ class StepLatencyModel:
             raise ValueError("decode_span_times_s needs num_seqs >= 1")
         n, layers, fixed, coll, linear_out = self._span_terms(num_seqs)
         mean_ctx = np.asarray(context_sums, dtype=np.float64) / n
-        attention = layers * self.decode.row(num_seqs, mean_ctx)
         if count:
             self._count_span(num_seqs, mean_ctx, linear_out)
-        return (fixed + attention + coll) / _THOUSAND
+        attention = self.decode.row(num_seqs, mean_ctx)
+        return (fixed + layers * attention + coll) / _THOUSAND
 
     def count_decode_span(self, num_seqs: int, context_sums: np.ndarray) -> None:
         """Count the extrapolated steps of decode-only steps priced with count=False, as

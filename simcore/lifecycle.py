@@ -31,6 +31,7 @@ from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
 from simcore.step import DecodeRun, StepPlan
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
+_ONE = np.ones((), dtype=np.int64)  # one token, as a 0-d array (see `_emit_run`)
 
 
 class Lifecycle:
@@ -176,7 +177,7 @@ class Lifecycle:
         parts = plan.parts
         if times_s is None and len(parts) == 1 and type(parts[0]) is not tuple:  # a decode-only step
             finished: list[ReqState] = []
-            self._add_itls(self._emit_run(parts[0], now, finished))
+            self.itl.extend(self._emit_run(parts[0], now, finished))
             return finished
         store = self.store
         times = None if times_s is None else np.asarray(times_s, dtype=np.float64)
@@ -184,24 +185,28 @@ class Lifecycle:
         finished: list[ReqState] = []
         pieces: list[np.ndarray] = []  # ITLs, in order
         gaps: list[float] = []  # ITLs of single requests since the last DecodeRun
+        # a single request's counters, read and written in its slot through the store's
+        # memoryviews (what the ReqState properties do, without a property call per access)
+        computed_mv, generated_mv, last_mv = store.computed_mv, store.generated_mv, store.last_token_mv
         for part in plan.parts:
             if type(part) is tuple:
                 st, num_new = part
                 t = now if times is None else float(times[k])
                 k += 1
-                st.num_computed_tokens = computed = st.num_computed_tokens + num_new
-                if computed == st.num_tokens:
-                    generated = st.num_generated
+                slot = st.slot
+                assert slot >= 0, "a queued or running request holds a store slot"
+                computed_mv[slot] = computed = computed_mv[slot] + num_new
+                generated = generated_mv[slot]
+                if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
                     if generated:
-                        gaps.append(t - st.last_token_s)
+                        gaps.append(t - last_mv[slot])
                     else:
                         st.first_token_s = t
-                    st.last_token_s = t
-                    st.num_generated = generated = generated + 1  # num_tokens grows with it
-                    if generated >= st.num_output_target:
+                    last_mv[slot] = t
+                    generated_mv[slot] = generated = generated + 1  # num_tokens grows with it
+                    if generated >= store.target_mv[slot]:
                         finished.append(st)
-                if st.slot >= 0:
-                    store.mark(st)
+                store.mark(st)
                 continue
             num = len(part.slots)
             ts = now if times is None else times[k:k + num]
@@ -220,15 +225,17 @@ class Lifecycle:
     def _emit_run(self, run: DecodeRun, ts: float | np.ndarray, finished: list[ReqState]) -> np.ndarray:
         """One token for every request of a run of plain decodes (num_tokens == num_computed_tokens
         + 1), stamped `ts`; appends those that emitted their last token to `finished` and returns
-        the run's inter-token gaps."""
+        the run's inter-token gaps. (Its scalars are 0-d arrays: numpy combines two arrays faster
+        than an array and a Python number; the same values.)"""
         store = self.store
         slots = run.slots
         last = store.last_token
+        ts = np.asarray(ts)
         gaps = ts - last[slots]
         last[slots] = ts
-        store.computed[slots] = run.computed + 1
+        store.computed[slots] = run.computed + _ONE
         generated = store.generated[slots]
-        generated += 1
+        generated += _ONE
         store.generated[slots] = generated
         done = (generated >= store.target[slots]).nonzero()[0]
         if len(done):

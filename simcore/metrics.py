@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from array import array
+import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,13 @@ _PER_STEP = ("num_seqs", "num_prefill_tokens", "num_decode_tokens", "num_running
 _COLUMNS = STEP_COLUMNS + COST_COLUMNS  # a recorded row, in this order
 _WIDTH = len(_COLUMNS)
 _NO_COSTS = (math.nan, math.nan, math.nan)  # no latency model: costs unknown
+# A row goes into the buffer as one `pack_into` of its values as native doubles (the bits
+# `array("d").extend` wrote, at a third of its cost: that converts each value separately);
+# room is added _ROOM_ROWS rows at a time.
+_pack_row = struct.Struct(f"{_WIDTH}d").pack_into
+_ROW_BYTES = 8 * _WIDTH
+_ROOM_ROWS = 1 << 10
+_ROOM = bytes(_ROOM_ROWS * _ROW_BYTES)
 _KV_ALLOCATED, _KV_LIVE, _KV_INTERNAL, _KV_UNSHARED = (
     KV_KINDS.index(kind) for kind in ("allocated", "live", "internal", "unshared"))
 
@@ -115,19 +122,19 @@ class StepRecorder:
     `cap` rows are kept (STEP_ROWS_CAP; older rows coalesced beyond it); `spill(columns)`, when
     set, receives every row at full resolution once the cap is passed (the kept ones first).
 
-    Why it is cheap: a step is one `array.extend` of its row (plus one of its costs) into a
+    Why it is cheap: a step is one `struct.pack_into` of its row (costs included) into a
     row-major buffer; the columns and the `totals` are worked out once per chunk of rows with
     numpy, the float sums added row by row in step order (`_add_in_order`), so they are the
     same bits as summing step by step."""
 
     def __init__(self, latency: StepLatencyModel | None = None, cap: int | None = None) -> None:
-        self._rows = array("d")  # rows not sealed yet, row-major in _COLUMNS order
-        self._extend = self._rows.extend
+        self._rows = bytearray()  # rows not sealed yet: float64, row-major in _COLUMNS order
+        self._num_rows = 0  # rows in `_rows`
+        self._room = 0  # rows `_rows` has room for
         # span rows not in the totals yet: (row index among the pending rows, KV
         # allocated slot-seconds, internal slot-seconds, KV-blocked seconds), from its steps
         self._span_sums: list[tuple[int, float, float, float]] = []
         self._num_folded = 0  # pending rows already in `_totals`
-        self._seal_len = _STEP_CHUNK * _WIDTH  # buffer length that seals a chunk
         self._breakdown = latency.step_breakdown_ms if latency is not None else None
         self._totals = StepTotals()
         self.cap = STEP_ROWS_CAP if cap is None else cap
@@ -150,17 +157,23 @@ class StepRecorder:
         self, start: float, dt: float, plan: StepPlan, mem: MemorySnapshot,
         num_running: int, num_waiting: int, num_swapped: int,
     ) -> None:
-        self._extend((
+        n = self._num_rows
+        if n == self._room:
+            self._rows.extend(_ROOM)
+            self._room += _ROOM_ROWS
+        _pack_row(
+            self._rows, n * _ROW_BYTES,
             start, dt, 1, plan.num_scheduled, plan.num_tokens - plan.num_decode_seqs,
             plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
             plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
             mem.stale, mem.external, mem.unshared or mem.allocated,
-        ))
-        self._extend(_NO_COSTS if self._breakdown is None else self._breakdown(
-            plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
-            plan.num_sampled,
-        ))
-        if len(self._rows) >= self._seal_len:
+            *(_NO_COSTS if self._breakdown is None else self._breakdown(
+                plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
+                plan.num_sampled,
+            )),
+        )
+        self._num_rows = n = n + 1
+        if n == _STEP_CHUNK:
             self._seal()
 
     def record_span(
@@ -175,27 +188,31 @@ class StepRecorder:
         blocked_s = 0.0  # allocations only grow within a span: none blocked unless the last step is
         if self.kv_capacity and (num_waiting or num_swapped) and end_alloc > self.kv_capacity - self.kv_unit:
             blocked_s = float(np.add.reduce(durations[allocated > self.kv_capacity - self.kv_unit]))
+        n = self._num_rows
         self._span_sums.append((
-            len(self._rows) // _WIDTH, float(np.dot(allocated, durations)), float(np.dot(internal, durations)),
-            blocked_s,
+            n, float(np.dot(allocated, durations)), float(np.dot(internal, durations)), blocked_s,
         ))
-        self._extend((  # np.add.reduce: ndarray.sum's own reduction, without its Python wrapper
+        if n == self._room:
+            self._rows.extend(_ROOM)
+            self._room += _ROOM_ROWS
+        _pack_row(  # np.add.reduce: ndarray.sum's own reduction, without its Python wrapper
+            self._rows, n * _ROW_BYTES,
             start, float(np.add.reduce(durations)), len(durations), plan.num_scheduled, 0, plan.num_decode_seqs,
             num_running, num_waiting, num_swapped, 0, 0, end_alloc, end_alloc - end_internal, 0,
-            end_internal, 0, 0, end_alloc,
-        ))
-        self._extend(costs_ms)
-        if len(self._rows) >= self._seal_len:
+            end_internal, 0, 0, end_alloc, *costs_ms,
+        )
+        self._num_rows = n = n + 1
+        if n == _STEP_CHUNK:
             self._seal()
 
     def _fold(self) -> None:
         """Add the pending rows not yet in `_totals` to it: what `record` / `record_span` once
         summed on every call, in the same order (so the same floats)."""
-        n = len(self._rows) // _WIDTH
+        n = self._num_rows
         if n <= self._num_folded:
             return
         # a copy: no view may outlive this call, or the buffer could not grow again
-        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(n, _WIDTH)[self._num_folded:].copy()
+        rows = np.frombuffer(self._rows, dtype=np.float64, count=n * _WIDTH).reshape(n, _WIDTH)[self._num_folded:].copy()
         first, self._num_folded = self._num_folded, n
         t = self._totals
         col = dict(zip(_COLUMNS, rows.T, strict=True))
@@ -238,12 +255,11 @@ class StepRecorder:
         """Pending rows become a numpy chunk; past the cap they are spilled and the kept table is
         coalesced."""
         self._fold()
-        rows = np.frombuffer(self._rows, dtype=np.float64).reshape(-1, _WIDTH)
+        rows = np.frombuffer(self._rows, dtype=np.float64, count=self._num_rows * _WIDTH).reshape(-1, _WIDTH)
         # one array per column, each its own copy: a kept view of one column must not hold the others
         chunk = {name: rows[:, i].copy() for i, name in enumerate(_COLUMNS)}
         del rows
-        del self._rows[:]  # same array object: the bound `_extend` stays valid
-        self._num_folded = 0
+        self._num_rows = self._num_folded = 0  # the buffer's room is reused
         if not len(chunk["start_s"]):
             return
         if self.streaming and self.spill is not None:

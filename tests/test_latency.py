@@ -4,7 +4,7 @@ import copy
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from profiles.roofline import build_roofline_profile
@@ -279,14 +279,212 @@ def test_pricing_memos_stay_bounded_and_change_no_result(monkeypatch):
               for n in range(1, 40) for c in (0, 3, 100)]
     free = StepLatencyModel(DOC)
     want = [(free.step_time_s(*s), free.step_breakdown_ms(*s)) for s in shapes]
-    want_spans = [free.decode_span_times_s(n, n * 300 + n * np.arange(5)) for n in range(1, 40)]
+    offsets = [np.arange(5), np.arange(latency.SHORT_ROW + 5)]  # rows on Python floats and by numpy
+    want_spans = [free.decode_span_times_s(n, n * 300 + n * k) for n in range(1, 40) for k in offsets]
     monkeypatch.setattr(latency, "MEMO_ENTRIES", 5)
     monkeypatch.setattr(latency, "ROW_MEMO_ENTRIES", 3)
     capped = StepLatencyModel(DOC)
     got = [(capped.step_time_s(*s), capped.step_breakdown_ms(*s)) for s in shapes]
-    got_spans = [capped.decode_span_times_s(n, n * 300 + n * np.arange(5)) for n in range(1, 40)]
+    got_spans = [capped.decode_span_times_s(n, n * 300 + n * k) for n in range(1, 40) for k in offsets]
     assert got == want and all(np.array_equal(a, b) for a, b in zip(got_spans, want_spans, strict=True))
     assert len(capped._fixed_memo) == 5 and len(capped._span_memo) == 5
     assert len(capped.decode._by_a) == 5 and len(capped.decode._rows_by_a) == 3
     assert (capped.extrapolated.steps, capped.extrapolated.tables) == (free.extrapolated.steps,
                                                                        free.extrapolated.tables)
+
+
+# -- the pricing's fast paths against the pricing written out plainly ------------------------------
+# StepLatencyModel prices a step in one function with memos, and a short decode span's
+# interpolation on Python floats; these references are the same formulas with nothing kept and no
+# shortcut (as priced before those were added), so every result must match them bit for bit.
+
+
+def _plain_table1d(t: Table1D, x: float) -> float:
+    if x <= 0:
+        return 0.0
+    lx, ly = t.lx, t.ly
+    if len(lx) == 1:
+        return math.exp(ly[0]) * x / t.lo
+    from bisect import bisect_right
+
+    i = min(max(bisect_right(lx, math.log(x)) - 1, 0), len(lx) - 2)
+    u = (math.log(x) - lx[i]) / (lx[i + 1] - lx[i])
+    return math.exp(ly[i] + u * (ly[i + 1] - ly[i]))
+
+
+class _PlainModel(StepLatencyModel):
+    """StepLatencyModel with its pricing written out plainly (the reference for the fast paths)."""
+
+    def _parts_ms(self, num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled, counter):
+        layers = self.num_layers
+        gemm = layers * _plain_table1d(self.linear, num_tokens) + _plain_table1d(self.lm_head, num_sampled)
+        coll = 0.0
+        if self.all_reduce is not None:
+            coll = layers * self.calls_per_layer * _plain_table1d(self.all_reduce, num_tokens * self.token_bytes)
+            if num_sampled:
+                coll += _plain_table1d(self.all_reduce, num_sampled * self.logit_bytes / 2)
+        elif self.collective is not None:
+            coll = layers * _plain_table1d(self.collective, num_tokens)
+        host = self.host.ms(len(prefill_chunks) + num_decode_seqs, num_tokens - num_decode_seqs)
+        out = self.linear.outside(num_tokens)
+        if out and counter is not None:
+            counter.note("linear")
+        ms = 0.0
+        for chunk, ctx in prefill_chunks:
+            ms += _plain_table2d(self.prefill, chunk, ctx)
+            (a_lo, a_hi), (b_lo, b_hi) = self.prefill.a_range, self.prefill.b_range
+            if not (a_lo <= chunk <= a_hi and b_lo <= ctx <= b_hi):
+                out = True
+                if counter is not None:
+                    counter.note("prefill_attention")
+        occ = self.occupancy
+        if prefill_chunks and occ is not None:
+            ctas = sum(math.ceil(c / occ.tile) for c, _ in prefill_chunks) * occ.ctas
+            ms = occ.floor_ms + ms / (ctas / (math.ceil(ctas / occ.sms) * occ.sms))
+        if num_decode_seqs:
+            mean_ctx = decode_context_tokens / num_decode_seqs
+            ms += _plain_table2d(self.decode, num_decode_seqs, mean_ctx)
+            (a_lo, a_hi), (b_lo, b_hi) = self.decode.a_range, self.decode.b_range
+            if not (a_lo <= num_decode_seqs <= a_hi and b_lo <= mean_ctx <= b_hi):
+                out = True
+                if counter is not None:
+                    counter.note("decode_attention")
+        if out and counter is not None:
+            counter.steps += 1
+        return gemm, layers * ms, coll, host
+
+    def step_time_s(self, *step):
+        g, a, c, h = self._parts_ms(*step, self.extrapolated)
+        return (h + g + a + c) / 1000.0
+
+    def step_breakdown_ms(self, *step):
+        g, a, c, h = self._parts_ms(*step, None)
+        return g + a, c, h
+
+    def decode_span_times_s(self, num_seqs, context_sums):
+        import numpy as np
+
+        mean_ctx = np.asarray(context_sums, dtype=np.float64) / np.array(float(num_seqs))
+        gemm, attention, coll, host = self._parts_ms(num_seqs, [], num_seqs, 0, num_seqs, None)
+        attention = self.num_layers * _plain_row(self.decode, num_seqs, mean_ctx)
+        for total in np.asarray(context_sums).tolist():  # counted as step_time_s counts each step
+            self._parts_ms(num_seqs, [], num_seqs, total, num_seqs, self.extrapolated)
+        return (host + gemm + attention + coll) / 1000.0
+
+
+def _profile_docs() -> dict[str, dict]:
+    """One document of each kind the pricing reads differently: v2 roofline with collectives and
+    prefill occupancy (TP 4), v2 without collectives (TP 1), v1 measured (no occupancy, no
+    collectives), v1 with the per-layer `collective` table, and one-point / two-point grids."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "profiles"
+    docs = {
+        "v2-tp4": json.loads((root / "H100-SXM-80GB-llama2-70b-tp4.json").read_text()),
+        "v2-tp1": json.loads((root / "H100-SXM-80GB-llama3-8b-tp1.json").read_text()),
+        "v1-measured": json.loads((root / "cpu-tiny-tp1.json").read_text()),
+    }
+    v1 = copy.deepcopy(DOC)
+    v1["schema_version"] = 1
+    del v1["host_overhead"], v1["host_overhead_by_policy"], v1["collectives"]
+    v1["step_overhead_ms"] = 2.0
+    v1["collective"] = {"num_tokens": [1, 4096], "time_ms": [0.02, 0.2]}
+    docs["v1-collective"] = v1
+    small = copy.deepcopy(DOC)  # a decode table with one context point, a prefill table with two
+    small["decode_attention"] = {"16": {"batch_size": [1, 64], "context_tokens": [512], "time_ms": [[0.01], [0.2]]}}
+    pre = small["prefill_attention"]
+    pre["context_tokens"] = pre["context_tokens"][:2]
+    pre["time_ms"] = [row[:2] for row in pre["time_ms"]]
+    docs["small-grids"] = small
+    return docs
+
+
+DOCS = _profile_docs()
+
+
+def _near_edges(lo: int, hi: int, edges: list[int]) -> st.SearchStrategy[int]:
+    """Any value, or one at or next to a grid's edge (where counting as outside starts)."""
+    return st.one_of(st.integers(lo, hi), st.sampled_from([e + d for e in edges for d in (-1, 0, 1) if e + d >= lo]))
+
+
+_ctx = _near_edges(0, 100000, [0, 16, 256, 512, 32768])
+_chunk = st.tuples(_near_edges(1, 40000, [1, 16, 256, 16384]), _ctx)
+_step = st.tuples(st.lists(_chunk, max_size=4), _near_edges(0, 3000, [1, 16, 1024]), _ctx, st.booleans())
+_span = st.tuples(_near_edges(1, 3000, [1, 16, 1024]), _ctx, st.integers(1, 40), st.integers(0, 3000))
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.sampled_from(sorted(DOCS)), st.sampled_from([1, 16, 32, 128]),
+       st.lists(st.one_of(_step, _span), min_size=1, max_size=12))
+def test_step_and_span_pricing_equal_the_plain_formulas_bit_for_bit(kind, block_size, ops):
+    """Random steps (decodes alone, with prompt chunks, chunks alone; inside and far outside the
+    profiled grids) and decode spans (short and long): the same floats and the same counts of
+    extrapolated steps and tables as the plain reference, and step_breakdown_ms the same whether
+    it reuses the step just priced or prices it again."""
+    import numpy as np
+
+    fast, plain = StepLatencyModel(DOCS[kind]), _PlainModel(DOCS[kind])
+    fast.set_block_size(block_size)
+    plain.set_block_size(block_size)
+    for op in ops:
+        if len(op) == 4 and isinstance(op[0], list):
+            chunks, decodes, ctx_per_seq, sample_chunk = op
+            num_tokens = max(1, sum(c for c, _ in chunks) + decodes)
+            step = (num_tokens, chunks, decodes, decodes * ctx_per_seq, decodes + (sample_chunk and bool(chunks)))
+            assert fast.step_time_s(*step) == plain.step_time_s(*step)
+            assert fast.step_breakdown_ms(*step) == plain.step_breakdown_ms(*step)
+        else:
+            num_seqs, ctx_per_seq, steps, drift = op
+            sums = num_seqs * ctx_per_seq + num_seqs * np.arange(steps) + (np.arange(steps) * drift) % 7
+            got, want = fast.decode_span_times_s(num_seqs, sums), plain.decode_span_times_s(num_seqs, sums)
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+            last = (num_seqs, [], num_seqs, int(sums[-1]), num_seqs)  # its last step, priced again for steps.csv
+            assert fast.step_breakdown_ms(*last) == plain.step_breakdown_ms(*last)
+    assert fast.extrapolated.steps == plain.extrapolated.steps
+    assert list(fast.extrapolated.tables.items()) == list(plain.extrapolated.tables.items())
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.sampled_from(["v2-tp4", "v2-tp1", "v1-measured"]), st.sampled_from([2, 3, 4]),
+       st.lists(_step, min_size=1, max_size=8))
+def test_pipeline_rounds_over_the_fast_pricing_equal_the_plain_one(kind, pp, steps):
+    """simcore.pipeline prices each micro-batch through the wrapped model (fractional context
+    sums, a few chunks dealt round-robin): the same rounds, breakdowns and exit times."""
+    from simcore.pipeline import PipelineLatency
+
+    gpu, hidden = get_gpu("H100-SXM-80GB"), 4096
+    pp = min(pp, DOCS[kind]["model_shape"]["num_layers"])  # the measured CPU profile's model has 2 layers
+    fast = PipelineLatency(StepLatencyModel(DOCS[kind]), gpu, 1, pp, hidden)
+    plain = PipelineLatency(_PlainModel(DOCS[kind]), gpu, 1, pp, hidden)
+    for chunks, decodes, ctx_per_seq, sample_chunk in steps:
+        num_tokens = max(1, sum(c for c, _ in chunks) + decodes)
+        step = (num_tokens, chunks, decodes, decodes * ctx_per_seq + decodes // 3,
+                decodes + (sample_chunk and bool(chunks)))
+        assert fast.step_time_s(*step) == plain.step_time_s(*step)
+        assert fast.step_breakdown_ms(*step) == plain.step_breakdown_ms(*step)
+        assert fast.emit_times_s(1.5, len(chunks) + decodes) == plain.emit_times_s(1.5, len(chunks) + decodes)
+    assert (fast.extrapolated.steps, fast.extrapolated.tables) == (plain.extrapolated.steps,
+                                                                   plain.extrapolated.tables)
+
+
+@given(st.lists(st.floats(0.0, 1e7), max_size=40), st.floats(0.5, 5000.0))
+def test_short_rows_on_python_floats_equal_numpy_rows_bit_for_bit(bs, a):
+    """Table2D.row interpolates up to SHORT_ROW values on Python floats, more with numpy: the
+    same bits either way, on every grid shape (one batch size, one context point, one point)."""
+    import numpy as np
+
+    import simcore.latency as latency
+
+    bs = np.array(bs, dtype=np.float64)
+    a = float(round(a)) if a > 1 else a
+    for t in _tables():
+        python_row = np.exp(t._exponents(a, np.log1p(bs).tolist()))
+        saved, latency.SHORT_ROW = latency.SHORT_ROW, -1
+        try:
+            numpy_row = t.row(a, bs)
+        finally:
+            latency.SHORT_ROW = saved
+        assert python_row.tobytes() == numpy_row.tobytes() == _plain_row(t, a, bs).tobytes()
+        if len(bs) <= latency.SHORT_ROW:
+            assert t.row(a, bs).tobytes() == python_row.tobytes()

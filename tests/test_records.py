@@ -307,7 +307,12 @@ def test_recorded_rows_are_the_step_table_row_for_row(monkeypatch):
         rec.record(0.5 * i, 0.25 + i, plan, mem, 7 + i, i % 4, i % 5)
     rec.record_span(5.0, np.array([0.5, 0.25]), StepPlan(num_scheduled=3, num_decode_seqs=3),
                     np.array([160, 176]), np.array([4, 6]), 3, 0, 0, (1.0, 2.0, 3.0))
+    # numpy and float values in a row are written as the doubles they are
+    rec.record(6.0, np.float64(0.5), StepPlan(num_scheduled=np.int64(2)), MemorySnapshot(allocated=8.0, live=np.int32(4)),
+               1, 0, 0)
     steps = rec.frame()
+    assert steps.iloc[11][["duration_s", "num_seqs", "kv_allocated", "kv_live"]].tolist() == [0.5, 2, 8, 4]
+    steps = steps.iloc[:11]
     assert len(steps) == 11 and list(steps.columns) == [*metrics.STEP_COLUMNS, *metrics.COST_COLUMNS]
     row = steps.iloc[9].to_dict()
     assert all(np.isnan(row.pop(name)) for name in metrics.COST_COLUMNS)  # no latency model: costs unknown
