@@ -197,6 +197,15 @@ def _plain_table2d(t: Table2D, a: float, b: float) -> float:
     return math.exp(top + s * (bot - top))
 
 
+
+def _plain_outside(t: Table2D, a: float, b: float, counter, name: str) -> bool:
+    """Whether (a, b) lies outside the table's grid, noting `name` with the counter when it does."""
+    (a_lo, a_hi), (b_lo, b_hi) = t.a_range, t.b_range
+    outside = not (a_lo <= a <= a_hi and b_lo <= b <= b_hi)
+    if outside and counter is not None:
+        counter.note(name)
+    return outside
+
 def _plain_row(t: Table2D, a: float, bs):
     """Table2D.row written out plainly with numpy (the arithmetic decode spans were priced with)."""
     import numpy as np
@@ -332,11 +341,7 @@ class _PlainModel(StepLatencyModel):
         ms = 0.0
         for chunk, ctx in prefill_chunks:
             ms += _plain_table2d(self.prefill, chunk, ctx)
-            (a_lo, a_hi), (b_lo, b_hi) = self.prefill.a_range, self.prefill.b_range
-            if not (a_lo <= chunk <= a_hi and b_lo <= ctx <= b_hi):
-                out = True
-                if counter is not None:
-                    counter.note("prefill_attention")
+            out = _plain_outside(self.prefill, chunk, ctx, counter, "prefill_attention") or out
         occ = self.occupancy
         if prefill_chunks and occ is not None:
             ctas = sum(math.ceil(c / occ.tile) for c, _ in prefill_chunks) * occ.ctas
@@ -344,11 +349,7 @@ class _PlainModel(StepLatencyModel):
         if num_decode_seqs:
             mean_ctx = decode_context_tokens / num_decode_seqs
             ms += _plain_table2d(self.decode, num_decode_seqs, mean_ctx)
-            (a_lo, a_hi), (b_lo, b_hi) = self.decode.a_range, self.decode.b_range
-            if not (a_lo <= num_decode_seqs <= a_hi and b_lo <= mean_ctx <= b_hi):
-                out = True
-                if counter is not None:
-                    counter.note("decode_attention")
+            out = _plain_outside(self.decode, num_decode_seqs, mean_ctx, counter, "decode_attention") or out
         if out and counter is not None:
             counter.steps += 1
         return gemm, layers * ms, coll, host

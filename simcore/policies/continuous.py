@@ -96,22 +96,25 @@ class ContinuousPagedPolicy:
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         plan = self._new_plan()
-        budget = self.max_num_batched_tokens
-        if self._decode_all(plan, queues, budget):
-            budget -= plan.num_scheduled
-            if not queues.swapped:
-                self._admit_waiting(queues, plan, self._num_seqs(queues.running), budget)
-                return plan
-            running = list(queues.running)  # this step's running set, as the plan changes it
-        else:
-            running = list(queues.running)
-            budget = self._schedule_running(plan, running, budget, queues)
-            if plan.num_preempted:
+        running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
+        if plan.num_preempted:
+            return plan if plan.num_scheduled else None
+        if queues.swapped:
+            running = list(queues.running) if running is None else running
+            budget = self._swap_in(queues, plan, running, budget)
+            if len(plan.swapped_in) < len(queues.swapped):
                 return plan if plan.num_scheduled else None
-        budget = self._swap_in(queues, plan, running, budget)
-        if len(plan.swapped_in) == len(queues.swapped):
-            self._admit_waiting(queues, plan, self._num_seqs(running), budget)
+        self._admit_waiting(queues, plan, self._num_seqs(queues.running if running is None else running), budget)
         return plan if plan.num_scheduled else None
+
+    def _plan_running(self, plan: StepPlan, queues: Queues, budget: int) -> tuple[list[ReqState] | None, int]:
+        """The running requests' next tokens: the all-decode step in one pass (`_decode_all`),
+        else the general loop, which may preempt. Returns this step's running set as the plan
+        leaves it (None when that is `queues.running` unchanged: no copy made) and the budget left."""
+        if self._decode_all(plan, queues, budget):
+            return None, budget - plan.num_scheduled
+        running = list(queues.running)  # this step's running set, as the plan changes it
+        return running, self._schedule_running(plan, running, budget, queues)
 
     def _new_plan(self) -> StepPlan:
         self._emitting_groups = []

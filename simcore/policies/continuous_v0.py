@@ -62,18 +62,9 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
             self._schedule_prefills(queues, plan, self._num_seqs(queues.running))
             if plan.num_scheduled:
                 return plan
-        budget = self.max_num_batched_tokens
-        if self._decode_all(plan, queues, budget):  # the common decode step
-            if not queues.swapped:
-                return plan
-            budget -= plan.num_scheduled
-            running = list(queues.running)  # this step's running set, as the plan changes it
-        else:
-            running = list(queues.running)
-            budget = self._schedule_running(plan, running, budget, queues)
-            if plan.num_preempted:
-                return plan if plan.num_scheduled else None
-        self._swap_in(queues, plan, running, budget)
+        running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
+        if queues.swapped and not plan.num_preempted:
+            self._swap_in(queues, plan, list(queues.running) if running is None else running, budget)
         return plan if plan.num_scheduled else None
 
     def _schedule_prefills(self, queues: Queues, plan: StepPlan, num_seqs: int) -> None:
