@@ -4,8 +4,10 @@ Each row is appended, flushed and fsynced as its point finishes, so a killed swe
 point it finished (at most the row being written is cut short; resuming drops that tail). Rows
 carry `point_id` (what the point is) and `sweep_id` (what the whole sweep is: every point of it);
 resuming reads the ids back, refuses a table whose `sweep_id` differs (a table made with other
-options), and runs only the points whose ids are missing. Rows are in finishing order; `point`
-(the grid index) restores grid order.
+options), and runs only the points whose ids are missing. Rows are in finishing order while the
+sweep runs; once every point is in, `finish` rewrites the table in grid order (`point`, then
+`seed`) with one column order, so a sweep writes the same file whatever its `--jobs`, executor or
+interruptions (only `wall_s` differs).
 """
 
 from __future__ import annotations
@@ -103,6 +105,32 @@ class SweepTable:
                 os.fsync(f.fileno())
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+
+    def finish(self, column_order: list[str] | None = None) -> None:
+        """Rewrite the complete table in grid order, columns in `column_order` (those it names
+        first, the rest as they are), atomically: a temporary sibling renamed over the table."""
+        try:
+            with self.path.open(newline="") as f:
+                lines = list(csv.reader(f))
+            if not lines:
+                return
+            header, body = lines[0], lines[1:]
+            at = {name: i for i, name in enumerate(header)}
+            first = [c for c in (column_order or []) if c in at]
+            columns = first + [c for c in header if c not in set(first)]
+            body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            with tmp.open("w", newline="") as f:
+                f.write(_line(columns))
+                for r in body:
+                    r = r + [""] * (len(header) - len(r))
+                    f.write(_line([r[at[c]] for c in columns]))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+        self.columns = columns
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
