@@ -118,36 +118,36 @@ class SweepTable:
             at = {name: i for i, name in enumerate(header)}
             first = [c for c in (column_order or []) if c in at]
             columns = first + [c for c in header if c not in set(first)]
+            body = [r + [""] * (len(header) - len(r)) for r in body]
             body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            with tmp.open("w", newline="") as f:
-                f.write(_line(columns))
-                for r in body:
-                    r = r + [""] * (len(header) - len(r))
-                    f.write(_line([r[at[c]] for c in columns]))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            self._replace_with(columns, ([r[at[c]] for c in columns] for r in body))
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
         self.columns = columns
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
-        old = self.columns
         rows = []
-        if old:
+        if self.columns:
             with self.path.open(newline="") as f:
                 rows = list(csv.reader(f))[1:]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w", newline="") as f:
-            f.write(_line(columns))
-            for r in rows:
-                f.write(_line(r + [None] * (len(columns) - len(r))))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        self._replace_with(columns, (r + [None] * (len(columns) - len(r)) for r in rows))
         self.columns = columns
+
+    def _replace_with(self, columns: list[str], rows: Iterable[list[Any]]) -> None:
+        """Write header and rows to a temporary sibling, fsync, rename it over the table; on a
+        failure the table is as it was and the sibling is removed."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            with tmp.open("w", newline="") as f:
+                f.write(_line(columns))
+                for r in rows:
+                    f.write(_line(r))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def read_table(path: Path) -> pd.DataFrame:
