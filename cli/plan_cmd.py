@@ -186,6 +186,11 @@ def _cell(value: Any, fmt: str) -> str:
     return format(value, fmt)
 
 
+def _clip(text: str, width: int) -> str:
+    """One table cell: cut to `width` with a visible mark (the whole text is in --json / plan.json)."""
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
 def _text_table(rows) -> str:
     from reports.plan import _KNOBS
 
@@ -203,7 +208,7 @@ def _text_table(rows) -> str:
             _cell(100 * r["headroom"], "+.0f") + "%" if ok else "-",
             _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"),
-            r["confirmed"] if ok else str(r["status"])[:110],
+            r["confirmed"] if ok else _clip(str(r["status"]), 110),
         ])
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(COLUMNS)]
     lines.append("  ".join(h.ljust(w) for (_, h), w in zip(COLUMNS, widths, strict=True)).rstrip())

@@ -75,4 +75,4 @@ def sweep_report(
         f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
                                                        ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None])
     paths = write_sweep_report(report, out_dir, command)
-    typer.echo(f"Wrote {len(paths)} files to {out_dir}: {', '.join(p.name for p in paths)}")
+    typer.echo(f"Wrote {len(paths)} file{'s' if len(paths) != 1 else ''} to {out_dir}: {', '.join(p.name for p in paths)}")

@@ -248,6 +248,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
     """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment."""
     from reports.capacity import max_sustainable_rate, simulator
+    from simcore.simulate import KVSIM_VERSION
 
     start = getattr(wl.arrival, "rate", None) or getattr(wl.arrival, "mean_rate", None) or 1.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
@@ -262,8 +263,10 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
-        "record": {"seed": seed, "model": model_spec.name, "gpu": gpu_spec.name, "config": config.engine.to_dict(),
-                   "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source},
+        "record": {"kvsim_version": KVSIM_VERSION, "seed": seed, "model": model_spec.to_dict(),  # as summary.json's
+                   "gpu": {"name": gpu_spec.name, "memory_gib": gpu_spec.memory_gib},
+                   "config": config.engine.to_dict(),
+                   "profile": {"path": prof.path, "sha256": prof.sha256, "source": prof.source, "label": prof.label},
                    "workload": wl.describe()},
     }
     if out is not None:

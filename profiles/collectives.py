@@ -26,7 +26,8 @@ import numpy as np
 from simcore.specs import GPUSpec
 
 FIT_FILE = Path(__file__).with_name("collectives_h100.json")
-DATA_DIRS = (Path(__file__).resolve().parents[2] / "shared" / "data" / "measured",)
+# profiles/data/ ships copies of the files (so a clone can refit); the project's shared folder is the origin
+DATA_DIRS = (Path(__file__).resolve().parent / "data", Path(__file__).resolve().parents[2] / "shared" / "data" / "measured")
 H100 = "H100-SXM-80GB"
 H100_INTERCONNECT_GBPS = 450.0  # catalog figure for H100 SXM NVLink4 per direction
 # Vidur's send/recv rows are two GPUs either in one node (devices_per_node 2: NVLink) or in two

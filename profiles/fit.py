@@ -28,7 +28,10 @@ from profiles.roofline import EFFICIENCY_FILE, ELEMENTWISE_KINDS, Efficiency, li
 from simcore.catalog import get_gpu
 from simcore.specs import ModelSpec
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured" / "vidur_h100_llama2-7b_mlp.csv"
+# profiles/data/ ships a copy (so a clone can refit); the project's shared folder is the origin
+DATA = Path(__file__).resolve().parent / "data" / "vidur_h100_llama2-7b_mlp.csv"
+if not DATA.exists():
+    DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured" / DATA.name
 README = Path(__file__).with_name("README.md")
 OPS = (
     "input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",

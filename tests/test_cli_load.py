@@ -66,3 +66,6 @@ def test_find_max_rate_prints_runs_and_an_answer(tmp_path):
     failed = [r["rate"] for r in doc["runs"] if not r["passed"]]
     assert rate == max(passed) and min(f for f in failed if f > rate) == pytest.approx(rate * 1.1)
     assert (out / "rates.csv").exists() and (out / "max_rate.json").exists()
+    record = json.loads((out / "max_rate.json").read_text())["record"]  # what every result records
+    assert record["kvsim_version"] and record["seed"] == 0 and len(record["profile"]["sha256"]) == 64
+    assert record["model"]["num_layers"] > 0 and record["config"]["block_size"] == 16

@@ -108,3 +108,25 @@ def test_plan_files_record_provenance_and_repeat_byte_for_byte(tmp_path: Path):
     expected = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 1)
     assert h100["profile_sha256"] == expected.sha256 and h100["profile_source"] == "roofline"
     assert by_tp[("A100-40GB", 1)]["profile_sha256"] is None  # no price: pruned before pricing
+
+
+def test_a_long_plan_status_is_cut_visibly():
+    from cli.plan_cmd import _clip
+
+    assert _clip("memory: does not fit", 110) == "memory: does not fit"
+    cut = _clip("memory: " + "word " * 40, 40)
+    assert len(cut) <= 40 and cut.endswith("...")
+
+
+def test_the_fit_data_ships_with_the_profiles():
+    """A clone can rerun the fits: the data is in profiles/data/, with its licence, and is the file
+    the committed efficiency factors were fitted on."""
+    import hashlib
+    import json
+
+    from profiles import fit
+
+    data = Path(fit.__file__).with_name("data")
+    assert fit.DATA.parent == data and (data / "LICENSE-vidur-MIT.txt").exists()
+    stored = json.loads(Path(fit.__file__).with_name("efficiency_h100.json").read_text())
+    assert hashlib.sha256(fit.DATA.read_bytes()).hexdigest() == stored["fit"]["data_sha256"]
