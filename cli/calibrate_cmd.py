@@ -14,10 +14,9 @@ from simcore.errors import ConfigError
 def _tps(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    try:
-        tps = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--tp must be comma-separated integers, got {text!r}") from None
+    from reports.sweep import parse_list  # an empty item or a TP given twice is a mistake, as in sweep
+
+    tps = sorted(parse_list("--tp", text, int))
     if not tps or any(t < 1 or t & (t - 1) for t in tps):
         raise ConfigError(f"--tp must list powers of two >= 1, got {text!r}")
     return tps
@@ -82,8 +81,11 @@ def calibrate(
     priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
     prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
     fit = fit_rows(rows, priced, prior)
+    from simcore.simulate import KVSIM_VERSION
+
     provenance = {
         "calibration": {
+            "kvsim_version": KVSIM_VERSION,
             "input": str(measurements), "input_sha256": sha, "rows": len(rows), "data_tps": data_tps,
             "fitted": fit.params, "prior": dict(zip(PARAMS, map(float, prior), strict=True)),
             "errors_by_tp": {str(k): v for k, v in fit.by_tp.items()}, "residuals": fit.rows,

@@ -35,7 +35,7 @@ def main(ctx: typer.Context) -> None:
     table = Table("name", "description", box=None, pad_edge=False)
     for name, description in list_workloads():
         table.add_row(escape(name) + (" (default)" if name == DEFAULT_WORKLOAD else ""), escape(description))
-    Console(soft_wrap=True).print(table)
+    Console(soft_wrap=True, highlight=False).print(table)
 
 
 def _length_row(label: str, values: np.ndarray) -> list[str]:
@@ -71,7 +71,7 @@ def show(
     output = np.array([r.num_output_tokens for r in requests])
     max_tokens = np.array([r.max_tokens for r in requests])
 
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, highlight=False)
     title = f"[bold]{escape(spec.name)}[/bold]"
     console.print(f"{title}: {escape(spec.description)}" if spec.description else title)
     console.print(f"source: {spec.source}", markup=False)
@@ -100,12 +100,15 @@ def show(
     for warning in spec.warnings(generation):
         console.print(f"warning: {warning}", markup=False)
     if plot is not None:
-        _plot(plot, spec.name, arrivals if not spec.is_closed_loop else None, prompt, output)
+        _plot(plot, spec.name, seed, arrivals if not spec.is_closed_loop else None, prompt, output)
         console.print(f"wrote {plot}", markup=False)
 
 
-def _plot(path: Path, name: str, arrivals: np.ndarray | None, prompt: np.ndarray, output: np.ndarray) -> None:
-    """Arrival rate over time and the two length histograms, side by side."""
+def _plot(path: Path, name: str, seed: int, arrivals: np.ndarray | None, prompt: np.ndarray,
+          output: np.ndarray) -> None:
+    """Arrival rate over time and the two length histograms, side by side; written whole or not at
+    all (a temporary file renamed into place), with the seed and kvsim version in the title and
+    in the PNG's Description."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,11 +134,14 @@ def _plot(path: Path, name: str, arrivals: np.ndarray | None, prompt: np.ndarray
         ax.set_xlabel(label)
         ax.set_ylabel("requests")
         ax.legend()
-    fig.suptitle(f"workload {name} ({len(prompt)} requests)")
+    fig.suptitle(f"workload {name} ({len(prompt)} requests, seed {seed})")
     fig.tight_layout()
+    from reports.files import write_file
+    from simcore.simulate import KVSIM_VERSION
+
+    about = f"kvsim {KVSIM_VERSION}: workload {name}, {len(prompt)} requests, seed {seed}"
     try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise WorkloadError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+        write_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100,
+                                                 metadata={"Software": None, "Description": about}))
     finally:
         plt.close(fig)

@@ -26,6 +26,24 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _give_mode(made: Path, like: Path, default: int) -> None:
+    """`tempfile` makes owner-only (0600 / 0700) entries; give `made` the mode of the entry it
+    replaces, or what a plain `open` / `mkdir` would give under the umask, so a result is as
+    readable as any other file the user writes."""
+    try:
+        mode = like.stat().st_mode & 0o7777
+    except OSError:
+        mode = default & ~_umask()
+    os.chmod(made, mode)
+
+
 def _why(exc: OSError) -> str:
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         return "a part of the path is a file, not a folder"
@@ -35,6 +53,13 @@ def _why(exc: OSError) -> str:
 def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
     """Create `out_dir` if needed and prove the swap can happen: the folder and its parent are
     writable, and none of `names` is a folder there. Returns the resolved folder."""
+    try:  # even looking at a path can fail (a name too long, a symlink loop)
+        return _check_out_folder(out_dir, names, flag)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {out_dir}: cannot write there ({_why(exc)})") from None
+
+
+def _check_out_folder(out_dir: Path, names: Iterable[str], flag: str) -> Path:
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise KvsimError(f"{flag} {out_dir}: exists and is not a folder")
@@ -60,6 +85,13 @@ def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -
 
 def check_out_file(path: Path, flag: str = "--out") -> Path:
     """Create the parent folder if needed and prove a file can be written and renamed into place."""
+    try:  # even looking at a path can fail (a name too long, a symlink loop)
+        return _check_out_file(path, flag)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {path}: cannot write there ({_why(exc)})") from None
+
+
+def _check_out_file(path: Path, flag: str) -> Path:
     target = Path(path).expanduser()
     if target.is_dir():
         raise KvsimError(f"{flag} {path}: is a folder; give a file name")
@@ -86,6 +118,7 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
         raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
     try:
         write(Path(tmp))
+        _give_mode(Path(tmp), target, 0o666)
         os.replace(tmp, target)
     except OSError as exc:
         raise KvsimError(f"cannot write {target}: {_why(exc)}; nothing was written") from None
@@ -115,6 +148,7 @@ class Staging:
         self.target = check_out_folder(out_dir, names)
         try:
             self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.kvsim-", dir=self.target.parent))
+            _give_mode(self.path, self.target, 0o777)
         except OSError as exc:
             raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
         self.written: set[str] = set()  # files already complete or being streamed here

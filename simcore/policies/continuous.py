@@ -61,6 +61,9 @@ class ContinuousPagedPolicy:
         self.swap = preemption_mode == "swap"
         # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
         self._seq_index = np.zeros(256, dtype=np.int64)
+        self._decode_all_rows: tuple[StepPlan, np.ndarray] | None = None  # the last _decode_all's rows
+        # the block size as a 0-d array (numpy combines two arrays faster than an array and an int)
+        self._block_size = np.array(allocator.block_size, dtype=np.int64)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -137,13 +140,15 @@ class ContinuousPagedPolicy:
         if np.count_nonzero(store.plain[slots]) != num:
             return False
         computed = store.computed[slots]
-        full = np.logical_not(computed % self.allocator.block_size).nonzero()[0]  # last block full
-        if len(full) > self.allocator.num_free_blocks:
+        alloc = self.allocator
+        full = np.logical_not(computed % self._block_size).nonzero()[0]  # last block full
+        if len(full) > alloc.num_free_blocks:
             return False
         rows = self._seq_index[slots]
-        context_tokens = self.allocator.num_gpu_tokens + num  # each attends to computed + 1
-        self.allocator.append_decodes(rows, rows[full].tolist())
+        context_tokens = alloc.num_gpu_tokens + num  # each attends to computed + 1
+        alloc.append_decodes(rows, rows[full].tolist() if len(full) else [])
         plan.add_decode_run(slots.copy(), store, computed, context_tokens)
+        self._decode_all_rows = plan, rows  # a decode span of this plan appends to these rows
         return True
 
     def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int, queues: Queues) -> int:
@@ -352,10 +357,16 @@ class ContinuousPagedPolicy:
         if computed is None:
             computed = store.computed[slots]
         alloc = self.allocator
-        shape = span_shape(computed, min_remaining, alloc.block_size, alloc.num_free_blocks)
+        used = alloc.num_used_blocks
+        # nothing shared (no fork; no cached block, which a request could hold with others): the
+        # running requests hold every used block, so their last blocks' unfilled slots are the
+        # used slots less the written ones (as in end_step)
+        internal_first = None if alloc.cached else used * alloc.block_size - alloc.num_gpu_tokens
+        shape = span_shape(computed, min_remaining, alloc.block_size, alloc.num_free_blocks,
+                           internal_first=internal_first)
         if shape.num_steps < 2:
             return None
-        shape.used_blocks = alloc.num_used_blocks
+        shape.used_blocks = used
         return shape
 
     def extend_span(self, plan: StepPlan, num_steps: int) -> None:
@@ -365,9 +376,9 @@ class ContinuousPagedPolicy:
         evicted, does not."""
         if num_steps < 2:
             return
-        slots = plan.decode_slots()
-        store = plan.parts[0].store
-        self.allocator.append_runs(self._seq_index[slots], store.rid[slots], num_steps - 1)
+        last = self._decode_all_rows
+        rows = last[1] if last is not None and last[0] is plan else self._seq_index[plan.decode_slots()]
+        self.allocator.append_runs(rows, num_steps - 1)
 
     # -- commit ----------------------------------------------------------------------------
     def _release(self, st: ReqState) -> None:
