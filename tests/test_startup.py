@@ -27,6 +27,7 @@ from workloads.catalog import DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy", "pydantic")  # pydantic: cli/coercion.py
+SIMULATION = ("numpy", "simpy", "yaml", "numpy.ma")  # what a run needs (numpy.ma: never), help does not
 
 
 def _modules_after(args: list[str]) -> dict:
@@ -41,8 +42,9 @@ def _modules_after(args: list[str]) -> dict:
         "except SystemExit as exc:\n"
         "    code = exc.code\n"
         f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        f"simulation = sorted(m for m in {SIMULATION!r} if m in sys.modules)\n"
         "commands = sorted(m for m in sys.modules if m.startswith('cli.') and m.endswith('_cmd'))\n"
-        "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands}))\n"
+        "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands, 'simulation': simulation}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -59,7 +61,17 @@ def _modules_after(args: list[str]) -> dict:
 ])
 def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     seen = _modules_after(args)
-    assert seen == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+    assert {k: seen[k] for k in ("code", "heavy", "commands")} == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+    if "--help" in args:
+        assert seen["simulation"] == []
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list", "gpus"], ["sweep", "--help"]])
+def test_help_and_listing_import_no_simulation_library(args):
+    """Help and the catalog listing need typer and the option tables alone: no numpy (whose
+    import costs more than the rest of `kvsim --help`), SimPy or PyYAML."""
+    seen = _modules_after(args)
+    assert seen["code"] == 0 and seen["simulation"] == [] and seen["heavy"] == []
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--help", "run"], []])
