@@ -82,8 +82,11 @@ def calibrate(
     priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
     prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
     fit = fit_rows(rows, priced, prior)
+    from simcore.simulate import KVSIM_VERSION
+
     provenance = {
         "calibration": {
+            "kvsim_version": KVSIM_VERSION,
             "input": str(measurements), "input_sha256": sha, "rows": len(rows), "data_tps": data_tps,
             "fitted": fit.params, "prior": dict(zip(PARAMS, map(float, prior), strict=True)),
             "errors_by_tp": {str(k): v for k, v in fit.by_tp.items()}, "residuals": fit.rows,

@@ -59,7 +59,7 @@ Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted
 MaxModelLen = Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")]
 MaxBatchSize = Annotated[int | None, typer.Option(help="Static batching: requests per batch. [default: 64]")]
 BatchTimeout = Annotated[float | None, typer.Option(help="Static batching: longest wait for a full batch. [default: 0.1]")]
-Workload = Annotated[str | None, typer.Option(help="Named workload (see `kvsim workloads`) or a YAML file. [default: sharegpt]")]
+Workload = Annotated[str | None, typer.Option(help="Named workload (see `kvsim workloads`), a YAML file, or a trace (.csv / .jsonl). [default: sharegpt]")]
 Rate = Annotated[float | None, typer.Option("--rate", "--request-rate", help="Open loop: request rate in req/s (Poisson unless --burstiness).")]
 Concurrency = Annotated[int | None, typer.Option("--concurrency", "--max-concurrency", help="Closed loop: number of concurrent clients (vllm bench serve's --max-concurrency at its default --request-rate inf).")]
 NumRequests = Annotated[int | None, typer.Option("--num-requests", "--num-prompts", help="Requests to simulate.")]

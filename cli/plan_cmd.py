@@ -226,7 +226,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     table = result.table
     doc = {
         "answers": [{**a, "line": answer_line(a, slo)} for a in result.answers],
-        "candidates": _records(table), "num_runs": result.num_runs, "wall_s": wall,
+        # no wall time here: the same command and seed write the same plan.json (it is printed instead)
+        "candidates": _records(table), "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
         **result.context,
     }

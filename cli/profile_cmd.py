@@ -1,4 +1,4 @@
-"""`kvsim profile`: measure a step-latency profile with real kernels, or compare two profiles."""
+"""`kvsim profile`: measure a step-latency profile with real kernels; compare, check or validate profiles."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _table(**kwargs):
 
 
 app = typer.Typer(
-    help="Measure a step-latency profile with real kernels (torch), or compare two profiles.",
+    help="Measure a step-latency profile with real kernels (torch); `compare` two profiles, `check` one against your measurements, `validate` its latency model on whole steps.",
     invoke_without_command=True,
     no_args_is_help=False,
 )

@@ -190,7 +190,7 @@ def sweep(
     dp: Annotated[str | None, typer.Option("--dp", "--data-parallel-size", help=f"Engine replicas behind a router (GPUs = tp x pp x dp). {LIST_HELP} [default: 1]")] = None,
     pp: Annotated[str | None, typer.Option("--pp", "--pipeline-parallel-size", help=f"Pipeline stages per replica, each --tp GPUs. {LIST_HELP} [default: 1]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help=f"KV cache storage: auto or fp8. {LIST_HELP} [default: auto]")] = None,
-    quantization: Annotated[str | None, typer.Option("--quantization", help=f"Weights: none or fp8 (FP8 needs H100/H200). {LIST_HELP} [default: none]")] = None,
+    quantization: Annotated[str | None, typer.Option("--quantization", "-q", help=f"Weights: none or fp8 (FP8 needs H100/H200). {LIST_HELP} [default: none]")] = None,
     router: RouterOpt = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
     allocator: Allocator = None,
@@ -207,8 +207,8 @@ def sweep(
     max_batch_size: MaxBatchSize = None,
     batch_timeout_s: BatchTimeout = None,
     workload: Workload = None,
-    rate: Annotated[str | None, typer.Option(help=f"Open loop: request rate in req/s. {LIST_HELP}")] = None,
-    concurrency: Annotated[str | None, typer.Option(help=f"Closed loop: concurrent clients. {LIST_HELP}")] = None,
+    rate: Annotated[str | None, typer.Option("--rate", "--request-rate", help=f"Open loop: request rate in req/s. {LIST_HELP}")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", "--max-concurrency", help=f"Closed loop: concurrent clients. {LIST_HELP}")] = None,
     num_requests: NumRequests = None,
     burstiness: Burstiness = None,
     input_len: InputLen = None,
@@ -361,6 +361,9 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
         new_rows = run_points(todo, jobs=jobs, executor=executor, on_result=on_result, address=address)
     finally:
         progress.stop()
+    if table is not None:  # every point is in: grid order and one column order, whatever ran it
+        ran = next((r for r in new_rows if not r.get("does_not_fit")), None)
+        table.finish(list(ran) if ran is not None else None)
     if not done_ids:
         return new_rows
     earlier = read_table(table.path)

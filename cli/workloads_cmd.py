@@ -105,12 +105,15 @@ def show(
     for warning in spec.warnings(generation):
         console.print(f"warning: {warning}", markup=False)
     if plot is not None:
-        _plot(plot, spec.name, arrivals if not spec.is_closed_loop else None, prompt, output)
+        _plot(plot, spec.name, seed, arrivals if not spec.is_closed_loop else None, prompt, output)
         console.print(f"wrote {plot}", markup=False)
 
 
-def _plot(path: Path, name: str, arrivals: np.ndarray | None, prompt: np.ndarray, output: np.ndarray) -> None:
-    """Arrival rate over time and the two length histograms, side by side."""
+def _plot(path: Path, name: str, seed: int, arrivals: np.ndarray | None, prompt: np.ndarray,
+          output: np.ndarray) -> None:
+    """Arrival rate over time and the two length histograms, side by side; written whole or not at
+    all (a temporary file renamed into place), with the seed and kvsim version in the title and
+    in the PNG's Description."""
     import matplotlib
     import numpy as np
 
@@ -137,11 +140,14 @@ def _plot(path: Path, name: str, arrivals: np.ndarray | None, prompt: np.ndarray
         ax.set_xlabel(label)
         ax.set_ylabel("requests")
         ax.legend()
-    fig.suptitle(f"workload {name} ({len(prompt)} requests)")
+    fig.suptitle(f"workload {name} ({len(prompt)} requests, seed {seed})")
     fig.tight_layout()
+    from reports.files import write_file
+    from simcore.simulate import KVSIM_VERSION
+
+    about = f"kvsim {KVSIM_VERSION}: workload {name}, {len(prompt)} requests, seed {seed}"
     try:
-        fig.savefig(path, dpi=100)
-    except OSError as exc:
-        raise WorkloadError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+        write_file(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100,
+                                                 metadata={"Software": None, "Description": about}))
     finally:
         plt.close(fig)

@@ -398,6 +398,13 @@ def _decode_tables(torch, cfg, grid, dtype, backend, factories, make_paged_kv, t
     return tables, scaled
 
 
+def _kvsim_version() -> str:
+    """The kvsim that measured (a profile is a result: it records what made it)."""
+    from simcore.simulate import KVSIM_VERSION
+
+    return KVSIM_VERSION
+
+
 def _device_name(torch, device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(0)
@@ -427,6 +434,7 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
         "decode_attention": decode,
         "lm_head": lm_head,
         "provenance": {
+            "kvsim_version": _kvsim_version(),
             "device": cfg.device,
             "device_name": _device_name(torch, cfg.device),
             "label": "CPU" if cfg.device == "cpu" else "GPU",

@@ -301,9 +301,10 @@ def validate_profile(cfg: ValidateConfig, progress: Callable[[str, int], None] |
 
 
 def _provenance(torch, cfg: ValidateConfig, device: str, backend: str, tried: dict, dtype_name: str) -> dict:
-    from profiles.harness import _device_name
+    from profiles.harness import _device_name, _kvsim_version
 
     return {
+        "kvsim_version": _kvsim_version(),
         "device": device,
         "device_name": _device_name(torch, device),
         "torch_version": torch.__version__,

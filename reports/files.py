@@ -26,6 +26,24 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _give_mode(made: Path, like: Path, default: int) -> None:
+    """`tempfile` makes owner-only (0600 / 0700) entries; give `made` the mode of the entry it
+    replaces, or what a plain `open` / `mkdir` would give under the umask, so a result is as
+    readable as any other file the user writes."""
+    try:
+        mode = like.stat().st_mode & 0o7777
+    except OSError:
+        mode = default & ~_umask()
+    os.chmod(made, mode)
+
+
 def _why(exc: OSError) -> str:
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         return "a part of the path is a file, not a folder"
@@ -86,6 +104,7 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
         raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
     try:
         write(Path(tmp))
+        _give_mode(Path(tmp), target, 0o666)
         os.replace(tmp, target)
     except OSError as exc:
         raise KvsimError(f"cannot write {target}: {_why(exc)}; nothing was written") from None
@@ -115,6 +134,7 @@ class Staging:
         self.target = check_out_folder(out_dir, names)
         try:
             self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.kvsim-", dir=self.target.parent))
+            _give_mode(self.path, self.target, 0o777)
         except OSError as exc:
             raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
         self.written: set[str] = set()  # files already complete or being streamed here

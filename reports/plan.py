@@ -409,7 +409,10 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
             "status": "ok",
         })
     row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
-                "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least)})
+                "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
+                # what priced its steps (none for a candidate pruned before pricing)
+                "profile_source": a.profile.source if a.profile is not None else None,
+                "profile_sha256": a.profile.sha256 if a.profile is not None else None})
     return row
 
 
@@ -509,7 +512,11 @@ def plan(
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
     table = pd.DataFrame(rows)
-    context = {"slo": slo.describe(), "slo_text": slo.text(), "seed": seed, "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+    from simcore.simulate import KVSIM_VERSION
+
+    context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
+               "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+               "engine": base.to_dict(),  # every candidate's engine options, but for its own knobs
                "workload": spec.describe()}
     return PlanResult(table, answers, by_model, runs, context)
 

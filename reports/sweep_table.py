@@ -4,8 +4,10 @@ Each row is appended, flushed and fsynced as its point finishes, so a killed swe
 point it finished (at most the row being written is cut short; resuming drops that tail). Rows
 carry `point_id` (what the point is) and `sweep_id` (what the whole sweep is: every point of it);
 resuming reads the ids back, refuses a table whose `sweep_id` differs (a table made with other
-options), and runs only the points whose ids are missing. Rows are in finishing order; `point`
-(the grid index) restores grid order.
+options), and runs only the points whose ids are missing. Rows are in finishing order while the
+sweep runs; once every point is in, `finish` rewrites the table in grid order (`point`, then
+`seed`) with one column order, so a sweep writes the same file whatever its `--jobs`, executor or
+interruptions (only `wall_s` differs).
 """
 
 from __future__ import annotations
@@ -104,22 +106,48 @@ class SweepTable:
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
 
+    def finish(self, column_order: list[str] | None = None) -> None:
+        """Rewrite the complete table in grid order, columns in `column_order` (those it names
+        first, the rest as they are), atomically: a temporary sibling renamed over the table."""
+        try:
+            with self.path.open(newline="") as f:
+                lines = list(csv.reader(f))
+            if not lines:
+                return
+            header, body = lines[0], lines[1:]
+            at = {name: i for i, name in enumerate(header)}
+            first = [c for c in (column_order or []) if c in at]
+            columns = first + [c for c in header if c not in set(first)]
+            body = [r + [""] * (len(header) - len(r)) for r in body]
+            body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
+            self._replace_with(columns, ([r[at[c]] for c in columns] for r in body))
+        except OSError as exc:
+            raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+        self.columns = columns
+
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
-        old = self.columns
         rows = []
-        if old:
+        if self.columns:
             with self.path.open(newline="") as f:
                 rows = list(csv.reader(f))[1:]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w", newline="") as f:
-            f.write(_line(columns))
-            for r in rows:
-                f.write(_line(r + [None] * (len(columns) - len(r))))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        self._replace_with(columns, (r + [None] * (len(columns) - len(r)) for r in rows))
         self.columns = columns
+
+    def _replace_with(self, columns: list[str], rows: Iterable[list[Any]]) -> None:
+        """Write header and rows to a temporary sibling, fsync, rename it over the table; on a
+        failure the table is as it was and the sibling is removed."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            with tmp.open("w", newline="") as f:
+                f.write(_line(columns))
+                for r in rows:
+                    f.write(_line(r))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def read_table(path: Path) -> pd.DataFrame:

@@ -31,6 +31,8 @@ from operator import itemgetter
 
 import numpy as np
 
+_ONE = np.ones((), dtype=np.int64)  # a 0-d array: numpy combines two arrays faster than an array and an int
+
 
 class AllocStatus(IntEnum):
     """Admission answer: OK now, LATER when memory frees up, NEVER (bigger than the cache)."""
@@ -134,6 +136,11 @@ class BlockPool:
         recycled ids last freed first, then never-used ids, then evicted cached blocks."""
         free_ids, ref_cnt = self._free_ids, self.ref_cnt
         self.num_free -= count
+        if count == 1 and free_ids:  # a decode step's one new block, mostly: `take`'s recycled path
+            block_id = free_ids.pop()
+            assert not ref_cnt[block_id], "free block still referenced"
+            ref_cnt[block_id] = 1
+            return [block_id]
         num_recycled = min(count, len(free_ids))
         start = len(free_ids) - num_recycled
         ids = free_ids[start:]
@@ -418,31 +425,35 @@ class PagedAllocator:
         order step-by-step `append_slots(seq_id, 1)` calls would take their new blocks. The
         caller checked that they fit. One `take_many` for the step's new blocks, handed out in
         that order: the same block ids and counts as one `append_slots` per sequence."""
-        self._ntok[indices] += 1
+        self._ntok[indices] += _ONE
         self.num_gpu_tokens += len(indices)
         if full_rows:
             seq_of_row = self._seq_of_row
             for row, block_id in zip(full_rows, self.gpu.take_many(len(full_rows)), strict=True):
                 seq_of_row[row].table.append(block_id)
 
-    def append_runs(self, indices: np.ndarray, seq_ids: np.ndarray, num_new_tokens: int) -> None:
+    def append_runs(self, indices: np.ndarray, num_new_tokens: int) -> None:
         """`append_slots(seq_id, num_new_tokens)` for each sequence, in order: unshared, on the
-        GPU, at rows `indices`; the caller checked that their blocks fit."""
+        GPU, at rows `indices` (from `seq_index`), each holding at least one slot; the caller
+        checked that their blocks fit."""
         filled = self._ntok[indices]
         new_total = filled + num_new_tokens
         bs = self.block_size
-        new_blocks = -(-new_total // bs) + (-filled // bs)  # blocks_for(new) - blocks_for(filled)
+        # blocks_for(new_total) - blocks_for(filled) = (filled - 1 + n) // bs - (filled - 1) // bs
+        # for filled >= 1, i.e. ((filled - 1) % bs + n) // bs
+        new_blocks = ((filled - _ONE) % bs + num_new_tokens) // bs
         self._ntok[indices] = new_total
         self.num_gpu_tokens += num_new_tokens * len(indices)
         grows = new_blocks.nonzero()[0]
         if not len(grows):
             return
         # one take for all: the sequences' runs of ids follow each other, in order
-        taken = self.gpu.take_many(int(new_blocks.sum()))
-        seqs, start = self._seqs, 0
-        for seq_id, count in zip(seq_ids[grows].tolist(), new_blocks[grows].tolist(), strict=True):
+        counts = new_blocks[grows].tolist()
+        taken = self.gpu.take_many(sum(counts))
+        seq_of_row, start = self._seq_of_row, 0
+        for row, count in zip(indices[grows].tolist(), counts, strict=True):
             end = start + count
-            seqs[seq_id].table += taken[start:end]
+            seq_of_row[row].table += taken[start:end]
             start = end
 
     def fork(self, parent_id: int, child_id: int) -> None:

@@ -164,7 +164,15 @@ class Engine:
                         if ends[k - 1] > env.now:
                             yield env.timeout(delay_to(env.now, float(ends[k - 1])))
                 latency.count_decode_span(plan.num_decode_seqs, sums[:k])  # only the steps that ran
-                start, dt = self._apply_span(plan, shape, start, durations, ends, k, num_waiting)
+                # an arrival cut the span at step k < K: step k finishes nobody, so its tokens are
+                # emitted in bulk with steps 1..k-1 (stamped now, as a single step would stamp them)
+                emitted = 1 < k < shape.num_steps and emit_times is None
+                start, dt = self._apply_span(plan, shape, start, durations, ends, k, num_waiting,
+                                             env.now if emitted else None)
+                if emitted:
+                    mem = policy.end_step(plan, [], life)
+                    record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
+                    continue
             else:
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
@@ -191,23 +199,31 @@ class Engine:
         return sums, durations, boundaries(start, durations)
 
     def _apply_span(self, plan: StepPlan, shape: SpanShape, start: float, durations: np.ndarray,
-                    ends: np.ndarray, k: int, num_waiting: int) -> tuple[float, float]:
+                    ends: np.ndarray, k: int, num_waiting: int, emit_at: float | None = None) -> tuple[float, float]:
         """Steps 1..k of a decode span were waited out: apply steps 1..k-1 in bulk (KV, tokens,
         one step-table row) and advance `plan` to step k, which the caller finishes like a
         single step; returns step k's start and duration. `num_waiting`: the queue's length
-        when the span started."""
+        when the span started. `emit_at` (k > 1, step k finishes nobody): step k's tokens are
+        emitted here too, stamped `emit_at` (the clock at its end), in the same order."""
         life = self.lifecycle
         self.policy.extend_span(plan, k)
         if k > 1:
             n = k - 1
             num_seqs = plan.num_decode_seqs
-            life.emit_span(plan, ends[:n])
+            if emit_at is None:
+                life.emit_span(plan, ends[:n])
+            else:
+                emit_ends = ends[:k]
+                if ends[n] != emit_at:  # the clock landed one ulp late (delay_to)
+                    emit_ends = emit_ends.copy()
+                    emit_ends[n] = emit_at
+                life.emit_span(plan, emit_ends)
             bs = self.policy.allocator.block_size
             allocated = (shape.used_blocks + shape.new_blocks_cum[:n]) * bs
             internal = internal_slots(shape, num_seqs, bs, n)
             coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
             span_durations = durations[:n]
-            span_ms = float(span_durations.sum()) * 1000.0
+            span_ms = float(np.add.reduce(span_durations)) * 1000.0  # ndarray.sum without its wrapper
             costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
             self.recorder.record_span(start, span_durations, plan, allocated, internal, len(life.running),
                                       self._waiting_at(num_waiting, float(ends[n - 1])), len(life.swapped), costs)

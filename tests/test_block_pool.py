@@ -457,7 +457,6 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
                      3 + sum(_ceil_div(n, block_size) for n in lengths))
     one, bulk = build(), build()
     rows = np.array([bulk.seq_index(s) for s in order])
-    ids = np.array(order)
     for num_new in rounds:
         for seq_id in order:
             assert one.append_slots(seq_id, num_new)
@@ -465,7 +464,7 @@ def test_bulk_decode_appends_match_one_append_per_sequence(data, block_size, num
             full = [bulk.seq_index(s) for s in order if bulk.num_tokens(s) % block_size == 0]
             bulk.append_decodes(rows, full)
         else:
-            bulk.append_runs(rows, ids, num_new)
+            bulk.append_runs(rows, num_new)
         assert bulk.num_gpu_tokens == one.num_gpu_tokens == sum(one.num_tokens(s) for s in order)
         for seq_id in range(num_seqs):
             assert bulk.block_table(seq_id) == one.block_table(seq_id)

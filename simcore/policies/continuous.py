@@ -61,6 +61,9 @@ class ContinuousPagedPolicy:
         self.swap = preemption_mode == "swap"
         # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
         self._seq_index = np.zeros(256, dtype=np.int64)
+        self._decode_all_rows: tuple[StepPlan, np.ndarray] | None = None  # the last _decode_all's rows
+        # the block size as a 0-d array (numpy combines two arrays faster than an array and an int)
+        self._block_size = np.array(allocator.block_size, dtype=np.int64)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -137,13 +140,15 @@ class ContinuousPagedPolicy:
         if np.count_nonzero(store.plain[slots]) != num:
             return False
         computed = store.computed[slots]
-        full = np.logical_not(computed % self.allocator.block_size).nonzero()[0]  # last block full
-        if len(full) > self.allocator.num_free_blocks:
+        alloc = self.allocator
+        full = np.logical_not(computed % self._block_size).nonzero()[0]  # last block full
+        if len(full) > alloc.num_free_blocks:
             return False
         rows = self._seq_index[slots]
-        context_tokens = self.allocator.num_gpu_tokens + num  # each attends to computed + 1
-        self.allocator.append_decodes(rows, rows[full].tolist())
+        context_tokens = alloc.num_gpu_tokens + num  # each attends to computed + 1
+        alloc.append_decodes(rows, rows[full].tolist() if len(full) else [])
         plan.add_decode_run(slots.copy(), store, computed, context_tokens)
+        self._decode_all_rows = plan, rows  # a decode span of this plan appends to these rows
         return True
 
     def _schedule_running(self, plan: StepPlan, running: list[ReqState], budget: int, queues: Queues) -> int:
@@ -365,9 +370,9 @@ class ContinuousPagedPolicy:
         evicted, does not."""
         if num_steps < 2:
             return
-        slots = plan.decode_slots()
-        store = plan.parts[0].store
-        self.allocator.append_runs(self._seq_index[slots], store.rid[slots], num_steps - 1)
+        last = self._decode_all_rows
+        rows = last[1] if last is not None and last[0] is plan else self._seq_index[plan.decode_slots()]
+        self.allocator.append_runs(rows, num_steps - 1)
 
     # -- commit ----------------------------------------------------------------------------
     def _release(self, st: ReqState) -> None:

@@ -1,0 +1,110 @@
+"""What a command leaves on disk: files as readable as any the user writes (not tempfile's
+owner-only modes), written whole or not at all, and carrying their provenance."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from reports.files import write_file, write_files
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture()
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_a_new_output_folder_and_file_get_the_umask_modes(tmp_path: Path, umask_022):
+    out = tmp_path / "run"
+    write_files(out, {"a.csv": lambda p: p.write_text("x\n")})
+    assert _mode(out) == 0o755 and _mode(out / "a.csv") == 0o644
+    single = write_file(tmp_path / "profile.json", lambda p: p.write_text("{}\n"))
+    assert _mode(single) == 0o644
+
+
+def test_replacing_keeps_the_modes_the_user_chose(tmp_path: Path, umask_022):
+    out = tmp_path / "run"
+    out.mkdir()
+    out.chmod(0o750)
+    write_files(out, {"a.csv": lambda p: p.write_text("x\n")})
+    assert _mode(out) == 0o750
+    kept = tmp_path / "profile.json"
+    kept.write_text("old\n")
+    kept.chmod(0o640)
+    write_file(kept, lambda p: p.write_text("new\n"))
+    assert _mode(kept) == 0o640 and kept.read_text() == "new\n"
+
+
+def test_a_failed_write_leaves_no_half_written_file(tmp_path: Path):
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+
+    def half(path: Path) -> None:
+        path.write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(Exception, match="No space left"):
+        write_file(target, half)
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
+
+
+def test_workloads_plot_is_written_through_a_temporary_file_and_names_its_seed(tmp_path: Path, monkeypatch):
+    from PIL import Image
+
+    png = tmp_path / "seed.png"
+    png.write_bytes(b"previous plot")
+    import matplotlib.figure
+
+    def broken(self, *args, **kwargs):  # a failure halfway through drawing the PNG
+        Path(args[0]).write_bytes(b"\x89PNG\r\n\x1a\n cut short")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(matplotlib.figure.Figure, "savefig", broken)
+        failed = CliRunner().invoke(app, ["workloads", "show", "sharegpt", "--num-requests", "50", "--plot", str(png)])
+    assert failed.exit_code == 2 and "nothing was written" in failed.stderr
+    assert png.read_bytes() == b"previous plot" and sorted(p.name for p in tmp_path.iterdir()) == ["seed.png"]
+    shown = CliRunner().invoke(app, ["workloads", "show", "sharegpt", "--num-requests", "50", "--seed", "7",
+                                     "--plot", str(png)])
+    assert shown.exit_code == 0, shown.stderr
+    about = Image.open(png).text["Description"]
+    assert "seed 7" in about and "kvsim " in about and "sharegpt" in about
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB,A100-40GB", "--tp", "1,2", "--rate", "20",
+        "--input-len", "256", "--output-len", "64", "--search-requests", "100", "--confirm-requests", "150",
+        "--tolerance", "0.15", "--slo-ttft-p95-ms", "150", "--slo-tpot-p95-ms", "12"]
+
+
+def test_plan_files_record_provenance_and_repeat_byte_for_byte(tmp_path: Path):
+    import json
+
+    from profiles import default_profile
+    from simcore.catalog import get_gpu, get_model
+    from simcore.simulate import KVSIM_VERSION
+
+    for name in ("a", "b"):
+        done = CliRunner().invoke(app, [*PLAN, "--out", str(tmp_path / name)])
+        assert done.exit_code == 0, done.stderr
+    for name in ("plan.csv", "plan.json", "capacity.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    doc = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert doc["kvsim_version"] == KVSIM_VERSION and doc["seed"] == 0
+    assert doc["engine"]["block_size"] == 16 and doc["engine"]["gpu_memory_utilization"] == 0.9
+    by_tp = {(c["gpu"], c["tp"]): c for c in doc["candidates"]}
+    h100 = by_tp[("H100-SXM-80GB", 1)]
+    expected = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 1)
+    assert h100["profile_sha256"] == expected.sha256 and h100["profile_source"] == "roofline"
+    assert by_tp[("A100-40GB", 1)]["profile_sha256"] is None  # no price: pruned before pricing
