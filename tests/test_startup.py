@@ -194,6 +194,10 @@ def test_shipped_azure_traces_are_read_without_pandas_exactly(kind):
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3,4,5\n",  # long row
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,3,4\n2023-11-16 18:15:46,3,4\n",  # unsorted
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-16 18:15:46,3,4\n",  # month 13
+    *(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n{stamp},3,4\n" for stamp in (
+        "2023-00-16 18:15:46", "2023-11-00 18:15:46", "2023-02-29 00:00:00", "2100-02-29 00:00:00",
+        "2023-04-31 00:00:00", "2023-11-16 24:00:00", "2023-11-16 18:60:00", "2023-11-16 18:15:60.5",
+    )),  # no such date or time (numpy's datetime64 refuses each; 2000-02-29 is below, accepted)
     "TIMESTAMP,ContextTokens,GeneratedTokens\nnow,3,4\n",  # numpy reads it, ISO 8601 does not
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+01:00,3,4\n",  # time zone
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2300-01-01 00:00:00,3,4\n",  # past datetime64[ns]
@@ -230,6 +234,11 @@ def test_unusual_files_are_left_to_pandas(tmp_path, text):
     "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,5,6\n17,1,1\n",
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:15:46,3,4\n2023-11-16 18:15:47,0012,4503599627370496\n",
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.123456789,3,4\n2023-11-16 18:15:46.2,5,6\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2000-02-28 23:59:59,1,1\n2000-02-29 23:59:59.999999999,1,1\n"
+    "2000-03-01 12:00:00.5,1,1\n2000-04-30 00:00:00,1,1\n",  # a leap day (2000: divisible by 400)
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-02-29 00:00:01,1,1\n2024-03-01 00:00:00,1,1\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n1678-01-01 00:00:00,1,1\n",  # the ends of the range
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2261-12-31 23:59:59.999999999,1,1\n",
 ])
 def test_plain_files_read_as_pandas_reads_them(tmp_path, text):
     path = tmp_path / "t.csv"

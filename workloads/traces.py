@@ -168,23 +168,54 @@ def _plain_integers(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
 
 def _plain_timestamps(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     """Seconds since the first stamp, computed as `_timestamps` does (pandas' total_seconds: whole
-    seconds + remaining nanoseconds / 1e9); None unless every stamp is plain ISO 8601."""
+    seconds + remaining nanoseconds / 1e9); None unless every stamp is plain ISO 8601 and a real
+    date and time (numpy's datetime64 refuses month 13, Feb 29 of a common year, hour 24, second
+    60 ...: the pandas path says which line)."""
     stamps = _stamp_table(raw, starts, ends)
     if stamps is None:
         return None
-    years = stamps[:, :4].astype(np.int64) - _ZERO
-    years = ((years[:, 0] * 10 + years[:, 1]) * 10 + years[:, 2]) * 10 + years[:, 3]
+
+    def number(first: int, last: int) -> np.ndarray:  # the digits in columns first..last
+        value = stamps[:, first].astype(np.int64) - _ZERO
+        for column in range(first + 1, last + 1):
+            value = value * 10 + stamps[:, column] - _ZERO
+        return value
+
+    years, months, days = number(0, 3), number(5, 6), number(8, 9)
+    hours, minutes, seconds = number(11, 12), number(14, 15), number(17, 18)
     if years.min() < 1678 or years.max() > 2261:  # numpy's datetime64[ns] wraps outside
         return None
-    try:
-        ns = stamps.view(f"S{stamps.shape[1]}").ravel().astype("datetime64[ns]").astype(np.int64)
-    except ValueError:  # e.g. month 13: the pandas path says which line
+    leap = (years % 4 == 0) & ((years % 100 != 0) | (years % 400 == 0))
+    month_days = _MONTH_DAYS[np.clip(months, 1, 12)] + (leap & (months == 2))
+    if ((months < 1) | (months > 12) | (days < 1) | (days > month_days)).any() or (
+        hours.max() > 23 or minutes.max() > 59 or seconds.max() > 59
+    ):
         return None
+    fraction_ns = np.zeros(len(stamps), dtype=np.int64)
+    for column in range(20, stamps.shape[1]):  # the fraction's digits; NUL pads a shorter stamp
+        digit = stamps[:, column].astype(np.int64) - _ZERO
+        fraction_ns += np.where(digit >= 0, digit, 0) * 10 ** (28 - column)
+    ns = (_days_since_epoch(years, months, days) * 86_400 + hours * 3600 + minutes * 60 + seconds) * _NS_PER_S
+    ns += fraction_ns  # numpy's datetime64[ns] of the same text, exactly (integers throughout)
     ticks = ns - ns[0]
     if (np.abs(ticks) > 2**53).any():  # pandas nudges results off whole seconds there
         return None
     whole, fraction = np.divmod(ticks, _NS_PER_S)
     return whole + fraction / _NS_PER_S
+
+
+_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
+
+def _days_since_epoch(years: np.ndarray, months: np.ndarray, days: np.ndarray) -> np.ndarray:
+    """Days from 1970-01-01 to each proleptic Gregorian date (H. Hinnant, "chrono-Compatible
+    Low-Level Date Algorithms", days_from_civil; years here are >= 1678, so no negative eras)."""
+    y = years - (months <= 2)
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * ((months + 9) % 12) + 2) // 5 + days - 1  # March 1st is day 0
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
 
 
 def _stamp_table(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
