@@ -14,10 +14,9 @@ from simcore.errors import ConfigError
 def _tps(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    try:
-        tps = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--tp must be comma-separated integers, got {text!r}") from None
+    from reports.sweep import parse_list  # an empty item or a TP given twice is a mistake, as in sweep
+
+    tps = sorted(parse_list("--tp", text, int))
     if not tps or any(t < 1 or t & (t - 1) for t in tps):
         raise ConfigError(f"--tp must list powers of two >= 1, got {text!r}")
     return tps

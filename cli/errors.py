@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from typer import _click as click  # typer >= 0.29 vendors click (pinned in pyproject.toml)
@@ -11,6 +12,8 @@ from typer.exceptions import Abort
 from cli.coercion import install
 from simcore.errors import KvsimError
 
+# A path given on the command line or in a file that the OS refuses to look at: a user error.
+_BAD_PATH = (errno.ENAMETOOLONG, errno.ELOOP)
 USER_ERROR_EXIT = 2  # bad input: refused before any work
 EMPTY_RESULT_EXIT = 1  # the run finished but served nothing: its numbers mean nothing
 
@@ -46,4 +49,8 @@ class OneLineErrorsGroup(TyperGroup):
             fail(str(exc))
         except BrokenPipeError:
             sys.exit(1)
+        except OSError as exc:
+            if exc.errno not in _BAD_PATH:
+                raise
+            fail(f"{exc.filename}: {exc.strerror}")  # a path the user gave cannot even be looked at
         sys.exit(rv if isinstance(rv, int) else 0)

@@ -144,6 +144,8 @@ def parse_goodput(values: list[str] | None, extra_args: list[str] | None = None)
              for part in text.replace(",", " ").split()]
     if extra_args and not values:
         raise ConfigError(f"unexpected argument {extra_args[0]!r}")
+    if values and not items:  # `--goodput ""` would silently mean no SLO at all
+        raise ConfigError("--goodput: give KEY:VALUE pairs (e.g. ttft:500 tpot:50, in ms)")
     slo: dict[str, float] = {}
     for item in items:
         name, sep, number = item.partition(":")

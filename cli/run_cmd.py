@@ -135,6 +135,8 @@ def run(
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
+    if not find_max_rate and ctx.get_parameter_source("tolerance").name == "COMMANDLINE":
+        raise ConfigError("--tolerance applies only with --find-max-rate")  # it would be ignored
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)

@@ -37,7 +37,7 @@ def main(ctx: typer.Context) -> None:
     table = Table("name", "description", box=None, pad_edge=False)
     for name, description in list_workloads():
         table.add_row(escape(name) + (" (default)" if name == DEFAULT_WORKLOAD else ""), escape(description))
-    Console(soft_wrap=True).print(table)
+    Console(soft_wrap=True, highlight=False).print(table)
 
 
 def _length_row(label: str, values: np.ndarray) -> list[str]:
@@ -76,7 +76,7 @@ def show(
     output = np.array([r.num_output_tokens for r in requests])
     max_tokens = np.array([r.max_tokens for r in requests])
 
-    console = Console(soft_wrap=True)
+    console = Console(soft_wrap=True, highlight=False)
     title = f"[bold]{escape(spec.name)}[/bold]"
     console.print(f"{title}: {escape(spec.description)}" if spec.description else title)
     console.print(f"source: {spec.source}", markup=False)

@@ -42,6 +42,9 @@ DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
 GOODPUT_ATTAINMENT = 0.9  # share of requests that must meet every per-request SLO; DistServe
 # (Zhong et al., OSDI 2024, section 2.2) sizes deployments for 90% SLO attainment
 MAX_HALVINGS = 8  # below start / 2^8 a deployment "sustains nothing" (its SLO fails when idle)
+# Above start x 2^20 the search stops with "at least" that rate: a run too short to overload (a
+# few requests), or no SLO to miss, would otherwise double the rate until it overflows.
+MAX_DOUBLINGS = 20
 # d ln(margin) / d ln(rate) assumed for a first move from a single run: the TTFT / TPOT p95 of
 # the planner's 70B runs (README "Planning") rise 1.0-2.0x as fast as the rate below saturation.
 # It only picks which rate to run next; every answer is still a passing grid rate whose
@@ -293,7 +296,7 @@ def max_sustainable_rate(
     doubling = max(1, math.ceil(math.log(2.0) / per_step))
     step = doubling if first_step is None else max(1, min(first_step, doubling))
     floor_k = grid_index(floor_grid_rate(rate_floor, tolerance), tolerance) if rate_floor > 0 else None
-    top = grid_index(rate_cap, tolerance) if rate_cap else None
+    top = grid_index(rate_cap or start_rate * 2**MAX_DOUBLINGS, tolerance)
     bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
     k = grid_index(start_rate, tolerance)
     if top is not None:

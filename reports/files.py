@@ -53,6 +53,13 @@ def _why(exc: OSError) -> str:
 def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
     """Create `out_dir` if needed and prove the swap can happen: the folder and its parent are
     writable, and none of `names` is a folder there. Returns the resolved folder."""
+    try:  # even looking at a path can fail (a name too long, a symlink loop)
+        return _check_out_folder(out_dir, names, flag)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {out_dir}: cannot write there ({_why(exc)})") from None
+
+
+def _check_out_folder(out_dir: Path, names: Iterable[str], flag: str) -> Path:
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise KvsimError(f"{flag} {out_dir}: exists and is not a folder")
@@ -78,6 +85,13 @@ def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -
 
 def check_out_file(path: Path, flag: str = "--out") -> Path:
     """Create the parent folder if needed and prove a file can be written and renamed into place."""
+    try:  # even looking at a path can fail (a name too long, a symlink loop)
+        return _check_out_file(path, flag)
+    except OSError as exc:
+        raise KvsimError(f"{flag} {path}: cannot write there ({_why(exc)})") from None
+
+
+def _check_out_file(path: Path, flag: str) -> Path:
     target = Path(path).expanduser()
     if target.is_dir():
         raise KvsimError(f"{flag} {path}: is a folder; give a file name")

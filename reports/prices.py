@@ -29,6 +29,8 @@ def _price(name: str, value: object, where: str) -> tuple[str, float]:
     except ConfigError as exc:  # unknown GPU: the catalog's message, naming the flag or file
         raise ConfigError(f"{where}: {exc}") from None
     try:
+        if isinstance(value, bool):  # YAML `true` is not a price of $1
+            raise TypeError
         usd = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: price of {name} must be a number of $/GPU-hour, got {value!r}") from None
@@ -56,10 +58,14 @@ def _prices_file(path: Path) -> dict[str, float]:
 
     if not path.is_file():
         raise ConfigError(f"--price {path}: give GPU=USD (e.g. H100-SXM-80GB=3.5) or a YAML file that exists")
+    from workloads.catalog import StrictLoader  # safe, and a GPU given twice is an error
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=StrictLoader)  # noqa: S506
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"--price {path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise ConfigError(f"--price {path}: not a readable YAML file (nested too deeply)") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"--price {path}: expected a mapping of GPU name to $/GPU-hour")
     return dict(_price(name, value, f"--price {path}") for name, value in data.items())

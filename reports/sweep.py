@@ -40,6 +40,7 @@ SWEEPABLE = {
     "concurrency": ("--concurrency", "concurrency"),
 }
 WORKLOAD_DIMS = ("rate", "concurrency")
+MAX_GRID_POINTS = 10_000  # points of one sweep: each is a simulation, and each is checked up front
 # printed column -> column of the tidy row (the sweep table) it shows
 METRIC_SOURCES = {
     "gpus": "gpus", "kv_cache_tokens": "kv_cache_tokens", "output_tok_s": "output_throughput",
@@ -54,22 +55,29 @@ CONFIG_METRICS = ("gpus", "kv_cache_tokens")
 LABEL_METRICS = ("load", "regime")  # text; with several seeds, "mixed: ..." when they disagree
 
 
+def _shown(text: str) -> str:
+    """A list quoted in an error, cut to a readable length."""
+    return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
+
+
 def parse_list(flag: str, text: str, kind: type) -> list:
     """'8,16,32' -> [8, 16, 32]; a malformed or repeated value is a ConfigError naming the flag."""
-    values = []
+    values: list = []
+    seen: set = set()  # a set, so that a long list is not quadratic to check
     for item in text.split(","):
         item = item.strip()
         try:
             value = kind(item)
         except ValueError:
             what = {int: "an integer", float: "a number", str: "a value"}[kind]
-            raise ConfigError(f"{flag}: {item!r} is not {what} (in {text!r})") from None
+            raise ConfigError(f"{flag}: {item!r} is not {what} (in {_shown(text)})") from None
         if kind is str and not value:
-            raise ConfigError(f"{flag}: empty value in {text!r}")
+            raise ConfigError(f"{flag}: empty value in {_shown(text)}")
         if kind is float and not math.isfinite(value):
             raise ConfigError(f"{flag}: {item!r} is not a finite number")
-        if value in values:
-            raise ConfigError(f"{flag}: {item!r} is listed twice (in {text!r})")
+        if value in seen:
+            raise ConfigError(f"{flag}: {item!r} is listed twice (in {_shown(text)})")
+        seen.add(value)
         values.append(value)
     return values
 
@@ -91,6 +99,10 @@ def expand_grid(lists: dict[str, Sequence[Any]], zipped: Sequence[Sequence[str]]
                               "the same length, got " + ", ".join(f"{len(lists[n])}" for n in group))
         axes.append((group, list(zip(*(lists[n] for n in group), strict=True))))
         placed.update(group)
+    size = math.prod(len(values) for _, values in axes)
+    if size > MAX_GRID_POINTS:  # each point is checked and memory-planned before any runs
+        raise ConfigError(f"the sweep has {size:,} points (the product of the lists' lengths); at most "
+                          f"{MAX_GRID_POINTS:,} in one sweep: split it, or --zip lists that vary together")
     cells = []
     for combo in itertools.product(*(values for _, values in axes)):
         cell: dict[str, Any] = {}

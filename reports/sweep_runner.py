@@ -245,6 +245,8 @@ def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
     from reports.sweep import parse_list
 
     values = parse_list("--seeds", seeds, int)
+    if len(values) > MAX_REPEATS:
+        raise ConfigError(f"--seeds: at most {MAX_REPEATS:,} seeds, got {len(values):,}")
     for v in values:
         if v < 0:
             raise ConfigError(f"--seeds: {v} is negative; seeds are integers >= 0")

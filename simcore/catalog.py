@@ -12,7 +12,6 @@ have 8 x 400 Gb/s ConnectX-7 (50 GB/s per GPU), DGX A100 8 x 200 Gb/s ConnectX-6
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from simcore.errors import ConfigError
@@ -119,10 +118,12 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8-sig"))
+        from simcore import userjson  # only a HF config file needs it
+
+        cfg = userjson.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"model config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ConfigError(f"model config {path}: not a readable JSON config ({exc})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"model config {path}: expected a JSON object")

@@ -34,10 +34,10 @@ from simcore.request import Request
 from simcore.span import (
     SpanShape,
     boundaries,
+    context_sums,
     decode_step_fixed_ms,
     delay_to,
-    internal_slots,
-    step_offsets,
+    kv_slots,
 )
 from simcore.step import StepPlan
 
@@ -194,7 +194,7 @@ class Engine:
         `start`. Priced without counting extrapolation: an arrival may cut the span, and the
         steps it did not run are priced again later (the caller counts those that ran)."""
         num_seqs = plan.num_decode_seqs
-        sums = plan.decode_context_tokens + num_seqs * step_offsets(shape.num_steps)
+        sums = context_sums(plan.decode_context_tokens, num_seqs, shape.num_steps)
         durations = self.latency.decode_span_times_s(num_seqs, sums, count=False)
         return sums, durations, boundaries(start, durations)
 
@@ -218,9 +218,7 @@ class Engine:
                     emit_ends = emit_ends.copy()
                     emit_ends[n] = emit_at
                 life.emit_span(plan, emit_ends)
-            bs = self.policy.allocator.block_size
-            allocated = (shape.used_blocks + shape.new_blocks_cum[:n]) * bs
-            internal = internal_slots(shape, num_seqs, bs, n)
+            allocated, internal = kv_slots(shape, num_seqs, self.policy.allocator.block_size, n)
             coll_ms, host_ms = decode_step_fixed_ms(self.latency, num_seqs)
             span_durations = durations[:n]
             span_ms = float(np.add.reduce(span_durations)) * 1000.0  # ndarray.sum without its wrapper

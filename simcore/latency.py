@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+import simcore.userjson as userjson
 from simcore.errors import ProfileError
 
 SCHEMA = "kvsim-profile"
@@ -355,7 +356,7 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is allowed
+        data = userjson.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is allowed
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such profile") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:

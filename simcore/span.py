@@ -60,52 +60,78 @@ def _constant(key: tuple, length: int, build) -> np.ndarray:
 _CONSTANTS: dict[tuple, np.ndarray] = {}
 
 
-def _step_residues(block_size: int, num_steps: int) -> np.ndarray:
-    """k % block_size for k = 1..num_steps."""
-    return _constant(("residues", block_size), num_steps, lambda n: np.arange(1, n + 1) % block_size)
+def _int0(value: int) -> np.ndarray:
+    """`value` as a read-only 0-d int64 array, built once: numpy combines two arrays faster
+    than an array and a Python int (the same values)."""
+    key = ("int0", value)
+    cached = _CONSTANTS.get(key)
+    if cached is None:
+        cached = _CONSTANTS[key] = np.array(value, dtype=np.int64)
+        cached.flags.writeable = False
+    return cached
+
+
+def _new_block_bins(block_size: int, num_steps: int) -> np.ndarray:
+    """For steps k = 1..num_steps, the residue c % block_size of the requests that take a new
+    block at step k: (1 - k) % block_size for k >= 2; step 1 (its appends were made by the
+    schedule) reads the bin past the residues, which is always empty."""
+    def build(n: int) -> np.ndarray:
+        bins = (1 - np.arange(1, n + 1)) % block_size
+        bins[0] = block_size
+        return bins
+    return _constant(("bins", block_size), num_steps, build)
 
 
 def _first_step_weights(block_size: int) -> np.ndarray:
-    """(r - 2) % block_size for r = 0..block_size-1: a request with (1 - c) % bs == r has
-    (-(c + 1)) % bs unfilled slots in its last block after step 1."""
-    return _constant(("weights", block_size), block_size, lambda n: (np.arange(block_size) - 2) % block_size)
+    """Unfilled slots of its last block after step 1, (-(c + 1)) % block_size, for a request
+    with c % block_size == r, r = 0..block_size-1 (and 0 for the empty bin past them)."""
+    def build(n: int) -> np.ndarray:
+        weights = np.zeros(block_size + 1, dtype=np.int64)
+        weights[:block_size] = (-(np.arange(block_size) + 1)) % block_size
+        return weights
+    return _constant(("weights", block_size), block_size + 1, build)
 
 
 def span_shape(computed: np.ndarray, min_remaining: int, block_size: int, free_blocks: int,
-               cap: int = MAX_SPAN_STEPS) -> SpanShape:
+               cap: int = MAX_SPAN_STEPS, internal_first: int | None = None) -> SpanShape:
     """`computed`: tokens each request had computed before step 1; `min_remaining`: the fewest
     tokens a request still emits, step 1's included; `free_blocks`: free GPU blocks after step
-    1's appends."""
+    1's appends; `internal_first`: the unfilled slots of the requests' last blocks after step 1
+    when the caller knows them (else counted here)."""
     k_max = min(min_remaining, cap)
-    # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. k % bs == (1 - c) % bs
-    residues = np.subtract(1, computed)
+    # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. c % bs == (1 - k) % bs
     if block_size & (block_size - 1):
-        np.remainder(residues, block_size, out=residues)
-    else:  # a power of two: the same residues (two's complement), several times cheaper
-        np.bitwise_and(residues, block_size - 1, out=residues)
-    hist = np.bincount(residues, minlength=block_size)
-    new = hist[_step_residues(block_size, k_max)]
-    new[0] = 0  # step 1's appends were made by the policy's schedule
-    cum = new.cumsum()
-    if int(cum[-1]) < free_blocks:  # every step leaves a block free (the usual case)
-        k = k_max
+        residues = computed % _int0(block_size)
+    else:  # a power of two: the same residues by a bit-mask, cheaper
+        residues = np.bitwise_and(computed, _int0(block_size - 1))
+    hist = np.bincount(residues, minlength=block_size + 1)  # the last bin stays empty
+    cum = hist[_new_block_bins(block_size, k_max)].cumsum()
+    # at most ceil((k_max - 1) / bs) new blocks per request in steps 2..k_max
+    if len(computed) * ((k_max - 2) // block_size + 1) < free_blocks or int(cum[-1]) < free_blocks:
+        k = k_max  # every step leaves a block free (the usual case)
     else:
         k = min(k_max, int(cum.searchsorted(free_blocks - 1, side="right")))  # steps with cum <= free - 1
     k = max(k, 1) if free_blocks >= 1 else 1
-    return SpanShape(k, cum[:k], computed, int(hist.dot(_first_step_weights(block_size))))
+    if internal_first is None:
+        internal_first = int(hist.dot(_first_step_weights(block_size)))
+    return SpanShape(k, cum[:k], computed, internal_first)
 
 
-def internal_slots(shape: SpanShape, num_seqs: int, block_size: int, num_steps: int) -> np.ndarray:
-    """Unfilled slots of the requests' last blocks after each step k = 1..num_steps,
-    sum_j (-(c_j + k)) % bs: every step fills one slot per request, and a step that opens a
-    new block for a request adds block_size free ones, so I_k = I_1 - R (k - 1) + bs * cum_k."""
-    k = step_offsets(num_steps)
-    return shape.internal_first - num_seqs * k + block_size * shape.new_blocks_cum[:num_steps]
+def kv_slots(shape: SpanShape, num_seqs: int, block_size: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Allocated slots and unfilled slots of the requests' last blocks after each step
+    k = 1..num_steps: A_k = (used + cum_k) * bs, and, every step filling one slot per request
+    and a new block adding block_size free ones, I_k = I_1 - R (k - 1) + bs * cum_k."""
+    new_slots = shape.new_blocks_cum[:num_steps] * _int0(block_size)
+    allocated = new_slots + shape.used_blocks * block_size
+    first = shape.internal_first
+    internal = np.arange(first, first - num_seqs * num_steps, -num_seqs) + new_slots
+    return allocated, internal
 
 
-def step_offsets(num_steps: int) -> np.ndarray:
-    """0, 1, ..., num_steps - 1."""
-    return _constant(("offsets",), num_steps, np.arange)
+def context_sums(first: int, num_seqs: int, num_steps: int) -> np.ndarray:
+    """The decode context sum of steps 1..num_steps of a span: `first`, then `num_seqs` more
+    each step (every sequence attends to one more token)."""
+    return np.arange(first, first + num_seqs * num_steps, num_seqs)
 
 
 def decode_step_fixed_ms(latency: StepLatencyModel, num_seqs: int) -> tuple[float, float]:

@@ -61,6 +61,7 @@ class Case:
     setup: Callable[[Path], None] | None = None
     cwd: str | None = None  # run from this folder of the case ("" = the case folder)
     may_start: bool = False  # a valid but enormous value: refused, or accepted and started; never a crash
+    time_box_s: float = TIME_BOX_S  # PyYAML's pure-Python scanner is quadratic in flow nesting (~4 s at 1000)
 
 
 CASES: list[Case] = []
@@ -511,6 +512,109 @@ case("profile validate:out-is-the-profile", [*VALIDATE, "--profile", "{d}/p.json
      "would overwrite the input file", files={"p.json": TINY_PROFILE.read_text()})
 
 
+# --- 10. Second audit: hostile files, numbers past 2^53, paths the OS refuses, silent defaults ----
+
+# Nine levels of ten aliases: ~1e9 leaves from a few hundred bytes; quoting it whole in an error
+# (or walking it) would take minutes and gigabytes.
+ALIAS_BOMB = "[" + ", ".join(
+    [f"&l0 [{', '.join(['x'] * 10)}]"]
+    + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+) + "]"
+DEEP_YAML = "[" * 1200 + "]" * 1200  # past the recursion limit of the parser
+DEEP_JSON = '{"a":' * 100000 + "1" + "}" * 100000
+AUDIT_YAML = {
+    "alias-bomb": (GOOD_YAML.replace("prompt_len: 10", f"prompt_len: {ALIAS_BOMB}"), "prompt_len"),
+    "nested-too-deeply": (GOOD_YAML + f"name: {DEEP_YAML}\n", "nest"),
+    "num-requests-above-2^53": (GOOD_YAML.replace("num_requests: 10", "num_requests: 99999999999999999999"),
+                                "num_requests"),
+    "prompt-len-1e300": (GOOD_YAML.replace("prompt_len: 10", "prompt_len: 1e300"), "prompt_len"),
+    "uniform-high-1e300": (GOOD_YAML.replace("prompt_len: 10", "prompt_len: {dist: uniform, low: 1, high: 1e300}"),
+                           "prompt_len.high"),
+    "normal-std-1e300": (GOOD_YAML.replace("prompt_len: 10", "prompt_len: {dist: normal, mean: 10, std: 1e300}"),
+                         "prompt_len.std"),
+    "lognormal-cv-1e300": (GOOD_YAML.replace("prompt_len: 10", "prompt_len: {dist: lognormal, mean: 10, cv: 1e300}"),
+                           "prompt_len.cv"),
+    "zipf-high-1e12": (GOOD_YAML.replace("prompt_len: 10", "prompt_len: {dist: zipf, a: 1.5, high: 1e12}"),
+                       "prompt_len.high"),
+    "rate-1e300": (GOOD_YAML.replace("rate: 2", "rate: 1e300"), "arrival.rate"),
+    "n-values-strings": (GOOD_YAML + "n: {values: [a, b]}\n", "n.values"),
+    "n-values-lists": (GOOD_YAML + "n: {values: [[1], [2]]}\n", "n.values"),
+    "n-weights-nan": (GOOD_YAML + "n: {values: [1, 2], weights: [.nan, 1]}\n", "n.weights"),
+    "n-weights-inf": (GOOD_YAML + "n: {values: [1, 2], weights: [.inf, 1]}\n", "n.weights"),
+    "piecewise-inf-rate": (GOOD_YAML.replace("{process: poisson, rate: 2}", "{process: piecewise, schedule: [[0, .inf]]}"),
+                           "arrival.schedule"),
+    "diurnal-steps-1e9": (GOOD_YAML.replace("{process: poisson, rate: 2}",
+                                            "{process: diurnal, mean_rate: 2, period_s: 60, steps: 1000000000}"),
+                          "arrival.steps"),
+}
+for yaml_id, (text, needle) in AUDIT_YAML.items():
+    for command, argv in file_commands("workload.yaml"):
+        case(f"{command}:yaml-{yaml_id}", argv, "workload.yaml", needle, files={"workload.yaml": text},
+             time_box_s=15.0 if yaml_id == "nested-too-deeply" else TIME_BOX_S)
+
+AUDIT_JSONL = {
+    "bool-length": '{"arrival_s": 0, "num_prompt_tokens": true, "num_output_tokens": 10}\n',
+    "key-given-twice": '{"arrival_s": 0, "num_prompt_tokens": 10, "num_prompt_tokens": 20, "num_output_tokens": 10}\n',
+    "nested-too-deeply": DEEP_JSON + "\n",
+}
+for jsonl_id, text in AUDIT_JSONL.items():
+    for command, argv in file_commands("trace.csv")[:2]:
+        case(f"{command}:trace-jsonl-{jsonl_id}", [a.replace("trace.csv", "trace.jsonl") for a in argv],
+             "trace.jsonl", files={"trace.jsonl": text})
+
+for json_id, text in {"key-given-twice": PROFILE.read_text().rstrip()[:-1] + ', "gpu": "A100-80GB"}',
+                      "nested-too-deeply": DEEP_JSON}.items():
+    for command, argv in file_commands("profile.json"):
+        case(f"{command}:profile-{json_id}", argv, "profile.json", files={"profile.json": text, "m.csv": GOOD_MEASURED})
+    case(f"profile compare:{json_id}", ["profile", "compare", str(PROFILE), "{d}/b.json"], "b.json",
+         files={"b.json": text})
+    hf_text = json.dumps(HF_SHAPE)[:-1] + ', "num_hidden_layers": 3}' if json_id == "key-given-twice" else DEEP_JSON
+    for command, argv in file_commands("config.json"):
+        case(f"{command}:hf-{json_id}", argv, "config.json", files={"config.json": hf_text, "m.csv": GOOD_MEASURED})
+for price_id, text in {"bool": "H100-SXM-80GB: true\n", "gpu-given-twice": "H100-SXM-80GB: 3\nH100-SXM-80GB: 4\n",
+                       "nested-too-deeply": f"H100-SXM-80GB: {DEEP_YAML}\n"}.items():
+    case(f"plan:prices-{price_id}", [*PLAN, "--price", "{d}/prices.yaml"], "--price", files={"prices.yaml": text},
+         time_box_s=15.0 if price_id == "nested-too-deeply" else TIME_BOX_S)
+
+# A name longer than the filesystem allows (ENAMETOOLONG): even looking at it fails.
+LONG = "x" * 300
+for command, (base, kind) in OUT_COMMANDS.items():
+    suffix = {"folder": "", "file": ".json", "png": ".png"}[kind] if command != "sweep" else ".csv"
+    case(f"{command}:out-name-too-long", [*base, _out_flag(command), "{d}/" + LONG + suffix], LONG[:20],
+         files={"m.csv": GOOD_MEASURED})
+    case(f"{command}:out-under-a-name-too-long", [*base, _out_flag(command), "{d}/" + LONG + "/o" + suffix],
+         LONG[:20], files={"m.csv": GOOD_MEASURED})
+case("report sweep:out-name-too-long", ["report", "sweep", "{d}/table.csv", "--out", "{d}/" + LONG], LONG[:20],
+     files={"table.csv": "point,point_id,seed,tp\n0,a,0,1\n"})
+for name in FILE_NAMES:
+    for command, argv in file_commands(name):
+        long_argv = [a.replace("{d}/" + name, "{d}/" + LONG + "." + name.split(".")[1]) for a in argv]
+        case(f"{command}:{name.split('.')[0]}-name-too-long", long_argv, LONG[:20], files={"m.csv": GOOD_MEASURED})
+
+# Options that would be silently ignored or silently replaced by a default.
+case("run:tolerance-without-find-max-rate", [*RUN, "--tolerance", "0.1"], "--tolerance")
+for command, base in (("run", RUN[:3]), ("sweep", SWEEP)):
+    case(f"{command}:burstiness-with-concurrency", [*base, "--concurrency", "4", "--burstiness", "0.5"],
+         "--burstiness")
+for command, argv in (("run", RUN), ("sweep", SWEEP), ("plan", PLAN)):
+    case(f"{command}:workload-empty-name", [*argv, "--workload", ""], "--workload")
+case("run:goodput-empty", [*RUN, "--goodput", ""], "--goodput")
+case("calibrate:tp-empty-item", [*CALIBRATE, "{d}/m.csv", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB",
+                                 "--out", "{d}/out", "--tp", "1,,2"], "--tp", files={"m.csv": GOOD_MEASURED})
+case("calibrate:tp-given-twice", [*CALIBRATE, "{d}/m.csv", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB",
+                                  "--out", "{d}/out", "--tp", "1,1"], "--tp", files={"m.csv": GOOD_MEASURED})
+# Sizes that would hang before any progress is shown: checked first.
+many = ",".join(str(1 + i) for i in range(2000))
+case("sweep:grid-of-8e9-points", [*SWEEP, "--rate", many, "--max-num-seqs", many, "--gpu-memory-utilization",
+                                  ",".join(f"{0.5 + i / 10000:.4f}" for i in range(2000))], "points")
+case("sweep:100k-seeds", [*SWEEP, "--seeds", ",".join(map(str, range(100_000)))], "--seeds")
+for command, base in (("run", RUN[:1]), ("sweep", SWEEP[:1]), ("workloads show", [*SHOW, "sharegpt"])):
+    case(f"{command}:num-requests-above-2^53", [*base, "--num-requests", "9007199254740993"], "--num-requests")
+for command, base in (("profile", PROFILE_CMD), ("profile validate", BASES["profile validate"])):
+    case(f"{command}:repeats-a-million", [*base, "--repeats", "1000000"], "--repeats")
+    case(f"{command}:warmup-a-million", [*base, "--warmup", "1000000"], "--warmup")
+
+
 # --- The driver ---------------------------------------------------------------------------------
 
 
@@ -616,7 +720,7 @@ def test_bad_input_is_refused_before_any_work(c: Case, no_work, monkeypatch):
             assert any(n.replace("{d}", str(folder)) in err for n in needle.split("|")), (needle, err)
         assert not any(word in err for word in ("ModelSpec", "EngineConfig", "GPUSpec", "WorkloadSpec", "NoneType")), err
         assert _snapshot(folder) == before, "something was written"
-        assert elapsed < TIME_BOX_S, f"refused after {elapsed:.2f} s"
+        assert elapsed < c.time_box_s, f"refused after {elapsed:.2f} s"
     finally:
         _cleanup(folder)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from workloads.arrivals import (
 )
 from workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
 from workloads.spec import SharedPrefix, WorkloadSpec
-from workloads.traces import Trace, TraceOptions, read_trace, window_rows
+from workloads.traces import MAX_INTEGER, Trace, TraceOptions, read_trace, window_rows
 
 CATALOG_DIR = Path(__file__).resolve().parent
 DATA_DIR = CATALOG_DIR / "data"
@@ -65,6 +66,8 @@ OVERRIDE_KEYS = (
     "max_tokens", "n", "beam_width", "think_time_s",
 )  # fmt: skip
 _MISSING = object()
+ZIPF_MAX_HIGH = 2**20  # ranks of a zipf length: its pmf is an array of this many floats (8 MiB)
+DIURNAL_MAX_STEPS = 100_000  # constant-rate steps of one diurnal period (24 = hourly)
 
 
 class _Fields:
@@ -75,7 +78,7 @@ class _Fields:
         if not isinstance(data, dict):
             if not where:
                 raise WorkloadError(f"workload file {file}: expected a mapping of fields, got {type(data).__name__}")
-            raise self.error(where, f"must be a mapping, got {data!r}")
+            raise self.error(where, f"must be a mapping, got {_shown(data)}")
         unknown = [k for k in data if k not in allowed]
         if unknown:
             field = f"{where}.{unknown[0]}" if where else str(unknown[0])
@@ -98,7 +101,7 @@ class _Fields:
         return default
 
     def number(self, key: str, default: Any = _MISSING, *, integer: bool = False, minimum: float = 0.0,
-               strict: bool = False) -> Any:  # fmt: skip
+               strict: bool = False, maximum: float = MAX_INTEGER) -> Any:  # fmt: skip
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -106,15 +109,29 @@ class _Fields:
         ok = ok and (value > minimum if strict else value >= minimum)
         if not ok:
             kind = "an integer" if integer else "a number"
-            raise self.error(self.path(key), f"must be {kind} {'>' if strict else '>='} {minimum:g}, got {value!r}")
+            raise self.error(self.path(key), f"must be {kind} {'>' if strict else '>='} {minimum:g}, got {_shown(value)}")
+        if value > maximum:  # past 2**53 nothing is exact, and no workload is that large
+            raise self.error(self.path(key), f"must be at most {maximum:,}, got {_shown(value)}")
         return int(value) if integer else float(value)
 
     def text(self, key: str, default: Any = _MISSING, choices: tuple[str, ...] = ()) -> Any:
         value = self.raw(key, default)
         if not isinstance(value, str) or (choices and value not in choices):
             expected = f"one of {', '.join(choices)}" if choices else "a string"
-            raise self.error(self.path(key), f"must be {expected}, got {value!r}")
+            raise self.error(self.path(key), f"must be {expected}, got {_shown(value)}")
         return value
+
+
+_SHOWN = reprlib.Repr()  # a value quoted in an error stays short, even a YAML alias bomb
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple = 2, 6, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to a readable length: YAML aliases can make a small file hold a value
+    whose full repr would take gigabytes."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _is_number(value: Any) -> bool:
@@ -124,7 +141,7 @@ def _is_number(value: Any) -> bool:
 def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[str, ...]]) -> tuple[str, _Fields]:
     """Read a mapping whose `key` ('process' or 'dist') picks the allowed fields."""
     if not isinstance(data, dict):
-        raise WorkloadError(f"workload file {file}: field '{where}' must be a mapping, got {data!r}")
+        raise WorkloadError(f"workload file {file}: field '{where}' must be a mapping, got {_shown(data)}")
     kind = data.get(key)
     if kind not in table:
         known = {key, *(name for names in table.values() for name in names)}
@@ -135,7 +152,7 @@ def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[s
                 f"kind: one of {', '.join(table)})"
             )
         raise WorkloadError(
-            f"workload file {file}: field '{where}.{key}' must be one of {', '.join(table)}, got {kind!r}"
+            f"workload file {file}: field '{where}.{key}' must be one of {', '.join(table)}, got {_shown(kind)}"
         )
     return kind, _Fields(file, where, data, (key, *table[kind]))
 
@@ -154,9 +171,9 @@ def _arrival(file: str, data: Any) -> ArrivalProcess:
         steps = f.raw("schedule")
         pair = (list, tuple)
         if not isinstance(steps, list) or not all(
-            isinstance(s, pair) and len(s) == 2 and all(_is_number(x) for x in s) for s in steps
+            isinstance(s, pair) and len(s) == 2 and all(_is_number(x) and math.isfinite(x) for x in s) for s in steps
         ):
-            raise f.error("arrival.schedule", f"must be a list of [start_s, rate] pairs, got {steps!r}")
+            raise f.error("arrival.schedule", f"must be a list of [start_s, rate] pairs, got {_shown(steps)}")
         period = f.number("period_s", None, strict=True)
         return PiecewiseRateArrivals(tuple(float(s[0]) for s in steps), tuple(float(s[1]) for s in steps), period)
     if kind == "diurnal":
@@ -164,7 +181,7 @@ def _arrival(file: str, data: Any) -> ArrivalProcess:
             f.number("mean_rate", strict=True),
             f.number("peak_to_trough", 1.0, minimum=1.0),
             f.number("period_s", strict=True),
-            f.number("steps", 24, integer=True, minimum=2),
+            f.number("steps", 24, integer=True, minimum=2, maximum=DIURNAL_MAX_STEPS),
         )
     if kind == "closed_loop":
         return ClosedLoop(
@@ -180,7 +197,7 @@ def _find_data(file: str, base: Path, where: str, ref: str) -> Path:
     for candidate in (base / ref, DATA_DIR / ref):
         if candidate.is_file():
             return candidate
-    raise WorkloadError(f"workload file {file}: field '{where}' names {ref!r}, which is not a file")
+    raise WorkloadError(f"workload file {file}: field '{where}' names {_shown(ref)}, which is not a file")
 
 
 def _whole(value: Any) -> bool:
@@ -190,8 +207,10 @@ def _whole(value: Any) -> bool:
 
 def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
     if _whole(data):
-        if data < 1:
-            raise WorkloadError(f"workload file {file}: field '{where}' must be a length >= 1, got {data!r}")
+        if not 1 <= data <= MAX_INTEGER:
+            raise WorkloadError(
+                f"workload file {file}: field '{where}' must be a length from 1 to {MAX_INTEGER:,}, got {_shown(data)}"
+            )
         return Fixed(int(data))
     kind, f = _kinded(file, where, data, "dist", LENGTH_FIELDS)
     if kind == "fixed":
@@ -206,8 +225,9 @@ def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
             raise f.error(where, "needs exactly one of 'std' or 'cv' (the spread of the lengths)")
         std = f.number("std", strict=True) if "std" in data else mean * f.number("cv", strict=True)
         return LogNormal(mean, std)
-    if kind == "zipf":
-        return Zipf(f.number("a", strict=True), f.number("high", integer=True, minimum=1), f.number("scale", 1.0, strict=True))
+    if kind == "zipf":  # its pmf is tabulated over every rank, so the ranks are bounded
+        high = f.number("high", integer=True, minimum=1, maximum=ZIPF_MAX_HIGH)
+        return Zipf(f.number("a", strict=True), high, f.number("scale", 1.0, strict=True))
     ref = f.text("trace")
     column = f.text("column", choices=("prompt", "output"))
     trace = read_trace(_find_data(file, base, f"{where}.trace", ref))
@@ -216,13 +236,17 @@ def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
 
 
 def _choice(file: str, where: str, data: Any) -> Categorical:
-    if _whole(data):
+    if _whole(data) and 1 <= data <= MAX_INTEGER:
         return Categorical((int(data),))
     f = _Fields(file, where, data, CHOICE_FIELDS)
     values, weights = f.raw("values"), f.raw("weights", [])
     if not isinstance(values, list) or not isinstance(weights, list):
-        raise f.error(where, f"must be an integer or {{values: [...], weights: [...]}}, got {data!r}")
-    return Categorical(tuple(values), tuple(weights))
+        raise f.error(where, f"must be an integer or {{values: [...], weights: [...]}}, got {_shown(data)}")
+    if not values or not all(_whole(v) and 1 <= v <= MAX_INTEGER for v in values):
+        raise f.error(f"{where}.values", f"must be integers >= 1, got {_shown(values)}")
+    if not all(_is_number(w) and math.isfinite(w) for w in weights):
+        raise f.error(f"{where}.weights", f"must be finite numbers >= 0, got {_shown(weights)}")
+    return Categorical(tuple(int(v) for v in values), tuple(float(w) for w in weights))
 
 
 def _trace_section(file: str, base: Path, data: Any) -> tuple[Trace, TraceOptions]:
@@ -232,7 +256,7 @@ def _trace_section(file: str, base: Path, data: Any) -> tuple[Trace, TraceOption
     if window is not None and (
         not isinstance(window, list) or len(window) != 2 or not all(_is_number(x) for x in window)
     ):
-        raise f.error("trace.window_s", f"must be [start_s, end_s], got {window!r}")
+        raise f.error("trace.window_s", f"must be [start_s, end_s], got {_shown(window)}")
     options = TraceOptions(
         window_s=None if window is None else (float(window[0]), float(window[1])),
         sample=f.text("sample", "head", ("head", "random")),
@@ -285,15 +309,23 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec:
     )
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's scanner where PyYAML has it (linear, and refuses nesting past 1000 levels); the pure
+# Python one is quadratic in flow nesting depth (seconds for a hostile `[[[[...`).
+_SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictLoader(_SafeBase):
     """YAML 1.1's safe loader, but `1e3` and `2.5e-3` are numbers (as in YAML 1.2, JSON and the CSV
     trace reader), not strings: PyYAML's float pattern requires a dot and a signed exponent. A key
-    given twice is an error (YAML 1.2 requires unique keys; PyYAML silently keeps the last)."""
+    given twice is an error (YAML 1.2 requires unique keys; PyYAML silently keeps the last); a key
+    beside a `<<` merge overrides the merged one, as YAML's merge key means."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys given beside it win
+                    continue
                 key = self.construct_object(key_node, deep=True)
                 if not isinstance(key, str):
                     continue
@@ -304,7 +336,7 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.add_implicit_resolver(
+StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."),
@@ -319,12 +351,14 @@ def _read_yaml(path: Path) -> Any:
     if not text.strip():
         raise WorkloadError(f"workload file {path} is empty")
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise WorkloadError(f"workload file {path}: invalid YAML{where} ({problem})") from None
+    except RecursionError:
+        raise WorkloadError(f"workload file {path}: invalid YAML (nested too deeply)") from None
 
 
 def load_file(path: Path) -> WorkloadSpec:
@@ -384,6 +418,8 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
         _check_override(key, value)
     if "rate" in given and "concurrency" in given:
         raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+    if "burstiness" in given and "concurrency" in given:  # it would be dropped without a word
+        raise WorkloadError("--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
     if "rate" in given or "burstiness" in given:
@@ -447,12 +483,16 @@ def _check_override(key: str, value: Any) -> None:
     if not ok:
         kind = "an integer" if integer else "a finite number"
         raise WorkloadError(f"--{key.replace('_', '-')} must be {kind} {'>' if strict else '>='} {lowest}, got {value}")
+    if value > MAX_INTEGER:  # past 2**53 counts are not exact (kvsim keeps them in float64 columns too)
+        raise WorkloadError(f"--{key.replace('_', '-')} must be at most {MAX_INTEGER:,}, got {value}")
 
 
 def load_workload(
     name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None
 ) -> WorkloadSpec:
     """The workload `kvsim run --workload` means: a catalog name or a file, CLI overrides, then clipping."""
+    if name_or_path is not None and not name_or_path.strip():  # not silently the default workload
+        raise WorkloadError("--workload is empty; give a named workload (see `kvsim workloads`) or a file")
     spec = load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
     spec = apply_overrides(spec, overrides)
     if max_model_len is not None:

@@ -15,10 +15,12 @@ import numpy as np
 
 from simcore.errors import WorkloadError
 
+_MOST_TOKENS = 2**53  # a draw beyond (a huge std) stays a huge length, not an int64 overflow
+
 
 def _to_tokens(x: np.ndarray) -> np.ndarray:
-    """Round to whole tokens, at least one."""
-    return np.maximum(np.rint(x), 1).astype(np.int64)
+    """Round to whole tokens, at least one (at most 2**53: clipping to max_model_len comes later)."""
+    return np.minimum(np.maximum(np.rint(x), 1), _MOST_TOKENS).astype(np.int64)
 
 
 class LengthDist(Protocol):

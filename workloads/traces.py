@@ -7,7 +7,6 @@ in `Selection.stats` and reported by the workload's `describe()`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -21,6 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+import simcore.userjson as userjson
 from simcore.errors import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -274,9 +274,9 @@ def _read_jsonl(path: str) -> tuple[pd.DataFrame, np.ndarray]:
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"trace file {path}, line {number}: invalid JSON ({exc.msg})") from None
+                row = userjson.loads(text)
+            except ValueError as exc:  # JSONDecodeError, a key given twice, nesting too deep
+                raise WorkloadError(f"trace file {path}, line {number}: invalid JSON ({getattr(exc, 'msg', exc)})") from None
             if not isinstance(row, dict):
                 raise WorkloadError(f"trace file {path}, line {number}: expected a JSON object per line")
             rows.append(row)
@@ -284,9 +284,18 @@ def _read_jsonl(path: str) -> tuple[pd.DataFrame, np.ndarray]:
     if not rows:
         raise WorkloadError(f"trace file {path} is empty")
     frame = pd.DataFrame(rows)
-    for name in frame.columns:  # a row without the key is as bad as a missing CSV cell
-        frame[name] = frame[name].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else v)
+    for name in frame.columns:
+        frame[name] = frame[name].map(_jsonl_cell)
     return frame, np.asarray(lines)
+
+
+def _jsonl_cell(value: Any) -> Any:
+    """A row without the key is as bad as a missing CSV cell; JSON `true` is not the number 1."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"  # refused as not a number, and named as written
+    return value
 
 
 def _validate(path: str, frame: pd.DataFrame, lines: np.ndarray) -> Trace:

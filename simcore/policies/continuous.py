@@ -357,10 +357,16 @@ class ContinuousPagedPolicy:
         if computed is None:
             computed = store.computed[slots]
         alloc = self.allocator
-        shape = span_shape(computed, min_remaining, alloc.block_size, alloc.num_free_blocks)
+        used = alloc.num_used_blocks
+        # nothing shared (no fork; no cached block, which a request could hold with others): the
+        # running requests hold every used block, so their last blocks' unfilled slots are the
+        # used slots less the written ones (as in end_step)
+        internal_first = None if alloc.cached else used * alloc.block_size - alloc.num_gpu_tokens
+        shape = span_shape(computed, min_remaining, alloc.block_size, alloc.num_free_blocks,
+                           internal_first=internal_first)
         if shape.num_steps < 2:
             return None
-        shape.used_blocks = alloc.num_used_blocks
+        shape.used_blocks = used
         return shape
 
     def extend_span(self, plan: StepPlan, num_steps: int) -> None:
