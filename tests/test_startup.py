@@ -312,3 +312,27 @@ def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
         model, _, tp = rest.rpartition("-tp")
         found = find_profile_path(gpu.upper(), model, int(tp), directory=PROFILE_DIR)
         assert found == path, path
+
+
+# --- the latency model built once per run ------------------------------------------------------
+
+
+def test_profile_hands_its_validation_model_to_the_first_run_only():
+    """parse_profile builds a StepLatencyModel to validate the profile; the first simulation of
+    that policy prices with it (no second build), later ones and other policies build their own,
+    and a pickled profile (sweep workers) carries none."""
+    import pickle
+
+    from profiles import default_profile
+    from simcore.catalog import get_gpu, get_model
+
+    profile = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
+    spare = profile._unused_model
+    assert spare is not None and spare.policy == "continuous"
+    assert pickle.loads(pickle.dumps(profile))._unused_model is None
+    first, second = profile.latency_model(policy="continuous"), profile.latency_model(policy="continuous")
+    assert first is spare and second is not spare and profile._unused_model is None
+    assert second.host == first.host and second.decode_block_size == first.decode_block_size
+    other = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
+    static = other.latency_model(policy="static")
+    assert static.policy == "static" and other._unused_model is None
