@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import sys
 
 from typer import _click as click  # typer >= 0.29 vendors click (pinned in pyproject.toml)
@@ -14,6 +15,8 @@ from simcore.errors import KvsimError
 
 # A path given on the command line or in a file that the OS refuses to look at: a user error.
 _BAD_PATH = (errno.ENAMETOOLONG, errno.ELOOP)
+# Standard output (or any file not written through reports.files) refused the bytes.
+_CANNOT_WRITE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
 USER_ERROR_EXIT = 2  # bad input: refused before any work
 EMPTY_RESULT_EXIT = 1  # the run finished but served nothing: its numbers mean nothing
 
@@ -22,6 +25,19 @@ def fail(message: str, code: int = USER_ERROR_EXIT) -> None:
     """Print one line to stderr and exit (2 for a user error)."""
     click.echo(f"kvsim: error: {message}", err=True)
     sys.exit(code)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of what could not be written
+    does not print a second error."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001 (the very write that failed)
+        pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception:  # noqa: BLE001 (no real file descriptor: a test runner's stdout)
+        pass
 
 
 class OneLineErrorsGroup(TyperGroup):
@@ -50,7 +66,10 @@ class OneLineErrorsGroup(TyperGroup):
         except BrokenPipeError:
             sys.exit(1)
         except OSError as exc:
-            if exc.errno not in _BAD_PATH:
+            if exc.errno in _BAD_PATH:
+                fail(f"{exc.filename}: {exc.strerror}")  # a path the user gave cannot even be looked at
+            if exc.errno not in _CANNOT_WRITE:
                 raise
-            fail(f"{exc.filename}: {exc.strerror}")  # a path the user gave cannot even be looked at
+            _drop_stdout()  # e.g. `kvsim run > /dev/full`: say it once, not again when Python exits
+            fail(f"cannot write the output ({exc.strerror})")
         sys.exit(rv if isinstance(rv, int) else 0)

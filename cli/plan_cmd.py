@@ -31,6 +31,8 @@ from simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
 PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+MAX_TARGET_RATES = 100  # target rates of one plan
+MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 
 
 def _list(flag: str, text: str | None, kind: type, default: list) -> list:
@@ -94,6 +96,8 @@ def plan(
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
+    if len(rates) > MAX_TARGET_RATES:  # each target is sized and confirmed with its own runs
+        raise ConfigError(f"--rate: at most {MAX_TARGET_RATES} target rates in one plan, got {len(rates):,}")
     for r in rates:
         if not r > 0:
             raise ConfigError(f"--rate must be > 0 req/s, got {r:g}")
@@ -123,6 +127,10 @@ def plan(
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
     )
+    size = len(models) * math.prod(len(d.values) for d in dims)
+    if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
+        raise ConfigError(f"the plan has {size:,} candidates (models x GPUs x the lists' lengths); at most "
+                          f"{MAX_CANDIDATES:,}: narrow the lists")
     base = EngineConfig()
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run

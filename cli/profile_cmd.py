@@ -46,12 +46,14 @@ class Backend(StrEnum):
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:
+    from simcore.specs import MAX_BLOCK_SIZE  # vLLM's largest; kvsim refuses larger everywhere else
+
     try:
         sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
         raise ConfigError(f"--block-sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or any(s <= 0 or s & (s - 1) for s in sizes):
-        raise ConfigError(f"--block-sizes must be powers of two, got {text!r}")
+    if not sizes or any(s <= 0 or s & (s - 1) or s > MAX_BLOCK_SIZE for s in sizes):
+        raise ConfigError(f"--block-sizes must be powers of two from 1 to {MAX_BLOCK_SIZE}, got {text!r}")
     return sizes
 
 

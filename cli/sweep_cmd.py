@@ -349,6 +349,9 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
     from reports.sweep_table import read_table
 
     done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
+    missing = [c for c in plan.swept if done_ids and c not in table.columns]
+    if missing:  # the summary reads it from the earlier rows: refuse before running the rest
+        raise ConfigError(f"--resume: {table.path} has no {missing[0]!r} column (edited by hand?)")
     todo = [p for p in plan.points if p.options["point_id"] not in done_ids]
     progress = _Progress(len(plan.points), len(plan.points) - len(todo))
 

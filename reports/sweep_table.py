@@ -64,8 +64,8 @@ class SweepTable:
             if not exists:
                 self.path.write_text("")
                 return set()
+            rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
             self._drop_partial_line()
-            rows = self._read_rows()
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
         other = {r.get("sweep_id") for r in rows} - {sweep_id}
@@ -85,13 +85,21 @@ class SweepTable:
                 f.truncate(data.rfind(b"\n") + 1)
 
     def _read_rows(self) -> list[dict[str, str]]:
-        with self.path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            self.columns = list(reader.fieldnames or [])
-            rows = list(reader)
-        if self.columns and not {"point_id", "sweep_id"} <= set(self.columns):
-            raise ConfigError(f"--resume: {self.path} is not a kvsim sweep table (no point_id / sweep_id)")
-        return rows
+        """The complete rows (a last line without its newline is the cut-short row: left out)."""
+        try:
+            text = self.path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--resume: {self.path} is not a kvsim sweep table ({exc})") from None
+        text = text[: text.rfind("\n") + 1]
+        try:
+            lines = list(csv.reader(io.StringIO(text, newline="")))
+        except csv.Error as exc:
+            raise ConfigError(f"--resume: {self.path} is not a kvsim sweep table ({exc})") from None
+        self.columns = lines[0] if lines else []
+        if self.columns and not {"point", "seed", "point_id", "sweep_id"} <= set(self.columns):
+            raise ConfigError(f"--resume: {self.path} is not a kvsim sweep table (no point / seed / point_id / sweep_id)")
+        check_rows(self.path, self.columns, lines[1:], "--resume: ")
+        return [dict(zip(self.columns, line, strict=True)) for line in lines[1:]]
 
     def append(self, row: dict[str, Any]) -> None:
         """Write one row now (flushed and fsynced), widening the header first if it has new keys."""
@@ -110,7 +118,7 @@ class SweepTable:
         """Rewrite the complete table in grid order, columns in `column_order` (those it names
         first, the rest as they are), atomically: a temporary sibling renamed over the table."""
         try:
-            with self.path.open(newline="") as f:
+            with self.path.open(newline="", encoding="utf-8-sig") as f:  # a BOM a user's editor added
                 lines = list(csv.reader(f))
             if not lines:
                 return
@@ -129,7 +137,7 @@ class SweepTable:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
         rows = []
         if self.columns:
-            with self.path.open(newline="") as f:
+            with self.path.open(newline="", encoding="utf-8-sig") as f:
                 rows = list(csv.reader(f))[1:]
         self._replace_with(columns, (r + [None] * (len(columns) - len(r)) for r in rows))
         self.columns = columns
@@ -150,13 +158,54 @@ class SweepTable:
             tmp.unlink(missing_ok=True)
 
 
+# Columns the reports compute with (config and metrics): a cell there is empty or a number.
+NUMERIC_COLUMNS = (
+    "point", "seed", "block_size", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size",
+    "data_parallel_size", "pipeline_parallel_size", "rate", "concurrency", "gpus", "kv_cache_tokens",
+    "output_throughput", "median_ttft_ms", "p95_ttft_ms", "median_tpot_ms", "p95_tpot_ms", "kv_waste_rate",
+    "num_preemptions", "slo_ttft_p95_ms", "slo_tpot_p95_ms",
+)
+
+
+def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str = "") -> None:
+    """A table edited or cut short by hand is refused with its line named, before any work: a
+    column named twice, a row with more or fewer cells than the header, a point or seed that is
+    not a whole number, or text where the reports need a number."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise ConfigError(f"{prefix}{path}: column {name!r} is given twice")
+        seen.add(name)
+    where = {name: i for i, name in enumerate(header) if name in NUMERIC_COLUMNS}
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise ConfigError(f"{prefix}{path}, line {number}: {len(row)} cells, the header has {len(header)} "
+                              "(a table cut short or edited?)")
+        for name, i in where.items():
+            cell = row[i].strip()
+            if not cell and name not in ("point", "seed"):
+                continue
+            try:
+                value = float(cell)
+            except ValueError:
+                value = math.nan
+            whole = name not in ("point", "seed") or (math.isfinite(value) and value.is_integer() and value >= 0)
+            if math.isnan(value) and cell.lower() != "nan" or not whole:
+                kind = "a whole number >= 0" if name in ("point", "seed") else "a number"
+                raise ConfigError(f"{prefix}{path}, line {number}: {name} is {cell!r}, expected {kind}")
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A sweep table as a DataFrame in grid order (then by seed)."""
     try:
-        frame = pd.read_csv(path)
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            lines = list(csv.reader(f))
+        if lines:
+            check_rows(path, lines[0], lines[1:])
+        frame = pd.read_csv(path, encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as exc:
         raise ConfigError(f"{path}: not a readable CSV table ({str(exc).splitlines()[0]})") from None
     except OSError as exc:  # a folder, no permission
         raise ConfigError(f"{path}: cannot read the table ({exc.strerror or exc})") from None

@@ -27,7 +27,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from operator import itemgetter
 
 import numpy as np
 
@@ -99,6 +98,9 @@ class BlockPool:
         # free blocks (recycled + never used + evictable), kept as a count because schedulers
         # read it several times a step; written only by BlockPool
         self.num_free = num_blocks
+        # blocks held by more than one table (forks, shared cached prefixes): while 0, every
+        # held block has ref_cnt 1, so freeing a table needs no look at its counts
+        self.num_shared = 0
 
     @property
     def num_blocks(self) -> int:
@@ -146,10 +148,7 @@ class BlockPool:
         ids = free_ids[start:]
         del free_ids[start:]
         ids.reverse()
-        if num_recycled > 1:
-            assert not any(itemgetter(*ids)(ref_cnt)), "free block still referenced"
-        elif num_recycled:
-            assert not ref_cnt[ids[0]], "free block still referenced"
+        # (a recycled id is free: only a count that reached 0 puts it on the stack)
         for block_id in ids:
             ref_cnt[block_id] = 1
         if num_recycled < count:
@@ -165,16 +164,15 @@ class BlockPool:
     def decref_all(self, block_ids: list[int]) -> None:
         """`decref` each block, in order (a freed sequence's table: one pass, no calls)."""
         free_ids, evictable = self._free_ids, self._evictable
-        if len(block_ids) > 1 and (not self._hash_of or self._hash_of.keys().isdisjoint(block_ids)):
-            # the common case, blocks held once and none cached: all go on the free stack, in
-            # order; the counts are read in C (itemgetter), only the stores loop in Python
+        if not self.num_shared and (not self._hash_of or self._hash_of.keys().isdisjoint(block_ids)):
+            # the common case, every block held once (nothing is shared) and none cached: all
+            # go on the free stack, in order
             ref_cnt = self.ref_cnt
-            if itemgetter(*block_ids)(ref_cnt).count(1) == len(block_ids):
-                for block_id in block_ids:
-                    ref_cnt[block_id] = 0
-                free_ids.extend(block_ids)
-                self.num_free += len(block_ids)
-                return
+            for block_id in block_ids:
+                ref_cnt[block_id] = 0
+            free_ids.extend(block_ids)
+            self.num_free += len(block_ids)
+            return
         num_free_before = len(free_ids) + len(evictable)
         ref_cnt, release, hash_of = self.ref_cnt, free_ids.append, self._hash_of
         for block_id in block_ids:
@@ -186,6 +184,8 @@ class BlockPool:
                     evictable[block_id] = None
                 else:
                     release(block_id)
+            elif left == 1:
+                self.num_shared -= 1
         self.num_free += len(free_ids) + len(evictable) - num_free_before
 
     def cache(self, block_id: int, block_hash: Hashable) -> None:
@@ -197,20 +197,28 @@ class BlockPool:
 
     def touch(self, block_id: int) -> None:
         """Take a reference to a cached block, reviving it if it was evictable."""
-        if self.ref_cnt[block_id] == 0:
+        held = self.ref_cnt[block_id]
+        if held == 0:
             del self._evictable[block_id]
             self.num_free -= 1
-        self.ref_cnt[block_id] += 1
+        elif held == 1:
+            self.num_shared += 1
+        self.ref_cnt[block_id] = held + 1
 
     def incref(self, block_id: int) -> None:
-        assert self.ref_cnt[block_id] > 0, "incref on a free block"
-        self.ref_cnt[block_id] += 1
+        held = self.ref_cnt[block_id]
+        assert held > 0, "incref on a free block"
+        if held == 1:
+            self.num_shared += 1
+        self.ref_cnt[block_id] = held + 1
 
     def decref(self, block_id: int) -> None:
         left = self.ref_cnt[block_id] - 1
         assert left >= 0, "double free"
         self.ref_cnt[block_id] = left
-        if left == 0:
+        if left == 1:
+            self.num_shared -= 1
+        elif left == 0:
             self.num_free += 1
             if block_id in self._hash_of:
                 self._evictable[block_id] = None

@@ -176,7 +176,7 @@ class Table2D:
         logarithms and exponentials by numpy, so the same bits whichever way it goes below)."""
         if a <= 0:
             return np.zeros(len(bs))
-        lb = np.log1p(np.asarray(bs, dtype=np.float64))
+        lb = np.log1p(bs)  # float64 whatever `bs` holds (integers are converted first, exactly)
         if len(lb) <= SHORT_ROW:
             return np.exp(self._exponents(a, lb.tolist()))
         s, segments, top0, bot0 = self._row_terms(a)
@@ -200,11 +200,16 @@ class Table2D:
         if last == 0:  # one context point: the rows' only values
             return [top_z[0] + s * (bot_z[0] - top_z[0])] * len(lbs)
         out = []
+        lo = hi = 0.0  # v in [lo, hi): v is in segment j (the outer segments extend to infinity)
         for v in lbs:
-            j = bisect_right(grid, v, 1, last) - 1  # the segment row()'s searchsorted finds
-            t = (v - grid[j]) / widths[j]
-            top = top_z[j] + t * top_dz[j]
-            bot = bot_z[j] + t * bot_dz[j]
+            if not lo <= v < hi:  # a span's contexts grow slowly: most stay in the last one's segment
+                j = bisect_right(grid, v, 1, last) - 1  # the segment row()'s searchsorted finds
+                lo = grid[j] if j else -math.inf
+                hi = grid[j + 1] if j + 1 < last else math.inf
+                g, w, tz, tdz, bz, bdz = grid[j], widths[j], top_z[j], top_dz[j], bot_z[j], bot_dz[j]
+            t = (v - g) / w
+            top = tz + t * tdz
+            bot = bz + t * bdz
             out.append(top + s * (bot - top))
         return out
 
@@ -686,19 +691,23 @@ class StepLatencyModel:
         with count_decode_span)."""
         if num_seqs <= 0:
             raise ValueError("decode_span_times_s needs num_seqs >= 1")
-        n, layers, fixed, coll, linear_out = self._span_terms(num_seqs)
-        mean_ctx = np.asarray(context_sums, dtype=np.float64) / n
+        n, layers, fixed, coll, linear_out, floats = self._span_terms(num_seqs)
+        mean_ctx = np.true_divide(context_sums, n)  # each sum converted to float64, then divided
         if count:
             self._count_span(num_seqs, mean_ctx, linear_out)
         attention = self.decode.row(num_seqs, mean_ctx)
-        return (fixed + layers * attention + coll) / _THOUSAND
+        if len(attention) > SHORT_ROW:
+            return (fixed + layers * attention + coll) / _THOUSAND
+        # a short span: the same operations on Python floats (IEEE, as numpy's), fewer numpy calls
+        fixed, layers, coll = floats
+        return np.array([(fixed + layers * a + coll) / 1000.0 for a in attention.tolist()])
 
     def count_decode_span(self, num_seqs: int, context_sums: np.ndarray) -> None:
         """Count the extrapolated steps of decode-only steps priced with count=False, as
         decode_span_times_s would have counted them. `context_sums` grow step by step, so the
         first and last steps' mean contexts bound the others: when both, the batch size and
         the GEMM tokens are inside the tables (the usual case), nothing is counted."""
-        n, _, _, _, linear_out = self._span_terms(num_seqs)
+        n, _, _, _, linear_out, _ = self._span_terms(num_seqs)
         if not linear_out:
             dec = self.decode
             (a_lo, a_hi), (b_lo, b_hi) = dec.a_range, dec.b_range
@@ -706,18 +715,19 @@ class StepLatencyModel:
             if (a_lo <= num_seqs <= a_hi and b_lo <= int(context_sums[0]) / num_seqs
                     and int(context_sums[-1]) / num_seqs <= b_hi):
                 return
-        self._count_span(num_seqs, np.asarray(context_sums, dtype=np.float64) / n, linear_out)
+        self._count_span(num_seqs, np.true_divide(context_sums, n), linear_out)
 
     def _span_terms(self, num_seqs: int) -> tuple:
         """A decode span's scalars as 0-d arrays (numpy combines two arrays several times faster
         than an array and a Python number; the values and so the results are the same): the
-        batch size, the layer count, host + GEMM-like ms, collectives ms; and whether the linear
-        table was extrapolated."""
+        batch size, the layer count, host + GEMM-like ms, collectives ms; whether the linear
+        table was extrapolated; and the last three as Python floats (a short span's arithmetic)."""
         terms = self._span_memo.get(num_seqs)
         if terms is None:
             gemm, coll, host, linear_out = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
+            floats = (host + gemm, float(self.num_layers), coll)
             terms = (*(np.array(x, dtype=np.float64) for x in (num_seqs, self.num_layers, host + gemm, coll)),
-                     linear_out)
+                     linear_out, floats)
             if len(self._span_memo) < MEMO_ENTRIES:
                 self._span_memo[num_seqs] = terms
         return terms

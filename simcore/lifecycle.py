@@ -32,6 +32,19 @@ from simcore.step import DecodeRun, StepPlan
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
 _ONE = np.ones((), dtype=np.int64)  # one token, as a 0-d array (see `_emit_run`)
+_COUNTS: dict[int, np.ndarray] = {}  # small counts as 0-d arrays (`_count`)
+
+
+def _count(k: int) -> np.ndarray:
+    """`k` as a 0-d int64 array, kept for k < 4096 (a span's step count): numpy adds two arrays
+    faster than an array and a Python int (the same sums)."""
+    count = _COUNTS.get(k)
+    if count is None:
+        count = np.array(k, dtype=np.int64)
+        count.flags.writeable = False  # shared: nobody may add to it in place
+        if k < 4096:
+            _COUNTS[k] = count
+    return count
 
 
 class Lifecycle:
@@ -251,7 +264,8 @@ class Lifecycle:
         if not num_steps:
             return
         store = self.store
-        slots = plan.decode_slots()
+        parts = plan.parts
+        slots = parts[0].slots if len(parts) == 1 else plan.decode_slots()
         assert len(slots) == plan.num_scheduled, "a decode span holds plain decodes only"
         # nobody finishes: the span is no longer than the fewest tokens a request has left
         # (simcore.span.span_shape), and these are its steps before the last
@@ -263,9 +277,12 @@ class Lifecycle:
         if num_steps > 1:
             gaps[num_seqs:] = (ends_s[1:] - ends_s[:-1]).repeat(num_seqs)
         self._add_itls(gaps)
-        for part in plan.parts:  # the plan's last step starts from there
-            part.computed = store.computed[part.slots] = part.computed + num_steps
-        store.generated[slots] += num_steps
+        steps = _count(num_steps)
+        for part in parts:  # the plan's last step starts from there
+            part.computed = store.computed[part.slots] = part.computed + steps
+        generated = store.generated[slots]
+        generated += steps
+        store.generated[slots] = generated
         last[slots] = ends_s[-1]
 
     def _add_itls(self, values: np.ndarray) -> None:

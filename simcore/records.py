@@ -29,6 +29,7 @@ _SHIFT = 52 - HIST_MANTISSA_BITS  # float64 bits >> _SHIFT: exponent and the top
 # of ~300-token outputs stays exact); the histogram over 1e-4..1e3 s is ~3 MiB whatever the count.
 ITL_EXACT_CAP = 1 << 22
 _FLUSH = 1 << 16  # values buffered before they are binned (histogram mode)
+_FLOAT64 = np.dtype(np.float64)  # native float64 (numpy's one instance of it)
 
 
 class Samples:
@@ -71,8 +72,10 @@ class Samples:
         return self.count + len(self._buf)
 
     def extend(self, values: np.ndarray) -> None:
-        """Add an array of values (copied into the buffer)."""
-        self._buf.frombytes(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+        """Add an array of values (copied into the buffer; a float64 array's bytes as they are)."""
+        if type(values) is not np.ndarray or values.dtype is not _FLOAT64:
+            values = np.asarray(values, dtype=np.float64)
+        self._buf.frombytes(values.tobytes())
         if len(self._buf) > (_FLUSH if self._binned else self.cap):
             self._flush()
 

@@ -67,3 +67,45 @@ def test_a_rate_search_with_nothing_to_fail_stops_at_its_ceiling():
     found = max_sustainable_rate(evaluate, SLO(None, None, ()), 1.0, 0.02)
     assert found.at_least and 2**MAX_DOUBLINGS * 0.9 <= found.max_rate <= 2**MAX_DOUBLINGS
     assert len(calls) < 100
+
+
+def test_resuming_a_table_without_a_swept_column_is_refused_before_any_point_runs(tmp_path, monkeypatch):
+    import csv
+
+    import reports.sweep_runner
+
+    table = tmp_path / "t.csv"
+    argv = ["sweep", "--num-requests", "20", "--block-size", "16,32", "--jobs", "1", "--out", str(table)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    rows = list(csv.reader(table.open()))
+    i = rows[0].index("block_size")
+    with table.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([r[:i] + r[i + 1:] for r in rows[:2]])
+    before = table.read_bytes()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a point ran")
+
+    monkeypatch.setattr(reports.sweep_runner, "run_points", refuse)
+    result = CliRunner().invoke(app, [*argv, "--resume"])
+    assert result.exit_code == 2 and "'block_size' column" in result.stderr, (result.stderr, result.exception)
+    assert table.read_bytes() == before
+
+
+def test_a_full_stdout_is_one_line_and_exit_2_not_a_traceback():
+    """`kvsim list models > /dev/full`: the write fails (ENOSPC); one line on stderr, and no second
+    complaint from the interpreter's final flush. (A subprocess: only a real file descriptor fails.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/dev/full").exists():
+        return
+    repo = Path(__file__).resolve().parents[1]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "cli.main", "list", "models"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=repo, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvsim: error: cannot write the output") and done.stderr.count("\n") == 1, done.stderr

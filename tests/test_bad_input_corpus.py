@@ -615,6 +615,33 @@ for command, base in (("profile", PROFILE_CMD), ("profile validate", BASES["prof
     case(f"{command}:warmup-a-million", [*base, "--warmup", "1000000"], "--warmup")
 
 
+# Sweep tables edited or cut by hand: `report sweep` and `sweep --resume` refuse them, naming the line.
+SWEEP_HEADER = "point,point_id,sweep_id,seed,block_size,gpu_memory_utilization,output_throughput"
+SWEEP_ROW = "0,a,s,0,16,0.9,100.0"
+EDITED_TABLES = {
+    "text-in-a-number-column": (SWEEP_ROW.replace(",16,", ",big,"), "block_size"),
+    "metric-is-text": (SWEEP_ROW.replace("100.0", "fast"), "output_throughput"),
+    "seed-is-text": (SWEEP_ROW.replace(",0,16", ",x,16"), "seed"),
+    "row-cut-short": (SWEEP_ROW[:-6], "cells"),
+    "column-named-twice": (SWEEP_ROW, "given twice"),
+}
+for table_id, (row, needle) in EDITED_TABLES.items():
+    header = SWEEP_HEADER.replace("block_size", "seed") if table_id == "column-named-twice" else SWEEP_HEADER
+    text = f"{header}\n{row}\n"
+    case(f"report sweep:table-{table_id}", ["report", "sweep", "{d}/table.csv", "--out", "{d}/rep"], "table.csv",
+         needle, files={"table.csv": text})
+    case(f"sweep:resume-table-{table_id}", [*SWEEP, "--out", "{d}/table.csv", "--resume"], "table.csv", needle,
+         files={"table.csv": text})
+case("sweep:resume-not-a-table-without-a-last-newline", [*SWEEP, "--out", "{d}/table.csv", "--resume"],
+     "not a kvsim sweep table", files={"table.csv": "a,b\n1,2"})  # refused, and not cut to its header
+# Plans and profiles too large to start.
+case("plan:target-rates-5000", ["plan", "--rate", ",".join(str(1 + i) for i in range(5000))], "--rate")
+case("plan:candidates-180000", [*PLAN, "--max-num-seqs", ",".join(str(1 + i) for i in range(500)),
+                                "--gpu-memory-utilization", ",".join(f"{0.5 + i / 1000:.3f}" for i in range(360))],
+     "candidates")
+case("profile:block-sizes-above-256", [*PROFILE_CMD, "--block-sizes", "16,512"], "--block-sizes")
+
+
 # --- The driver ---------------------------------------------------------------------------------
 
 
@@ -671,6 +698,11 @@ def _as_unprivileged_user():
 
     if os.geteuid() != 0:
         return contextlib.nullcontext()
+    import codecs
+    import colorsys  # noqa: F401
+
+    # a codec and rich's colour module load lazily, and `nobody` may not read the stdlib's folder
+    codecs.lookup("utf-8-sig")
 
     @contextlib.contextmanager
     def dropped():

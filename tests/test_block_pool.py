@@ -265,6 +265,7 @@ class PagedMachine(RuleBasedStateMachine):
         for pool, pool_refs in ((a.gpu, gpu_refs), (a.cpu, cpu_refs)):
             assert len(pool.blocks) <= pool.num_blocks  # blocks are materialised lazily
             assert [b.ref_cnt for b in pool.blocks] == [pool_refs.get(i, 0) for i in range(len(pool.blocks))]
+            assert pool.num_shared == sum(1 for n in pool_refs.values() if n > 1)  # kept, not counted
 
     @invariant()
     def free_plus_used_is_total_and_no_double_free(self) -> None:
