@@ -254,7 +254,8 @@ def result_problems(summary: dict[str, Any], records: Any, busy_s: float) -> tup
         )
     gap = records.max_arrival_gap_s
     if gap > 86_400:
-        warnings.append(f"the longest gap between two arrivals is {gap:,.0f} s (over a day)")
+        shown = f"{gap:,.0f}" if gap < 1e15 else f"{gap:.3g}"  # not 300 digits for a 1e-300 req/s rate
+        warnings.append(f"the longest gap between two arrivals is {shown} s (over a day)")
     return warnings, None
 
 

@@ -109,3 +109,9 @@ def test_a_full_stdout_is_one_line_and_exit_2_not_a_traceback():
                               env={**os.environ, "PYTHONPATH": str(repo)})
     assert done.returncode == 2
     assert done.stderr.startswith("kvsim: error: cannot write the output") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_the_gap_warning_of_an_absurd_rate_is_short():
+    result = CliRunner().invoke(app, ["run", "--num-requests", "10", "--rate", "1e-300"])
+    line = next(x for x in result.stderr.splitlines() if "longest gap" in x)
+    assert "e+300 s" in line and len(line) < 120, line
