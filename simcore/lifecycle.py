@@ -200,7 +200,7 @@ class Lifecycle:
         gaps: list[float] = []  # ITLs of single requests since the last DecodeRun
         # a single request's counters, read and written in its slot through the store's
         # memoryviews (what the ReqState properties do, without a property call per access)
-        computed_mv, generated_mv, last_mv = store.computed_mv, store.generated_mv, store.last_token_mv
+        computed_mv, remaining_mv, last_mv = store.computed_mv, store.remaining_mv, store.last_token_mv
         for part in plan.parts:
             if type(part) is tuple:
                 st, num_new = part
@@ -209,15 +209,16 @@ class Lifecycle:
                 slot = st.slot
                 assert slot >= 0, "a queued or running request holds a store slot"
                 computed_mv[slot] = computed = computed_mv[slot] + num_new
-                generated = generated_mv[slot]
+                remaining = remaining_mv[slot]
+                generated = store.target_mv[slot] - remaining
                 if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
                     if generated:
                         gaps.append(t - last_mv[slot])
                     else:
                         st.first_token_s = t
                     last_mv[slot] = t
-                    generated_mv[slot] = generated = generated + 1  # num_tokens grows with it
-                    if generated >= store.target_mv[slot]:
+                    remaining_mv[slot] = remaining = remaining - 1  # num_tokens grows by one
+                    if remaining <= 0:
                         finished.append(st)
                 store.mark(st)
                 continue
@@ -247,10 +248,10 @@ class Lifecycle:
         gaps = ts - last[slots]
         last[slots] = ts
         store.computed[slots] = run.computed + _ONE
-        generated = store.generated[slots]
-        generated += _ONE
-        store.generated[slots] = generated
-        done = (generated >= store.target[slots]).nonzero()[0]
+        remaining = store.remaining[slots]
+        remaining -= _ONE
+        store.remaining[slots] = remaining
+        done = (remaining < _ONE).nonzero()[0]  # emitted their last token
         if len(done):
             by_slot = store.by_slot
             finished.extend([by_slot[s] for s in slots[done].tolist()])
@@ -280,9 +281,9 @@ class Lifecycle:
         steps = _count(num_steps)
         for part in parts:  # the plan's last step starts from there
             part.computed = store.computed[part.slots] = part.computed + steps
-        generated = store.generated[slots]
-        generated += steps
-        store.generated[slots] = generated
+        remaining = store.remaining[slots]
+        remaining -= steps
+        store.remaining[slots] = remaining
         last[slots] = ends_s[-1]
 
     def _add_itls(self, values: np.ndarray) -> None:

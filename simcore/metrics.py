@@ -162,16 +162,16 @@ class StepRecorder:
         if n == self._room:
             self._rows.extend(_ROOM)
             self._room += _ROOM_ROWS
-        _pack_row(
+        breakdown = self._breakdown
+        num_tokens, num_decode_seqs = plan.num_tokens, plan.num_decode_seqs
+        kernels_ms, coll_ms, host_ms = _NO_COSTS if breakdown is None else breakdown(
+            num_tokens, plan.prefill_chunks, num_decode_seqs, plan.decode_context_tokens, plan.num_sampled)
+        _pack_row(  # the values as separate arguments: a call with *args builds a tuple of them first
             self._rows, n * _ROW_BYTES,
-            start, dt, 1, plan.num_scheduled, plan.num_tokens - plan.num_decode_seqs,
-            plan.num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
+            start, dt, 1, plan.num_scheduled, num_tokens - num_decode_seqs,
+            num_decode_seqs, num_running, num_waiting, num_swapped, plan.num_preempted,
             plan.num_swap_blocks, mem.allocated, mem.live, mem.reserved_future, mem.internal,
-            mem.stale, mem.external, mem.unshared or mem.allocated,
-            *(_NO_COSTS if self._breakdown is None else self._breakdown(
-                plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs, plan.decode_context_tokens,
-                plan.num_sampled,
-            )),
+            mem.stale, mem.external, mem.unshared or mem.allocated, kernels_ms, coll_ms, host_ms,
         )
         self._num_rows = n = n + 1
         if n == _STEP_CHUNK:
@@ -196,11 +196,12 @@ class StepRecorder:
         if n == self._room:
             self._rows.extend(_ROOM)
             self._room += _ROOM_ROWS
+        kernels_ms, coll_ms, host_ms = costs_ms
         _pack_row(  # np.add.reduce: ndarray.sum's own reduction, without its Python wrapper
             self._rows, n * _ROW_BYTES,
             start, float(np.add.reduce(durations)), len(durations), plan.num_scheduled, 0, plan.num_decode_seqs,
             num_running, num_waiting, num_swapped, 0, 0, end_alloc, end_alloc - end_internal, 0,
-            end_internal, 0, 0, end_alloc, *costs_ms,
+            end_internal, 0, 0, end_alloc, kernels_ms, coll_ms, host_ms,
         )
         self._num_rows = n = n + 1
         if n == _STEP_CHUNK:

@@ -38,11 +38,16 @@ class SlotStore:
     operations (simcore.lifecycle) instead of one Python attribute write per token. A slot is
     taken when the request is queued and given back when it leaves; slots are reused.
 
+    Output progress is kept as `remaining` (tokens still to emit: target - generated), not as
+    tokens generated: a decode step lowers it and finds who finished with one comparison, and a
+    decode span's length is bounded by its minimum, without reading `target` (tokens generated
+    = target - remaining).
+
     Scalar access (a request on a rare path) goes through memoryviews (`*_mv`), which read and
     write Python ints / floats directly. Columns are replaced when the store grows: read them
     from the store each time, never keep a column or memoryview across an admission."""
 
-    INT_COLUMNS = ("computed", "generated", "target", "rid")
+    INT_COLUMNS = ("computed", "remaining", "target", "rid")
     FLOAT_COLUMNS = ("last_token",)
     BOOL_COLUMNS = ("simple", "plain")
 
@@ -66,7 +71,7 @@ class SlotStore:
             grown = np.zeros(capacity, dtype=column.dtype)
             grown[:old] = column
             setattr(self, name, grown)
-        self.computed_mv, self.generated_mv = memoryview(self.computed), memoryview(self.generated)
+        self.computed_mv, self.remaining_mv = memoryview(self.computed), memoryview(self.remaining)
         self.target_mv, self.last_token_mv = memoryview(self.target), memoryview(self.last_token)
         self.rid_mv = memoryview(self.rid)
         self.simple_mv, self.plain_mv = memoryview(self.simple), memoryview(self.plain)
@@ -81,7 +86,7 @@ class SlotStore:
             self._grow(2 * self.capacity)
         slot = self._free.pop()
         self.computed_mv[slot] = st._computed
-        self.generated_mv[slot] = st._generated
+        self.remaining_mv[slot] = st._target - st._generated
         self.target_mv[slot] = st._target
         self.last_token_mv[slot] = st._last_token_s
         self.rid_mv[slot] = st.request_id
@@ -94,7 +99,7 @@ class SlotStore:
     def mark(self, st: ReqState) -> None:
         """Recompute the request's `plain` flag after its counters changed one by one."""
         slot = st.slot
-        generated = self.generated_mv[slot]
+        generated = self.target_mv[slot] - self.remaining_mv[slot]
         self.plain_mv[slot] = (self.simple_mv[slot] and generated > 0
                                and st.num_prompt_tokens + generated == self.computed_mv[slot] + 1)
 
@@ -102,8 +107,8 @@ class SlotStore:
         """Copy the request's counters back onto it and free its slot (it is leaving)."""
         slot = st.slot
         st._computed = self.computed_mv[slot]
-        st._generated = self.generated_mv[slot]
-        st._target = self.target_mv[slot]
+        st._target = target = self.target_mv[slot]
+        st._generated = target - self.remaining_mv[slot]
         st._last_token_s = self.last_token_mv[slot]
         st._store, st.slot = None, -1
         self.by_slot[slot] = None
@@ -169,14 +174,18 @@ class ReqState:
     @property
     def num_generated(self) -> int:
         """Output tokens emitted so far."""
-        return self._generated if self.slot < 0 else self._store.generated_mv[self.slot]
+        slot = self.slot
+        if slot < 0:
+            return self._generated
+        store = self._store
+        return store.target_mv[slot] - store.remaining_mv[slot]
 
     @num_generated.setter
     def num_generated(self, value) -> None:
         if self.slot < 0:
             self._generated = value
         else:
-            self._store.generated_mv[self.slot] = value
+            self._store.remaining_mv[self.slot] = self._store.target_mv[self.slot] - value
 
     @property
     def num_output_target(self) -> int:
@@ -185,10 +194,13 @@ class ReqState:
 
     @num_output_target.setter
     def num_output_target(self, value) -> None:
-        if self.slot < 0:
+        slot = self.slot
+        if slot < 0:
             self._target = value
-        else:
-            self._store.target_mv[self.slot] = value
+        else:  # tokens generated stay as they are
+            store = self._store
+            store.remaining_mv[slot] += value - store.target_mv[slot]
+            store.target_mv[slot] = value
 
     @property
     def last_token_s(self) -> float:

@@ -354,7 +354,7 @@ class ContinuousPagedPolicy:
         else:
             slots, computed = queues.running_slots(), None
         store = queues.store
-        remaining = store.target[slots] - store.generated[slots]
+        remaining = store.remaining[slots]
         min_remaining = int(remaining[remaining.argmin()])  # argmin: no ufunc-reduction set-up
         if min_remaining < MIN_SPAN_STEPS:
             return None  # a request finishes within a step or two: single steps are cheaper
