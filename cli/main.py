@@ -2,10 +2,9 @@
 
 Each command lives in its own module. `kvsim CMD ...` imports and registers only CMD's module
 (start-up is part of every run's cost); `kvsim`, `kvsim --help`, an unknown command, and
-`from cli.main import app` get every command.
+`from cli.main import app` get every command. No `from __future__ import annotations`: typer
+reads the root callback's annotations at every start (see cli/run_cmd.py).
 """
-
-from __future__ import annotations
 
 import sys
 from importlib import import_module

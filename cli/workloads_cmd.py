@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 
 from cli.output import check_out_file
 from simcore.errors import WorkloadError
+
+if TYPE_CHECKING:  # `kvsim --help` imports this module; numpy is imported when a command runs
+    import numpy as np
 
 app = typer.Typer(
     help="List the named workloads; `kvsim workloads show NAME|FILE` prints one's statistics.",
@@ -39,6 +41,8 @@ def main(ctx: typer.Context) -> None:
 
 
 def _length_row(label: str, values: np.ndarray) -> list[str]:
+    import numpy as np
+
     return [label, f"{values.mean():.1f}", *(f"{np.percentile(values, q):.0f}" for q in PERCENTILES), f"{values.max()}"]
 
 
@@ -51,6 +55,7 @@ def show(
     plot: Annotated[Path | None, typer.Option(help="Also draw arrival-rate and length histograms to this PNG.")] = None,
 ) -> None:
     """Print a workload's statistics: request count, arrival rate, prompt/output length percentiles."""
+    import numpy as np
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -110,6 +115,7 @@ def _plot(path: Path, name: str, seed: int, arrivals: np.ndarray | None, prompt:
     all (a temporary file renamed into place), with the seed and kvsim version in the title and
     in the PNG's Description."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

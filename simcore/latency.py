@@ -236,6 +236,20 @@ class Profile:
     data: dict[str, Any]
     sha256: str
     path: str | None = None
+    # The model `parse_profile` built to validate `data` (policy "continuous"), never priced with:
+    # the first `latency_model` call for that policy takes it, so a run does not build the same
+    # tables twice; later calls build their own. Not compared, printed or pickled.
+    _unused_model: StepLatencyModel | None = field(default=None, init=False, repr=False, compare=False)
+
+    def latency_model(self, where: str = "profile", policy: str = "continuous") -> StepLatencyModel:
+        """A fresh StepLatencyModel of this profile for one simulation."""
+        model, self._unused_model = self._unused_model, None
+        if model is not None and model.policy == policy:
+            return model
+        return StepLatencyModel(self.data, where, policy=policy)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_unused_model": None}
 
     @property
     def source(self) -> str:
@@ -353,9 +367,11 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
         raise ProfileError(f"{where}.model_shape: expected an object")
     # builds every table and reads every policy's host model (host_overhead checks them all,
     # whichever it picks; the tables are the same for each), so anything malformed fails here
-    StepLatencyModel(data, where)
+    model = StepLatencyModel(data, where)
     _check_absurd(data, where)
-    return Profile(data=data, sha256=profile_hash(data))
+    profile = Profile(data=data, sha256=profile_hash(data))
+    profile._unused_model = model
+    return profile
 
 
 def load_profile(path: str | Path) -> Profile:

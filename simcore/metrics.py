@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simcore import quantiles
 from simcore.records import (
     FINISHED,
     REJECTED,
@@ -343,10 +344,10 @@ def _stats(prefix: str, values_s: np.ndarray | Samples, out: dict[str, Any]) -> 
         values_s.stats(prefix, out)
         return
     v = values_s[~np.isnan(values_s)] * 1000.0 if len(values_s) else values_s
-    for name, fn in (("mean", np.mean), ("median", np.median)):
-        out[f"{name}_{prefix}_ms"] = float(fn(v)) if len(v) else None
-    for p in (95, 99):
-        out[f"p{p}_{prefix}_ms"] = float(np.percentile(v, p)) if len(v) else None
+    out[f"mean_{prefix}_ms"] = float(np.mean(v)) if len(v) else None
+    out[f"median_{prefix}_ms"] = quantiles.median(v) if len(v) else None  # np.median's bits, no numpy.ma
+    for p, value in zip((95, 99), quantiles.percentiles(v, (95, 99)) if len(v) else (None, None), strict=True):
+        out[f"p{p}_{prefix}_ms"] = value
 
 
 def kv_waste(totals: StepTotals) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from simcore import quantiles
+
 HIST_MANTISSA_BITS = 14  # histogram bins: 2**14 per power of two, relative width 2**-14 ~ 6.1e-5
 HIST_RELATIVE_WIDTH = 2.0 ** -HIST_MANTISSA_BITS
 _SHIFT = 52 - HIST_MANTISSA_BITS  # float64 bits >> _SHIFT: exponent and the top mantissa bits
@@ -167,7 +169,7 @@ class Samples:
         """numpy's linear-interpolation percentiles (exact), or the same rule over bin midpoints."""
         self.settle(force=True)
         if not self._binned:
-            return [float(x) for x in np.percentile(np.frombuffer(self._buf, dtype=np.float64), qs)]
+            return quantiles.percentiles(np.frombuffer(self._buf, dtype=np.float64), qs)  # np.percentile's bits
         cum = np.cumsum(self._hist) if self._hist is not None else np.zeros(1, dtype=np.int64)
         out = []
         for q in qs:
@@ -195,8 +197,8 @@ class Samples:
             return
         if not self._binned:  # bit-identical to the pre-cap summary
             v = np.frombuffer(self._buf, dtype=np.float64) * scale
-            mean, median, (p95, p99) = float(np.mean(v)), float(np.median(v)), np.percentile(v, (95, 99))
-            out.update(zip(keys, (mean, median, float(p95), float(p99)), strict=True))
+            mean, median, (p95, p99) = float(np.mean(v)), quantiles.median(v), quantiles.percentiles(v, (95, 99))
+            out.update(zip(keys, (mean, median, p95, p99), strict=True))  # numpy's bits, without numpy.ma
             return
         values = [self.total / self.count, *self.percentiles((50, 95, 99))]
         out.update(zip(keys, (float(v) * scale for v in values), strict=True))

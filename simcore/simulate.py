@@ -184,7 +184,7 @@ def prepare(
     else:
         cfg = resolve(model, gpu, config)
     config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=cfg.policy.overhead)
+    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead)  # built once per run
     warnings = []
     if not latency.set_block_size(config.block_size):
         warnings.append(

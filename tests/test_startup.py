@@ -27,6 +27,7 @@ from workloads.catalog import DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy", "pydantic")  # pydantic: cli/coercion.py
+SIMULATION = ("numpy", "simpy", "yaml", "numpy.ma")  # what a run needs (numpy.ma: never), help does not
 
 
 def _modules_after(args: list[str]) -> dict:
@@ -41,8 +42,9 @@ def _modules_after(args: list[str]) -> dict:
         "except SystemExit as exc:\n"
         "    code = exc.code\n"
         f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
+        f"simulation = sorted(m for m in {SIMULATION!r} if m in sys.modules)\n"
         "commands = sorted(m for m in sys.modules if m.startswith('cli.') and m.endswith('_cmd'))\n"
-        "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands}))\n"
+        "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands, 'simulation': simulation}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -59,7 +61,18 @@ def _modules_after(args: list[str]) -> dict:
 ])
 def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     seen = _modules_after(args)
-    assert seen == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+    assert {k: seen[k] for k in ("code", "heavy", "commands")} == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+    # help needs no simulation library; a run numpy, SimPy and PyYAML (its workload is a YAML file),
+    # never numpy.ma (simcore.quantiles computes np.median's and np.percentile's values without it)
+    assert seen["simulation"] == ([] if "--help" in args else ["numpy", "simpy", "yaml"])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list", "gpus"], ["sweep", "--help"]])
+def test_help_and_listing_import_no_simulation_library(args):
+    """Help and the catalog listing need typer and the option tables alone: no numpy (whose
+    import costs more than the rest of `kvsim --help`), SimPy or PyYAML."""
+    seen = _modules_after(args)
+    assert seen["code"] == 0 and seen["simulation"] == [] and seen["heavy"] == []
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--help", "run"], []])
@@ -181,6 +194,10 @@ def test_shipped_azure_traces_are_read_without_pandas_exactly(kind):
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,3,4,5\n",  # long row
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,3,4\n2023-11-16 18:15:46,3,4\n",  # unsorted
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-16 18:15:46,3,4\n",  # month 13
+    *(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n{stamp},3,4\n" for stamp in (
+        "2023-00-16 18:15:46", "2023-11-00 18:15:46", "2023-02-29 00:00:00", "2100-02-29 00:00:00",
+        "2023-04-31 00:00:00", "2023-11-16 24:00:00", "2023-11-16 18:60:00", "2023-11-16 18:15:60.5",
+    )),  # no such date or time (numpy's datetime64 refuses each; 2000-02-29 is below, accepted)
     "TIMESTAMP,ContextTokens,GeneratedTokens\nnow,3,4\n",  # numpy reads it, ISO 8601 does not
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46+01:00,3,4\n",  # time zone
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2300-01-01 00:00:00,3,4\n",  # past datetime64[ns]
@@ -217,6 +234,11 @@ def test_unusual_files_are_left_to_pandas(tmp_path, text):
     "arrival_s,num_prompt_tokens,num_output_tokens\n0,3,4\n0,5,6\n17,1,1\n",
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16T18:15:46,3,4\n2023-11-16 18:15:47,0012,4503599627370496\n",
     "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.123456789,3,4\n2023-11-16 18:15:46.2,5,6\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2000-02-28 23:59:59,1,1\n2000-02-29 23:59:59.999999999,1,1\n"
+    "2000-03-01 12:00:00.5,1,1\n2000-04-30 00:00:00,1,1\n",  # a leap day (2000: divisible by 400)
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-02-29 00:00:01,1,1\n2024-03-01 00:00:00,1,1\n",
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n1678-01-01 00:00:00,1,1\n",  # the ends of the range
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n2261-12-31 23:59:59.999999999,1,1\n",
 ])
 def test_plain_files_read_as_pandas_reads_them(tmp_path, text):
     path = tmp_path / "t.csv"
@@ -290,3 +312,27 @@ def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
         model, _, tp = rest.rpartition("-tp")
         found = find_profile_path(gpu.upper(), model, int(tp), directory=PROFILE_DIR)
         assert found == path, path
+
+
+# --- the latency model built once per run ------------------------------------------------------
+
+
+def test_profile_hands_its_validation_model_to_the_first_run_only():
+    """parse_profile builds a StepLatencyModel to validate the profile; the first simulation of
+    that policy prices with it (no second build), later ones and other policies build their own,
+    and a pickled profile (sweep workers) carries none."""
+    import pickle
+
+    from profiles import default_profile
+    from simcore.catalog import get_gpu, get_model
+
+    profile = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
+    spare = profile._unused_model
+    assert spare is not None and spare.policy == "continuous"
+    assert pickle.loads(pickle.dumps(profile))._unused_model is None
+    first, second = profile.latency_model(policy="continuous"), profile.latency_model(policy="continuous")
+    assert first is spare and second is not spare and profile._unused_model is None
+    assert second.host == first.host and second.decode_block_size == first.decode_block_size
+    other = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
+    static = other.latency_model(policy="static")
+    assert static.policy == "static" and other._unused_model is None

@@ -149,38 +149,73 @@ def _read_plain_csv(path: str) -> Trace | None:
 def _plain_integers(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     """The cells `raw[starts:ends]` as int64 when each is 1 to 16 ASCII digits, else None.
 
-    Digits are read right-aligned (place 0 = units) into a rows x places table, so the value is
-    one sum over each row, exactly the integer the text spells."""
+    Horner's rule over the digit places, left to right (value * 10 + digit while a cell has
+    places left): one pass of whole-column operations per place, exactly the integer the text
+    spells (16 digits stay below 2**63)."""
     lengths = ends - starts
     if lengths.min() < 1 or lengths.max() > _MAX_DIGITS:  # an empty cell, or leading zeros past 16 digits
         return None
-    place = np.arange(lengths.max())
-    inside = place < lengths[:, None]
-    digits = raw[np.where(inside, ends[:, None] - 1 - place, 0)] - np.uint8(_ZERO)  # below "0" wraps past 9
-    if (digits[inside] > 9).any():
-        return None
-    return (np.where(inside, digits, 0).astype(np.int64) * 10**place).sum(axis=1)
+    last = len(raw) - 1
+    value = np.zeros(len(starts), dtype=np.int64)
+    for place in range(int(lengths.max())):
+        inside = lengths > place
+        digit = raw[np.minimum(starts + place, last)] - np.uint8(_ZERO)  # below "0" wraps past 9
+        if ((digit > 9) & inside).any():
+            return None
+        value = np.where(inside, value * 10 + digit, value)
+    return value
 
 
 def _plain_timestamps(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     """Seconds since the first stamp, computed as `_timestamps` does (pandas' total_seconds: whole
-    seconds + remaining nanoseconds / 1e9); None unless every stamp is plain ISO 8601."""
+    seconds + remaining nanoseconds / 1e9); None unless every stamp is plain ISO 8601 and a real
+    date and time (numpy's datetime64 refuses month 13, Feb 29 of a common year, hour 24, second
+    60 ...: the pandas path says which line)."""
     stamps = _stamp_table(raw, starts, ends)
     if stamps is None:
         return None
-    years = stamps[:, :4].astype(np.int64) - _ZERO
-    years = ((years[:, 0] * 10 + years[:, 1]) * 10 + years[:, 2]) * 10 + years[:, 3]
+
+    def number(first: int, last: int) -> np.ndarray:  # the digits in columns first..last
+        value = stamps[:, first].astype(np.int64) - _ZERO
+        for column in range(first + 1, last + 1):
+            value = value * 10 + stamps[:, column] - _ZERO
+        return value
+
+    years, months, days = number(0, 3), number(5, 6), number(8, 9)
+    hours, minutes, seconds = number(11, 12), number(14, 15), number(17, 18)
     if years.min() < 1678 or years.max() > 2261:  # numpy's datetime64[ns] wraps outside
         return None
-    try:
-        ns = stamps.view(f"S{stamps.shape[1]}").ravel().astype("datetime64[ns]").astype(np.int64)
-    except ValueError:  # e.g. month 13: the pandas path says which line
+    leap = (years % 4 == 0) & ((years % 100 != 0) | (years % 400 == 0))
+    month_days = _MONTH_DAYS[np.clip(months, 1, 12)] + (leap & (months == 2))
+    if ((months < 1) | (months > 12) | (days < 1) | (days > month_days)).any() or (
+        hours.max() > 23 or minutes.max() > 59 or seconds.max() > 59
+    ):
         return None
+    fraction_ns = np.zeros(len(stamps), dtype=np.int64)
+    for column in range(20, stamps.shape[1]):  # the fraction's digits; NUL pads a shorter stamp
+        digit = stamps[:, column].astype(np.int64) - _ZERO
+        fraction_ns += np.where(digit >= 0, digit, 0) * 10 ** (28 - column)
+    ns = (_days_since_epoch(years, months, days) * 86_400 + hours * 3600 + minutes * 60 + seconds) * _NS_PER_S
+    ns += fraction_ns  # numpy's datetime64[ns] of the same text, exactly (integers throughout)
     ticks = ns - ns[0]
     if (np.abs(ticks) > 2**53).any():  # pandas nudges results off whole seconds there
         return None
     whole, fraction = np.divmod(ticks, _NS_PER_S)
     return whole + fraction / _NS_PER_S
+
+
+_MONTH_DAYS = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
+
+def _days_since_epoch(years: np.ndarray, months: np.ndarray, days: np.ndarray) -> np.ndarray:
+    """Days from 1970-01-01 to each proleptic Gregorian date (H. Hinnant, "chrono-Compatible
+    Low-Level Date Algorithms", days_from_civil; years here are >= 1678, so no negative eras)."""
+    y = years - (months <= 2)
+    era = y // 400
+    year_of_era = y - era * 400
+    day_of_year = (153 * ((months + 9) % 12) + 2) // 5 + days - 1  # March 1st is day 0
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
 
 
 def _stamp_table(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
@@ -194,13 +229,17 @@ def _stamp_table(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     if lengths.min() == width:
         if not (width == 19 or 21 <= width <= 29):
             return None
-        stamps = raw[starts[:, None] + np.arange(width)]
+        stamps = np.lib.stride_tricks.sliding_window_view(raw, width)[starts]  # row i: raw[starts[i]:][:width]
         digits = [*_STAMP_DIGITS, *range(20, width)]  # the fraction's digits after its "."
         punctuation = {**_STAMP_PUNCTUATION, **({19: b"."} if width > 19 else {})}
         if (stamps[:, digits] - np.uint8(_ZERO) > 9).any():
             return None
         for column, allowed in punctuation.items():
-            if not np.isin(stamps[:, column], np.frombuffer(allowed, np.uint8)).all():
+            found = stamps[:, column]
+            ok = found == allowed[0]
+            for other in allowed[1:]:
+                ok |= found == other
+            if not ok.all():
                 return None
         return stamps
     text = raw.tobytes().decode("ascii")

@@ -1,28 +1,45 @@
 """Batching policies behind one protocol (`base.Policy`), each registered once (`registry`).
 
 Importing this package registers the built-in policies; `make_policy` builds the one a
-resolved configuration names.
+resolved configuration names. Registering imports no policy, allocator, numpy or SimPy (the
+CLI's choice lists and `kvsim run --help` read the table); a policy's modules are imported
+when it is built, and the re-exported classes on first use (PEP 562).
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from simcore.block_pool import PagedAllocator
-from simcore.contiguous import ContiguousAllocator
-from simcore.policies.base import Policy, Queues
 from simcore.policies.registry import PolicySpec, lookup, policy_names, register, variants
-from simcore.step import MemorySnapshot, StepPlan
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from simcore.block_pool import PagedAllocator
     from simcore.config import ResolvedConfig
+    from simcore.contiguous import ContiguousAllocator
+    from simcore.policies.base import Policy, Queues
+    from simcore.step import MemorySnapshot, StepPlan
+
+_LAZY = {
+    "Policy": "simcore.policies.base", "Queues": "simcore.policies.base",
+    "MemorySnapshot": "simcore.step", "StepPlan": "simcore.step",
+}
 
 __all__ = [
     "MemorySnapshot", "Policy", "PolicySpec", "Queues", "StepPlan", "lookup", "make_policy",
     "policy_names", "register", "variants",
 ]
+
+
+def __getattr__(name: str):
+    """The re-exported classes, imported on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'simcore.policies' has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(module), name)
+    return value
 
 
 def make_policy(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
@@ -31,10 +48,14 @@ def make_policy(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 
 
 def paged_allocator(cfg: ResolvedConfig) -> PagedAllocator:
+    from simcore.block_pool import PagedAllocator
+
     return PagedAllocator(cfg.memory.num_gpu_blocks, cfg.engine.block_size, cfg.memory.num_cpu_blocks)
 
 
 def contiguous_allocator(cfg: ResolvedConfig) -> ContiguousAllocator:
+    from simcore.contiguous import ContiguousAllocator
+
     return ContiguousAllocator(cfg.memory.num_gpu_tokens)
 
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from simcore.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the table is read by `kvsim run --help`, which needs no numpy
+    import numpy as np
+
     from simcore.config import ResolvedConfig
     from simcore.policies.base import Policy
 
