@@ -35,9 +35,11 @@ _FLOAT64 = np.dtype(np.float64)  # native float64 (numpy's one instance of it)
 class Samples:
     """Non-negative latency samples in seconds. Exact (every value, insertion order, in one
     growing buffer) while at most `cap` values; then a histogram keyed on the float's exponent
-    and top mantissa bits, so a percentile is off by at most half a bin (relative 2**-15) and
-    the mean is exact up to summation order. `append` (one value) and `extend` (one array, e.g.
-    a step's ITLs) may mix."""
+    and top mantissa bits, so a percentile is off by at most half a bin (relative 2**-15).
+    Values are binned, and summed for the mean, in fixed blocks of `_FLUSH` by position in the
+    sequence, so the summary depends on the values alone, not on how the caller batched them
+    (`append` one value and `extend` one array, e.g. a step's ITLs, may mix): a decode span and
+    its steps one by one (`--exact-steps`) give the same mean bit for bit."""
 
     __slots__ = ("cap", "count", "total", "min", "max", "append", "_buf", "_binned", "_hist",
                  "_key0", "_zeros")
@@ -80,26 +82,33 @@ class Samples:
             self._flush()
 
     def settle(self, force: bool = False) -> None:
-        """Bin the buffer once it is past the cap (cheap to call once per finished request)."""
+        """Bin the buffer once it is past the cap (cheap to call once per finished request);
+        `force`: also the last, partial block (when the run is over)."""
         if len(self._buf) > (_FLUSH if self._binned else self.cap) or (force and self._binned and len(self._buf)):
-            self._flush()
+            self._flush(whole_blocks_only=not force)
 
-    def _flush(self) -> None:
-        values = np.frombuffer(self._buf, dtype=np.float64)
+    def _flush(self, whole_blocks_only: bool = True) -> None:
+        """Bin the buffer's whole `_FLUSH` blocks (and with `whole_blocks_only=False` the partial
+        one after them); what is left stays buffered, so blocks start at fixed positions."""
+        n = len(self._buf)
+        if whole_blocks_only:
+            n -= n % _FLUSH
+        values = np.frombuffer(self._buf, dtype=np.float64)[:n]
         self._binned = True
         self._bin_values(values)
         del values
-        del self._buf[:]  # same array object: the bound `append` stays valid
+        del self._buf[:n]  # same array object: the bound `append` stays valid
 
     def _bin_values(self, values: np.ndarray) -> None:
         if not len(values):
             return
         self.count += len(values)
-        self.total += float(values.sum())
         self.min = min(self.min, float(values.min()))
         self.max = max(self.max, float(values.max()))
-        for start in range(0, len(values), _FLUSH * 16):  # bounded temporaries
-            self._bin(values[start: start + _FLUSH * 16])
+        for start in range(0, len(values), _FLUSH):  # one block at a time: same sums however batched
+            block = values[start: start + _FLUSH]
+            self.total += float(block.sum())
+            self._bin(block)
 
     def _bin(self, values: np.ndarray) -> None:
         assert not (values < 0).any(), "latency samples are >= 0"
@@ -132,12 +141,12 @@ class Samples:
                 out.extend(np.frombuffer(store._buf, dtype=np.float64))
             else:
                 out._add_binned(store)
-        out.settle()
+        out.settle(force=True)  # the run is over: its last partial block too
         return out
 
     def _add_binned(self, other: Samples) -> None:
         if not self._binned:  # switch to bins first, whatever the count
-            self._flush()
+            self._flush(whole_blocks_only=False)
         self.count += other.count
         self.total += other.total
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
