@@ -236,6 +236,9 @@ def prepare(
         "model": model.to_dict(),
         "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib},
         "config": config.to_dict(),
+        # what the options left open resolved to, and how the run stepped (same results either way)
+        "resolved": {"max_model_len": max_model_len, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                     "exact_steps": exact_steps},
         "policy": {"name": cfg.policy.name, "allocator": cfg.policy.allocator, "models": cfg.policy.models,
                    "scheduler": engines[0].policy.name},
         "profile": {

@@ -130,3 +130,19 @@ def test_the_fit_data_ships_with_the_profiles():
     assert fit.DATA.parent == data and (data / "LICENSE-vidur-MIT.txt").exists()
     stored = json.loads(Path(fit.__file__).with_name("efficiency_h100.json").read_text())
     assert hashlib.sha256(fit.DATA.read_bytes()).hexdigest() == stored["fit"]["data_sha256"]
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_run_record_says_what_the_open_options_resolved_to(tmp_path: Path, exact: bool):
+    """`--max-num-batched-tokens` left open is recorded as the budget the run used, not null, and
+    the stepping mode is recorded, so a summary.json alone says how to repeat the run."""
+    import json
+
+    args = ["run", "--num-requests", "20", "--out", str(tmp_path / "r")] + (["--exact-steps"] if exact else [])
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    record = json.loads((tmp_path / "r" / "summary.json").read_text())["record"]
+    assert record["config"]["max_num_batched_tokens"] is None
+    resolved = record["resolved"]
+    assert resolved["exact_steps"] is exact
+    assert resolved["max_num_batched_tokens"] >= 1 and resolved["max_model_len"] >= 1
