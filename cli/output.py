@@ -99,7 +99,7 @@ def _load_label(s: dict[str, Any]) -> str:
     if verdict == "overloaded":
         return "OVERLOADED (throughput above is what it kept up with)"
     if verdict == "n/a":
-        return "n/a (no steady arrivals to judge)"
+        return "n/a (no steady arrivals to judge, or they ended before a typical request finished)"
     return verdict
 
 

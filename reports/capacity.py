@@ -23,7 +23,8 @@ run is kept and reused. Because the grid does not depend
 on the deployment or the SLO, a pass/fail that is monotone in the rate gives an answer that
 is monotone too: a looser SLO or a faster GPU never lands on a lower grid point.
 
-A rate passes when the run was not overloaded (simcore.metrics.saturation) and every SLO held.
+A rate passes when the run was judged not overloaded (simcore.metrics.saturation: `sustained`;
+`n/a`, a run too short to tell, fails) and every SLO held.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class SLO:
     def failures(self, summary: dict[str, Any]) -> list[str]:
         """Why a run fails (empty: it passes); the first reason is the binding one."""
         reasons = []
+        if summary.get("saturation") == "n/a":  # a rate cannot be called sustained if it was not judged
+            reasons.append("load not judged (arrivals over before a typical request finished, or too few "
+                           "of them): run more requests at this rate")
         if summary.get("saturation") == "overloaded":
             reasons.append(
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "

@@ -417,7 +417,8 @@ def summarize_columns(finished: np.ndarray, rejected: np.ndarray, cols: dict[str
     _stats("e2el", cols["e2el_s"][finished], out)
     out["num_preemptions"] = int(cols["num_preemptions"].sum())
     _step_figures(out, totals)
-    out.update(saturation_columns(cols["arrival_s"], cols["first_scheduled_s"], cols["finish_s"], finished))
+    out.update(saturation_columns(cols["arrival_s"], cols["first_scheduled_s"], cols["finish_s"], finished,
+                                  _median_s(out)))
     return out
 
 
@@ -449,8 +450,14 @@ def _summarize_bounded(records: RequestRecords, itl: Samples, totals: StepTotals
         samples.stats(name, out)
     out["num_preemptions"] = b.num_preemptions
     _step_figures(out, totals)
-    out.update(_saturation_bounded(records))
+    out.update(_saturation_bounded(records, _median_s(out)))
     return out
+
+
+def _median_s(out: dict[str, Any]) -> float | None:
+    """The run's median end-to-end latency in seconds (None: nothing finished)."""
+    ms = out.get("median_e2el_ms")
+    return None if ms is None else ms / 1000.0
 
 
 # -- goodput (`vllm bench serve --goodput`) ------------------------------------------------
@@ -485,6 +492,14 @@ WARMUP_SHARE = 0.2  # arrivals before this share of the run fill the engine; not
 OVERLOAD_RATE_RATIO = 0.9  # completed / offered rate once warm below this ...
 OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s per s): overloaded
 MIN_JUDGED_REQUESTS = 20  # fewer arrivals after warm-up than this: no verdict
+# A "sustained" verdict needs a judged window that outlasts a typical request (median end-to-end
+# latency): in a shorter one the requests are still in flight when arrivals stop, nothing had
+# time to queue up or complete, and "sustained" would only say the run ended too soon. An
+# "overloaded" verdict stands on its own evidence (a queue that grew while few completed).
+
+
+def _too_short(window_s: float, median_e2el_s: float | None) -> bool:
+    return median_e2el_s is not None and window_s < median_e2el_s
 
 
 def saturation(requests: pd.DataFrame) -> dict[str, Any]:
@@ -497,8 +512,10 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     rate is mu = lam / (lam/mu). A run is `overloaded` when both show it (completed/offered below
     OVERLOAD_RATE_RATIO and a delay slope above OVERLOAD_WAIT_SLOPE, i.e. lam/mu > ~1.05-1.1);
     requiring both keeps a burst at the end of a stable run, or a slow drain of a long-latency
-    backlog, from being called overload. All arrivals at one instant (offline batch) or too few
-    arrivals give `n/a`."""
+    backlog, from being called overload. All arrivals at one instant (offline batch), too few
+    arrivals give `n/a`, and so does a run that did not show overload but whose judged window was
+    shorter than its median request's end-to-end latency (a burst over before its requests could
+    finish: nothing had time to queue up, so "sustained" would claim what was not seen)."""
     return saturation_columns(
         requests["arrival_s"].to_numpy(dtype=np.float64), requests["first_scheduled_s"].to_numpy(dtype=np.float64),
         requests["finish_s"].to_numpy(dtype=np.float64), requests["status"].to_numpy() == "finished",
@@ -506,8 +523,9 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
 
 
 def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, finish_s: np.ndarray,
-                       finished: np.ndarray) -> dict[str, Any]:
-    """`saturation` from the columns it reads (rows in request-id order)."""
+                       finished: np.ndarray, median_e2el_s: float | None = None) -> dict[str, Any]:
+    """`saturation` from the columns it reads (rows in request-id order); `median_e2el_s`: the
+    run's median end-to-end latency (None: computed from the columns)."""
     arrival = arrival_s
     out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
                            "queue_wait_slope": None}
@@ -517,6 +535,8 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     if len(arrival) - first < MIN_JUDGED_REQUESTS:
         return out
     start, end = float(arrival[first]), float(arrival[-1])
+    if median_e2el_s is None and finished.any():
+        median_e2el_s = quantiles.median(finish_s[finished] - arrival_s[finished])
     if end <= start:
         return out
     window = end - start
@@ -529,6 +549,8 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     known = first_scheduled_s[order][first:] >= 0  # never scheduled (rejected): no queueing delay
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
     overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
+    if not overloaded and _too_short(window, median_e2el_s):
+        return out
     out.update({
         "saturation": "overloaded" if overloaded else "sustained",
         "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,
@@ -536,7 +558,7 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     return out
 
 
-def _saturation_bounded(records: RequestRecords) -> dict[str, Any]:
+def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) -> dict[str, Any]:
     """`saturation` from block sums (rows not kept): the warm window starts at the first block
     of SATURATION_BLOCK arrivals at or after the warm-up share; requests never scheduled
     (rejected) are left out of the delay line."""
@@ -559,6 +581,8 @@ def _saturation_bounded(records: RequestRecords) -> dict[str, Any]:
     denom = cnt * stt - st * st
     slope = float((cnt * stw - st * sw) / denom) if cnt >= 2 and denom > 0 else 0.0
     overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
+    if not overloaded and _too_short(window, median_e2el_s):
+        return out
     out.update({
         "saturation": "overloaded" if overloaded else "sustained",
         "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,

@@ -215,3 +215,25 @@ def test_rejected_requests_do_not_hide_an_overload():
     out = saturation_columns(arrival, first_scheduled, finish, finished)
     assert out["queue_wait_slope"] == pytest.approx(0.5)
     assert out["saturation"] == "overloaded"
+
+
+def test_a_burst_over_before_its_requests_finish_is_not_called_sustained():
+    """200 requests arriving in half a second, all admitted at once and each taking ~5 s: no
+    queue had time to form, so the run cannot say the rate is sustained (it once said so, and
+    --find-max-rate with 200 requests answered 10x the rate 1,000 requests found). The same
+    burst spread over 50 s is judged. A clear overload stays overloaded however short."""
+    from reports.capacity import SLO
+    from simcore.metrics import saturation_columns
+
+    arrival = np.linspace(0.0, 0.5, 200)
+    first = arrival.copy()
+    finish = arrival + 5.0
+    done = np.ones(200, dtype=bool)
+    short = saturation_columns(arrival, first, finish, done)
+    assert short["saturation"] == "n/a"
+    assert any("load not judged" in r for r in SLO().failures(short))
+    spread = saturation_columns(arrival * 100, first * 100, finish * 100 - 495.0, done)
+    assert spread["saturation"] == "sustained" and not SLO().failures(spread)
+    # a queue growing 10 s per s while few complete: overloaded, even in a 0.5 s window
+    queued = saturation_columns(arrival, arrival * 11, arrival * 11 + 5.0, done)
+    assert queued["saturation"] == "overloaded"
