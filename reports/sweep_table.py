@@ -202,7 +202,8 @@ def read_table(path: Path) -> pd.DataFrame:
             lines = list(csv.reader(f))
         if lines:
             check_rows(path, lines[0], lines[1:])
-        frame = pd.read_csv(path, encoding="utf-8-sig")
+        # "n/a" is a value here (a run's `load` that could not be judged), not a missing one
+        frame = pd.read_csv(path, encoding="utf-8-sig", keep_default_na=False, na_values=["", "nan", "NaN"])
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as exc:
