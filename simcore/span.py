@@ -71,6 +71,14 @@ def _int0(value: int) -> np.ndarray:
     return cached
 
 
+def block_residues(values: np.ndarray, block_size: int) -> np.ndarray:
+    """`values % block_size` (where each request stands in its last block); for a power of two
+    the same residues by a bit-mask, which is cheaper."""
+    if block_size & (block_size - 1):
+        return np.remainder(values, _int0(block_size))
+    return np.bitwise_and(values, _int0(block_size - 1))
+
+
 def _new_block_bins(block_size: int, num_steps: int) -> np.ndarray:
     """For steps k = 1..num_steps, the residue c % block_size of the requests that take a new
     block at step k: (1 - k) % block_size for k >= 2; step 1 (its appends were made by the
@@ -100,11 +108,7 @@ def span_shape(computed: np.ndarray, min_remaining: int, block_size: int, free_b
     when the caller knows them (else counted here)."""
     k_max = min(min_remaining, cap)
     # a new block at step k >= 2 iff (c + k - 1) % bs == 0, i.e. c % bs == (1 - k) % bs
-    if block_size & (block_size - 1):
-        residues = computed % _int0(block_size)
-    else:  # a power of two: the same residues by a bit-mask, cheaper
-        residues = np.bitwise_and(computed, _int0(block_size - 1))
-    hist = np.bincount(residues, minlength=block_size + 1)  # the last bin stays empty
+    hist = np.bincount(block_residues(computed, block_size), minlength=block_size + 1)  # the last bin stays empty
     cum = hist[_new_block_bins(block_size, k_max)].cumsum()
     # at most ceil((k_max - 1) / bs) new blocks per request in steps 2..k_max
     if len(computed) * ((k_max - 2) // block_size + 1) < free_blocks or int(cum[-1]) < free_blocks:

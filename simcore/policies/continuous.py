@@ -30,7 +30,7 @@ import numpy as np
 from simcore.block_pool import AllocStatus, PagedAllocator
 from simcore.policies.base import Queues
 from simcore.sampling import SequenceGroups, group_width
-from simcore.span import MIN_SPAN_STEPS, SpanShape, span_shape
+from simcore.span import MIN_SPAN_STEPS, SpanShape, block_residues, span_shape
 from simcore.state import ReqState
 from simcore.step import MemorySnapshot, StepPlan
 
@@ -62,12 +62,6 @@ class ContinuousPagedPolicy:
         # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
         self._seq_index = np.zeros(256, dtype=np.int64)
         self._decode_all_rows: tuple[StepPlan, np.ndarray] | None = None  # the last _decode_all's rows
-        # computed % block_size: `computed & (block_size - 1)` for a power of two (the same, cheaper),
-        # else `computed % block_size`; the operand a 0-d array (numpy combines two arrays faster
-        # than an array and an int)
-        bs = allocator.block_size
-        self._residue = np.bitwise_and if not bs & (bs - 1) else np.remainder
-        self._residue_of = np.array(bs - 1 if not bs & (bs - 1) else bs, dtype=np.int64)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -145,7 +139,7 @@ class ContinuousPagedPolicy:
             return False
         computed = store.computed[slots]
         alloc = self.allocator
-        full = np.logical_not(self._residue(computed, self._residue_of)).nonzero()[0]  # last block full
+        full = np.logical_not(block_residues(computed, alloc.block_size)).nonzero()[0]  # last block full
         if len(full) > alloc.num_free_blocks:
             return False
         rows = self._seq_index[slots]
