@@ -49,7 +49,24 @@ class _Outputs(ctypes.Structure):
 
 
 class CoreUnavailable(Exception):
-    """The C core cannot run this simulation (the reason is the message)."""
+    """The C core cannot run this simulation (the reason is the message); `clean`: nothing was
+    handed out (spilled rows), and the run's stores are as `prepare` left them."""
+
+    clean = True
+
+
+def _reset_stores(engine: Any) -> None:
+    from simcore.metrics import StepRecorder
+    from simcore.records import RequestRecords, Samples
+
+    life, old = engine.lifecycle, engine.lifecycle.records
+    records = RequestRecords(old.cap)
+    records.num_replicas, records.spill = old.num_replicas, old.spill
+    life.records, life.itl = records, Samples()
+    rec = engine.recorder
+    fresh = StepRecorder(engine.latency, rec.cap)
+    fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
+    engine.recorder = fresh
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -87,15 +104,16 @@ def unsupported(sim: Any) -> str:
         return "swap preemption"
     workload = sim.workload
     if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
-        return "a closed-loop or scaled workload"
-    if tuple(getattr(workload.n, "values", (0,))) != (1,) or tuple(getattr(workload.beam_width, "values", (0,))) != (1,):
+        return "a closed-loop workload, or one that does not give its requests as arrays"
+    # what a workload file says of every request (a chunk that breaks it anyway stops the run)
+    if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         return "parallel sampling or beam search"
     trace = getattr(workload, "trace", None)
-    extras = trace.extras if trace is not None else {}
+    extras = getattr(trace, "extras", {}) if trace is not None else {}
     if "n" in extras or "beam_width" in extras:
         return "parallel sampling or beam search"
-    if policy.enable_prefix_caching and (workload.shared_prefix is not None or "prefix_id" in extras
-                                         or "num_prefix_tokens" in extras):
+    if policy.enable_prefix_caching and (getattr(workload, "shared_prefix", None) is not None
+                                         or "prefix_id" in extras or "num_prefix_tokens" in extras):
         return "requests sharing a prefix with prefix caching on"
     from simcore import ccore
 
@@ -129,6 +147,11 @@ def run(sim: Any, progress=None) -> Any:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
         return _drive(lib, handle, sim, engine, life, recorder, latency, progress)
+    except CoreUnavailable as exc:
+        exc.clean = life.records.kept and not recorder.streaming  # nothing went out to the caller yet
+        if exc.clean:  # fresh stores, as prepare made them, so the Python engine can run it from the start
+            _reset_stores(engine)
+        raise
     finally:
         lib.kv_engine_free(handle)
         lib.kv_pricing_free(pricing)
@@ -222,8 +245,10 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
 
 def _feed(lib, handle, chunk, prefix_caching: bool) -> list[np.ndarray]:
     n = len(chunk.num_prompt_tokens)
-    if (chunk.n != 1).any() or (chunk.beam_width != 1).any() or (prefix_caching and (chunk.prefix_id >= 0).any()):
-        raise RuntimeError("kvsim: a workload chunk the C core cannot run slipped past its checks")
+    if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
+        raise CoreUnavailable("parallel sampling or beam search")
+    if prefix_caching and (chunk.prefix_id >= 0).any():
+        raise CoreUnavailable("requests sharing a prefix with prefix caching on")
     at = np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
     ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
     prompt = np.ascontiguousarray(chunk.num_prompt_tokens, dtype=np.int64)

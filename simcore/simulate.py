@@ -143,8 +143,11 @@ class Simulation:
             try:
                 stats = fastcore.run(self, self.progress)
             except fastcore.CoreUnavailable as exc:
-                if self.engine_core == "c" or engines[0].lifecycle.records.num_left:
-                    raise ConfigError(f"--engine-core c: {exc}") from None
+                if self.engine_core == "c":
+                    raise ConfigError(f"--engine-core c cannot run this simulation: {exc}") from None
+                if not exc.clean:
+                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                      "run it with --engine-core python") from None
                 core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
         if core == "python":
             self.env.run()
