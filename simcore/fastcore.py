@@ -22,10 +22,11 @@ import numpy as np
 
 KV_REQ_ROW = 17  # engine.h
 KV_STEP_ROW = 25
-_DONE, _FULL, _NEED_INPUT, _HOLD, _STALL, _NOMEM = 0, 1, 2, -1, -2, -3
+_DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
 _ITL_CAP = 1 << 16  # output buffers (doubles per value / row)
 _ROWS_CAP = 1 << 12
+_PROGRESS_EVERY = 256  # simcore.lifecycle's
 
 
 class _Config(ctypes.Structure):
@@ -45,6 +46,7 @@ class _Outputs(ctypes.Structure):
         ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
         ("extrap", ctypes.c_long * 4),
         ("num_arrived", ctypes.c_long), ("num_done", ctypes.c_long), ("num_steps", ctypes.c_long),
+        ("num_holds", ctypes.c_long),
     ]
 
 
@@ -203,9 +205,11 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
             life.itl.settle()
+            if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
+                before = out.num_done - out.req_n
+                for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
+                    progress(count)
             out.req_n = 0
-            if progress is not None:
-                progress(out.num_done)
         if out.step_n:
             rows = step[:out.step_n]
             recorder.record_rows(rows[:, :21], rows[:, 21:][:, [3, 0, 1, 2]])
@@ -227,8 +231,6 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             continue
         if rc == _DONE:
             break
-        if rc == _HOLD:
-            raise CoreUnavailable("the queue grew past the arrival hold threshold")
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
     del feed_keep
     arrive_upto(out.num_arrived)
@@ -237,6 +239,7 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
     latency.extrapolated.steps += out.extrap[0]
     life.num_arrived, life.num_done = out.num_arrived, out.num_done
+    engine.num_holds = out.num_holds
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass

@@ -25,7 +25,7 @@ from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 KVSIM_VERSION = "0.1.0"
 ENGINE_CORES = ("auto", "c", "python")
-AUTO_C = False  # whether --engine-core auto picks the compiled core where it applies
+AUTO_C = True  # whether --engine-core auto picks the compiled core where it applies
 
 
 @dataclass

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from profiles import default_profile
+from reports.regime import regime_of
 from simcore import ccore
 from simcore.catalog import GPUS, MODELS
 from simcore.simulate import prepare, simulate
@@ -147,6 +148,9 @@ def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY
     first = last - steps["num_steps"].to_numpy() + 1
     assert np.allclose(steps["start_s"].to_numpy(), ref["start_s"].to_numpy()[first], rtol=0, atol=TIME_TOL_S)
     assert core.record["workload"] == exact.record["workload"], context
+    a, b = regime_of(core), regime_of(exact)  # from the step rows: a row's end state stands for its steps
+    assert (a.label, a.peak_kv_use, a.num_preempted) == (b.label, b.peak_kv_use, b.num_preempted), context
+    _same(a.kv_blocked_share, b.kv_blocked_share, "kv_blocked_share", context)
     return core, exact
 
 
@@ -228,3 +232,24 @@ def test_arrivals_at_step_ends():
             ties += 1
         _compare(config, workload, seed=case, context=f"tie case {case}")
     assert ties > 20
+
+
+def test_held_arrivals_match(monkeypatch):
+    """An overloaded run past the hold threshold (Engine.hold_arrivals): the workload waits for
+    the queue to drain and then sends what it held with its planned times, in the core as in
+    the reference (every timeline, the steps' queue lengths, the number of holds)."""
+    import simcore.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HOLD_WAITING", 12)
+    for case in range(12):
+        rng = np.random.default_rng(500 + case)
+        config, _ = _random_case(rng)
+        num = 150
+        arrivals = np.cumsum(rng.exponential(0.0002, size=num))
+        arrivals[rng.random(num) < 0.2] = 0.0
+        arrivals = np.maximum.accumulate(arrivals)
+        mml = config.max_model_len
+        workload = ArraysWorkload(arrivals, rng.integers(1, mml // 2, size=num), rng.integers(1, mml // 2, size=num))
+        core, exact = _compare(config, workload, seed=case, context=f"hold case {case}")
+        assert core.record["resolution"] == exact.record["resolution"]
+        assert "waiting" in exact.record["resolution"], "the case should hold arrivals back"

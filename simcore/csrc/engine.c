@@ -20,6 +20,9 @@ typedef struct {
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
+/* where the workload's process stands (workloads/arrivals.py open_loop_process): at the top of
+   its loop, about to send (past the timeout, before the hold check), or held (sends late) */
+enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
 
 struct kv_engine {
     kv_engine_config c;
@@ -46,10 +49,14 @@ struct kv_engine {
     /* arrivals */
     double *in_at; long *in_id, *in_prompt, *in_output, *in_max; long in_n, in_pos; int in_last;
     int arr_pending; double arr_t; unsigned long arr_seq; double previous;
-    int arr_resume;  /* 1: the arrival process is between requests (looking at the next one) */
+    int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
+    int arr_stage, late;
+    /* Engine.hold_arrivals: `held` while the workload waits for the queue to drain; the drained
+       event, once triggered, at (drain_t, drain_seq) */
+    int held, drain_pending; double drain_t; unsigned long drain_seq;
     int started;
     /* an open span row: unchanged decode steps recorded as one */
-    int span_open; double span_row[KV_STEP_ROW];
+    int span_open, span_blocked; double span_row[KV_STEP_ROW];
     kv_outputs *out;
 };
 
@@ -140,16 +147,15 @@ static void put_req(kv_engine *e, const kv_req *r, int rejected, long kind, long
 }
 
 /* -- arrival (Engine._accept) --------------------------------------------------------------- */
-static int send(kv_engine *e, long i) {
-    if (e->wq_len >= e->c.hold_at) return KV_HOLD;  /* the workload would hold arrivals back */
+static int send(kv_engine *e, long i, double stamp) {
     kv_req r;
     memset(&r, 0, sizeof r);
     r.id = e->in_id[i]; r.prompt = e->in_prompt[i]; r.max_tokens = e->in_max[i];
     long room = e->c.max_model_len - r.prompt, out = e->in_output[i];
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
-    r.arrival = e->now; r.first_sched = r.first_token = r.last_token = -1.0;
-    e->out->arr[e->out->arr_n++] = e->now;
+    r.arrival = stamp; r.first_sched = r.first_token = r.last_token = -1.0;
+    e->out->arr[e->out->arr_n++] = stamp;
     e->out->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
@@ -165,27 +171,42 @@ static int send(kv_engine *e, long i) {
     return 0;
 }
 
-/* The arrival process between requests: send those planned at the same time, then wait (one
-   timeout) for the next planned time. Returns 0, KV_NEED_INPUT, KV_FULL or an error. */
+/* The arrival process, from where it stands: send the requests planned at the same time, then
+   wait (one timeout) for the next planned time; while the queue is past the hold threshold, wait
+   for it to drain, then send what was held with its planned time. Returns 0 (it waits),
+   KV_NEED_INPUT or KV_FULL (resumed where it stopped), or an error. */
 static int arrivals_continue(kv_engine *e) {
     kv_outputs *o = e->out;
     for (;;) {
-        if (e->in_pos >= e->in_n) {
-            if (e->in_last) { e->arr_pending = 0; e->arr_resume = 0; return 0; }
-            return KV_NEED_INPUT;
+        if (e->arr_stage == ARR_LOOK) {
+            if (e->in_pos >= e->in_n) {
+                if (e->in_last) { e->arr_pending = 0; e->arr_resume = 0; return 0; }
+                return KV_NEED_INPUT;
+            }
+            double at = 0.0 + e->in_at[e->in_pos];
+            if (at > e->previous) {
+                if (!(e->late && at <= e->now)) {
+                    e->late = 0;
+                    double delay = at - e->now;
+                    if (delay < 0.0) delay = 0.0;
+                    e->arr_pending = 1; e->arr_t = e->now + delay; e->arr_seq = e->seq++;
+                    e->previous = at; e->arr_stage = ARR_SEND; e->arr_resume = 0;
+                    return 0;
+                }
+                e->previous = at;
+            }
+            e->arr_stage = ARR_SEND;
         }
-        double at = 0.0 + e->in_at[e->in_pos];
-        if (at > e->previous) {
-            double delay = at - e->now;
-            if (delay < 0.0) delay = 0.0;
-            e->arr_pending = 1; e->arr_t = e->now + delay; e->arr_seq = e->seq++;
-            e->previous = at; e->arr_resume = 0;
+        if (e->arr_stage == ARR_SEND && e->wq_len >= e->c.hold_at) {
+            e->held = 1; o->num_holds++;
+            e->arr_stage = ARR_SEND_LATE; e->arr_resume = 0;
             return 0;
         }
         if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
-        int rc = send(e, e->in_pos);
+        int rc = send(e, e->in_pos, e->late ? 0.0 + e->in_at[e->in_pos] : e->now);
         if (rc) return rc;
         e->in_pos++;
+        e->arr_stage = ARR_LOOK;
     }
 }
 
@@ -383,7 +404,9 @@ static void end_step(kv_engine *e) {
     int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf;
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
-        if (e->span_open && (long)s[3] == e->num_parts) {  /* the same batch, one step on */
+        /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
+           classifies each of its steps as reports.regime would one by one) */
+        if (e->span_open && (long)s[3] == e->num_parts && blocked == e->span_blocked) {
             s[1] += dt; s[2] += 1; s[6] = row[6]; s[7] = row[7];
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
@@ -392,7 +415,7 @@ static void end_step(kv_engine *e) {
         }
         flush_span(e);
         memcpy(s, row, sizeof row);
-        e->span_open = 1;
+        e->span_open = 1; e->span_blocked = blocked;
         return;
     }
     flush_span(e);
@@ -410,6 +433,7 @@ int kv_engine_run(kv_engine *e, kv_outputs *out) {
     e->out = out;
     if (!e->started) {  /* time 0: the engine finds nothing to do; the workload starts */
         e->started = 1; e->now = 0.0; e->previous = 0.0; e->eng = ENG_IDLE; e->arr_resume = 1;
+        e->arr_stage = ARR_LOOK;
     }
     for (;;) {
         if (!has_room(e)) return KV_FULL;
@@ -418,20 +442,27 @@ int kv_engine_run(kv_engine *e, kv_outputs *out) {
             if (rc) return rc;
             continue;
         }
-        int eng = e->eng != ENG_IDLE;
-        int arr = e->arr_pending;
-        if (!eng && !arr) {
-            if (e->run_len || e->wq_len) return KV_STALL;
+        /* the next event: SimPy's order, by time and then creation */
+        int which = 0;  /* 1 engine, 2 arrival, 3 drained */
+        double t = 0.0; unsigned long q = 0;
+        if (e->eng != ENG_IDLE) { which = 1; t = e->eng_t; q = e->eng_seq; }
+        if (e->arr_pending && (!which || e->arr_t < t || (e->arr_t == t && e->arr_seq < q))) {
+            which = 2; t = e->arr_t; q = e->arr_seq;
+        }
+        if (e->drain_pending && (!which || e->drain_t < t || (e->drain_t == t && e->drain_seq < q))) {
+            which = 3; t = e->drain_t; q = e->drain_seq;
+        }
+        if (!which) {
+            if (e->run_len || e->wq_len || e->held) return KV_STALL;
             flush_span(e);
             return KV_DONE;
         }
-        if (arr && (!eng || e->arr_t < e->eng_t || (e->arr_t == e->eng_t && e->arr_seq < e->eng_seq))) {
-            e->now = e->arr_t;
-            e->arr_pending = 0;
-            int rc = send(e, e->in_pos);
-            if (rc) return rc;
-            e->in_pos++;
-            e->arr_resume = 1;
+        if (which == 2) {
+            e->now = e->arr_t; e->arr_pending = 0; e->arr_resume = 1;
+            continue;
+        }
+        if (which == 3) {
+            e->now = e->drain_t; e->drain_pending = 0; e->late = 1; e->arr_resume = 1;
             continue;
         }
         e->now = e->eng_t;
@@ -439,6 +470,9 @@ int kv_engine_run(kv_engine *e, kv_outputs *out) {
         if (schedule(e)) {
             int rc = begin_step(e);
             if (rc) return rc;
+            if (e->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
+                e->held = 0; e->drain_pending = 1; e->drain_t = e->now; e->drain_seq = e->seq++;
+            }
             start_step(e);
         } else {
             if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */

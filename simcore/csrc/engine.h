@@ -22,7 +22,7 @@
 
 enum { KV_REJECT_NONE = 0, KV_REJECT_MODEL_LEN = 1, KV_REJECT_BUDGET = 2, KV_REJECT_CACHE = 3,
        KV_REJECT_WATERMARK = 4 };
-enum { KV_DONE = 0, KV_FULL = 1, KV_NEED_INPUT = 2, KV_HOLD = -1, KV_STALL = -2, KV_NOMEM = -3 };
+enum { KV_DONE = 0, KV_FULL = 1, KV_NEED_INPUT = 2, KV_STALL = -2, KV_NOMEM = -3 };
 
 typedef struct {
     long max_num_seqs, max_num_batched_tokens, max_model_len;
@@ -40,6 +40,7 @@ typedef struct {
     double *arr; long arr_cap, arr_n;          /* arrival stamps, arrival order */
     long extrap[4];                            /* steps, linear, prefill_attention, decode_attention */
     long num_arrived, num_done, num_steps;
+    long num_holds;                            /* times arrivals were held back (Engine.num_holds) */
 } kv_outputs;
 
 typedef struct kv_engine kv_engine;
