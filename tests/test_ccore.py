@@ -139,6 +139,28 @@ def test_c_pricing_equals_the_model_bit_for_bit(lib, name):
         model.extrapolated.steps = 0
 
 
+def test_c_memos_change_no_result(lib):
+    """pricing.c keeps a batch size's row blend and a step shape's fixed parts in direct-mapped slots
+    (1,024 and 2,048 of them): thousands of shapes differing in one field each must share slots and
+    evict one another, and still price as the model does (forwards, then backwards over kept slots)."""
+    doc = json.loads((ROOT / "profiles" / "H100-SXM-80GB-llama2-70b-tp4.json").read_text())
+    model, fresh = StepLatencyModel(doc), StepLatencyModel(doc)
+    c = ccore.CPricing(model)
+    n = 4096
+    sweeps = [
+        [(300, [(200, 10)], 100, 100 * 700, s) for s in range(n)],  # num_sampled alone
+        [(t, [(200, 10)], 100, 100 * 700, 101) for t in range(1, n + 1)],  # num_tokens alone
+        [(5000, [(200, 10)], d, d * 700, 101) for d in range(1, n + 1)],  # decode batch (and its row blend)
+        [(5000, [(a, 10)], 100, 100 * 700, 101) for a in range(1, n + 1)],  # prefill chunk (its row blend)
+        [(300, [(200, 10)] * k, 100, 100 * 700, s) for k in range(8) for s in range(n // 8)],  # chunk count
+    ]
+    for steps in sweeps:
+        for step in steps + steps[::-1]:
+            assert c.step_parts_ms(*step) == model.step_parts_ms(*step), step
+    for step in sweeps[2][::97]:
+        assert c.step_parts_ms(*step) == fresh.step_parts_ms(*step), step  # Python's memos too: fresh bits
+
+
 def test_c_pricing_notes_each_table_as_the_model_does(lib):
     model = StepLatencyModel(json.loads((ROOT / "profiles" / "H100-SXM-80GB-llama2-70b-tp4.json").read_text()))
     c = ccore.CPricing(model)

@@ -18,6 +18,22 @@
 #include <string.h>
 
 #define MAX_GRID 1000000L
+#define A_MEMO 1024       /* per 2-D table: a's segment and weight, direct-mapped by a (power of two) */
+#define SHAPE_MEMO 2048   /* a step shape's GEMM, collectives and host ms, direct-mapped (power of two) */
+
+/* What depends on a alone (Table2D._a_terms): kept, never different from working it out again. */
+typedef struct {
+    long a;  /* 0: empty (only a > 0 is kept) */
+    long i, i1;
+    double s;
+} a_terms;
+
+/* StepLatencyModel.fixed_parts_ms of one step shape, kept as Python keeps it (_fixed_memo). */
+typedef struct {
+    long key[4];  /* num_tokens, num_decode_seqs, num_chunks, num_sampled */
+    double gemm, coll, host;
+    int linear_out, valid;
+} shape_terms;
 
 typedef struct {
     long n;
@@ -31,6 +47,7 @@ typedef struct {
     const double *la, *lb, *lz;  /* lz row-major: lz[i * nb + j] */
     double *dlb;                 /* lb[j + 1] - lb[j], nb - 1 of them (Table2D._dlb) */
     double *dlz;                 /* each row's steps, its last one 0.0 (Table2D._dlz) */
+    a_terms *memo;               /* A_MEMO slots, written by t2_call (the table itself is const) */
 } table2d;
 
 struct kv_pricing {
@@ -43,6 +60,8 @@ struct kv_pricing {
     table1d linear, lm_head, coll;
     table2d prefill, decode;
     double *store;  /* the blob's copy, then the 2-D tables' differences */
+    shape_terms *shapes;  /* SHAPE_MEMO slots, written by kv_step_parts */
+    a_terms *a_memo;      /* both 2-D tables' memo slots, one allocation */
 };
 
 long kv_pricing_abi(void) { return KV_PRICING_ABI; }
@@ -83,18 +102,26 @@ static int t1_outside(const table1d *t, double x) { return x > 0 && (x < t->lo |
 static double t2_call(const table2d *t, long a, double b) {
     if (a <= 0)
         return 0.0;
-    long i = 0;
-    double s = 0.0;
-    if (t->na > 1) {
-        double va = log((double)a);
-        i = bisect_right(t->la, va, 0, t->na) - 1;
-        if (i < 0)
-            i = 0;
-        if (i > t->na - 2)
-            i = t->na - 2;
-        s = (va - t->la[i]) / (t->la[i + 1] - t->la[i]);
+    a_terms *m = &t->memo[(unsigned long)a & (A_MEMO - 1)];
+    if (m->a != a) {
+        long i = 0;
+        double s = 0.0;
+        if (t->na > 1) {
+            double va = log((double)a);
+            i = bisect_right(t->la, va, 0, t->na) - 1;
+            if (i < 0)
+                i = 0;
+            if (i > t->na - 2)
+                i = t->na - 2;
+            s = (va - t->la[i]) / (t->la[i + 1] - t->la[i]);
+        }
+        m->a = a;
+        m->i = i;
+        m->i1 = i + 1 < t->na - 1 ? i + 1 : t->na - 1;
+        m->s = s;
     }
-    long i1 = i + 1 < t->na - 1 ? i + 1 : t->na - 1;
+    long i = m->i, i1 = m->i1;
+    double s = m->s;
     double v = py_log1p(b);
     long j = 0;
     double u = 0.0;
@@ -227,20 +254,26 @@ kv_pricing *kv_pricing_new(const double *blob, long len) {
     }
     long extra = p->prefill.nb * (1 + p->prefill.na) + p->decode.nb * (1 + p->decode.na);
     p->store = malloc((size_t)(len + extra) * sizeof *p->store);
-    if (p->store == NULL) {
-        free(p);
+    p->shapes = calloc(SHAPE_MEMO, sizeof *p->shapes);
+    p->a_memo = calloc(2 * A_MEMO, sizeof *p->a_memo);
+    if (p->store == NULL || p->shapes == NULL || p->a_memo == NULL) {
+        kv_pricing_free(p);
         return NULL;
     }
     memcpy(p->store, blob, (size_t)len * sizeof *p->store);
     parse(p, p->store, len);  /* the same blob again: now pointing into our copy */
     long used = fill_t2(&p->prefill, p->store + len);
     fill_t2(&p->decode, p->store + len + used);
+    p->prefill.memo = p->a_memo;
+    p->decode.memo = p->a_memo + A_MEMO;
     return p;
 }
 
 void kv_pricing_free(kv_pricing *p) {
     if (p != NULL) {
         free(p->store);
+        free(p->shapes);
+        free(p->a_memo);
         free(p);
     }
 }
@@ -281,13 +314,23 @@ static double occupancy_share(const kv_pricing *p, long num_chunks, const long *
 int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const long *chunk_tokens,
                   const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
                   long num_sampled, double out[4], long *prefill_out) {
-    int mask = 0;
+    unsigned long h = (unsigned long)num_tokens * 2654435761UL + (unsigned long)num_decode_seqs * 40503UL
+                      + (unsigned long)num_chunks * 97UL + (unsigned long)num_sampled * 7919UL;
+    shape_terms *f = &p->shapes[(h ^ (h >> 13)) & (SHAPE_MEMO - 1)];
+    long key[4] = {num_tokens, num_decode_seqs, num_chunks, num_sampled};
+    if (!f->valid || memcmp(f->key, key, sizeof key) != 0) {
+        f->gemm = p->num_layers * t1_call(&p->linear, (double)num_tokens) + t1_call(&p->lm_head, (double)num_sampled);
+        f->coll = collectives_ms(p, num_tokens, num_sampled);
+        f->host = host_ms(p, num_chunks + num_decode_seqs, num_tokens - num_decode_seqs);
+        f->linear_out = t1_outside(&p->linear, (double)num_tokens);
+        memcpy(f->key, key, sizeof key);
+        f->valid = 1;
+    }
+    out[0] = f->gemm;
+    out[2] = f->coll;
+    out[3] = f->host;
+    int mask = f->linear_out ? KV_OUT_LINEAR : 0;
     long prefill_outside = 0;
-    out[0] = p->num_layers * t1_call(&p->linear, (double)num_tokens) + t1_call(&p->lm_head, (double)num_sampled);
-    out[2] = collectives_ms(p, num_tokens, num_sampled);
-    out[3] = host_ms(p, num_chunks + num_decode_seqs, num_tokens - num_decode_seqs);
-    if (t1_outside(&p->linear, (double)num_tokens))
-        mask |= KV_OUT_LINEAR;
     double ms = 0.0;
     if (num_chunks > 0) {
         for (long k = 0; k < num_chunks; k++) {

@@ -27,7 +27,9 @@ void kv_pricing_free(kv_pricing *p);
 /* StepLatencyModel._parts_ms, bit for bit: out[0] gemm (L*linear(T) + lm_head(S)), out[1] attention
    (L * (prefill chunks [occupancy] + decode)), out[2] collectives, out[3] host, in ms. Returns a
    bitmask of the tables extrapolated; *prefill_out = prefill chunks outside their table (each is one
-   counter.note("prefill_attention")). A step's time is (out[3] + out[0] + out[1] + out[2]) / 1000.0 s. */
+   counter.note("prefill_attention")). A step's time is (out[3] + out[0] + out[1] + out[2]) / 1000.0 s.
+   Like the Python model it keeps what a step shape and a batch size determine (memos inside *p, the
+   same values as computed afresh): price with one kv_pricing per thread. */
 int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const long *chunk_tokens,
                   const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
                   long num_sampled, double out[4], long *prefill_out);
