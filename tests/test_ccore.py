@@ -237,6 +237,22 @@ def test_racing_processes_all_load_one_whole_library(lib, tmp_path):
     assert all(s["reason"] is None and s["path"] == str(tmp_path / files[0]) for s in seen)
 
 
+def test_threads_share_one_build(lib, tmp_path, monkeypatch):
+    """library() builds once per process: threads asking at once wait for the first and get its CDLL."""
+    import threading
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ccore, "_STATE", None)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(ccore.library())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and got[0] is not None and all(g is got[0] for g in got)
+    assert len(list(tmp_path.iterdir())) == 1
+
+
 def test_the_cache_is_reused_and_a_broken_file_rebuilt(lib, tmp_path):
     env = {"KVSIM_CACHE_DIR": str(tmp_path)}
     first = Path(_run(LOAD, env)["path"])
