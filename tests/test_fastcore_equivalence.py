@@ -300,3 +300,28 @@ def test_past_the_memory_caps(monkeypatch):
         assert sa["num_steps"].sum() == sb["num_steps"].sum() == p.totals.num_steps, case
         assert sa["duration_s"].sum() == pytest.approx(sb["duration_s"].sum(), rel=1e-9), case
         np.testing.assert_allclose(c.records.bounded.blocks, p.records.bounded.blocks, rtol=1e-9, atol=1e-12)
+
+
+def test_cli_engine_core():
+    """`kvsim run --engine-core`: c refuses an unsupported configuration in one line before any
+    output (exit 2); the record says which engine ran."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
+    for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
+                          (["--dp", "2"], "data parallelism")):
+        result = CliRunner().invoke(app, [*args, *extra, "--engine-core", "c"])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.startswith("kvsim: error: --engine-core c") and reason in result.stderr
+    ran = {}
+    for core in ("c", "python", "auto"):
+        result = CliRunner().invoke(app, [*args, "--engine-core", core])
+        assert result.exit_code == 0, result.stderr
+        ran[core] = json.loads(result.stdout)
+    assert ran["c"]["record"]["engine_core"] == ran["auto"]["record"]["engine_core"] == "c"
+    assert ran["python"]["record"]["engine_core_reason"] == "--engine-core python"
+    assert ran["c"]["summary"]["completed"] == ran["python"]["summary"]["completed"] == 20
