@@ -21,6 +21,8 @@ from cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineCore,
+    EngineCoreOpt,
     Goodput,
     Gpu,
     InputLen,
@@ -121,6 +123,7 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
+    engine_core: EngineCoreOpt = EngineCore.auto,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
@@ -195,19 +198,19 @@ def run(
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
-        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging)
+        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core.value)
         fatal = _report(result, wl, slo, seed, out, as_json, staging)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
-def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging):
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core):
     from simcore.simulate import simulate
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
         return simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                        exact_steps=exact_steps, stream=stream_tables(staging))
+                        exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core)
     finally:
         progress.stop()
 

@@ -112,10 +112,7 @@ class Engine:
     def _accept(self, request: Request, arrival_s: float | None, done: simpy.Event | None) -> None:
         life = self.lifecycle
         st = life.arrive(request, arrival_s, done)
-        if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
-            reason = f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
-        else:
-            reason = self.policy.check(st)
+        reason = self.reject_reason(st)
         if reason:
             life.reject(st, reason)
         else:
@@ -123,6 +120,12 @@ class Engine:
             wakeup = self._wakeup
             if wakeup is not None and not wakeup.triggered:
                 wakeup.succeed()
+
+    def reject_reason(self, st) -> str:
+        """Why the engine refuses this request on arrival ("" if it does not)."""
+        if st.num_prompt_tokens > self.max_model_len:  # vLLM answers 400 for these
+            return f"prompt of {st.num_prompt_tokens} tokens exceeds max_model_len {self.max_model_len}"
+        return self.policy.check(st)
 
     # -- the step loop ---------------------------------------------------------------------
     def run(self):

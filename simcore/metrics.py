@@ -207,6 +207,29 @@ class StepRecorder:
         if n == _STEP_CHUNK:
             self._seal()
 
+    def record_rows(self, rows: np.ndarray, spans: np.ndarray) -> None:
+        """Many rows at once (a compiled engine core's steps): `rows` (n, 21) float64 in `_COLUMNS`
+        order; `spans` (n, 4): for a row that covers several decode steps, 1 and its KV-allocated
+        slot-seconds, internal slot-seconds and KV-blocked seconds summed over its steps (what
+        `record_span` keeps), else 0 in the first column."""
+        start, count = 0, len(rows)
+        while start < count:
+            n = self._num_rows
+            end = min(count, start + _STEP_CHUNK - n)
+            if n + end - start > self._room:
+                grow = -(-(n + end - start - self._room) // _ROOM_ROWS) * _ROOM_ROWS
+                self._rows.extend(bytes(grow * _ROW_BYTES))
+                self._room += grow
+            block = np.ascontiguousarray(rows[start:end], dtype=np.float64)
+            self._rows[n * _ROW_BYTES:(n + end - start) * _ROW_BYTES] = block.tobytes()
+            for i in np.flatnonzero(spans[start:end, 0]).tolist():
+                _, alloc_s, internal_s, blocked_s = spans[start + i].tolist()
+                self._span_sums.append((n + i, alloc_s, internal_s, blocked_s))
+            self._num_rows = n + end - start
+            if self._num_rows == _STEP_CHUNK:
+                self._seal()
+            start = end
+
     def _fold(self) -> None:
         """Add the pending rows not yet in `_totals` to it: what `record` / `record_span` once
         summed on every call, in the same order (so the same floats)."""

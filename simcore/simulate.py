@@ -24,6 +24,8 @@ from simcore.router import Router
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 KVSIM_VERSION = "0.1.0"
+ENGINE_CORES = ("auto", "c", "python")
+AUTO_C = True  # whether --engine-core auto picks the compiled core where it applies
 
 
 @dataclass
@@ -103,16 +105,53 @@ class Simulation:
     config: ResolvedConfig | None = None
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
+    engine_core: str = "auto"  # which engine runs it: auto, c (the compiled core) or python
+    workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
+    progress: Callable[[int], None] | None = None
 
     @property
     def engine(self) -> Engine:
         """The first (with one replica, the only) engine."""
         return self.engines[0]
 
+    def choose_core(self) -> tuple[str, str]:
+        """("c" or "python", why python): the compiled core when it supports this run and
+        `engine_core` allows it (--exact-steps always means the Python reference)."""
+        if self.engine_core == "python":
+            return "python", "--engine-core python"
+        if self.record["resolved"]["exact_steps"] and self.config.engine.pipeline_parallel_size == 1:
+            if self.engine_core == "c":
+                raise ConfigError("--engine-core c runs no --exact-steps: that is the Python engine, the reference")
+            return "python", "--exact-steps"
+        from simcore import fastcore
+
+        reason = fastcore.unsupported(self)
+        if reason and self.engine_core == "c":
+            raise ConfigError(f"--engine-core c cannot run this simulation: {reason}")
+        if not reason and self.engine_core == "auto" and not AUTO_C:
+            reason = "--engine-core auto runs the Python engine (the C core is opt-in: --engine-core c)"
+        return ("python", reason) if reason else ("c", "")
+
     def run(self) -> Result:
         """Run to the last request and collect the tables; raises if any request stalled."""
         engines, latency = self.engines, self.latency
-        self.env.run()
+        core, why = self.choose_core()
+        stats = None
+        if core == "c":
+            from simcore import fastcore
+
+            try:
+                stats = fastcore.run(self, self.progress)
+            except fastcore.CoreUnavailable as exc:
+                if self.engine_core == "c":
+                    raise ConfigError(f"--engine-core c cannot run this simulation: {exc}") from None
+                if not exc.clean:
+                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                      "run it with --engine-core python") from None
+                core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
+        if core == "python":
+            self.env.run()
+            stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
@@ -138,7 +177,6 @@ class Simulation:
                 f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
-        stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
@@ -154,6 +192,9 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
+        record["engine_core"] = core
+        if why:
+            record["engine_core_reason"] = why
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
 
@@ -168,6 +209,7 @@ def prepare(
     progress: Callable[[int], None] | None = None,
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
+    engine_core: str = "auto",
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
@@ -175,6 +217,8 @@ def prepare(
     columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
     (past the caps of simcore.records / simcore.metrics), so a caller can write them out."""
     started = time.perf_counter()
+    if engine_core not in ENGINE_CORES:
+        raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
     if isinstance(config, ResolvedConfig):
@@ -247,7 +291,8 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engines, memory, latency, record, workload, arrivals, cfg, warnings, started)
+    return Simulation(env, engines, memory, latency, record, workload, arrivals, cfg, warnings, started,
+                      engine_core, workload_seed, progress)
 
 
 def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):
@@ -266,7 +311,10 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
+    engine_core: str = "auto",
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
-    `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals)."""
-    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream).run()
+    `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
+    `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
+    Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core).run()

@@ -28,7 +28,8 @@ def _run(policy: str, hold_at: int, **config):
     old = engine_module.HOLD_WAITING
     engine_module.HOLD_WAITING = hold_at
     try:
-        sim = prepare(model, gpu, cfg, workload, default_profile(gpu, model, 1), seed=11)
+        sim = prepare(model, gpu, cfg, workload, default_profile(gpu, model, 1), seed=11,
+                      engine_core="python")  # the Python engine holds; the C core runs nothing to watch
     finally:
         engine_module.HOLD_WAITING = old
     max_waiting = [0]

@@ -26,9 +26,9 @@ def test_an_error_quoting_a_yaml_alias_bomb_stays_one_short_line(tmp_path):
                            + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]) + "]"
     path = tmp_path / "w.yaml"
     path.write_text(GOOD_YAML.replace("prompt_len: 10", f"prompt_len: {bomb}"))
-    started = time.perf_counter()
+    started = time.process_time()
     result = CliRunner().invoke(app, ["workloads", "show", str(path)])
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and len(result.stderr) < 600, result.stderr
 
 
@@ -36,10 +36,10 @@ def test_workloads_show_of_a_very_long_name_is_fast(tmp_path):
     """rich's highlighter is quadratic in a line's length: 40k characters took ~50 s."""
     path = tmp_path / "w.yaml"
     path.write_text(GOOD_YAML + "name: " + "x" * 40_000 + "\n")
-    started = time.perf_counter()
+    started = time.process_time()
     result = CliRunner().invoke(app, ["workloads", "show", str(path)])
     assert result.exit_code == 0, result.stderr
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0
 
 
 def test_a_huge_length_spread_is_clipped_with_a_warning_not_an_int64_overflow(tmp_path):

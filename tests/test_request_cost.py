@@ -40,7 +40,7 @@ def _open_loop(monkeypatch, waits: bool, dp: int = 1):
                             prompt_len=Uniform(4, 60), output_len=Uniform(2, 40))
     cfg = EngineConfig(max_model_len=128, max_num_seqs=8, block_size=4, data_parallel_size=dp)
     monkeypatch.setattr(simpy, "Environment", CountingEnv)
-    sim = prepare(TINY, H100, cfg, workload, flat_profile(), seed=3)
+    sim = prepare(TINY, H100, cfg, workload, flat_profile(), seed=3, engine_core="python")  # counts SimPy events
     env = sim.env
     assert isinstance(env, CountingEnv)
     finishes = []

@@ -1,0 +1,56 @@
+/* One engine replica's step loop in C: continuous batching over a paged KV cache (vLLM V0's
+ * prefill-first scheduler, or V1's token budget with chunked prefill), recompute preemption,
+ * one-sequence requests, an open-loop workload. The same decisions, timestamps and step
+ * prices as the Python engine in --exact-steps mode (simcore/engine.py, policies/continuous*.py,
+ * lifecycle.py), without SimPy: the loop replays SimPy's event order (time, then creation).
+ *
+ * Resumable: kv_engine_run returns when an output buffer may not hold the next event's output,
+ * when it needs more arrivals (kv_engine_feed), or when the run is over; Python empties the
+ * buffers into its bounded stores and calls again, so memory stays flat in request count.
+ * Plain C99, no Python.h: loaded with ctypes by simcore/fastcore.py. */
+#ifndef KVSIM_ENGINE_H
+#define KVSIM_ENGINE_H
+
+#include "pricing.h"
+
+#define KV_REQ_ROW 17  /* request_id, replica, status, reason, arrival_s, first_scheduled_s,
+                          first_token_s, finish_s, num_prompt_tokens, num_positions, max_tokens, n,
+                          beam_width, num_preemptions (simcore.records._RAW order), then the reject
+                          kind (KV_REJECT_*), the output tokens asked for, and the arrivals so far */
+#define KV_STEP_ROW 25 /* simcore.metrics._COLUMNS (21), then a span row's KV-allocated and
+                          internal slot-seconds and KV-blocked seconds, and 1 for a span row */
+
+enum { KV_REJECT_NONE = 0, KV_REJECT_MODEL_LEN = 1, KV_REJECT_BUDGET = 2, KV_REJECT_CACHE = 3,
+       KV_REJECT_WATERMARK = 4 };
+enum { KV_DONE = 0, KV_FULL = 1, KV_NEED_INPUT = 2, KV_STALL = -2, KV_NOMEM = -3 };
+
+typedef struct {
+    long max_num_seqs, max_num_batched_tokens, max_model_len;
+    long num_gpu_blocks, block_size, watermark_blocks;
+    long chunked_prefill;  /* 0: vLLM V0 (continuous_v0.py); 1: V1 (continuous.py) */
+    long hold_at;          /* waiting requests at which the Python workload would hold arrivals */
+    long kv_capacity, kv_unit;  /* StepRecorder's, for a span row's KV-blocked seconds */
+    long aggregate;        /* 1: one row per run of unchanged decode steps */
+} kv_engine_config;
+
+typedef struct {
+    double *itl; long itl_cap, itl_n;          /* inter-token gaps, emission order */
+    double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */
+    double *step; long step_cap, step_n;       /* KV_STEP_ROW doubles per row */
+    double *arr; long arr_cap, arr_n;          /* arrival stamps, arrival order */
+    long extrap[4];                            /* steps, linear, prefill_attention, decode_attention */
+    long num_arrived, num_done, num_steps;
+    long num_holds;                            /* times arrivals were held back (Engine.num_holds) */
+} kv_outputs;
+
+typedef struct kv_engine kv_engine;
+
+kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing);
+void kv_engine_free(kv_engine *e);
+/* Arrivals (planned seconds after the start, nondecreasing) and lengths; `last`: no more follow.
+   Copied; call only when kv_engine_run asked (KV_NEED_INPUT) or before the first run. */
+int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
+                   const long *output, const long *max_tokens, int last);
+int kv_engine_run(kv_engine *e, kv_outputs *out);
+
+#endif

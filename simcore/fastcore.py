@@ -1,0 +1,274 @@
+"""The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
+as the Python engine in --exact-steps mode, for the configurations it supports, in C.
+
+Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
+simulations and users replay day-long traces (issue 10). The Python engine stays the reference
+and serves everything the core does not support (`unsupported` says why).
+
+The C run is resumable: it stops whenever one of its output buffers (inter-token gaps, rows of
+requests that left, step rows, arrival stamps) may not hold the next event's output, or when it
+needs the next chunk of the workload; this module empties the buffers into the run's bounded
+stores (RequestRecords, Samples, StepRecorder) and resumes it, so memory stays flat in request
+count. Runs of decode steps that change nothing but the contexts come back as one step row
+(`num_steps` > 1), as the Python engine's decode spans do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+KV_REQ_ROW = 17  # engine.h
+KV_STEP_ROW = 25
+_DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
+_REJECT_MODEL_LEN = 1
+_ITL_CAP = 1 << 16  # output buffers (doubles per value / row)
+_ROWS_CAP = 1 << 12
+_PROGRESS_EVERY = 256  # simcore.lifecycle's
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_long) for name in (
+        "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
+        "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate")]
+
+
+_P = ctypes.POINTER(ctypes.c_double)
+
+
+class _Outputs(ctypes.Structure):
+    _fields_ = [
+        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long),
+        ("req", _P), ("req_cap", ctypes.c_long), ("req_n", ctypes.c_long),
+        ("step", _P), ("step_cap", ctypes.c_long), ("step_n", ctypes.c_long),
+        ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
+        ("extrap", ctypes.c_long * 4),
+        ("num_arrived", ctypes.c_long), ("num_done", ctypes.c_long), ("num_steps", ctypes.c_long),
+        ("num_holds", ctypes.c_long),
+    ]
+
+
+class CoreUnavailable(Exception):
+    """The C core cannot run this simulation (the reason is the message); `clean`: nothing was
+    handed out (spilled rows), and the run's stores are as `prepare` left them."""
+
+    clean = True
+
+
+def _reset_stores(engine: Any) -> None:
+    from simcore.metrics import StepRecorder
+    from simcore.records import RequestRecords, Samples
+
+    life, old = engine.lifecycle, engine.lifecycle.records
+    records = RequestRecords(old.cap)
+    records.num_replicas, records.spill = old.num_replicas, old.spill
+    life.records, life.itl = records, Samples()
+    rec = engine.recorder
+    fresh = StepRecorder(engine.latency, rec.cap)
+    fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
+    engine.recorder = fresh
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    if getattr(lib, "_kv_engine_declared", False):
+        return
+    lp = ctypes.POINTER(ctypes.c_long)
+    lib.kv_engine_new.restype = ctypes.c_void_p
+    lib.kv_engine_new.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p]
+    lib.kv_engine_free.restype = None
+    lib.kv_engine_free.argtypes = [ctypes.c_void_p]
+    lib.kv_engine_feed.restype = ctypes.c_int
+    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, ctypes.c_int]
+    lib.kv_engine_run.restype = ctypes.c_int
+    lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
+    lib._kv_engine_declared = True
+
+
+def unsupported(sim: Any) -> str:
+    """Why the C core cannot run this prepared simulation ("" when it can)."""
+    from simcore.engine import Engine
+    from simcore.policies.continuous import ContinuousPagedPolicy
+    from simcore.policies.continuous_v0 import VllmV0PagedPolicy
+
+    if len(sim.engines) != 1:
+        return "data parallelism (replicas behind a router)"
+    engine = sim.engines[0]
+    if type(engine) is not Engine or engine.lifecycle.num_arrived or sim.env.now:
+        return "the simulation already started"
+    if type(sim.latency).__name__ != "StepLatencyModel":
+        return "pipeline parallelism"
+    policy = engine.policy
+    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
+        return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
+    if policy.swap:
+        return "swap preemption"
+    workload = sim.workload
+    if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
+        return "a closed-loop workload, or one that does not give its requests as arrays"
+    # what a workload file says of every request (a chunk that breaks it anyway stops the run)
+    if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
+        return "parallel sampling or beam search"
+    trace = getattr(workload, "trace", None)
+    extras = getattr(trace, "extras", {}) if trace is not None else {}
+    if "n" in extras or "beam_width" in extras:
+        return "parallel sampling or beam search"
+    if policy.enable_prefix_caching and (getattr(workload, "shared_prefix", None) is not None
+                                         or "prefix_id" in extras or "num_prefix_tokens" in extras):
+        return "requests sharing a prefix with prefix caching on"
+    from simcore import ccore
+
+    if ccore.library() is None:
+        return f"the compiled core is unavailable ({ccore.unavailable_reason()})"
+    return ""
+
+
+def run(sim: Any, progress=None) -> Any:
+    """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engine's
+    records, ITL samples, step recorder and extrapolation counter; returns the workload
+    generation's counts (what its SimPy process would have returned)."""
+    from simcore import ccore
+
+    lib = ccore.library()
+    _declare(lib)
+    engine = sim.engines[0]
+    policy, life, recorder, latency = engine.policy, engine.lifecycle, engine.recorder, sim.latency
+    alloc = policy.allocator
+    cfg = _Config(
+        policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
+        alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
+        engine.hold_at, recorder.kv_capacity, recorder.kv_unit, 1,
+    )
+    blob = ccore.pricing_blob(latency)
+    pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+    if not pricing:
+        raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
+    handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
+    try:
+        if not handle:
+            raise MemoryError("kvsim: the C engine core could not allocate its state")
+        return _drive(lib, handle, sim, engine, life, recorder, latency, progress)
+    except CoreUnavailable as exc:
+        exc.clean = life.records.kept and not recorder.streaming  # nothing went out to the caller yet
+        if exc.clean:  # fresh stores, as prepare made them, so the Python engine can run it from the start
+            _reset_stores(engine)
+        raise
+    finally:
+        lib.kv_engine_free(handle)
+        lib.kv_pricing_free(pricing)
+
+
+def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
+    m = engine.policy.max_num_seqs + 2
+    itl = np.empty(max(_ITL_CAP, 4 * m))
+    req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
+    step = np.empty((max(_ROWS_CAP, 4), KV_STEP_ROW))
+    arr = np.empty(max(_ROWS_CAP, 4))
+    out = _Outputs()
+    out.itl, out.itl_cap = itl.ctypes.data_as(_P), len(itl)
+    out.req, out.req_cap = req.ctypes.data_as(_P), len(req)
+    out.step, out.step_cap = step.ctypes.data_as(_P), len(step)
+    out.arr, out.arr_cap = arr.ctypes.data_as(_P), len(arr)
+    records = life.records
+    pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
+    state = {"fed": records.num_arrived}
+    chunks = sim.workload.iter_arrays(sim.workload_seed)
+    stats = None
+    feed_keep: list[np.ndarray] = []
+
+    def arrive_upto(count: int) -> None:
+        """Hand the records the arrival stamps up to the `count`-th arrival."""
+        need = count - state["fed"]
+        while need > 0 and pending_arrivals:
+            head = pending_arrivals[0]
+            take = min(need, len(head))
+            records.arrive_many(head[:take])
+            state["fed"] += take
+            need -= take
+            if take == len(head):
+                pending_arrivals.pop(0)
+            else:
+                pending_arrivals[0] = head[take:]
+
+    def flush() -> None:
+        if out.arr_n:
+            pending_arrivals.append(arr[:out.arr_n].copy())
+            out.arr_n = 0
+        if out.itl_n:
+            life.itl.extend(itl[:out.itl_n])
+            out.itl_n = 0
+        if out.req_n:
+            rows = req[:out.req_n]
+            for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
+                rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
+            arrived = rows[:, 16]
+            records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
+            life.itl.settle()
+            if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
+                before = out.num_done - out.req_n
+                for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
+                    progress(count)
+            out.req_n = 0
+        if out.step_n:
+            rows = step[:out.step_n]
+            recorder.record_rows(rows[:, :21], rows[:, 21:][:, [3, 0, 1, 2]])
+            out.step_n = 0
+
+    while True:
+        rc = lib.kv_engine_run(handle, ctypes.byref(out))
+        if rc == _NEED_INPUT:
+            try:
+                chunk = next(chunks)
+            except StopIteration as stop:
+                stats = stop.value
+                lib.kv_engine_feed(handle, 0, arr.ctypes.data_as(_P), *([None] * 4), 1)
+                continue
+            feed_keep = _feed(lib, handle, chunk, engine.policy.enable_prefix_caching)
+            continue
+        flush()
+        if rc == _FULL:
+            continue
+        if rc == _DONE:
+            break
+        raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
+    del feed_keep
+    arrive_upto(out.num_arrived)
+    for name, count in zip(("linear", "prefill_attention", "decode_attention"), out.extrap[1:], strict=True):
+        if count:
+            latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
+    latency.extrapolated.steps += out.extrap[0]
+    life.num_arrived, life.num_done = out.num_arrived, out.num_done
+    engine.num_holds = out.num_holds
+    if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
+        for _ in chunks:
+            pass
+    return stats
+
+
+def _feed(lib, handle, chunk, prefix_caching: bool) -> list[np.ndarray]:
+    n = len(chunk.num_prompt_tokens)
+    if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
+        raise CoreUnavailable("parallel sampling or beam search")
+    if prefix_caching and (chunk.prefix_id >= 0).any():
+        raise CoreUnavailable("requests sharing a prefix with prefix caching on")
+    at = np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
+    ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
+    prompt = np.ascontiguousarray(chunk.num_prompt_tokens, dtype=np.int64)
+    output = np.ascontiguousarray(chunk.num_output_tokens, dtype=np.int64)
+    max_tokens = np.where(chunk.max_tokens > 0, chunk.max_tokens, chunk.num_output_tokens).astype(np.int64)
+    lp = ctypes.POINTER(ctypes.c_long)
+    keep = [at, ids, prompt, output, max_tokens]
+    rc = lib.kv_engine_feed(handle, n, at.ctypes.data_as(_P), *(a.ctypes.data_as(lp) for a in keep[1:]), 0)
+    if rc:
+        raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
+    return keep
+
+
+def _reason(engine, row: np.ndarray) -> str:
+    """The reject reason the Python engine gives this request (its own checks, on a stand-in)."""
+    from simcore.request import Request
+    from simcore.state import ReqState
+
+    request = Request(int(row[0]), float(row[4]), int(row[8]), int(row[15]), int(row[10]))
+    return engine.reject_reason(ReqState(request, None, engine.max_model_len))

@@ -1,0 +1,255 @@
+"""The compiled engine core (simcore/csrc/engine.c) against the Python engine's reference mode
+(--exact-steps), on a few hundred random small configurations it supports: continuous batching
+over the paged allocator, vLLM V0 (no chunked prefill) and V1 (chunked), tiny caches that force
+recompute preemption, simultaneous arrivals, prompts clipped or refused by max_model_len, by the
+token budget or by the cache. Request-level results must match (token counts exactly,
+timestamps within 1e-9 s), pooled ITLs likewise, summaries (integers exactly, floats to 1e-9
+relative) and step totals; the core's step rows may cover several decode steps.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from profiles import default_profile
+from reports.regime import regime_of
+from simcore import ccore
+from simcore.catalog import GPUS, MODELS
+from simcore.simulate import prepare, simulate
+from simcore.specs import EngineConfig
+from workloads.arrivals import open_loop_process
+
+TINY = MODELS["tiny"]
+H100 = GPUS["H100-SXM-80GB"]
+NUM_CASES = 240
+TIME_TOL_S = 1e-9
+
+pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
+
+
+class ArraysWorkload:
+    """Fixed requests (ids in arrival order) submitted as a workload file's are: one chunk of
+    arrays, the open-loop process of workloads.arrivals."""
+
+    name = "arrays"
+    is_closed_loop = False
+
+    def __init__(self, arrival_s, prompt, output, max_tokens=None):
+        self.num_requests = len(arrival_s)
+        self.chunk = SimpleNamespace(
+            arrival_s=np.asarray(arrival_s, dtype=np.float64), num_prompt_tokens=np.asarray(prompt),
+            num_output_tokens=np.asarray(output),
+            max_tokens=np.asarray(output if max_tokens is None else max_tokens),
+            n=np.ones(len(prompt), dtype=np.int64), beam_width=np.ones(len(prompt), dtype=np.int64),
+            prefix_id=np.full(len(prompt), -1), num_prefix_tokens=np.zeros(len(prompt), dtype=np.int64),
+            first_id=0)
+
+    def iter_arrays(self, seed):
+        yield self.chunk
+        return {"generated": self.num_requests}
+
+    def process(self, env, sink, seed):
+        from simcore.request import Request
+
+        c = self.chunk
+        requests = list(map(Request, range(self.num_requests), c.arrival_s.tolist(), c.num_prompt_tokens.tolist(),
+                            c.num_output_tokens.tolist(), c.max_tokens.tolist()))
+        yield from open_loop_process(env, sink, [(requests, c.arrival_s)])
+        return {"generated": self.num_requests}
+
+    def describe(self, stats=None):
+        return {"name": self.name, "num_requests": self.num_requests, "generation": stats}
+
+
+def _profile():
+    return default_profile(H100, TINY, 1)  # measured tables: step times vary with batch and context
+
+
+def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, ArraysWorkload]:
+    block_size = int(rng.choice([1, 2, 4, 8, 16]))
+    mml = int(rng.choice([32, 64, 128]))
+    chunked = bool(rng.random() < 0.5)
+    max_num_seqs = int(rng.integers(1, 12))
+    budget = int(rng.choice([mml, 8, 16, 24, 48])) if chunked else int(rng.choice([mml, 2 * mml]))  # V0: >= max_model_len
+    min_blocks = -(-mml // block_size)
+    if rng.random() < 0.5:  # a small cache half the time, so sequences get preempted
+        blocks = min_blocks + int(rng.integers(0, 3 * min_blocks + 4))
+    else:
+        blocks = min_blocks * 40
+    config = EngineConfig(
+        block_size=block_size, max_model_len=mml, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(budget, max_num_seqs), enable_chunked_prefill=chunked,
+        enable_prefix_caching=bool(rng.random() < 0.3), preemption_mode="recompute",
+        num_gpu_blocks_override=blocks,
+    )
+    num = int(rng.integers(1, 40))
+    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
+    gaps[rng.random(num) < 0.25] = 0.0  # simultaneous arrivals
+    arrivals = np.cumsum(gaps) - gaps[0]
+    prompt = rng.integers(1, mml // 2, size=num)
+    output = rng.integers(1, mml // 2, size=num)
+    long = rng.random(num) < 0.1  # refused (prompt > max_model_len) or clipped by it
+    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
+    output[rng.random(num) < 0.1] = mml
+    return config, ArraysWorkload(arrivals, prompt, output)
+
+
+def _same(a, b, key: str, context: str) -> None:
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            assert a == b, f"{context}: {key} {a} != {b}"
+        elif math.isnan(a) or math.isnan(b):
+            assert math.isnan(a) and math.isnan(b), f"{context}: {key} {a} != {b}"
+        else:
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f"{context}: {key} {a} != {b}"
+    else:
+        assert a == b, f"{context}: {key} {a!r} != {b!r}"
+
+
+def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY, profile=None):
+    profile = profile or _profile()
+    core = simulate(model, H100, config, workload, profile, seed=seed, engine_core="c")
+    exact = simulate(model, H100, config, workload, profile, seed=seed, exact_steps=True)
+    assert core.record["engine_core"] == "c" and exact.record["engine_core"] == "python", context
+    rc, re_ = core.requests, exact.requests
+    assert list(rc.columns) == list(re_.columns)
+    for col in rc.columns:
+        a, b = rc[col].to_numpy(), re_[col].to_numpy()
+        if col.endswith("_s"):
+            same = np.isclose(a, b, rtol=0.0, atol=TIME_TOL_S, equal_nan=True)
+            assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
+        else:
+            assert (a == b).all(), f"{context}: {col} differs"
+    assert len(core.itl_s) == len(exact.itl_s), context
+    assert np.allclose(core.itl_s, exact.itl_s, rtol=0.0, atol=TIME_TOL_S), context  # same order too
+    assert core.summary.keys() == exact.summary.keys(), context
+    for key in core.summary:
+        _same(core.summary[key], exact.summary[key], key, context)
+    assert core.warnings == exact.warnings, context
+    ct, et = core.totals, exact.totals
+    for name in ("num_steps", "seq_steps", "max_running", "kv_allocated_max", "num_preempted"):
+        assert getattr(ct, name) == getattr(et, name), (context, name)
+    for name in ("duration_s", "running_s", "kv_blocked_s"):
+        _same(getattr(ct, name), getattr(et, name), name, context)
+    for kind, value in et.kv_slot_s.items():
+        _same(ct.kv_slot_s[kind], value, kind, context)
+    steps, ref = core.steps, exact.steps
+    assert steps["num_steps"].sum() == len(ref), context
+    for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # a row sums its steps
+        assert steps[col].sum() == pytest.approx(ref[col].sum(), rel=1e-9), (context, col)
+    # a row's counts and KV are those of its last step; its start that of its first
+    last = np.cumsum(steps["num_steps"].to_numpy()) - 1
+    for col in ("num_seqs", "num_running", "num_waiting", "num_preempted", *(c for c in ref if c.startswith("kv_"))):
+        assert (steps[col].to_numpy() == ref[col].to_numpy()[last]).all(), (context, col)
+    first = last - steps["num_steps"].to_numpy() + 1
+    assert np.allclose(steps["start_s"].to_numpy(), ref["start_s"].to_numpy()[first], rtol=0, atol=TIME_TOL_S)
+    assert core.record["workload"] == exact.record["workload"], context
+    a, b = regime_of(core), regime_of(exact)  # from the step rows: a row's end state stands for its steps
+    assert (a.label, a.peak_kv_use, a.num_preempted) == (b.label, b.peak_kv_use, b.num_preempted), context
+    _same(a.kv_blocked_share, b.kv_blocked_share, "kv_blocked_share", context)
+    return core, exact
+
+
+@pytest.mark.parametrize("block", range(6))
+def test_core_matches_the_python_reference(block):
+    """NUM_CASES random configurations in 6 blocks (so a failure names a small range)."""
+    per_block = NUM_CASES // 6
+    preempted = rejected = spans = 0
+    for case in range(block * per_block, (block + 1) * per_block):
+        config, workload = _random_case(np.random.default_rng(case))
+        core, _ = _compare(config, workload, seed=case, context=f"case {case}: {config}")
+        preempted += core.totals.num_preempted
+        rejected += core.summary["rejected"]
+        spans += int((core.steps["num_steps"] > 1).sum())
+    assert preempted and rejected and spans, "the random cases should preempt, refuse and aggregate"
+
+
+def test_peer_workload_file_matches():
+    """The peer comparison's workload file (Azure conversation lengths, Poisson arrivals) on the
+    70B model, V0 and V1, through the workload's own chunks."""
+    from workloads import load_workload
+
+    model, gpu = MODELS["llama2-70b"], H100
+    for chunked in (False, True):
+        config = EngineConfig(tensor_parallel_size=4, max_num_seqs=128, max_num_batched_tokens=4096,
+                              enable_chunked_prefill=chunked, enable_prefix_caching=False)
+        workload = load_workload("benchmarks/peer-azure-conv.yaml", {"rate": 4, "num_requests": 300},
+                                 max_model_len=config.resolved_max_model_len(model))
+        _compare(config, workload, seed=1, context=f"peer chunked={chunked}", model=model,
+                 profile=default_profile(gpu, model, 4))
+
+
+def test_auto_and_refusals():
+    """--engine-core auto records which engine ran and why; c refuses what it cannot run."""
+    from simcore.errors import ConfigError
+
+    config, workload = _random_case(np.random.default_rng(3))
+    result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
+    assert result.record["engine_core"] == "python" and result.record["engine_core_reason"] == "--engine-core python"
+    swap = EngineConfig(max_model_len=64, preemption_mode="swap", swap_space=1.0)
+    sim = prepare(TINY, H100, swap, workload, _profile())
+    assert sim.choose_core()[0] == "python" and "swap" in sim.choose_core()[1]
+    with pytest.raises(ConfigError, match="swap preemption"):
+        simulate(TINY, H100, swap, workload, _profile(), engine_core="c")
+    with pytest.raises(ConfigError, match="exact-steps"):
+        simulate(TINY, H100, config, workload, _profile(), engine_core="c", exact_steps=True)
+    with pytest.raises(ConfigError, match="engine-core"):
+        simulate(TINY, H100, config, workload, _profile(), engine_core="fortran")
+
+
+def test_arrivals_at_step_ends():
+    """An arrival planned at the very instant a step ends: SimPy takes the two events in the order
+    they were created (the arrival's timeout, made at the previous arrival, against the step's,
+    made at its start), and so must the core. Arrivals are moved onto step ends of the reference
+    run one at a time (the run up to there stays the same)."""
+    ties = 0
+    for case in range(40):
+        rng = np.random.default_rng(1000 + case)
+        config, workload = _random_case(rng)
+        c = workload.chunk
+        for _ in range(3):
+            exact = simulate(TINY, H100, config, workload, _profile(), seed=case, exact_steps=True)
+            steps = exact.steps
+            ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
+            arrivals = c.arrival_s
+            later = np.flatnonzero(ends > arrivals[0])
+            if not len(later) or len(arrivals) < 2:
+                break
+            end = float(ends[later[int(rng.integers(0, len(later)))]])
+            i = int(np.searchsorted(arrivals, end))  # the arrival moved onto it, others keep their order
+            i = min(max(i, 1), len(arrivals) - 1)
+            previous = float(arrivals[i - 1])
+            if previous >= end or previous + (end - previous) != end:  # its stamp would not be `end`
+                continue
+            arrivals = arrivals.copy()
+            arrivals[i] = end
+            arrivals[i + 1:] = np.maximum(arrivals[i + 1:], end)
+            c.arrival_s = arrivals
+            ties += 1
+        _compare(config, workload, seed=case, context=f"tie case {case}")
+    assert ties > 20
+
+
+def test_held_arrivals_match(monkeypatch):
+    """An overloaded run past the hold threshold (Engine.hold_arrivals): the workload waits for
+    the queue to drain and then sends what it held with its planned times, in the core as in
+    the reference (every timeline, the steps' queue lengths, the number of holds)."""
+    import simcore.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HOLD_WAITING", 12)
+    for case in range(12):
+        rng = np.random.default_rng(500 + case)
+        config, _ = _random_case(rng)
+        num = 150
+        arrivals = np.cumsum(rng.exponential(0.0002, size=num))
+        arrivals[rng.random(num) < 0.2] = 0.0
+        arrivals = np.maximum.accumulate(arrivals)
+        mml = config.max_model_len
+        workload = ArraysWorkload(arrivals, rng.integers(1, mml // 2, size=num), rng.integers(1, mml // 2, size=num))
+        core, exact = _compare(config, workload, seed=case, context=f"hold case {case}")
+        assert core.record["resolution"] == exact.record["resolution"]
+        assert "waiting" in exact.record["resolution"], "the case should hold arrivals back"
