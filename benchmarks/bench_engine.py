@@ -3,6 +3,7 @@
 Prints simulated requests and output tokens per wall second and peak memory. The rate is
 chosen so that about 110 sequences run at once (20 req/s: 107.7 mean on main 40fde03) (the script prints the mean it got).
 Run: python benchmarks/bench_engine.py [--rate 20] [--num-requests 10000] [--policy continuous] [--exact-steps]
+     [--engine-core auto|c|python]
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exact-steps", action="store_true", help="time the one-event-per-step reference mode")
     parser.add_argument("--tracemalloc", action="store_true", help="also trace Python heap peak (slower)")
+    parser.add_argument("--engine-core", choices=("auto", "c", "python"), default="auto",
+                        help="which engine runs (kvsim run --engine-core): python times the Python engine")
     args = parser.parse_args()
 
     model, gpu = get_model("llama3-8b"), get_gpu("H100-SXM-80GB")
@@ -38,7 +41,8 @@ def main() -> None:
         tracemalloc.start()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = simulate(model, gpu, config, workload, profile, seed=args.seed, exact_steps=args.exact_steps)
+    result = simulate(model, gpu, config, workload, profile, seed=args.seed, exact_steps=args.exact_steps,
+                      engine_core=args.engine_core)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     s = result.summary
@@ -48,7 +52,8 @@ def main() -> None:
     mean_running = float((steps["num_running"] * steps["num_steps"]).sum() / steps["num_steps"].sum())
     print(f"mean running sequences per step: {mean_running:.1f} "
           f"(max {s['max_running']})")
-    print(f"wall: {wall:.2f} s (CPU {cpu:.2f} s){' [exact steps]' if args.exact_steps else ''}")
+    print(f"wall: {wall:.2f} s (CPU {cpu:.2f} s){' [exact steps]' if args.exact_steps else ''}, "
+          f"engine core: {result.record['engine_core']}")
     print(f"simulated requests / wall s: {s['completed'] / wall:,.0f}")
     print(f"simulated output tokens / wall s: {s['total_output_tokens'] / wall:,.0f}")
     print(f"peak RSS: {rss_peak / 1024:.0f} MiB (before the run: {rss_before / 1024:.0f} MiB)")

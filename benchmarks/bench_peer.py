@@ -8,6 +8,7 @@ the whole process (imports included), peak RSS and CPU seconds from getrusage of
 child (CPU time is the steadier figure on a shared machine; us / step is CPU per engine step).
 
 Run: python benchmarks/bench_peer.py [--sizes 1000 10000 100000 1000000] [--repeats 3] [--exact-steps]
+     [--engine-core auto|c|python]
 Targets (issue 10): 10k <= 0.8 s, 1M <= 60 s, peak RSS <= 300 MiB at 1M, cost linear in requests.
 """
 
@@ -62,8 +63,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per size; the median is reported")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up on one run after this")
     parser.add_argument("--exact-steps", action="store_true", help="time the one-event-per-step reference mode")
+    parser.add_argument("--engine-core", choices=("auto", "c", "python"), default="auto",
+                        help="which engine runs (kvsim run --engine-core): python times the Python engine")
     args = parser.parse_args()
-    extra = ["--exact-steps"] if args.exact_steps else []
+    extra = (["--exact-steps"] if args.exact_steps else []) + ["--engine-core", args.engine_core]
     load = os.getloadavg()[0]
     print(f"load average before: {load:.2f} on {os.cpu_count()} cores; pinned: {bool(shutil.which('taskset'))}")
     print("| requests | wall (median) | wall (all runs) | CPU (median) | peak RSS | engine steps | us / step |")

@@ -185,8 +185,15 @@ def run(
     check_inputs_kept(out, [workload, profile, model], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
+        if engine_core is not EngineCore.auto:
+            raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
+    if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
+        from simcore.simulate import prepare
+
+        prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
+                engine_core="c").choose_core()
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")

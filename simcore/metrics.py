@@ -222,9 +222,9 @@ class StepRecorder:
                 self._room += grow
             block = np.ascontiguousarray(rows[start:end], dtype=np.float64)
             self._rows[n * _ROW_BYTES:(n + end - start) * _ROW_BYTES] = block.tobytes()
-            for i in np.flatnonzero(spans[start:end, 0]).tolist():
-                _, alloc_s, internal_s, blocked_s = spans[start + i].tolist()
-                self._span_sums.append((n + i, alloc_s, internal_s, blocked_s))
+            index = np.flatnonzero(spans[start:end, 0])
+            if len(index):
+                self._span_sums.extend(zip((index + n).tolist(), *spans[start + index, 1:].T.tolist(), strict=True))
             self._num_rows = n + end - start
             if self._num_rows == _STEP_CHUNK:
                 self._seal()

@@ -253,3 +253,75 @@ def test_held_arrivals_match(monkeypatch):
         core, exact = _compare(config, workload, seed=case, context=f"hold case {case}")
         assert core.record["resolution"] == exact.record["resolution"]
         assert "waiting" in exact.record["resolution"], "the case should hold arrivals back"
+
+
+def test_past_the_memory_caps(monkeypatch):
+    """Rows past the caps of the bounded stores (tiny caps here): the streamed request rows (in
+    the order requests left) and step totals, the histogram summaries and the saturation sums
+    by block of arrivals are the reference's."""
+    import simcore.metrics as metrics
+    import simcore.records as records
+
+    monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 40)
+    monkeypatch.setattr(records, "_ROW_CHUNK", 16)
+    monkeypatch.setattr(records, "ITL_EXACT_CAP", 300)
+    monkeypatch.setattr(records, "_FLUSH", 64)
+    monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 64)
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 32)
+    for case in range(6):
+        rng = np.random.default_rng(700 + case)
+        config, _ = _random_case(rng)
+        num = 200
+        arrivals = np.cumsum(rng.exponential(0.002, size=num))
+        arrivals[rng.random(num) < 0.3] = 0.0
+        arrivals = np.maximum.accumulate(arrivals)
+        mml = config.max_model_len
+        workload = ArraysWorkload(arrivals, rng.integers(1, mml // 2, size=num), rng.integers(1, mml, size=num))
+        streams = {}
+        for core in ("c", "python"):
+            rows = streams[core] = {"requests": [], "steps": []}
+            result = simulate(TINY, H100, config, workload, _profile(), seed=case, engine_core=core,
+                              exact_steps=core == "python",
+                              stream=lambda table, columns, rows=rows: rows[table].append(columns))
+            streams[core + "_result"] = result
+        c, p = streams["c_result"], streams["python_result"]
+        assert not c.records.kept and c.record["resolution"] == p.record["resolution"], case
+        for key in c.summary:
+            _same(c.summary[key], p.summary[key], key, f"caps case {case}")
+        a = {k: np.concatenate([chunk[k] for chunk in streams["c"]["requests"]]) for k in streams["c"]["requests"][0]}
+        b = {k: np.concatenate([chunk[k] for chunk in streams["python"]["requests"]]) for k in a}
+        for k in a:
+            if k.endswith("_s"):
+                assert np.allclose(a[k], b[k], rtol=0, atol=TIME_TOL_S, equal_nan=True), (case, k)
+            else:
+                assert (a[k] == b[k]).all(), (case, k)
+        sa = {k: np.concatenate([chunk[k] for chunk in streams["c"]["steps"]]) for k in ("num_steps", "duration_s")}
+        sb = {k: np.concatenate([chunk[k] for chunk in streams["python"]["steps"]]) for k in sa}
+        assert sa["num_steps"].sum() == sb["num_steps"].sum() == p.totals.num_steps, case
+        assert sa["duration_s"].sum() == pytest.approx(sb["duration_s"].sum(), rel=1e-9), case
+        np.testing.assert_allclose(c.records.bounded.blocks, p.records.bounded.blocks, rtol=1e-9, atol=1e-12)
+
+
+def test_cli_engine_core():
+    """`kvsim run --engine-core`: c refuses an unsupported configuration in one line before any
+    output (exit 2); the record says which engine ran."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
+    for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
+                          (["--dp", "2"], "data parallelism")):
+        result = CliRunner().invoke(app, [*args, *extra, "--engine-core", "c"])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.startswith("kvsim: error: --engine-core c") and reason in result.stderr
+    ran = {}
+    for core in ("c", "python", "auto"):
+        result = CliRunner().invoke(app, [*args, "--engine-core", core])
+        assert result.exit_code == 0, result.stderr
+        ran[core] = json.loads(result.stdout)
+    assert ran["c"]["record"]["engine_core"] == ran["auto"]["record"]["engine_core"] == "c"
+    assert ran["python"]["record"]["engine_core_reason"] == "--engine-core python"
+    assert ran["c"]["summary"]["completed"] == ran["python"]["summary"]["completed"] == 20
