@@ -207,7 +207,7 @@ def test_arrivals_at_step_ends():
     made at its start), and so must the core. Arrivals are moved onto step ends of the reference
     run one at a time (the run up to there stays the same)."""
     ties = 0
-    for case in range(40):
+    for case in range(24):
         rng = np.random.default_rng(1000 + case)
         config, workload = _random_case(rng)
         c = workload.chunk
@@ -231,7 +231,7 @@ def test_arrivals_at_step_ends():
             c.arrival_s = arrivals
             ties += 1
         _compare(config, workload, seed=case, context=f"tie case {case}")
-    assert ties > 20
+    assert ties > 12
 
 
 def test_held_arrivals_match(monkeypatch):
@@ -268,7 +268,7 @@ def test_past_the_memory_caps(monkeypatch):
     monkeypatch.setattr(records, "_FLUSH", 64)
     monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 64)
     monkeypatch.setattr(metrics, "_STEP_CHUNK", 32)
-    for case in range(6):
+    for case in range(4):
         rng = np.random.default_rng(700 + case)
         config, _ = _random_case(rng)
         num = 200
