@@ -260,3 +260,14 @@ def test_extrapolated_steps_counted_once_when_arrivals_cut_spans():
     assert (fast.steps["num_steps"] > 1).sum() > 5, "decode spans should run (and arrivals cut some)"
     assert 0 < exact.summary["extrapolated_steps"] < fast.steps["num_steps"].sum()
     assert fast.summary["extrapolated_steps"] == exact.summary["extrapolated_steps"]
+
+
+def test_one_token_recompute_tail_among_decodes_is_no_span():
+    """A request recomputing after a preemption whose last prompt chunk is one token (chunked
+    prefill, budget 3) is scheduled as a decode (a tuple part, not a DecodeRun) beside plain
+    decodes: the plan is all decodes, but no decode span (emit_span takes DecodeRuns only;
+    the fast path asserted here, found by fuzzing the C core against it)."""
+    config = EngineConfig(block_size=64, max_model_len=1024, max_num_seqs=3, max_num_batched_tokens=3,
+                          enable_chunked_prefill=True, enable_prefix_caching=False, num_gpu_blocks_override=25)
+    requests = [req(0, 0.0, 70, 1024), req(1, 0.0155224, 462, 479), req(2, 0.0155224, 58, 417)]
+    _compare(config, requests, seed=0, context="one-token recompute tail")

@@ -345,6 +345,10 @@ class ContinuousPagedPolicy:
         parts = plan.parts
         if len(parts) == 1 and type(parts[0]) is not tuple:  # one DecodeRun (the all-decode step): its slots and computed tokens
             slots, computed = parts[0].slots, parts[0].computed
+        elif any(type(part) is tuple for part in parts):
+            # a decode outside a DecodeRun (a recomputed request's one-token last chunk is not
+            # `plain`): emit_span takes DecodeRuns only, so this plan runs as one step
+            return None
         else:
             slots, computed = queues.running_slots(), None
         store = queues.store
