@@ -205,12 +205,23 @@ class ScaledWorkload:
     def num_requests(self) -> int:
         return int(self.scaler.take or self.scaler.spec.num_requests)
 
+    @property
+    def is_closed_loop(self) -> bool:
+        return self.scaler.spec.is_closed_loop
+
     def process(self, env, sink: RequestSink, seed: np.random.SeedSequence):
         from workloads.arrivals import open_loop_process
 
         arrays, base = self.scaler.draw(seed)
         yield from open_loop_process(env, sink, [(arrays.to_requests(), arrays.arrival_s * (base / self.rate))])
         return arrays.stats  # the whole draw's counts
+
+    def iter_arrays(self, seed: np.random.SeedSequence):
+        """The requests `process` submits, as one chunk of arrays (what simcore.fastcore feeds the
+        compiled engine core); returns the draw's counts, as `process` does."""
+        arrays, base = self.scaler.draw(seed)
+        yield replace(arrays, arrival_s=arrays.arrival_s * (base / self.rate))
+        return arrays.stats
 
     def notes(self, stats: dict[str, Any] | None = None) -> list[str]:
         return self.scaler.spec.notes(stats)

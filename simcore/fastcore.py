@@ -24,8 +24,8 @@ KV_REQ_ROW = 17  # engine.h
 KV_STEP_ROW = 25
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
-_ITL_CAP = 1 << 16  # output buffers (doubles per value / row)
-_ROWS_CAP = 1 << 12
+_ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
+_ROWS_CAP = 1 << 14
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
