@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from profiles import default_profile
-from simcore import ccore, fastcore
+from simcore import fastcore
 from simcore.catalog import GPUS, MODELS
 from simcore.errors import ConfigError
 from simcore.simulate import prepare, simulate
