@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from profiles import default_profile
-from simcore import fastcore
+from simcore import ccore, fastcore
 from simcore.catalog import GPUS, MODELS
 from simcore.errors import ConfigError
 from simcore.simulate import prepare, simulate
@@ -37,3 +37,32 @@ def test_a_32_bit_c_long_runs_the_python_engine(monkeypatch):
         simulate(TINY, H100, config, _workload(), profile, engine_core="c")
     result = simulate(TINY, H100, config, _workload(), profile)
     assert result.record["engine_core"] == "python" and "32 bits" in result.record["engine_core_reason"]
+
+
+@pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
+def test_output_buffers_too_small_for_one_event_are_an_error_not_a_spin():
+    """kv_engine_run answers KV_FULL when an output buffer may not hold the next event's
+    output; with every buffer empty and still too small that answer would come back forever
+    (the caller empties nothing and resumes): it must be an error (KV_NOROOM) instead."""
+    import ctypes
+
+    lib = ccore.library()
+    fastcore._declare(lib)
+    config = EngineConfig(max_model_len=64, max_num_seqs=8, enable_prefix_caching=False)
+    sim = prepare(TINY, H100, config, _workload(), default_profile(H100, TINY, 1))
+    blob = ccore.pricing_blob(sim.latency)
+    pricing = lib.kv_pricing_new(blob.ctypes.data_as(fastcore._P), len(blob))
+    cfg = fastcore._Config(8, 2048, 64, 1000, 16, 0, 1, 65536, 16000, 16, 1)
+    handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
+    try:
+        bufs = {name: np.zeros(width * 64) for name, width in
+                (("itl", 1), ("req", fastcore.KV_REQ_ROW), ("step", fastcore.KV_STEP_ROW), ("arr", 1))}
+        caps = {"itl": 4, "req": 64, "step": 64, "arr": 64}  # room for 4 gaps: fewer than max_num_seqs + 1
+        out = fastcore._Outputs()
+        for name, buf in bufs.items():
+            setattr(out, name, buf.ctypes.data_as(fastcore._P))
+            setattr(out, f"{name}_cap", caps[name])
+        assert lib.kv_engine_run(handle, ctypes.byref(out)) == -4  # KV_NOROOM, not KV_FULL (1)
+    finally:
+        lib.kv_engine_free(handle)
+        lib.kv_pricing_free(pricing)

@@ -440,7 +440,8 @@ int kv_engine_run(kv_engine *e, kv_outputs *out) {
         e->arr_stage = ARR_LOOK;
     }
     for (;;) {
-        if (!has_room(e)) return KV_FULL;
+        if (!has_room(e))
+            return out->itl_n || out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
         if (e->arr_resume) {
             int rc = arrivals_continue(e);
             if (rc) return rc;

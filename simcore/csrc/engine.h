@@ -22,7 +22,8 @@
 
 enum { KV_REJECT_NONE = 0, KV_REJECT_MODEL_LEN = 1, KV_REJECT_BUDGET = 2, KV_REJECT_CACHE = 3,
        KV_REJECT_WATERMARK = 4 };
-enum { KV_DONE = 0, KV_FULL = 1, KV_NEED_INPUT = 2, KV_STALL = -2, KV_NOMEM = -3 };
+enum { KV_DONE = 0, KV_FULL = 1, KV_NEED_INPUT = 2, KV_STALL = -2, KV_NOMEM = -3,
+       KV_NOROOM = -4 /* empty output buffers too small for one event: KV_FULL would repeat forever */ };
 
 typedef struct {
     long max_num_seqs, max_num_batched_tokens, max_model_len;
