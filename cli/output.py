@@ -104,16 +104,19 @@ def _load_label(s: dict[str, Any]) -> str:
 
 
 def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> None:
-    """Write DataFrames as CSV and anything else as JSON, all files or none (reports.files); a
-    callable content is called for its DataFrame only if the file was not streamed already
-    into `staging` (a `reports.files.Staging` opened before the run)."""
-    from reports.files import write_files
+    """Write DataFrames, and mappings of numpy columns named *.csv, as CSV (the same bytes) and
+    anything else as JSON, all files or none (reports.files); a callable content is called for
+    its table only if the file was not streamed already into `staging` (a
+    `reports.files.Staging` opened before the run)."""
+    from reports.files import write_csv, write_files
 
     def writer(content: Any):
         def write(path: Path) -> None:
             value = content() if callable(content) else content
             if hasattr(value, "to_csv"):
                 value.to_csv(path, index=False)
+            elif path.name.endswith(".csv") and isinstance(value, dict):
+                write_csv(path, value)
             else:
                 path.write_text(json.dumps(value, indent=2, default=str) + "\n")
 
@@ -133,6 +136,27 @@ def run_staging(out_dir: Path | None, names: tuple[str, ...] = ("requests.csv", 
     from reports.files import Staging
 
     return Staging(out_dir, names)
+
+
+def request_columns(result: Any) -> dict[str, Any]:
+    """requests.csv's columns without pandas: `result.requests`'s (simcore.simulate.Result), which
+    raises the same error when the rows were not kept."""
+    if not result.records.kept:
+        return result.requests
+    return result.records.table_columns(result.records.columns())
+
+
+def step_columns(result: Any) -> dict[str, Any]:
+    """steps.csv's columns without pandas: `result.steps`'s (simcore.simulate.steps_frame), a
+    `replica` column first when there are several replicas."""
+    import numpy as np
+
+    tables = [recorder.columns_kept() for recorder in result.recorders]
+    if len(tables) == 1:
+        return tables[0]
+    replica = [np.full(len(next(iter(t.values()))), index, dtype=np.int64) for index, t in enumerate(tables)]
+    return {"replica": np.concatenate(replica),
+            **{name: np.concatenate([t[name] for t in tables]) for name in tables[0]}}
 
 
 def stream_tables(staging: Any):

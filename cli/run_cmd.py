@@ -65,8 +65,10 @@ from cli.output import (
     describe_run,
     format_summary,
     rejected_lines,
+    request_columns,
     result_problems,
     run_staging,
+    step_columns,
     stream_tables,
     write_outputs,
 )
@@ -248,7 +250,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {
-            "requests.csv": lambda: result.requests, "steps.csv": lambda: result.steps, "summary.json": document,
+            "requests.csv": lambda: request_columns(result), "steps.csv": lambda: step_columns(result),
+            "summary.json": document,
         }, staging)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))

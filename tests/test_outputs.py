@@ -7,11 +7,14 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cli.main import app
-from reports.files import write_file, write_files
+from reports.files import write_csv, write_file, write_files
 
 
 def _mode(path: Path) -> int:
@@ -146,3 +149,55 @@ def test_run_record_says_what_the_open_options_resolved_to(tmp_path: Path, exact
     resolved = record["resolved"]
     assert resolved["exact_steps"] is exact
     assert resolved["max_num_batched_tokens"] >= 1 and resolved["max_model_len"] >= 1
+
+
+_FLOATS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [0.0, -0.0, 1e16, 1e-5, 1e-4, 0.1, 2.5e-300, 5e-324, 1.7976931348623157e308, 123456789.0,
+     float("nan"), float("inf"), -float("inf")])
+_TEXT = st.text(alphabet=st.sampled_from('ab ,"\n\r\t;\'\\é'), max_size=6)
+
+
+@st.composite
+def _columns(draw):
+    n = draw(st.integers(0, 12))
+    kinds = draw(st.lists(st.sampled_from(["f8", "f4", "i8", "i4", "u1", "b", "O"]), min_size=1, max_size=6))
+    columns = {}
+    for i, kind in enumerate(kinds):
+        if kind in ("f8", "f4"):
+            values = np.array(draw(st.lists(_FLOATS, min_size=n, max_size=n)), dtype=np.float64)
+            with np.errstate(over="ignore"):
+                values = values.astype(kind)
+        elif kind == "b":
+            values = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+        elif kind == "O":
+            values = np.empty(n, dtype=object)  # strings, None among them (a blank cell)
+            values[:] = draw(st.lists(_TEXT | st.none(), min_size=n, max_size=n))
+        else:
+            info = np.iinfo(kind)
+            values = np.array(draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=n, max_size=n)),
+                              dtype=kind)
+        columns[f"c{i}_{kind}"] = values
+    return columns
+
+
+@settings(max_examples=150, deadline=None)
+@given(_columns(), st.booleans())
+def test_csv_writer_writes_pandas_bytes(tmp_path_factory, columns, append):
+    """reports.files.write_csv (no pandas on `kvsim run --out`) writes exactly what
+    `DataFrame.to_csv(index=False)` writes: shortest float reprs, NaN blank, inf, -0.0, float32,
+    quoting of commas, quotes and line breaks, empty strings, booleans, unsigned and empty tables."""
+    import pandas as pd
+
+    folder = tmp_path_factory.mktemp("csv")
+    ours, theirs = folder / "ours.csv", folder / "theirs.csv"
+    write_csv(ours, columns)
+    pd.DataFrame(columns).to_csv(theirs, index=False)
+    if append:  # a streamed table: the next chunk without its header
+        write_csv(ours, columns, append=True)
+        pd.DataFrame(columns).to_csv(theirs, index=False, mode="a", header=False)
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_csv_writer_refuses_what_it_cannot_match(tmp_path: Path):
+    with pytest.raises(ValueError, match="no CSV cells"):
+        write_csv(tmp_path / "t.csv", {"t": np.array(["2024-01-01"], dtype="datetime64[ns]")})

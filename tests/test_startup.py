@@ -67,6 +67,14 @@ def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     assert seen["simulation"] == ([] if "--help" in args else ["numpy", "simpy", "yaml"])
 
 
+def test_run_writes_its_tables_without_pandas(tmp_path):
+    """`--out` writes requests.csv and steps.csv by reports.files.write_csv (pandas' bytes; its
+    import would cost more than the rest of a small run), streamed or at the end."""
+    seen = _modules_after(["run", "--num-requests", "5", "--dp", "2", "--out", str(tmp_path / "run")])
+    assert seen["code"] == 0 and seen["heavy"] == []
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+
+
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["list", "gpus"], ["sweep", "--help"]])
 def test_help_and_listing_import_no_simulation_library(args):
     """Help and the catalog listing need typer and the option tables alone: no numpy (whose
