@@ -27,6 +27,7 @@ _REJECT_MODEL_LEN = 1
 _ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
 _ROWS_CAP = 1 << 14
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
+LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
 
 class _Config(ctypes.Structure):
@@ -116,6 +117,8 @@ def unsupported(sim: Any) -> str:
     if policy.enable_prefix_caching and (getattr(workload, "shared_prefix", None) is not None
                                          or "prefix_id" in extras or "num_prefix_tokens" in extras):
         return "requests sharing a prefix with prefix caching on"
+    if LONG_BYTES != 8:  # e.g. Windows: _feed's int64 arrays would be read as 32-bit longs
+        return f"a C long of {LONG_BYTES * 8} bits on this platform (the core counts in 64-bit longs)"
     from simcore import ccore
 
     if ccore.library() is None:

@@ -97,13 +97,17 @@ void kv_engine_free(kv_engine *e) {
 int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
                    const long *output, const long *max_tokens, int last) {
     free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
+    e->in_n = e->in_pos = 0;  /* nothing to read until the copy below is whole */
+    if (n < 0) n = 0;
     e->in_at = malloc(sizeof(double) * (n ? n : 1)); e->in_id = malloc(sizeof(long) * (n ? n : 1));
     e->in_prompt = malloc(sizeof(long) * (n ? n : 1)); e->in_output = malloc(sizeof(long) * (n ? n : 1));
     e->in_max = malloc(sizeof(long) * (n ? n : 1));
     if (!e->in_at || !e->in_id || !e->in_prompt || !e->in_output || !e->in_max) return KV_NOMEM;
-    memcpy(e->in_at, at, sizeof(double) * n); memcpy(e->in_id, ids, sizeof(long) * n);
-    memcpy(e->in_prompt, prompt, sizeof(long) * n); memcpy(e->in_output, output, sizeof(long) * n);
-    memcpy(e->in_max, max_tokens, sizeof(long) * n);
+    if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
+        memcpy(e->in_at, at, sizeof(double) * n); memcpy(e->in_id, ids, sizeof(long) * n);
+        memcpy(e->in_prompt, prompt, sizeof(long) * n); memcpy(e->in_output, output, sizeof(long) * n);
+        memcpy(e->in_max, max_tokens, sizeof(long) * n);
+    }
     e->in_n = n; e->in_pos = 0; e->in_last = last;
     return 0;
 }
