@@ -58,7 +58,7 @@ def _prices_file(path: Path) -> dict[str, float]:
 
     if not path.is_file():
         raise ConfigError(f"--price {path}: give GPU=USD (e.g. H100-SXM-80GB=3.5) or a YAML file that exists")
-    from workloads.catalog import StrictLoader  # safe, and a GPU given twice is an error
+    from workloads.yaml_loader import StrictLoader  # safe, and a GPU given twice is an error
 
     try:
         data = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=StrictLoader)  # noqa: S506

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import islice
+from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
 
 from simcore.latency import StepLatencyModel
 from simcore.lifecycle import Lifecycle
@@ -40,6 +40,9 @@ from simcore.span import (
     kv_slots,
 )
 from simcore.step import StepPlan
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 HOLD_WAITING = 65_536  # waiting requests past which an open-loop workload holds new arrivals back
 

@@ -33,7 +33,8 @@ LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it i
 class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
-        "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate")]
+        "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
+        "num_cpu_blocks")] + [("swap_block_s", ctypes.c_double)]
 
 
 _P = ctypes.POINTER(ctypes.c_double)
@@ -103,8 +104,6 @@ def unsupported(sim: Any) -> str:
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
-    if policy.swap:
-        return "swap preemption"
     workload = sim.workload
     if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
         return "a closed-loop workload, or one that does not give its requests as arrays"
@@ -141,7 +140,8 @@ def run(sim: Any, progress=None) -> Any:
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at, recorder.kv_capacity, recorder.kv_unit, 1,
+        engine.hold_at, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap), alloc.cpu.num_blocks,
+        engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))

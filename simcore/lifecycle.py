@@ -21,14 +21,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
 
 from simcore.records import RequestRecords, Samples
 from simcore.request import Request
 from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
 from simcore.step import DecodeRun, StepPlan
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 _PROGRESS_EVERY = 256  # requests between progress callbacks
 _ONE = np.ones((), dtype=np.int64)  # one token, as a 0-d array (see `_emit_run`)

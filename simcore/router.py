@@ -12,11 +12,14 @@ The router is a RequestSink, so workloads (closed loops included) drive it like 
 
 from __future__ import annotations
 
-import simpy
+from typing import TYPE_CHECKING
 
 from simcore.engine import Engine
 from simcore.request import Request
 from simcore.specs import ROUTERS
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 
 class Router:

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
-import simpy
 
 from simcore.request import Request
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 
 class RequestStatus(IntEnum):

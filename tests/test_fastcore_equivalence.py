@@ -83,7 +83,8 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, ArraysWorkload
     config = EngineConfig(
         block_size=block_size, max_model_len=mml, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs), enable_chunked_prefill=chunked,
-        enable_prefix_caching=bool(rng.random() < 0.3), preemption_mode="recompute",
+        enable_prefix_caching=bool(rng.random() < 0.3),
+        preemption_mode=str(rng.choice(["recompute", "swap"])), swap_space=float(rng.choice([0.0001, 0.001, 1.0])),
         num_gpu_blocks_override=blocks,
     )
     num = int(rng.integers(1, 40))
@@ -158,14 +159,16 @@ def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY
 def test_core_matches_the_python_reference(block):
     """NUM_CASES random configurations in 6 blocks (so a failure names a small range)."""
     per_block = NUM_CASES // 6
-    preempted = rejected = spans = 0
+    preempted = rejected = spans = swapped = 0
     for case in range(block * per_block, (block + 1) * per_block):
         config, workload = _random_case(np.random.default_rng(case))
         core, _ = _compare(config, workload, seed=case, context=f"case {case}: {config}")
         preempted += core.totals.num_preempted
+        swapped += int(core.steps["num_swap_blocks"].sum() > 0)
         rejected += core.summary["rejected"]
         spans += int((core.steps["num_steps"] > 1).sum())
     assert preempted and rejected and spans, "the random cases should preempt, refuse and aggregate"
+    assert swapped, "and swap"
 
 
 def test_peer_workload_file_matches():
@@ -190,11 +193,11 @@ def test_auto_and_refusals():
     config, workload = _random_case(np.random.default_rng(3))
     result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
     assert result.record["engine_core"] == "python" and result.record["engine_core_reason"] == "--engine-core python"
-    swap = EngineConfig(max_model_len=64, preemption_mode="swap", swap_space=1.0)
-    sim = prepare(TINY, H100, swap, workload, _profile())
-    assert sim.choose_core()[0] == "python" and "swap" in sim.choose_core()[1]
-    with pytest.raises(ConfigError, match="swap preemption"):
-        simulate(TINY, H100, swap, workload, _profile(), engine_core="c")
+    orca = EngineConfig(max_model_len=64, allocator="contiguous")
+    sim = prepare(TINY, H100, orca, workload, _profile())
+    assert sim.choose_core()[0] == "python" and "policy orca" in sim.choose_core()[1]
+    with pytest.raises(ConfigError, match="policy orca"):
+        simulate(TINY, H100, orca, workload, _profile(), engine_core="c")
     with pytest.raises(ConfigError, match="exact-steps"):
         simulate(TINY, H100, config, workload, _profile(), engine_core="c", exact_steps=True)
     with pytest.raises(ConfigError, match="engine-core"):

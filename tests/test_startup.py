@@ -67,6 +67,13 @@ def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     assert seen["simulation"] == ([] if "--help" in args else ["numpy", "simpy", "yaml"])
 
 
+def test_a_trace_file_run_imports_no_yaml():
+    """PyYAML is imported to read a YAML workload (workloads.yaml_loader), not for a trace file."""
+    seen = _modules_after(["run", "--workload", "workloads/data/AzureLLMInferenceTrace_code.csv",
+                           "--num-requests", "5", "--json"])
+    assert seen["code"] == 0 and seen["heavy"] == [] and "yaml" not in seen["simulation"]
+
+
 def test_run_writes_its_tables_without_pandas(tmp_path):
     """`--out` writes requests.csv and steps.csv by reports.files.write_csv (pandas' bytes; its
     import would cost more than the rest of a small run), streamed or at the end."""

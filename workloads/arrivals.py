@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import simpy
 
 from simcore.errors import WorkloadError
 from simcore.request import Request, RequestSink
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 
 def _positive(name: str, value: float) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from simcore.errors import WorkloadError
 from simcore.request import Request, RequestSink
@@ -26,6 +25,9 @@ from workloads.arrivals import (
 )
 from workloads.lengths import Categorical, LengthDist
 from workloads.traces import Trace, TraceOptions, select, window_rows
+
+if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
+    import simpy
 
 LOUD_CLIP_SHARE = 0.10  # clipping 10%+ of the requests is a warning, not a note
 CHUNK = 65_536  # requests generated at a time: memory stays flat in num_requests

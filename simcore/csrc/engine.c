@@ -33,15 +33,17 @@ struct kv_engine {
     kv_req *reqs; long cap_reqs; long *free_slots; long num_free_slots;
     /* waiting: a ring of slots; running: slots in admission order */
     long *wq; long wq_cap, wq_head, wq_len;
+    long *sq; long sq_cap, sq_head, sq_len;  /* swapped out, FIFO */
     long *run; long run_len, run_cap;
     /* KV */
-    long free_blocks, gpu_tokens;
+    long free_blocks, gpu_tokens, cpu_free;
     /* engine state */
     int eng; double eng_t; unsigned long eng_seq;
     /* the plan of the step in flight */
     long *part_slot, *part_new; long num_parts;
     long *chunk_tokens, *chunk_ctx; long num_chunks;
-    long *preempted; long num_preempted;
+    long *preempted; long num_preempted; char *by_swap;
+    long *swapped_in; long num_swapped_in, num_swap_blocks;
     long *admitted; long num_admitted;
     long num_tokens, num_decode_seqs, decode_ctx, num_sampled;
     double step_start, step_dt, parts_ms[4];
@@ -68,14 +70,16 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
     e->c = *cfg;
     e->pricing = pricing;
     e->free_blocks = cfg->num_gpu_blocks;
+    e->cpu_free = cfg->num_cpu_blocks;
     long m = cfg->max_num_seqs + 2;
     e->part_slot = malloc(sizeof(long) * m); e->part_new = malloc(sizeof(long) * m);
     e->chunk_tokens = malloc(sizeof(long) * m); e->chunk_ctx = malloc(sizeof(long) * m);
     e->preempted = malloc(sizeof(long) * m); e->admitted = malloc(sizeof(long) * m);
     e->finished = malloc(sizeof(long) * m);
+    e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
     if (!e->part_slot || !e->part_new || !e->chunk_tokens || !e->chunk_ctx || !e->preempted || !e->admitted
-        || !e->finished || !e->run) { kv_engine_free(e); return NULL; }
+        || !e->finished || !e->run || !e->swapped_in || !e->by_swap) { kv_engine_free(e); return NULL; }
     e->eng = ENG_IDLE;
     e->arr_resume = 1;
     return e;
@@ -85,7 +89,7 @@ void kv_engine_free(kv_engine *e) {
     if (!e) return;
     free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
-    free(e->preempted); free(e->admitted); free(e->finished);
+    free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
     free(e);
 }
@@ -126,6 +130,19 @@ static void wq_push_front(kv_engine *e, long s) {
 static long wq_pop_front(kv_engine *e) {
     long s = e->wq[e->wq_head]; e->wq_head = (e->wq_head + 1) % e->wq_cap; e->wq_len--; return s;
 }
+
+static int sq_push_back(kv_engine *e, long s) {
+    if (e->sq_len == e->sq_cap) {
+        long nc = e->sq_cap ? 2 * e->sq_cap : 64;
+        long *q = malloc(sizeof(long) * nc);
+        if (!q) return 0;
+        for (long i = 0; i < e->sq_len; i++) q[i] = e->sq[(e->sq_head + i) % e->sq_cap];
+        free(e->sq); e->sq = q; e->sq_cap = nc; e->sq_head = 0;
+    }
+    e->sq[(e->sq_head + e->sq_len++) % e->sq_cap] = s;
+    return 1;
+}
+static long sq_at(const kv_engine *e, long i) { return e->sq[(e->sq_head + i) % e->sq_cap]; }
 
 static long new_slot(kv_engine *e) {
     if (!e->num_free_slots) {
@@ -217,6 +234,7 @@ static int arrivals_continue(kv_engine *e) {
 /* -- scheduling ----------------------------------------------------------------------------- */
 static void plan_reset(kv_engine *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = 0;
+    e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
 }
 
@@ -254,9 +272,17 @@ static long schedule_running(kv_engine *e, long *n, long budget) {
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
         int ok = grow_seq(e, r, num_new);
-        while (!ok) {
+        while (!ok) {  /* ContinuousPagedPolicy._preempt: swap while the CPU pool has room */
             long v = e->run[--*n];
-            release(e, &e->reqs[v]);
+            kv_req *vr = &e->reqs[v];
+            int swap = e->c.swap && vr->nblk <= e->cpu_free;
+            if (swap) {
+                e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
+                e->num_swap_blocks += vr->nblk;
+            } else {
+                release(e, vr);
+            }
+            e->by_swap[e->num_preempted] = (char)swap;
             e->preempted[e->num_preempted++] = v;
             if (v == s) break;
             ok = grow_seq(e, r, num_new);
@@ -278,12 +304,34 @@ static long admit_one(kv_engine *e, long s, long num_new) {
     return num_new;
 }
 
+/* ContinuousPagedPolicy._swap_in: the head of the swapped queue back while it fits (its blocks
+   and the step's new tokens), appended to the running set (length *n) */
+static long swap_in(kv_engine *e, long *n, long budget) {
+    long j = 0;
+    while (j < e->sq_len && budget > 0 && *n < e->c.max_num_seqs) {
+        long s = sq_at(e, j);
+        kv_req *r = &e->reqs[s];
+        long left = r->prompt + r->generated - r->computed;
+        long num_new = left < budget ? left : budget;
+        if (e->free_blocks < blocks_for(e, r->computed + num_new) || 1 > budget) break;
+        e->cpu_free += r->nblk; e->free_blocks -= r->nblk; e->gpu_tokens += r->ntok;
+        e->num_swap_blocks += r->nblk;
+        e->swapped_in[e->num_swapped_in++] = s;
+        e->run[(*n)++] = s;
+        j++;
+        grow_seq(e, r, num_new);  /* checked: it fits */
+        plan_add(e, s, num_new, r->computed);
+        budget -= num_new;
+    }
+    return budget;
+}
+
 /* returns 1 when a step is planned */
 static int schedule(kv_engine *e) {
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
-        if (e->wq_len) {
+        if (!e->sq_len && e->wq_len) {
             long num_seqs = n;
             for (long j = 0; j < e->wq_len; j++) {
                 long s = wq_at(e, j);
@@ -297,14 +345,20 @@ static int schedule(kv_engine *e) {
             }
             if (e->num_parts) return 1;
         }
-        schedule_running(e, &n, budget);
-        e->run_len = n;  /* the preempted were its tail */
+        budget = schedule_running(e, &n, budget);
+        if (e->sq_len && !e->num_preempted) swap_in(e, &n, budget);
+        e->run_len = n;  /* the preempted were its tail; the swapped in follow */
         return e->num_parts > 0;
     }
     /* ContinuousPagedPolicy.schedule: running first; admission only if nobody was preempted */
     budget = schedule_running(e, &n, budget);
     e->run_len = n;
     if (e->num_preempted) return e->num_parts > 0;
+    if (e->sq_len) {
+        budget = swap_in(e, &n, budget);
+        e->run_len = n;
+        if (e->num_swapped_in < e->sq_len) return e->num_parts > 0;
+    }
     long num_seqs = n;
     for (long j = 0; j < e->wq_len; j++) {
         long s = wq_at(e, j);
@@ -324,9 +378,17 @@ static int schedule(kv_engine *e) {
 static int begin_step(kv_engine *e) {
     for (long k = 0; k < e->num_preempted; k++) {
         kv_req *r = &e->reqs[e->preempted[k]];
-        r->preemptions++; r->computed = 0;
+        r->preemptions++;
+        if (e->by_swap[k]) {
+            if (!sq_push_back(e, e->preempted[k])) return KV_NOMEM;
+            continue;
+        }
+        r->computed = 0;
         if (!wq_reserve(e)) return KV_NOMEM;
         wq_push_front(e, e->preempted[k]);
+    }
+    for (long k = 0; k < e->num_swapped_in; k++) {  /* already in `run` (swap_in put them there) */
+        e->sq_head = (e->sq_head + 1) % e->sq_cap; e->sq_len--;
     }
     for (long k = 0; k < e->num_admitted; k++) {
         long s = wq_pop_front(e);
@@ -349,7 +411,7 @@ static void start_step(kv_engine *e) {
     if (mask || prefill_out) x[0]++;
     double *p = e->parts_ms;
     e->step_start = e->now;
-    e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0;
+    e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
     e->eng = ENG_STEP; e->eng_t = e->now + e->step_dt; e->eng_seq = e->seq++;
 }
 
@@ -397,21 +459,22 @@ static void end_step(kv_engine *e) {
     double dt = e->step_dt, *p = e->parts_ms;
     double kernels = p[0] + p[1], coll = p[2], host = p[3];
     /* StepRecorder._fold's KV-blocked step (nothing swapped, no external fragmentation here) */
-    int blocked = e->c.kv_capacity && e->wq_len
+    int blocked = e->c.kv_capacity && (e->wq_len || e->sq_len)
                   && (e->num_preempted || e->c.kv_capacity - allocated < e->c.kv_unit);
     double row[KV_STEP_ROW] = {
         e->step_start, dt, 1, (double)e->num_parts, (double)(e->num_tokens - e->num_decode_seqs),
-        (double)e->num_decode_seqs, (double)e->run_len, (double)e->wq_len, 0, (double)e->num_preempted, 0,
+        (double)e->num_decode_seqs, (double)e->run_len, (double)e->wq_len, (double)e->sq_len,
+        (double)e->num_preempted, (double)e->num_swap_blocks,
         (double)allocated, (double)(allocated - internal), 0, (double)internal, 0, 0, (double)allocated,
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
     };
-    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf;
+    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
            classifies each of its steps as reports.regime would one by one) */
         if (e->span_open && (long)s[3] == e->num_parts && blocked == e->span_blocked) {
-            s[1] += dt; s[2] += 1; s[6] = row[6]; s[7] = row[7];
+            s[1] += dt; s[2] += 1; s[6] = row[6]; s[7] = row[7]; s[8] = row[8];
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
             s[21] += row[21]; s[22] += row[22]; s[23] += row[23]; s[24] = 1;
@@ -458,7 +521,7 @@ int kv_engine_run(kv_engine *e, kv_outputs *out) {
             which = 3; t = e->drain_t; q = e->drain_seq;
         }
         if (!which) {
-            if (e->run_len || e->wq_len || e->held) return KV_STALL;
+            if (e->run_len || e->wq_len || e->sq_len || e->held) return KV_STALL;
             flush_span(e);
             return KV_DONE;
         }

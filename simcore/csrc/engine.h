@@ -1,5 +1,5 @@
 /* One engine replica's step loop in C: continuous batching over a paged KV cache (vLLM V0's
- * prefill-first scheduler, or V1's token budget with chunked prefill), recompute preemption,
+ * prefill-first scheduler, or V1's token budget with chunked prefill), recompute or swap preemption,
  * one-sequence requests, an open-loop workload. The same decisions, timestamps and step
  * prices as the Python engine in --exact-steps mode (simcore/engine.py, policies/continuous*.py,
  * lifecycle.py), without SimPy: the loop replays SimPy's event order (time, then creation).
@@ -32,6 +32,9 @@ typedef struct {
     long hold_at;          /* waiting requests at which the Python workload would hold arrivals */
     long kv_capacity, kv_unit;  /* StepRecorder's, for a span row's KV-blocked seconds */
     long aggregate;        /* 1: one row per run of unchanged decode steps */
+    long swap;             /* 1: preemption by swap (to the CPU pool while it has room) */
+    long num_cpu_blocks;   /* the swap pool */
+    double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
 typedef struct {
