@@ -52,7 +52,7 @@ class Engine:
 
     def __init__(
         self,
-        env: simpy.Environment,
+        env: simpy.Environment | None,  # set by the Simulation when the Python engine runs
         latency: StepLatencyModel,
         max_model_len: int,
         swap_block_s: float,

@@ -94,10 +94,10 @@ def unsupported(sim: Any) -> str:
     from simcore.policies.continuous import ContinuousPagedPolicy
     from simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
-    if len(sim.engines) != 1:
+    if len(sim.replicas) != 1:
         return "data parallelism (replicas behind a router)"
-    engine = sim.engines[0]
-    if type(engine) is not Engine or engine.lifecycle.num_arrived or sim.env.now:
+    engine = sim.replicas[0]
+    if type(engine) is not Engine or engine.lifecycle.num_arrived or (sim._env is not None and sim._env.now):
         return "the simulation already started"
     if type(sim.latency).__name__ != "StepLatencyModel":
         return "pipeline parallelism"
@@ -134,7 +134,7 @@ def run(sim: Any, progress=None) -> Any:
 
     lib = ccore.library()
     _declare(lib)
-    engine = sim.engines[0]
+    engine = sim.replicas[0]
     policy, life, recorder, latency = engine.policy, engine.lifecycle, engine.recorder, sim.latency
     alloc = policy.allocator
     cfg = _Config(

@@ -54,7 +54,7 @@ class Lifecycle:
     """Queues and per-request state of one replica; the policies read them (`Queues`)."""
 
     def __init__(
-        self, env: simpy.Environment, max_model_len: int,
+        self, env: simpy.Environment | None, max_model_len: int,
         progress: Callable[[int], None] | None = None,
     ):
         self.env = env

@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from simcore.config import ResolvedConfig, resolve
 from simcore.engine import Engine
@@ -22,6 +21,9 @@ from simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
 from simcore.request import Workload
 from simcore.router import Router
 from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+if TYPE_CHECKING:
+    import simpy
 
 KVSIM_VERSION = "0.1.0"
 ENGINE_CORES = ("auto", "c", "python")
@@ -95,19 +97,49 @@ class Simulation:
     """A wired-up run before it starts: the engine, its policy and allocator can be inspected
     (tests do) before `run()` and after it."""
 
-    env: simpy.Environment
-    engines: list[Engine]  # one per data-parallel replica
+    replicas: list[Engine]  # one per data-parallel replica (`engines` wires them to SimPy first)
     memory: MemoryPlan  # per replica
     latency: StepLatencyModel
     record: dict[str, Any]
     workload: Workload
-    arrivals: simpy.Process  # the workload's process; its value is the generation's stats
+    sink: Any  # what the workload sends requests to: the engine, or the router of the replicas
     config: ResolvedConfig | None = None
     warnings: list[str] = field(default_factory=list)
     started: float = 0.0
     engine_core: str = "auto"  # which engine runs it: auto, c (the compiled core) or python
     workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
     progress: Callable[[int], None] | None = None
+    _env: simpy.Environment | None = None
+    _arrivals: simpy.Process | None = None
+
+    @property
+    def env(self) -> simpy.Environment:
+        """The SimPy environment of the Python engine, wired on first use (the engines' step loops,
+        then the workload's process, the order `prepare` always made them in): a run in the
+        compiled core never imports SimPy."""
+        if self._env is None:
+            import simpy
+
+            env = simpy.Environment()
+            for engine in self.replicas:
+                engine.env = engine.lifecycle.env = env
+                env.process(engine.run())
+            self._arrivals = env.process(self.workload.process(env, self.sink, self.workload_seed))
+            self._env = env
+        return self._env
+
+    @property
+    def arrivals(self) -> simpy.Process:
+        """The workload's SimPy process; its value is the generation's stats."""
+        self.env  # noqa: B018 (wires it)
+        return self._arrivals
+
+    @property
+    def engines(self) -> list[Engine]:
+        """The replicas' engines, wired to SimPy (driving or inspecting them by hand needs their
+        environment); the compiled core reads `replicas` and never imports SimPy."""
+        self.env  # noqa: B018 (wires it)
+        return self.replicas
 
     @property
     def engine(self) -> Engine:
@@ -134,7 +166,7 @@ class Simulation:
 
     def run(self) -> Result:
         """Run to the last request and collect the tables; raises if any request stalled."""
-        engines, latency = self.engines, self.latency
+        engines, latency = self.replicas, self.latency
         core, why = self.choose_core()
         stats = None
         if core == "c":
@@ -240,7 +272,6 @@ def prepare(
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
-    env = simpy.Environment()
     swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
@@ -262,7 +293,7 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(env, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
@@ -270,10 +301,8 @@ def prepare(
         recorder.kv_unit = memory.block_size if cfg.policy.allocator == "paged" else 1
         if stream is not None:
             recorder.spill = _step_spill(stream, index if dp > 1 else None)
-        env.process(engine.run())
         engines.append(engine)
     sink = engines[0] if dp == 1 else Router(engines, config.router)
-    arrivals = env.process(workload.process(env, sink, workload_seed))
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -291,7 +320,7 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
-    return Simulation(env, engines, memory, latency, record, workload, arrivals, cfg, warnings, started,
+    return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
                       engine_core, workload_seed, progress)
 
 
