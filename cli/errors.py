@@ -63,6 +63,9 @@ class OneLineErrorsGroup(TyperGroup):
             fail(exc.format_message())
         except KvsimError as exc:
             fail(str(exc))
+        except MemoryError as exc:  # the machine, not the input: one line, exit 1
+            detail = str(exc).removeprefix("kvsim: ")
+            fail(f"out of memory{': ' + detail if detail else ''} (fewer requests, or a machine with more memory)", 1)
         except BrokenPipeError:
             sys.exit(1)
         except OSError as exc:

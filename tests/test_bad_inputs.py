@@ -397,3 +397,19 @@ PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 ])
 def test_engine_and_profile_mistakes_are_one_line(no_simulation, command, args, needle):
     assert_one_line_error(invoke(command, "--num-requests", "5", *args), needle)
+
+
+def test_running_out_of_memory_is_one_line_and_leaves_no_output(tmp_path, monkeypatch):
+    """A MemoryError (the C core's state, a huge run) is the machine's limit, not the input's: one
+    line, exit 1, no traceback, and nothing half-written under --out."""
+    import simcore.simulate as simulate_module
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("kvsim: the C engine core could not allocate its state")
+
+    monkeypatch.setattr(simulate_module, "simulate", out_of_memory)
+    result = invoke("run", "--num-requests", "5", "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert result.stderr == ("kvsim: error: out of memory: the C engine core could not allocate its state "
+                             "(fewer requests, or a machine with more memory)\n")
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
