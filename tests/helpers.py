@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from simcore.catalog import MODELS
 from simcore.latency import parse_profile
@@ -52,3 +54,31 @@ class ListWorkload:
 
 def req(i: int, at: float, prompt: int, output: int, **kw) -> Request:
     return Request(request_id=i, arrival_s=at, num_prompt_tokens=prompt, num_output_tokens=output, **kw)
+
+
+TIME_TOL_S = 1e-9  # what the engines' equivalence tests allow between two runs' timestamps
+
+
+def assert_same_value(a, b, key: str, context: str) -> None:
+    """Two runs' summary values: ints and text exactly, floats to 1e-9 relative (NaN equals NaN)."""
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            assert a == b, f"{context}: {key} {a} != {b}"
+        elif math.isnan(a) or math.isnan(b):
+            assert math.isnan(a) and math.isnan(b), f"{context}: {key} {a} != {b}"
+        else:
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f"{context}: {key} {a} != {b}"
+    else:
+        assert a == b, f"{context}: {key} {a!r} != {b!r}"
+
+
+def assert_same_requests(a, b, context: str) -> None:
+    """Two runs' request tables: same columns, counts exactly, timestamps (`*_s`) within TIME_TOL_S."""
+    assert list(a.columns) == list(b.columns)
+    for col in a.columns:
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if col.endswith("_s"):
+            same = np.isclose(x, y, rtol=0.0, atol=TIME_TOL_S, equal_nan=True)
+            assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
+        else:
+            assert (x == y).all(), f"{context}: {col} differs"

@@ -9,7 +9,6 @@ relative) and step totals; the core's step rows may cover several decode steps.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,12 +20,12 @@ from simcore import ccore
 from simcore.catalog import GPUS, MODELS
 from simcore.simulate import prepare, simulate
 from simcore.specs import EngineConfig
+from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
 from workloads.arrivals import open_loop_process
 
 TINY = MODELS["tiny"]
 H100 = GPUS["H100-SXM-80GB"]
 NUM_CASES = 240
-TIME_TOL_S = 1e-9
 
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
 
@@ -99,45 +98,26 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, ArraysWorkload
     return config, ArraysWorkload(arrivals, prompt, output)
 
 
-def _same(a, b, key: str, context: str) -> None:
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None:
-            assert a == b, f"{context}: {key} {a} != {b}"
-        elif math.isnan(a) or math.isnan(b):
-            assert math.isnan(a) and math.isnan(b), f"{context}: {key} {a} != {b}"
-        else:
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f"{context}: {key} {a} != {b}"
-    else:
-        assert a == b, f"{context}: {key} {a!r} != {b!r}"
-
-
 def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY, profile=None):
     profile = profile or _profile()
     core = simulate(model, H100, config, workload, profile, seed=seed, engine_core="c")
     exact = simulate(model, H100, config, workload, profile, seed=seed, exact_steps=True)
     assert core.record["engine_core"] == "c" and exact.record["engine_core"] == "python", context
     rc, re_ = core.requests, exact.requests
-    assert list(rc.columns) == list(re_.columns)
-    for col in rc.columns:
-        a, b = rc[col].to_numpy(), re_[col].to_numpy()
-        if col.endswith("_s"):
-            same = np.isclose(a, b, rtol=0.0, atol=TIME_TOL_S, equal_nan=True)
-            assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
-        else:
-            assert (a == b).all(), f"{context}: {col} differs"
+    assert_same_requests(rc, re_, context)
     assert len(core.itl_s) == len(exact.itl_s), context
     assert np.allclose(core.itl_s, exact.itl_s, rtol=0.0, atol=TIME_TOL_S), context  # same order too
     assert core.summary.keys() == exact.summary.keys(), context
     for key in core.summary:
-        _same(core.summary[key], exact.summary[key], key, context)
+        assert_same_value(core.summary[key], exact.summary[key], key, context)
     assert core.warnings == exact.warnings, context
     ct, et = core.totals, exact.totals
     for name in ("num_steps", "seq_steps", "max_running", "kv_allocated_max", "num_preempted"):
         assert getattr(ct, name) == getattr(et, name), (context, name)
     for name in ("duration_s", "running_s", "kv_blocked_s"):
-        _same(getattr(ct, name), getattr(et, name), name, context)
+        assert_same_value(getattr(ct, name), getattr(et, name), name, context)
     for kind, value in et.kv_slot_s.items():
-        _same(ct.kv_slot_s[kind], value, kind, context)
+        assert_same_value(ct.kv_slot_s[kind], value, kind, context)
     steps, ref = core.steps, exact.steps
     assert steps["num_steps"].sum() == len(ref), context
     for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # a row sums its steps
@@ -151,7 +131,7 @@ def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY
     assert core.record["workload"] == exact.record["workload"], context
     a, b = regime_of(core), regime_of(exact)  # from the step rows: a row's end state stands for its steps
     assert (a.label, a.peak_kv_use, a.num_preempted) == (b.label, b.peak_kv_use, b.num_preempted), context
-    _same(a.kv_blocked_share, b.kv_blocked_share, "kv_blocked_share", context)
+    assert_same_value(a.kv_blocked_share, b.kv_blocked_share, "kv_blocked_share", context)
     return core, exact
 
 
@@ -290,7 +270,7 @@ def test_past_the_memory_caps(monkeypatch):
         c, p = streams["c_result"], streams["python_result"]
         assert not c.records.kept and c.record["resolution"] == p.record["resolution"], case
         for key in c.summary:
-            _same(c.summary[key], p.summary[key], key, f"caps case {case}")
+            assert_same_value(c.summary[key], p.summary[key], key, f"caps case {case}")
         a = {k: np.concatenate([chunk[k] for chunk in streams["c"]["requests"]]) for k in streams["c"]["requests"][0]}
         b = {k: np.concatenate([chunk[k] for chunk in streams["python"]["requests"]]) for k in a}
         for k in a:
@@ -351,6 +331,6 @@ def test_rescaled_workloads_of_the_rate_search(monkeypatch):
         monkeypatch.setattr(simulate_module, "AUTO_C", True)
         assert core.keys() == python.keys()
         for key in core:
-            _same(core[key], python[key], key, f"rate {rate}")
+            assert_same_value(core[key], python[key], key, f"rate {rate}")
     sim = prepare(TINY, H100, config, scaler.at(50.0), _profile(), seed=2)
     assert sim.choose_core() == ("c", "")

@@ -8,8 +8,6 @@ pooled ITLs likewise, and the summaries must be the same (integers exactly, floa
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -17,12 +15,11 @@ from profiles import default_profile
 from simcore.catalog import GPUS, MODELS
 from simcore.simulate import simulate
 from simcore.specs import EngineConfig
-from tests.helpers import ListWorkload, req
+from tests.helpers import TIME_TOL_S, ListWorkload, assert_same_requests, assert_same_value, req
 
 TINY = MODELS["tiny"]
 H100 = GPUS["H100-SXM-80GB"]
 NUM_CASES = 240
-TIME_TOL_S = 1e-9
 
 
 def _profile():
@@ -91,35 +88,16 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, list]:
     return config, requests
 
 
-def _same(a, b, key: str, context: str) -> None:
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None:
-            assert a == b, f"{context}: {key} {a} != {b}"
-        elif math.isnan(a) or math.isnan(b):
-            assert math.isnan(a) and math.isnan(b), f"{context}: {key} {a} != {b}"
-        else:
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), f"{context}: {key} {a} != {b}"
-    else:
-        assert a == b, f"{context}: {key} {a!r} != {b!r}"
-
-
 def _compare(config: EngineConfig, requests: list, seed: int, context: str):
     fast = simulate(TINY, H100, config, ListWorkload(requests), _profile(), seed=seed)
     exact = simulate(TINY, H100, config, ListWorkload(requests), _profile(), seed=seed, exact_steps=True)
     rf, re_ = fast.requests, exact.requests
-    assert list(rf.columns) == list(re_.columns)
-    for col in rf.columns:
-        a, b = rf[col].to_numpy(), re_[col].to_numpy()
-        if col.endswith("_s"):
-            same = np.isclose(a, b, rtol=0.0, atol=TIME_TOL_S, equal_nan=True)
-            assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
-        else:
-            assert (a == b).all(), f"{context}: {col} differs"
+    assert_same_requests(rf, re_, context)
     assert len(fast.itl_s) == len(exact.itl_s), context
     assert np.allclose(np.sort(fast.itl_s), np.sort(exact.itl_s), rtol=0.0, atol=TIME_TOL_S), context
     assert fast.summary.keys() == exact.summary.keys(), context
     for key in fast.summary:
-        _same(fast.summary[key], exact.summary[key], key, context)
+        assert_same_value(fast.summary[key], exact.summary[key], key, context)
     assert (exact.steps["num_steps"] == 1).all()
     for col in ("duration_s", "kernels_ms", "collectives_ms", "host_ms"):  # span rows sum their steps
         assert fast.steps[col].sum() == pytest.approx(exact.steps[col].sum(), rel=1e-9), (context, col)
