@@ -217,6 +217,14 @@ def test_arrivals_at_step_ends():
     assert ties > 12
 
 
+def _bursty_arrivals(rng: np.random.Generator, num: int, mean_gap_s: float, zero_share: float) -> np.ndarray:
+    """Poisson arrival times with about `zero_share` of them pulled back to t = 0 (a burst of
+    simultaneous arrivals at the start), kept non-decreasing."""
+    arrivals = np.cumsum(rng.exponential(mean_gap_s, size=num))
+    arrivals[rng.random(num) < zero_share] = 0.0
+    return np.maximum.accumulate(arrivals)
+
+
 def test_held_arrivals_match(monkeypatch):
     """An overloaded run past the hold threshold (Engine.hold_arrivals): the workload waits for
     the queue to drain and then sends what it held with its planned times, in the core as in
@@ -228,9 +236,7 @@ def test_held_arrivals_match(monkeypatch):
         rng = np.random.default_rng(500 + case)
         config, _ = _random_case(rng)
         num = 150
-        arrivals = np.cumsum(rng.exponential(0.0002, size=num))
-        arrivals[rng.random(num) < 0.2] = 0.0
-        arrivals = np.maximum.accumulate(arrivals)
+        arrivals = _bursty_arrivals(rng, num, mean_gap_s=0.0002, zero_share=0.2)
         mml = config.max_model_len
         workload = ArraysWorkload(arrivals, rng.integers(1, mml // 2, size=num), rng.integers(1, mml // 2, size=num))
         core, exact = _compare(config, workload, seed=case, context=f"hold case {case}")
@@ -255,9 +261,7 @@ def test_past_the_memory_caps(monkeypatch):
         rng = np.random.default_rng(700 + case)
         config, _ = _random_case(rng)
         num = 200
-        arrivals = np.cumsum(rng.exponential(0.002, size=num))
-        arrivals[rng.random(num) < 0.3] = 0.0
-        arrivals = np.maximum.accumulate(arrivals)
+        arrivals = _bursty_arrivals(rng, num, mean_gap_s=0.002, zero_share=0.3)
         mml = config.max_model_len
         workload = ArraysWorkload(arrivals, rng.integers(1, mml // 2, size=num), rng.integers(1, mml, size=num))
         streams = {}
