@@ -178,7 +178,6 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
     state = {"fed": records.num_arrived}
     chunks = sim.workload.iter_arrays(sim.workload_seed)
     stats = None
-    feed_keep: list[np.ndarray] = []
 
     def arrive_upto(count: int) -> None:
         """Hand the records the arrival stamps up to the `count`-th arrival."""
@@ -227,7 +226,7 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
                 stats = stop.value
                 lib.kv_engine_feed(handle, 0, arr.ctypes.data_as(_P), *([None] * 4), 1)
                 continue
-            feed_keep = _feed(lib, handle, chunk, engine.policy.enable_prefix_caching)
+            _feed(lib, handle, chunk, engine.policy.enable_prefix_caching)
             continue
         flush()
         if rc == _FULL:
@@ -235,7 +234,6 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
         if rc == _DONE:
             break
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
-    del feed_keep
     arrive_upto(out.num_arrived)
     for name, count in zip(("linear", "prefill_attention", "decode_attention"), out.extrap[1:], strict=True):
         if count:
@@ -249,7 +247,8 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
     return stats
 
 
-def _feed(lib, handle, chunk, prefix_caching: bool) -> list[np.ndarray]:
+def _feed(lib, handle, chunk, prefix_caching: bool) -> None:
+    """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
     n = len(chunk.num_prompt_tokens)
     if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
         raise CoreUnavailable("parallel sampling or beam search")
@@ -261,11 +260,9 @@ def _feed(lib, handle, chunk, prefix_caching: bool) -> list[np.ndarray]:
     output = np.ascontiguousarray(chunk.num_output_tokens, dtype=np.int64)
     max_tokens = np.where(chunk.max_tokens > 0, chunk.max_tokens, chunk.num_output_tokens).astype(np.int64)
     lp = ctypes.POINTER(ctypes.c_long)
-    keep = [at, ids, prompt, output, max_tokens]
-    rc = lib.kv_engine_feed(handle, n, at.ctypes.data_as(_P), *(a.ctypes.data_as(lp) for a in keep[1:]), 0)
+    rc = lib.kv_engine_feed(handle, n, at.ctypes.data_as(_P), *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)), 0)
     if rc:
         raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
-    return keep
 
 
 def _reason(engine, row: np.ndarray) -> str:

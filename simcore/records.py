@@ -335,10 +335,7 @@ class RequestRecords:
         """One finished or rejected request (a `ReqState`), copied out so the object can go."""
         req = st.request
         if st.reject_reason:
-            status, code = REJECTED, self.reasons.setdefault(st.reject_reason, len(self.reasons))
-            if code == len(self.reason_counts):
-                self.reason_counts.append(0)
-            self.reason_counts[code] += 1
+            status, code = REJECTED, self.reason_code(st.reject_reason)
         else:
             status, code = FINISHED, -1
         self._add_row(_pack_row(
