@@ -13,11 +13,11 @@ import resource
 import time
 import tracemalloc
 
-from profiles import default_profile
-from simcore.catalog import get_gpu, get_model
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
-from workloads import load_workload
+from kvsim.profiles import default_profile
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
+from kvsim.workloads import load_workload
 
 
 def main() -> None:

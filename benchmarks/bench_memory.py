@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from simcore.metrics import StepRecorder, StepTotals, summarize_records
-from simcore.records import RequestRecords, Samples
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
+from kvsim.simcore.records import RequestRecords, Samples
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 
 class _Req:

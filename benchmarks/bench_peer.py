@@ -37,7 +37,7 @@ PEER_ARGS = [
 
 def run_once(num_requests: int, extra: list[str], timeout_s: float) -> dict:
     """One whole `kvsim run` process: wall seconds, peak RSS (MiB), engine steps."""
-    cmd = [sys.executable, "-m", "cli.main", "run", *PEER_ARGS, "--num-requests", str(num_requests), *extra]
+    cmd = [sys.executable, "-m", "kvsim.cli.main", "run", *PEER_ARGS, "--num-requests", str(num_requests), *extra]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

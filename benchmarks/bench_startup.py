@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_peer import PEER_ARGS  # noqa: E402  (the peer workload's flags, defined once)
 
-KVSIM = [sys.executable, "-m", "cli.main"]
+KVSIM = [sys.executable, "-m", "kvsim.cli.main"]
 CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "import numpy, simpy, yaml": [sys.executable, "-c", "import numpy, simpy, yaml"],

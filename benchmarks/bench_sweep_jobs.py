@@ -28,14 +28,14 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=200)
     parser.add_argument("--jobs", default="1,2")
     args = parser.parse_args()
-    from reports.sweep_table import read_table
+    from kvsim.reports.sweep_table import read_table
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     runs: list[tuple[int, float, object]] = []  # (jobs, wall s, rows)
     with tempfile.TemporaryDirectory() as tmp:
         for k, jobs in enumerate(int(j) for j in args.jobs.split(",")):
             out = Path(tmp) / f"run{k}.csv"
-            cmd = [sys.executable, "-m", "cli.main", "sweep", *GRID, "--num-requests", str(args.num_requests),
+            cmd = [sys.executable, "-m", "kvsim.cli.main", "sweep", *GRID, "--num-requests", str(args.num_requests),
                    "--jobs", str(jobs), "--out", str(out)]
             started = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

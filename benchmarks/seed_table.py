@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from reports.seed_table import build_seed_table, render_markdown
+from kvsim.reports.seed_table import build_seed_table, render_markdown
 
 
 def main() -> None:

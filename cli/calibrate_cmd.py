@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from simcore.errors import ConfigError
+from kvsim.simcore.errors import ConfigError
 
 
 def _tps(text: str | None) -> list[int] | None:
     if text is None:
         return None
-    from reports.sweep import parse_list  # an empty item or a TP given twice is a mistake, as in sweep
+    from kvsim.reports.sweep import parse_list  # an empty item or a TP given twice is a mistake, as in sweep
 
     tps = sorted(parse_list("--tp", text, int))
     if not tps or any(t < 1 or t & (t - 1) for t in tps):
@@ -27,7 +27,7 @@ def _progress(total: int):
     import sys
 
     if sys.stderr.isatty():
-        from cli.profile_cmd import _with_progress
+        from kvsim.cli.profile_cmd import _with_progress
 
         return lambda work: _with_progress("pricing rows", total, work)
 
@@ -48,9 +48,9 @@ def calibrate(
 ) -> None:
     """Fit host/engine terms and kernel, attention and collective scalars to measured batch runs;
     print in-sample and leave-one-out error per TP; write one calibrated profile per TP."""
-    from cli.output import check_out_folder, write_outputs
-    from profiles import default_profile, profile_filename
-    from profiles.calibrate import (
+    from kvsim.cli.output import check_out_folder, write_outputs
+    from kvsim.profiles import default_profile, profile_filename
+    from kvsim.profiles.calibrate import (
         PARAMS,
         calibrated_profile,
         check_rows_fit,
@@ -59,7 +59,7 @@ def calibrate(
         profile_params,
         read_measurements,
     )
-    from simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.catalog import get_gpu, get_model
 
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     out_tps = _tps(tp)
@@ -68,12 +68,12 @@ def calibrate(
     data_tps = sorted({r.tp for r in rows})
     out_tps = out_tps or data_tps
     names = tuple(profile_filename(gpu_spec.name, model_spec.name, t) for t in out_tps)
-    from cli.options import check_inputs_kept
+    from kvsim.cli.options import check_inputs_kept
 
     check_inputs_kept(out, [measurements, model], names)
     check_out_folder(out, names)
-    from profiles.calibrate import batch_config
-    from simcore.memory import plan_memory
+    from kvsim.profiles.calibrate import batch_config
+    from kvsim.simcore.memory import plan_memory
 
     for t in sorted(set(out_tps) | set(data_tps)):  # a TP the model does not fit: refused before work
         plan_memory(model_spec, gpu_spec, batch_config(t, 1))
@@ -81,7 +81,7 @@ def calibrate(
     priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
     prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
     fit = fit_rows(rows, priced, prior)
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     provenance = {
         "calibration": {

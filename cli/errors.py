@@ -10,8 +10,8 @@ from typer import _click as click  # typer >= 0.29 vendors click (pinned in pypr
 from typer.core import TyperGroup
 from typer.exceptions import Abort
 
-from cli.coercion import install
-from simcore.errors import KvsimError
+from kvsim.cli.coercion import install
+from kvsim.simcore.errors import KvsimError
 
 # A path given on the command line or in a file that the OS refuses to look at: a user error.
 _BAD_PATH = (errno.ENAMETOOLONG, errno.ELOOP)

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from simcore.catalog import GPUS, MODELS
-from simcore.specs import GIB
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.specs import GIB
 
 
 class What(str, Enum):
@@ -53,7 +53,7 @@ def _list_profiles() -> None:
     whether it was measured, calibrated or priced from the datasheet (roofline)."""
     import json
 
-    from profiles import PROFILE_DIR
+    from kvsim.profiles import PROFILE_DIR
 
     rows = []
     for path in sorted(PROFILE_DIR.glob("*.json")):

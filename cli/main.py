@@ -12,19 +12,19 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import OneLineErrorsGroup
+from kvsim.cli.errors import OneLineErrorsGroup
 
 _EXTRA_ARGS = {"allow_extra_args": True}
 # name -> (module, attribute, add_typer? , app.command keywords), in registration order (= `kvsim --help`'s)
 COMMANDS: dict[str, tuple[str, str, bool, dict]] = {
-    "run": ("cli.run_cmd", "run", False, {"no_args_is_help": False, "context_settings": _EXTRA_ARGS}),
-    "profile": ("cli.profile_cmd", "app", True, {}),
-    "workloads": ("cli.workloads_cmd", "app", True, {}),
-    "sweep": ("cli.sweep_cmd", "sweep", False, {}),
-    "report": ("cli.report_cmd", "app", True, {}),
-    "list": ("cli.list_cmd", "list_catalog", False, {}),
-    "calibrate": ("cli.calibrate_cmd", "calibrate", False, {}),
-    "plan": ("cli.plan_cmd", "plan", False, {"context_settings": _EXTRA_ARGS}),
+    "run": ("kvsim.cli.run_cmd", "run", False, {"no_args_is_help": False, "context_settings": _EXTRA_ARGS}),
+    "profile": ("kvsim.cli.profile_cmd", "app", True, {}),
+    "workloads": ("kvsim.cli.workloads_cmd", "app", True, {}),
+    "sweep": ("kvsim.cli.sweep_cmd", "sweep", False, {}),
+    "report": ("kvsim.cli.report_cmd", "app", True, {}),
+    "list": ("kvsim.cli.list_cmd", "list_catalog", False, {}),
+    "calibrate": ("kvsim.cli.calibrate_cmd", "calibrate", False, {}),
+    "plan": ("kvsim.cli.plan_cmd", "plan", False, {"context_settings": _EXTRA_ARGS}),
 }
 HELP = "Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."
 
@@ -33,7 +33,7 @@ def _version() -> str:
     """The installed package's version, else the source tree's (the same number, one bump)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     try:
         return version("kvsim")
@@ -75,7 +75,7 @@ def build_app(names: list[str] | None = None) -> typer.Typer:
 def __getattr__(name: str) -> typer.Typer:
     """`cli.main.app`: the whole app (for tests and embedding), built on first use."""
     if name != "app":
-        raise AttributeError(f"module 'cli.main' has no attribute {name!r}")
+        raise AttributeError(f"module 'kvsim.cli.main' has no attribute {name!r}")
     app = globals()["app"] = build_app()
     return app
 

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from simcore.errors import ConfigError
-from simcore.policies.registry import policy_names
-from simcore.specs import ModelSpec
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.policies.registry import policy_names
+from kvsim.simcore.specs import ModelSpec
 
 PolicyName = Enum("PolicyName", {name: name for name in policy_names()}, type=str)  # the registry's
 
@@ -90,7 +90,7 @@ SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most th
 def refuse_irrelevant(policy: str, allocator: str | None, given: dict[str, object]) -> None:
     """Options that mean nothing for the chosen policy are refused, not ignored (the policy
     registry says which options each policy reads)."""
-    from simcore.policies.registry import select
+    from kvsim.simcore.policies.registry import select
 
     select(policy, allocator, {flag[2:].replace("-", "_") for flag, value in given.items() if value is not None})
 
@@ -145,7 +145,7 @@ def parse_goodput(values: list[str] | None, extra_args: list[str] | None = None)
     """`--goodput ttft:500 tpot:50` -> {"ttft": 500.0, "tpot": 50.0} (ms), checked as vLLM's
     `check_goodput_args` does: names ttft, tpot, e2el; values >= 0. Pairs after the first may
     arrive as the command's extra arguments (click options take one value each)."""
-    from simcore.metrics import GOODPUT_METRICS
+    from kvsim.simcore.metrics import GOODPUT_METRICS
 
     items = [part for text in [*(values or []), *(extra_args or [])]
              for part in text.replace(",", " ").split()]

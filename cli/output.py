@@ -108,7 +108,7 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
     anything else as JSON, all files or none (reports.files); a callable content is called for
     its table only if the file was not streamed already into `staging` (a
     `reports.files.Staging` opened before the run)."""
-    from reports.files import write_csv, write_files
+    from kvsim.reports.files import write_csv, write_files
 
     def writer(content: Any):
         def write(path: Path) -> None:
@@ -133,7 +133,7 @@ def run_staging(out_dir: Path | None, names: tuple[str, ...] = ("requests.csv", 
     """The staging folder a run streams its tables into (a context manager; None without --out)."""
     if out_dir is None:
         return contextlib.nullcontext()
-    from reports.files import Staging
+    from kvsim.reports.files import Staging
 
     return Staging(out_dir, names)
 
@@ -173,7 +173,7 @@ def check_out_folder(out: Path | None, names: tuple[str, ...] = RUN_FILES, flag:
     """Create and prove writable an output folder before any work (run, report, plan)."""
     if out is None:
         return None
-    from reports.files import check_out_folder as check
+    from kvsim.reports.files import check_out_folder as check
 
     return check(out, names, flag)
 
@@ -182,7 +182,7 @@ def check_out_file(out: Path | None, flag: str = "--out") -> Path | None:
     """The same for a single output file (sweep's CSV)."""
     if out is None:
         return None
-    from reports.files import check_out_file as check
+    from kvsim.reports.files import check_out_file as check
 
     return check(out, flag)
 

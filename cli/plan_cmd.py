@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.options import (
+from kvsim.cli.options import (
     AsJson,
     Burstiness,
     Goodput,
@@ -26,8 +26,8 @@ from cli.options import (
     check_slos,
     parse_goodput,
 )
-from cli.output import check_out_folder
-from simcore.errors import ConfigError
+from kvsim.cli.output import check_out_folder
+from kvsim.simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
 PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
@@ -36,7 +36,7 @@ MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 G
 
 
 def _list(flag: str, text: str | None, kind: type, default: list) -> list:
-    from reports.sweep import parse_list
+    from kvsim.reports.sweep import parse_list
 
     return default if text is None else parse_list(flag, text, kind)
 
@@ -84,13 +84,13 @@ def plan(
     as_json: AsJson = False,
 ) -> None:
     """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
-    from reports.capacity import SLO
-    from reports.plan import default_dimensions
-    from reports.plan import plan as make_plan
-    from reports.prices import load_prices
-    from simcore.catalog import GPUS, get_gpu, get_model
-    from simcore.specs import EngineConfig
-    from workloads import load_workload
+    from kvsim.reports.capacity import SLO
+    from kvsim.reports.plan import default_dimensions
+    from kvsim.reports.plan import plan as make_plan
+    from kvsim.reports.prices import load_prices
+    from kvsim.simcore.catalog import GPUS, get_gpu, get_model
+    from kvsim.simcore.specs import EngineConfig
+    from kvsim.workloads import load_workload
 
     started = time.perf_counter()
     goodput_ms = parse_goodput(goodput, ctx.args)
@@ -135,7 +135,7 @@ def plan(
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
-    from reports.plan import expand, refuse_unconfigurable
+    from kvsim.reports.plan import expand, refuse_unconfigurable
 
     for m in models:  # a model no candidate can be configured for (e.g. --tp dividing none of its heads)
         refuse_unconfigurable(m, expand(m, dims, base))
@@ -147,7 +147,7 @@ def plan(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
-    from cli.output import LiveProgress
+    from kvsim.cli.output import LiveProgress
 
     progress = LiveProgress("planning", None, "candidates searched")
     pool = None
@@ -172,7 +172,7 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
     """The workload with enough requests for the longest run (a trace: at most its rows)."""
     import dataclasses
 
-    from workloads.traces import window_rows
+    from kvsim.workloads.traces import window_rows
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
@@ -200,7 +200,7 @@ def _clip(text: str, width: int) -> str:
 
 
 def _text_table(rows) -> str:
-    from reports.plan import _KNOBS
+    from kvsim.reports.plan import _KNOBS
 
     lines, cells = [], []
     rank = 0
@@ -233,8 +233,8 @@ def _records(frame) -> list[dict[str, Any]]:
 
 
 def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float) -> None:
-    from reports.plan import answer_line
-    from reports.prices import PRICE_SOURCE, PRICES_AS_OF
+    from kvsim.reports.plan import answer_line
+    from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
     table = result.table
     doc = {
@@ -271,8 +271,8 @@ def _has_pyarrow() -> bool:
 
 
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
-    from reports.files import write_files
-    from reports.plan import capacity_figure
+    from kvsim.reports.files import write_files
+    from kvsim.reports.plan import capacity_figure
 
     writers = {
         "plan.csv": lambda p: table.to_csv(p, index=False),

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from typer._click.core import ParameterSource
 
-from simcore.errors import ConfigError
+from kvsim.simcore.errors import ConfigError
 
 
 def _console(**kwargs):
@@ -46,7 +46,7 @@ class Backend(StrEnum):
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:
-    from simcore.specs import MAX_BLOCK_SIZE  # vLLM's largest; kvsim refuses larger everywhere else
+    from kvsim.simcore.specs import MAX_BLOCK_SIZE  # vLLM's largest; kvsim refuses larger everywhere else
 
     try:
         sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
@@ -87,7 +87,7 @@ def profile(
             raise ConfigError(f"kvsim profile {given[0]} ...: --model is required to measure a profile")
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    from simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.catalog import get_gpu, get_model
 
     spec = get_model(model)
     if quantization is not None:
@@ -104,12 +104,12 @@ def profile(
         raise ConfigError(f"--dtype must be auto, bfloat16, float16 or float32, got {dtype!r}")
     sizes = _block_sizes(block_sizes)
     if out is not None:  # before the minutes of measuring
-        from cli.options import check_inputs_kept
-        from cli.output import check_out_file
+        from kvsim.cli.options import check_inputs_kept
+        from kvsim.cli.output import check_out_file
 
         check_inputs_kept(out, [model])
         check_out_file(out)
-    from profiles.harness import HarnessConfig, require_torch
+    from kvsim.profiles.harness import HarnessConfig, require_torch
 
     require_torch()
     cfg = HarnessConfig(
@@ -117,11 +117,11 @@ def profile(
         quick=quick, repeats=repeats, warmup=warmup, dtype=dtype, backend=backend.value, seed=seed,
     )
     doc = _run_with_progress(cfg)
-    from simcore.latency import parse_profile
+    from kvsim.simcore.latency import parse_profile
 
     parse_profile(doc, "measured profile")
-    from profiles.lookup import dtype_tag, profile_filename
-    from reports.files import write_file
+    from kvsim.profiles.lookup import dtype_tag, profile_filename
+    from kvsim.reports.files import write_file
 
     path = out or Path(profile_filename(doc["gpu"].replace(" ", "_"), spec.name, tp, dtype_tag(spec.weight_dtype)))
     write_file(path, lambda tmp: tmp.write_text(json.dumps(doc, indent=1) + "\n"))
@@ -130,7 +130,7 @@ def profile(
         f"wrote {path}: {prov['device_name']}, decode backend {prov['decode_backend']}, "
         f"{cfg.grid.num_points(len(cfg.block_sizes))} points x {repeats} repeats"
     )
-    from profiles.harness import noise_summary
+    from kvsim.profiles.harness import noise_summary
 
     noise = noise_summary(prov.get("noise") or {})
     if noise:
@@ -156,7 +156,7 @@ def _with_progress(description: str, total: int | None, work):
     import sys
 
     if not sys.stderr.isatty():
-        from cli.output import LiveProgress
+        from kvsim.cli.output import LiveProgress
 
         progress = LiveProgress(description, total, "points")
         return work(lambda label, n: progress.update(n))
@@ -171,7 +171,7 @@ def _with_progress(description: str, total: int | None, work):
 
 
 def _run_with_progress(cfg) -> dict:
-    from profiles.harness import measure_profile
+    from kvsim.profiles.harness import measure_profile
 
     total = cfg.grid.num_points(len(cfg.block_sizes))
     return _with_progress("profiling", total, lambda report: measure_profile(cfg, report))
@@ -185,9 +185,9 @@ def compare_cmd(
     block_size: Annotated[int, typer.Option(help="KV block size of the decode table.")] = 16,
 ) -> None:
     """Price a common grid of steps with both profiles: times and ratio B/A, median and worst."""
-    from profiles.compare import compare
-    from simcore.latency import POLICIES, load_profile
-    from simcore.specs import EngineConfig
+    from kvsim.profiles.compare import compare
+    from kvsim.simcore.latency import POLICIES, load_profile
+    from kvsim.simcore.specs import EngineConfig
 
     EngineConfig(block_size=block_size)  # a block size vLLM has, else one line naming --block-size
     if policy not in POLICIES:
@@ -227,17 +227,17 @@ def validate_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the random tensors and block tables.")] = 0,
 ) -> None:
     """Time whole mixed steps with real kernels and compare them with the latency model's prices."""
-    from profiles.validate import ValidateConfig
-    from simcore.latency import load_profile
+    from kvsim.profiles.validate import ValidateConfig
+    from kvsim.simcore.latency import load_profile
 
     _check_timing_flags(repeats, warmup, seed)
     if block_size is not None:
-        from simcore.specs import EngineConfig
+        from kvsim.simcore.specs import EngineConfig
 
         EngineConfig(block_size=block_size)  # a power of two vLLM has, else a ConfigError naming --block-size
     if out is not None:
-        from cli.options import check_inputs_kept
-        from cli.output import check_out_file
+        from kvsim.cli.options import check_inputs_kept
+        from kvsim.cli.output import check_out_file
 
         check_inputs_kept(out, [profile_path])
         check_out_file(out)
@@ -248,14 +248,14 @@ def validate_cmd(
     )
     result = _validate_with_progress(cfg)
     if out is not None:
-        from reports.files import write_file
+        from kvsim.reports.files import write_file
 
         write_file(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1) + "\n"))
     _print_validation(result, out)
 
 
 def _validate_with_progress(cfg) -> dict:
-    from profiles.validate import validate_profile
+    from kvsim.profiles.validate import validate_profile
 
     return _with_progress("validating", None, lambda report: validate_profile(cfg, report))
 
@@ -302,10 +302,10 @@ def check_cmd(
 ) -> None:
     """Price every row of a measurements file with a profile (as `kvsim calibrate` does: a batch of
     B requests at t = 0) and print per-row and median errors."""
-    from profiles.calibrate import check_rows, check_rows_fit, price_all, read_measurements
-    from profiles.lookup import check_profile_matches
-    from simcore.catalog import get_gpu, get_model
-    from simcore.latency import load_profile
+    from kvsim.profiles.calibrate import check_rows, check_rows_fit, price_all, read_measurements
+    from kvsim.profiles.lookup import check_profile_matches
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.latency import load_profile
 
     rows, _ = read_measurements(measurements)
     by_tp = {}
@@ -322,7 +322,7 @@ def check_cmd(
     skipped = len(rows) - len(usable)
     if not usable:
         raise ConfigError(f"{measurements}: no row has a TP of the profiles given ({', '.join(map(str, sorted(by_tp)))})")
-    from cli.calibrate_cmd import _progress
+    from kvsim.cli.calibrate_cmd import _progress
 
     priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
     table, medians = check_rows(usable, priced)

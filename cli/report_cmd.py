@@ -8,15 +8,15 @@ from typing import Annotated
 
 import typer
 
-from cli.options import SloTpotP95, SloTtftP95, check_slos
-from simcore.errors import ConfigError
+from kvsim.cli.options import SloTpotP95, SloTtftP95, check_slos
+from kvsim.simcore.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Build reports: tables, figures and their markdown.")
 
 
 def reference_dir() -> Path | None:
     """reports/reference/ of a source checkout (pyproject.toml beside the package), if writable."""
-    import reports
+    from kvsim import reports
 
     package = Path(reports.__file__).resolve().parent
     folder = package / "reference"
@@ -33,16 +33,16 @@ def seed_table(
     out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.html and its PNGs. [default: reports/reference in a source checkout, else ./reports/seed-table in the current directory]")] = None,
 ) -> None:
     """Rerun the seed article's benchmark table (4 settings x 3 policies) and write the report."""
-    from reports.seed_table import build_seed_table, markdown_table, write_seed_table
+    from kvsim.reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
     if seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
     out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")
-    from cli.output import check_out_folder
-    from reports.seed_table import FILES
+    from kvsim.cli.output import check_out_folder
+    from kvsim.reports.seed_table import FILES
 
     check_out_folder(out_dir, FILES)
-    from cli.output import LiveProgress
+    from kvsim.cli.output import LiveProgress
 
     progress = LiveProgress("simulating", None, "runs")
     try:
@@ -62,11 +62,11 @@ def sweep_report(
     slo_tpot_p95_ms: SloTpotP95 = None,
 ) -> None:
     """Draw a sweep table: heatmaps over block size x utilisation, throughput-latency curves, one HTML page."""
-    from reports.sweep_report import load_report, write_sweep_report
+    from kvsim.reports.sweep_report import load_report, write_sweep_report
 
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    from cli.output import check_out_folder
-    from reports.sweep_report import FILES
+    from kvsim.cli.output import check_out_folder
+    from kvsim.reports.sweep_report import FILES
 
     out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
     report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)  # a bad table: nothing created

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import EMPTY_RESULT_EXIT, fail
-from cli.options import (
+from kvsim.cli.errors import EMPTY_RESULT_EXIT, fail
+from kvsim.cli.options import (
     Allocator,
     AsJson,
     BatchTimeout,
@@ -57,7 +57,7 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
-from cli.output import (
+from kvsim.cli.output import (
     RUN_FILES,
     LiveProgress,
     check_out_folder,
@@ -72,10 +72,10 @@ from cli.output import (
     stream_tables,
     write_outputs,
 )
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.parallel import check_deployment
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.parallel import check_deployment
+from kvsim.simcore.specs import EngineConfig
 
 
 def run(
@@ -127,9 +127,9 @@ def run(
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
-    from profiles import check_profile_matches, default_profile
-    from simcore.latency import load_profile
-    from workloads import load_workload
+    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.simcore.latency import load_profile
+    from kvsim.workloads import load_workload
 
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
@@ -157,7 +157,7 @@ def run(
     )
     model_spec = config.resolve_model(model_spec)
     check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
-    from simcore.config import resolve
+    from kvsim.simcore.config import resolve
 
     resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
@@ -172,10 +172,10 @@ def run(
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
 
-    from reports.capacity import SLO
+    from kvsim.reports.capacity import SLO
 
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
-    from simcore import records
+    from kvsim.simcore import records
 
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
@@ -190,7 +190,7 @@ def run(
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
-        from simcore.simulate import prepare
+        from kvsim.simcore.simulate import prepare
 
         prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
                 engine_core="c").choose_core()
@@ -212,7 +212,7 @@ def run(
 
 
 def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core):
-    from simcore.simulate import simulate
+    from kvsim.simcore.simulate import simulate
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
@@ -238,8 +238,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         s = result.summary
         typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
                    "completed once warm; the queue grows for as long as the load lasts", err=True)
-    from reports.capacity import summary_with_goodput
-    from reports.regime import regime_of
+    from kvsim.reports.capacity import summary_with_goodput
+    from kvsim.reports.regime import regime_of
 
     regime = regime_of(result)
     summary = {
@@ -265,8 +265,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
     """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment."""
-    from reports.capacity import max_sustainable_rate, simulator
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.reports.capacity import max_sustainable_rate, simulator
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     start = getattr(wl.arrival, "rate", None) or getattr(wl.arrival, "mean_rate", None) or 1.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo

@@ -21,7 +21,7 @@ import typer
 if TYPE_CHECKING:
     import pandas as pd
 
-from cli.options import (
+from kvsim.cli.options import (
     Allocator,
     AsJson,
     BatchTimeout,
@@ -52,10 +52,10 @@ from cli.options import (
     refuse_irrelevant,
     workload_overrides,
 )
-from cli.output import check_out_file
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.specs import EngineConfig
+from kvsim.cli.output import check_out_file
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import EngineConfig
 
 LIST_HELP = "Comma-separated list to sweep."
 
@@ -69,7 +69,7 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
            pp=None, kv_cache_dtype=None, quantization=None) -> dict[str, list]:
     """The swept fields (SWEEPABLE names) -> values; tp is always a column (the models are
     plan_sweep's own argument)."""
-    from reports.sweep import parse_list
+    from kvsim.reports.sweep import parse_list
 
     lists: dict[str, list] = {}
     if policy is not None:
@@ -154,7 +154,7 @@ class _Progress:
         self.first, self.last_line = already, self.started
         self.bar = None
         if sys.stderr.isatty() and total > already:
-            from cli.output import start_bar
+            from kvsim.cli.output import start_bar
 
             self.bar, self.task = start_bar("sweep points", total, already)
 
@@ -235,7 +235,7 @@ def sweep(
     import numpy as np
     import pandas as pd
 
-    from reports.sweep import (
+    from kvsim.reports.sweep import (
         SWEEPABLE,
         add_slo,
         parse_list,
@@ -243,7 +243,7 @@ def sweep(
         plan_sweep,
         summarize_points,
     )
-    from reports.sweep_runner import parse_seeds
+    from kvsim.reports.sweep_runner import parse_seeds
 
     lists = _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs, rate, concurrency,
                    pp, kv_cache_dtype, quantization)
@@ -260,7 +260,7 @@ def sweep(
         raise ConfigError("--address applies only with --executor ray")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    from reports.sweep_runner import check_executor
+    from kvsim.reports.sweep_runner import check_executor
 
     check_executor(executor.value, address)
     check_inputs_kept(out, [workload, profile, model])
@@ -275,7 +275,7 @@ def sweep(
     if router is not None:
         fields["router"] = router.value
     base = EngineConfig(**fields)
-    from simcore.config import check_numbers
+    from kvsim.simcore.config import check_numbers
 
     check_numbers(base)  # the options every point shares: finite and in range before any point runs
     overrides = workload_overrides(
@@ -316,7 +316,7 @@ def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
     """Each distinct warning once (numbers aside), with how many points gave it and one of them."""
     import re
 
-    from reports.sweep import SWEEPABLE
+    from kvsim.reports.sweep import SWEEPABLE
 
     groups: dict[str, list[tuple[str, str]]] = {}
     for row in sorted(rows, key=lambda r: (r["point"], r["seed"])):
@@ -335,7 +335,7 @@ def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
 
 
 def _table(out: Path | None):
-    from reports.sweep_table import SweepTable
+    from kvsim.reports.sweep_table import SweepTable
 
     return None if out is None else SweepTable(out)
 
@@ -345,8 +345,8 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
     return every row of the sweep, the table's earlier ones included."""
     import pandas as pd
 
-    from reports.sweep_runner import run_points
-    from reports.sweep_table import read_table
+    from kvsim.reports.sweep_runner import run_points
+    from kvsim.reports.sweep_table import read_table
 
     done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
     missing = [c for c in plan.swept if done_ids and c not in table.columns]
@@ -377,7 +377,7 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
 
 def _workload_loader(workload: str | None, overrides: dict[str, Any]):
     """A cell's workload: --workload with the command's overrides and the cell's rate or clients."""
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     def load(load_values: dict[str, Any], max_model_len: int):
         return load_workload(workload, {**overrides, **load_values}, max_model_len=max_model_len)
@@ -388,8 +388,8 @@ def _workload_loader(workload: str | None, overrides: dict[str, Any]):
 def _profiles(path: Path | None, num_pairs: int):
     """A loader per (model, GPU, TP, dtypes), each loaded once; --profile is one file for one
     model, GPU and TP."""
-    from profiles import check_profile_matches, default_profile
-    from simcore.latency import load_profile
+    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.simcore.latency import load_profile
 
     cache: dict[tuple[str, str, int, str, str], Any] = {}
     fixed = None
@@ -420,7 +420,7 @@ def _cheapest_by_model(frame, models: list[str]) -> dict[str, int | None]:
     compared side by side, not against each other's cost."""
     import pandas as pd
 
-    from reports.sweep import cheapest_passing
+    from kvsim.reports.sweep import cheapest_passing
 
     gpus = [int(g) if not pd.isna(g) else 0 for g in frame["gpus"]]
     if "model" not in frame.columns:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cli.output import check_out_file
-from simcore.errors import WorkloadError
+from kvsim.cli.output import check_out_file
+from kvsim.simcore.errors import WorkloadError
 
 if TYPE_CHECKING:  # `kvsim --help` imports this module; numpy is imported when a command runs
     import numpy as np
@@ -32,7 +32,7 @@ def main(ctx: typer.Context) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from workloads import DEFAULT_WORKLOAD, list_workloads
+    from kvsim.workloads import DEFAULT_WORKLOAD, list_workloads
 
     table = Table("name", "description", box=None, pad_edge=False)
     for name, description in list_workloads():
@@ -60,7 +60,7 @@ def show(
     from rich.markup import escape
     from rich.table import Table
 
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise WorkloadError(f"--plot writes a PNG; give a file name ending in .png, got {plot}")
@@ -142,8 +142,8 @@ def _plot(path: Path, name: str, seed: int, arrivals: np.ndarray | None, prompt:
         ax.legend()
     fig.suptitle(f"workload {name} ({len(prompt)} requests, seed {seed})")
     fig.tight_layout()
-    from reports.files import write_file
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.reports.files import write_file
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     about = f"kvsim {KVSIM_VERSION}: workload {name}, {len(prompt)} requests, seed {seed}"
     try:

@@ -1,7 +1,7 @@
 """Latency profiles: the committed profiles/*.json, the roofline generator, the fit of its
 efficiency factors, and the profiling harness (torch, imported only when it runs)."""
 
-from profiles.lookup import (
+from kvsim.profiles.lookup import (
     PROFILE_DIR,
     check_profile_matches,
     default_profile,

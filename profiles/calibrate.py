@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from simcore.errors import KvsimError
-from simcore.latency import Profile, StepLatencyModel, parse_profile
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import KvsimError
+from kvsim.simcore.latency import Profile, StepLatencyModel, parse_profile
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 QUANTITIES = ("prefill_ms", "decode_ms", "latency_ms")
 KEYS = ("tp", "batch_size", "input_len", "output_len")
@@ -161,8 +161,8 @@ def batch_config(tp: int, batch_size: int) -> EngineConfig:
 
 def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement) -> RowPricing:
     """Simulate the row's batch with `profile`; record each step's linear features."""
-    from simcore.simulate import prepare
-    from workloads import load_workload
+    from kvsim.simcore.simulate import prepare
+    from kvsim.workloads import load_workload
 
     config = batch_config(row.tp, row.batch_size)
     overrides = {"num_requests": row.batch_size, "input_len": row.input_len, "output_len": row.output_len}

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from simcore.specs import GPUSpec
+from kvsim.simcore.specs import GPUSpec
 
 FIT_FILE = Path(__file__).with_name("collectives_h100.json")
 # profiles/data/ ships copies of the files (so a clone can refit); the project's shared folder is the origin

@@ -6,7 +6,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from simcore.latency import Profile, StepLatencyModel
+from kvsim.simcore.latency import Profile, StepLatencyModel
 
 DECODE_BATCH = (1, 8, 32, 128, 256)
 DECODE_CONTEXT = (128, 1024, 4096)

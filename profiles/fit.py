@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiles.roofline import EFFICIENCY_FILE, ELEMENTWISE_KINDS, Efficiency, linear_ops, op_ms
-from simcore.catalog import get_gpu
-from simcore.specs import ModelSpec
+from kvsim.profiles.roofline import EFFICIENCY_FILE, ELEMENTWISE_KINDS, Efficiency, linear_ops, op_ms
+from kvsim.simcore.catalog import get_gpu
+from kvsim.simcore.specs import ModelSpec
 
 # profiles/data/ ships a copy (so a clone can refit); the project's shared folder is the origin
 DATA = Path(__file__).resolve().parent / "data" / "vidur_h100_llama2-7b_mlp.csv"

@@ -14,12 +14,12 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from profiles.lookup import PROFILE_DIR, dtype_tag, profile_filename
-from profiles.roofline import build_roofline_profile, load_efficiency
-from simcore.catalog import GPUS, MODELS
-from simcore.errors import ConfigError, DoesNotFitError
-from simcore.memory import plan_memory
-from simcore.specs import EngineConfig
+from kvsim.profiles.lookup import PROFILE_DIR, dtype_tag, profile_filename
+from kvsim.profiles.roofline import build_roofline_profile, load_efficiency
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.errors import ConfigError, DoesNotFitError
+from kvsim.simcore.memory import plan_memory
+from kvsim.simcore.specs import EngineConfig
 
 DENSE_MODELS = ("llama3-8b", "llama3-70b", "llama2-7b", "llama2-70b", "mistral-7b", "opt-13b")
 MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")

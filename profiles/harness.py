@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from simcore.errors import ProfileError
-from simcore.latency import SCHEMA, SCHEMA_VERSION
-from simcore.specs import GPUSpec, ModelSpec
+from kvsim.simcore.errors import ProfileError
+from kvsim.simcore.latency import SCHEMA, SCHEMA_VERSION
+from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 INSTALL_HINT = "the profiling harness needs torch: pip install 'kvsim[profile]'"
 
@@ -208,14 +208,14 @@ def _r(x: float) -> float:
 
 
 def _shards(model: ModelSpec, tp: int) -> tuple[int, int, int, int]:
-    from profiles.harness_linear import shards
+    from kvsim.profiles.harness_linear import shards
 
     return shards(model, tp)
 
 
 def _linear_layer(torch, model: ModelSpec, tp: int, tokens: int, dtype, device: str, gen, layout_gen) -> Callable[[], Any]:
     """One layer's linear work (dense, FP8 or MoE): `profiles.harness_linear.linear_layer`."""
-    from profiles.harness_linear import linear_layer
+    from kvsim.profiles.harness_linear import linear_layer
 
     return linear_layer(torch, model, tp, tokens, dtype, device, gen, layout_gen)
 
@@ -262,20 +262,20 @@ def _collective(torch, cfg: HarnessConfig, grid: Grid, dtype) -> tuple[dict | No
     scaled by the `--gpu`'s interconnect datasheet (`profiles.collectives`)."""
     if cfg.tp <= 1:
         return None, "none (tp 1)"
-    from profiles.collectives import collectives_for
-    from simcore.catalog import get_gpu
+    from kvsim.profiles.collectives import collectives_for
+    from kvsim.simcore.catalog import get_gpu
 
     gpu = cfg.gpu or get_gpu("H100-SXM-80GB")
     block = collectives_for(gpu, cfg.tp)
     if cfg.device == "cuda" and torch.cuda.device_count() >= cfg.tp:
-        from profiles.harness_nccl import measure_allreduce
+        from kvsim.profiles.harness_nccl import measure_allreduce
 
         elem = torch.tensor([], dtype=dtype).element_size()
         sizes = sorted({t * cfg.model.hidden_size for t in grid.num_tokens})
         times = measure_allreduce(cfg.tp, sizes, dtype, cfg.warmup, cfg.repeats)
         block["all_reduce"] = {"bytes": [n * elem for n in sizes], "time_ms": [_r(t) for t in times]}
         block["source"] = f"measured with NCCL on {cfg.tp} GPUs (per call, vs message bytes)"
-        from profiles.harness_nccl import measure_send_recv
+        from kvsim.profiles.harness_nccl import measure_send_recv
 
         sr = measure_send_recv(sizes, dtype, cfg.warmup, cfg.repeats)
         block["send_recv"] = {"bytes": [n * elem for n in sizes], "time_ms": [_r(t) for t in sr]}
@@ -297,13 +297,13 @@ def measure_profile(cfg: HarnessConfig, progress: Callable[[str, int], None] | N
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ProfileError("--device cuda: no CUDA device is visible to torch")
     if model.quantization == "fp8":
-        from profiles.harness_linear import fp8_support
+        from kvsim.profiles.harness_linear import fp8_support
 
         why = fp8_support(cfg.device)
         if why:
             raise ProfileError(f"--quantization fp8 cannot be measured here: {why}; "
                                "kvsim prices FP8 from the roofline instead (profiles/README.md)")
-    from profiles.harness_kernels import FACTORIES, choose_backend, make_paged_kv
+    from kvsim.profiles.harness_kernels import FACTORIES, choose_backend, make_paged_kv
 
     dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cfg.device == "cuda" else "float32")
     dtype = getattr(torch, dtype_name)
@@ -400,7 +400,7 @@ def _decode_tables(torch, cfg, grid, dtype, backend, factories, make_paged_kv, t
 
 def _kvsim_version() -> str:
     """The kvsim that measured (a profile is a result: it records what made it)."""
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     return KVSIM_VERSION
 
@@ -413,7 +413,7 @@ def _device_name(torch, device: str) -> str:
 
 def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, decode, lm_head,
               collective, coll_note, scaled) -> dict[str, Any]:
-    from profiles.host import host_overhead_block
+    from kvsim.profiles.host import host_overhead_block
 
     model = cfg.model
     host, host_by_policy = host_overhead_block(model.num_layers, cfg.tp)
@@ -472,7 +472,7 @@ def _what_was_measured(cfg, dtype_name: str, prov: dict[str, Any]) -> dict[str, 
                        "tensor, per expert for MoE) and inputs (dynamic per-tensor scale, quantized inside the "
                        f"timed layer), {dtype_name} out; router, norms, attention and KV cache in {dtype_name}")
     if model.is_moe:
-        from profiles.harness_linear import moe_token_counts
+        from kvsim.profiles.harness_linear import moe_token_counts
 
         k, e = model.num_experts_per_tok, model.num_experts
         prov["moe"] = {

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from simcore.specs import ModelSpec
+from kvsim.simcore.specs import ModelSpec
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
 FP8_MIN_CAPABILITY = (8, 9)  # CUDA compute capability with FP8 tensor cores (Ada 8.9, Hopper 9.0)
@@ -79,7 +79,7 @@ def shards(model: ModelSpec, tp: int) -> tuple[int, int, int, int]:
 
 def moe_token_counts(num_tokens: int, num_experts: int, top_k: int) -> list[int]:
     """Tokens routed to each touched expert under the roofline's uniform-routing assumption."""
-    from profiles.roofline import experts_touched
+    from kvsim.profiles.roofline import experts_touched
 
     assignments = num_tokens * top_k
     touched = min(num_experts, assignments, max(top_k, round(experts_touched(num_tokens, num_experts, top_k))))

@@ -9,7 +9,7 @@ per step by batch size 8..64 and TP 1/2/4), fitted as intercept + slope per sequ
 
 from __future__ import annotations
 
-from simcore.latency import HostOverhead
+from kvsim.simcore.latency import HostOverhead
 
 # Vidur cpu_overheads.csv medians (ms), Llama-2-7B, at batch 8 and 64: (TP 1, TP 4).
 # schedule + prepare_inputs + sampler_e2e = 1.346 / 3.485 (TP 1), 1.723 / 4.481 (TP 4)

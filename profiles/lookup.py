@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from simcore.errors import ProfileError
-from simcore.latency import Profile, load_profile, parse_profile
-from simcore.specs import GPUSpec, ModelSpec
+from kvsim.simcore.errors import ProfileError
+from kvsim.simcore.latency import Profile, load_profile, parse_profile
+from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 PROFILE_DIR = Path(__file__).resolve().parent
 SHAPE_FIELDS = (
@@ -98,7 +98,7 @@ def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int) -> Profile:
         if (not shape_mismatches(profile, model) and profile.data.get("tensor_parallel_size") == tp
                 and _fp8(*profile_dtypes(profile)) == _fp8(model.weight_dtype, model.kv_dtype)):
             return profile
-    from profiles.roofline import build_roofline_profile
+    from kvsim.profiles.roofline import build_roofline_profile
 
     tag = dtype_tag(model.weight_dtype, model.kv_dtype)
     return parse_profile(build_roofline_profile(gpu, model, tp), f"roofline {gpu.name} {model.name}{tag} tp{tp}")

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simcore.latency import SCHEMA, SCHEMA_VERSION
-from simcore.specs import GPUSpec, ModelSpec
+from kvsim.simcore.latency import SCHEMA, SCHEMA_VERSION
+from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 EFFICIENCY_FILE = Path(__file__).with_name("efficiency_h100.json")
 ELEMENTWISE_KINDS = ("norm", "rope", "act", "add")
@@ -268,8 +268,8 @@ def build_roofline_profile(
     efficiency: Efficiency | None = None,
 ) -> dict[str, Any]:
     """A schema-v2 profile document priced from the datasheet and the fitted efficiencies."""
-    from profiles.collectives import collectives_for
-    from profiles.host import host_overhead_block
+    from kvsim.profiles.collectives import collectives_for
+    from kvsim.profiles.host import host_overhead_block
 
     eff = efficiency or load_efficiency()
     host, host_by_policy = host_overhead_block(model.num_layers, tp)

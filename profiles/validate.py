@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from simcore.errors import DoesNotFitError, ProfileError
-from simcore.latency import Profile, StepLatencyModel
-from simcore.specs import ModelSpec
+from kvsim.simcore.errors import DoesNotFitError, ProfileError
+from kvsim.simcore.latency import Profile, StepLatencyModel
+from kvsim.simcore.specs import ModelSpec
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 STEP_SETS = ("quick", "full")
@@ -253,7 +253,7 @@ def _resolve(cfg: ValidateConfig) -> tuple[str, str, int, str, str]:
 
 def validate_profile(cfg: ValidateConfig, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Run every step of the set on the device and return rows, summary and provenance."""
-    from profiles.harness import HarnessConfig, Timer, require_torch
+    from kvsim.profiles.harness import HarnessConfig, Timer, require_torch
 
     device, step_set, block_size, dtype_name, wanted = _resolve(cfg)
     profile, where = cfg.profile, cfg.profile.path or cfg.profile.label
@@ -264,7 +264,7 @@ def validate_profile(cfg: ValidateConfig, progress: Callable[[str, int], None] |
     torch = require_torch()
     if device == "cuda" and not torch.cuda.is_available():
         raise ProfileError("--device cuda: no CUDA device is visible to torch")
-    from profiles.harness_kernels import choose_backend
+    from kvsim.profiles.harness_kernels import choose_backend
 
     hc = HarnessConfig(model=model, device=device, tp=tp, block_sizes=(block_size,), repeats=cfg.repeats,
                        warmup=cfg.warmup, dtype=dtype_name, backend=wanted, seed=cfg.seed)
@@ -301,7 +301,7 @@ def validate_profile(cfg: ValidateConfig, progress: Callable[[str, int], None] |
 
 
 def _provenance(torch, cfg: ValidateConfig, device: str, backend: str, tried: dict, dtype_name: str) -> dict:
-    from profiles.harness import _device_name, _kvsim_version
+    from kvsim.profiles.harness import _device_name, _kvsim_version
 
     return {
         "kvsim_version": _kvsim_version(),
@@ -326,8 +326,8 @@ def _provenance(torch, cfg: ValidateConfig, device: str, backend: str, tried: di
 
 def _step_layer(torch, hc, step: ValidationStep, backend: str, dtype, gens) -> Callable[[], None]:
     """One layer of the step, built from the harness's kernels and run back to back."""
-    from profiles.harness import _linear_layer, _prefill, _shards
-    from profiles.harness_kernels import FACTORIES, make_paged_kv
+    from kvsim.profiles.harness import _linear_layer, _prefill, _shards
+    from kvsim.profiles.harness_kernels import FACTORIES, make_paged_kv
 
     model, tp, dev = hc.model, hc.tp, hc.device
     layout_gen, gen = gens
@@ -347,7 +347,7 @@ def _step_layer(torch, hc, step: ValidationStep, backend: str, dtype, gens) -> C
 
 
 def _measure_step(torch, hc, step: ValidationStep, backend: str, dtype, gens, timer, latency) -> Row:
-    from profiles.harness import _lm_head
+    from kvsim.profiles.harness import _lm_head
 
     layer_ms, spread = timer(_step_layer(torch, hc, step, backend, dtype, gens))
     lm_ms = timer(_lm_head(torch, hc.model, hc.tp, step.num_sampled, dtype, hc.device, gens[1]))[0]

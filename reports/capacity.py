@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from simcore.errors import ConfigError
-from simcore.request import RequestSink
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.request import RequestSink
 
 DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
 GOODPUT_ATTAINMENT = 0.9  # share of requests that must meet every per-request SLO; DistServe
@@ -132,7 +132,7 @@ class SLO:
 
 def nominal_rate(spec, arrays) -> float:
     """The mean arrival rate a workload is described at (what --rate sets)."""
-    from workloads.arrivals import FixedRateArrivals, GammaArrivals, PiecewiseRateArrivals, TraceArrivals
+    from kvsim.workloads.arrivals import FixedRateArrivals, GammaArrivals, PiecewiseRateArrivals, TraceArrivals
 
     arrival = spec.arrival
     if isinstance(arrival, (GammaArrivals, FixedRateArrivals)):
@@ -210,7 +210,7 @@ class ScaledWorkload:
         return self.scaler.spec.is_closed_loop
 
     def process(self, env, sink: RequestSink, seed: np.random.SeedSequence):
-        from workloads.arrivals import open_loop_process
+        from kvsim.workloads.arrivals import open_loop_process
 
         arrays, base = self.scaler.draw(seed)
         yield from open_loop_process(env, sink, [(arrays.to_requests(), arrays.arrival_s * (base / self.rate))])
@@ -385,7 +385,7 @@ def _extrapolate(margins: dict[int, float], side: list[int], per_step: float) ->
 
 def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
     """A run's summary plus goodput against the SLO's per-request targets, if any."""
-    from simcore.metrics import goodput
+    from kvsim.simcore.metrics import goodput
 
     summary = dict(result.summary)
     if slo.goodput_ms:
@@ -425,7 +425,7 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
     requests missed a per-request SLO than the attainment allows. A stopped run's summary has
     `early_stop` (why) and lower bounds for the p95s it proved too high; a run that is not
     stopped is the very run `simulate()` makes (the watcher only reads the records)."""
-    from simcore.simulate import prepare
+    from kvsim.simcore.simulate import prepare
 
     sim = prepare(model, gpu, config, workload, profile, seed=seed)
     total = int(workload.num_requests)
@@ -468,7 +468,7 @@ def _watch(env, records, total: int, tick_s: float, slo: SLO, stop):
 
 def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:
     """A summary saying why the run already fails, from the rows that left, or None."""
-    from simcore.records import FINISHED, derived_latencies
+    from kvsim.simcore.records import FINISHED, derived_latencies
 
     cols = records.columns()
     ttft, e2el, tpot = derived_latencies(cols)

@@ -24,7 +24,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from simcore.errors import KvsimError
+from kvsim.simcore.errors import KvsimError
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h

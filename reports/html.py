@@ -75,7 +75,7 @@ def versions() -> dict[str, str]:
     import numpy
     import simpy
 
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     return {"kvsim": KVSIM_VERSION, "python": platform.python_version(), "numpy": numpy.__version__,
             "pandas": pd.__version__, "simpy": simpy.__version__, "matplotlib": matplotlib.__version__}

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.capacity import (
+from kvsim.reports.capacity import (
     SLO,
     Capacity,
     RateScaler,
@@ -41,8 +41,8 @@ from reports.capacity import (
     run_against,
     summary_with_goodput,
 )
-from simcore.errors import ConfigError, DoesNotFitError
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError, DoesNotFitError
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 # Requests per search run. The run must outlast its warm-up and hold enough tail samples:
 # 600 requests leave 480 judged after the 20% warm-up (simcore.metrics.saturation), 24 of them
@@ -96,7 +96,7 @@ class Candidate:
 
 
 def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[Candidate]:
-    from simcore.catalog import get_gpu
+    from kvsim.simcore.catalog import get_gpu
 
     out = []
     for combo in itertools.product(*(d.values for d in dims)):
@@ -126,8 +126,8 @@ class Bounds:
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
-    from simcore.config import resolve
-    from simcore.latency import StepLatencyModel
+    from kvsim.simcore.config import resolve
+    from kvsim.simcore.latency import StepLatencyModel
 
     config, model = candidate.config, candidate.model
     resolved = resolve(model, candidate.gpu, config)
@@ -222,7 +222,7 @@ def assess(
     profile_for: Callable[[Candidate], Any],
 ) -> list[Assessment]:
     """Memory and single-step pruning; no simulation runs here."""
-    from simcore.config import resolve
+    from kvsim.simcore.config import resolve
 
     scaler = RateScaler(spec, take)
     arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
@@ -329,7 +329,7 @@ def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
 
 def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int, slo: SLO) -> tuple[int, dict, list[str]]:
     """Run `replicas` (then more, if needed) behind the router at the target rate."""
-    from simcore.simulate import simulate
+    from kvsim.simcore.simulate import simulate
 
     c = a.candidate
     scaler = RateScaler(spec_confirm)
@@ -460,7 +460,7 @@ def refuse_unconfigurable(model: ModelSpec, candidates: list[Candidate]) -> None
     --tp that divides none of the model's heads, FP8 on GPUs without it, ...): there is nothing
     to plan, and saying "nothing meets the SLO" would hide the input's mistake. Candidates that
     merely do not fit in memory are an answer (memory binds), not an error."""
-    from simcore.config import resolve
+    from kvsim.simcore.config import resolve
 
     first = None
     for c in candidates:
@@ -486,7 +486,7 @@ def plan(
     import dataclasses
 
     if profile_for is None:
-        from profiles import default_profile
+        from kvsim.profiles import default_profile
 
         def profile_for(c: Candidate):
             return default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
@@ -512,7 +512,7 @@ def plan(
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
     table = pd.DataFrame(rows)
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
                "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),

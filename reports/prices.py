@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simcore.catalog import get_gpu
-from simcore.errors import ConfigError
+from kvsim.simcore.catalog import get_gpu
+from kvsim.simcore.errors import ConfigError
 
 PRICES_AS_OF = "2026-05"
 PRICE_SOURCE = "https://www.mercatus-ai.com/blog/cloud-gpu-pricing (specialty-cloud on-demand midpoints)"
@@ -58,7 +58,7 @@ def _prices_file(path: Path) -> dict[str, float]:
 
     if not path.is_file():
         raise ConfigError(f"--price {path}: give GPU=USD (e.g. H100-SXM-80GB=3.5) or a YAML file that exists")
-    from workloads.yaml_loader import StrictLoader  # safe, and a GPU given twice is an error
+    from kvsim.workloads.yaml_loader import StrictLoader  # safe, and a GPU given twice is an error
 
     try:
         data = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=StrictLoader)  # noqa: S506

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from reports.regime import BLOCKED_SHARE_THRESHOLD, MEMORY_BOUND, PEAK_KV_THRESHOLD, regime_of
+from kvsim.reports.regime import BLOCKED_SHARE_THRESHOLD, MEMORY_BOUND, PEAK_KV_THRESHOLD, regime_of
 
 GPU = "H100-SXM-80GB"
 MODEL = "llama3-70b"
@@ -80,11 +80,11 @@ class SeedTableReport:
 
 def run_point(setting: Setting, policy: str, num_requests: int, seed: int):
     """Simulate one (setting, policy) cell; returns the simulate() Result."""
-    from profiles import default_profile
-    from simcore.catalog import get_gpu, get_model
-    from simcore.simulate import simulate
-    from simcore.specs import EngineConfig
-    from workloads import load_workload
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.simulate import simulate
+    from kvsim.simcore.specs import EngineConfig
+    from kvsim.workloads import load_workload
 
     gpu, model = get_gpu(GPU), get_model(MODEL)
     config = EngineConfig(tensor_parallel_size=setting.tp, **POLICIES[policy])
@@ -456,7 +456,7 @@ def render_ttft_cdf(report: SeedTableReport, path: Path) -> None:
 
 def render_html(report: SeedTableReport, pngs: dict[str, Path]) -> str:
     """The markdown report as one self-contained page, with the three figures and the CSV rows."""
-    from reports import html
+    from kvsim.reports import html
 
     captions = {
         "seed-table.png": "Output throughput, KV waste and TTFT p95 per policy, one bar per setting and the "
@@ -485,7 +485,7 @@ def write_seed_table(report: SeedTableReport, out_dir: Path) -> list[Path]:
     """seed-table.md/.csv/.html and its three PNGs in `out_dir`, all or none."""
     import tempfile
 
-    from reports.files import write_files
+    from kvsim.reports.files import write_files
 
     text = render_markdown(report)
     with tempfile.TemporaryDirectory(prefix="kvsim-report-") as tmp:

@@ -17,10 +17,10 @@ from typing import Any
 
 import pandas as pd
 
-from reports.sweep_runner import Point, mean_ci95
-from reports.sweep_table import sweep_id_of
-from simcore.errors import ConfigError, DoesNotFitError
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.reports.sweep_runner import Point, mean_ci95
+from kvsim.reports.sweep_table import sweep_id_of
+from kvsim.simcore.errors import ConfigError, DoesNotFitError
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 # Swept dimension -> (flag, column name in the printed table); grid order is this order, the first
 # varying slowest. The model, engine fields, the GPU, then the workload's load (rate or clients).
@@ -176,7 +176,7 @@ def plan_sweep(
     marked so. `fixed` are extra option columns (SLOs, profile). Several models are a dimension
     of the grid (the slowest-varying one), so a model column appears; one model keeps the table
     (and the point ids) as before."""
-    from simcore.config import resolve
+    from kvsim.simcore.config import resolve
 
     models = [models] if isinstance(models, ModelSpec) else list(models)
     by_model = {m.name: m for m in models}

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.sweep import SWEEPABLE, add_slo, cheapest_passing, summarize_points
-from simcore.errors import ConfigError
+from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, summarize_points
+from kvsim.simcore.errors import ConfigError
 
 HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
     ("throughput", "output_tok_s", "Output throughput", "output tok/s", True, 1.0),
@@ -50,7 +50,7 @@ class SweepReport:
 
 def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_ms: float | None = None) -> SweepReport:
     """Read a sweep table and summarise it; SLOs default to the ones the sweep was run with."""
-    from reports.sweep_table import read_table
+    from kvsim.reports.sweep_table import read_table
 
     rows = read_table(table)
     if rows.empty:
@@ -340,7 +340,7 @@ def _formats() -> dict[str, Any]:
 
 
 def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: str) -> str:
-    from reports import html
+    from kvsim.reports import html
 
     ctx = report.context
     meta = {
@@ -379,7 +379,7 @@ def write_sweep_report(report: SweepReport, out_dir: Path, command: str) -> list
     """PNG per figure and sweep-report.html (figures embedded) in `out_dir`, all or none."""
     import tempfile
 
-    from reports.files import write_files
+    from kvsim.reports.files import write_files
 
     with tempfile.TemporaryDirectory(prefix="kvsim-report-") as tmp:
         pngs: dict[str, tuple[Path, str]] = {}

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from simcore.errors import ConfigError
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 OnResult = Callable[[int, dict[str, Any]], None]
 
@@ -58,8 +58,8 @@ def _without_source(described: dict[str, Any]) -> dict[str, Any]:
 
 def run_point(point: Point) -> dict[str, Any]:
     """Simulate one point (in whatever process calls it) and return its tidy row."""
-    from reports.regime import regime_of
-    from simcore.simulate import KVSIM_VERSION, simulate
+    from kvsim.reports.regime import regime_of
+    from kvsim.simcore.simulate import KVSIM_VERSION, simulate
 
     started = time.perf_counter()
     row: dict[str, Any] = {**point.options, "seed": point.seed}
@@ -242,7 +242,7 @@ def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
         return [seed + k for k in range(repeats)]
     if seeds is None:
         return [seed]
-    from reports.sweep import parse_list
+    from kvsim.reports.sweep import parse_list
 
     values = parse_list("--seeds", seeds, int)
     if len(values) > MAX_REPEATS:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from simcore.errors import ConfigError, KvsimError
+from kvsim.simcore.errors import ConfigError, KvsimError
 
 
 def sweep_id_of(point_ids: Iterable[str]) -> str:

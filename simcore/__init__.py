@@ -25,6 +25,6 @@ def __getattr__(name: str):
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'simcore' has no attribute {name!r}")
-    value = getattr(import_module(f"simcore.{module}"), name)
+    value = getattr(import_module(f"kvsim.simcore.{module}"), name)
     globals()[name] = value
     return value

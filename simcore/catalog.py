@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simcore.errors import ConfigError
-from simcore.specs import GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g
@@ -118,7 +118,7 @@ def model_from_hf_config(path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     try:
-        from simcore import userjson  # only a HF config file needs it
+        from kvsim.simcore import userjson  # only a HF config file needs it
 
         cfg = userjson.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:

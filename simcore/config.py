@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from simcore.errors import ConfigError
-from simcore.memory import MemoryPlan, plan_memory
-from simcore.policies import PolicySpec
-from simcore.policies.registry import select
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.memory import MemoryPlan, plan_memory
+from kvsim.simcore.policies import PolicySpec
+from kvsim.simcore.policies.registry import select
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 _INT_OPTIONS = (

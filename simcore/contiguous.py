@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from simcore.block_pool import AllocStatus
-from simcore.errors import ConfigError
+from kvsim.simcore.block_pool import AllocStatus
+from kvsim.simcore.errors import ConfigError
 
 RESERVATION_KINDS = ("max", "pow2", "oracle", "max_tokens")
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simcore.latency import StepLatencyModel
-from simcore.lifecycle import Lifecycle
-from simcore.metrics import StepRecorder
-from simcore.policies.base import Policy
-from simcore.request import Request
-from simcore.span import (
+from kvsim.simcore.latency import StepLatencyModel
+from kvsim.simcore.lifecycle import Lifecycle
+from kvsim.simcore.metrics import StepRecorder
+from kvsim.simcore.policies.base import Policy
+from kvsim.simcore.request import Request
+from kvsim.simcore.span import (
     SpanShape,
     boundaries,
     context_sums,
@@ -39,7 +39,7 @@ from simcore.span import (
     delay_to,
     kv_slots,
 )
-from simcore.step import StepPlan
+from kvsim.simcore.step import StepPlan
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

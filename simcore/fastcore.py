@@ -60,8 +60,8 @@ class CoreUnavailable(Exception):
 
 
 def _reset_stores(engine: Any) -> None:
-    from simcore.metrics import StepRecorder
-    from simcore.records import RequestRecords, Samples
+    from kvsim.simcore.metrics import StepRecorder
+    from kvsim.simcore.records import RequestRecords, Samples
 
     life, old = engine.lifecycle, engine.lifecycle.records
     records = RequestRecords(old.cap)
@@ -90,9 +90,9 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def unsupported(sim: Any) -> str:
     """Why the C core cannot run this prepared simulation ("" when it can)."""
-    from simcore.engine import Engine
-    from simcore.policies.continuous import ContinuousPagedPolicy
-    from simcore.policies.continuous_v0 import VllmV0PagedPolicy
+    from kvsim.simcore.engine import Engine
+    from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
+    from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     if len(sim.replicas) != 1:
         return "data parallelism (replicas behind a router)"
@@ -119,7 +119,7 @@ def unsupported(sim: Any) -> str:
         return "requests sharing a prefix with prefix caching on"
     if LONG_BYTES != 8:  # e.g. Windows: _feed's int64 arrays would be read as 32-bit longs
         return f"a C long of {LONG_BYTES * 8} bits on this platform (the core counts in 64-bit longs)"
-    from simcore import ccore
+    from kvsim.simcore import ccore
 
     if ccore.library() is None:
         return f"the compiled core is unavailable ({ccore.unavailable_reason()})"
@@ -130,7 +130,7 @@ def run(sim: Any, progress=None) -> Any:
     """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engine's
     records, ITL samples, step recorder and extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
-    from simcore import ccore
+    from kvsim.simcore import ccore
 
     lib = ccore.library()
     _declare(lib)
@@ -267,8 +267,8 @@ def _feed(lib, handle, chunk, prefix_caching: bool) -> None:
 
 def _reason(engine, row: np.ndarray) -> str:
     """The reject reason the Python engine gives this request (its own checks, on a stand-in)."""
-    from simcore.request import Request
-    from simcore.state import ReqState
+    from kvsim.simcore.request import Request
+    from kvsim.simcore.state import ReqState
 
     request = Request(int(row[0]), float(row[4]), int(row[8]), int(row[15]), int(row[10]))
     return engine.reject_reason(ReqState(request, None, engine.max_model_len))

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-import simcore.userjson as userjson
-from simcore.errors import ProfileError
+import kvsim.simcore.userjson as userjson
+from kvsim.simcore.errors import ProfileError
 
 SCHEMA = "kvsim-profile"
 SCHEMA_VERSION = 2
@@ -323,7 +323,7 @@ def _check_absurd(data: dict, where: str) -> None:
     times = linear["time_ms"]
     if max(times) <= 0:
         raise ProfileError(f"{where}.linear.time_ms: every timing is zero; not a real profile")
-    from simcore.catalog import GPUS  # the datasheet; simcore-internal
+    from kvsim.simcore.catalog import GPUS  # the datasheet; simcore-internal
 
     gpu = next((g for g in GPUS.values() if g.name.lower() == str(data.get("gpu", "")).lower()), None)
     shape = data.get("model_shape", {})

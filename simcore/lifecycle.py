@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simcore.records import RequestRecords, Samples
-from simcore.request import Request
-from simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
-from simcore.step import DecodeRun, StepPlan
+from kvsim.simcore.records import RequestRecords, Samples
+from kvsim.simcore.request import Request
+from kvsim.simcore.state import LEGAL_TRANSITIONS, ReqState, RequestStatus, SlotStore
+from kvsim.simcore.step import DecodeRun, StepPlan
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

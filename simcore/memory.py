@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from simcore.errors import ConfigError, DoesNotFitError
-from simcore.parallel import check_deployment, layer_partition
-from simcore.specs import GIB, EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError, DoesNotFitError
+from kvsim.simcore.parallel import check_deployment, layer_partition
+from kvsim.simcore.specs import GIB, EngineConfig, GPUSpec, ModelSpec
 
 NON_TORCH_RESERVE_BYTES = int(0.5 * GIB)  # CUDA context + NCCL + CUDA graphs (approximate)
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simcore import quantiles
-from simcore.records import (
+from kvsim.simcore import quantiles
+from kvsim.simcore.records import (
     FINISHED,
     REJECTED,
     SATURATION_BLOCK,
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     import pandas as pd
 
-    from simcore.latency import StepLatencyModel
-    from simcore.step import MemorySnapshot, StepPlan
+    from kvsim.simcore.latency import StepLatencyModel
+    from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 STEP_COLUMNS = (
     "start_s", "duration_s", "num_steps", "num_seqs", "num_prefill_tokens", "num_decode_tokens",

@@ -10,8 +10,8 @@ across nodes); a TP degree larger than a node is refused with the PP layout that
 
 from __future__ import annotations
 
-from simcore.errors import ConfigError
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 
 def layer_partition(num_layers: int, pp: int) -> list[int]:

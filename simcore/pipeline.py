@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import math
 
-from simcore.latency import StepLatencyModel
-from simcore.parallel import layer_partition, stage_crosses_node
-from simcore.specs import GPUSpec
+from kvsim.simcore.latency import StepLatencyModel
+from kvsim.simcore.parallel import layer_partition, stage_crosses_node
+from kvsim.simcore.specs import GPUSpec
 
 # (latency ms, GB/s) of one send/recv, fitted on Vidur's H100 DGX measurements (module docstring)
 INTRA_NODE_SEND_RECV = (0.00759, 357.5)  # NVLink4 / NVSwitch, H100 SXM (450 GB/s datasheet)

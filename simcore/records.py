@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from simcore import quantiles
+from kvsim.simcore import quantiles
 
 HIST_MANTISSA_BITS = 14  # histogram bins: 2**14 per power of two, relative width 2**-14 ~ 6.1e-5
 HIST_RELATIVE_WIDTH = 2.0 ** -HIST_MANTISSA_BITS

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simcore.engine import Engine
-from simcore.request import Request
-from simcore.specs import ROUTERS
+from kvsim.simcore.engine import Engine
+from kvsim.simcore.request import Request
+from kvsim.simcore.specs import ROUTERS
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.block_pool import PagedAllocator
-from simcore.state import ReqState
+from kvsim.simcore.block_pool import PagedAllocator
+from kvsim.simcore.state import ReqState
 
 FIRST_CHILD_SEQ_ID = 1 << 40  # child sequence ids never collide with request ids
 

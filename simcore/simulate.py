@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,23 +10,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simcore.config import ResolvedConfig, resolve
-from simcore.engine import Engine
-from simcore.errors import ConfigError, KvsimError
-from simcore.latency import Profile, StepLatencyModel
-from simcore.memory import MemoryPlan
-from simcore.metrics import StepRecorder, StepTotals, summarize_records
-from simcore.pipeline import PipelineLatency
-from simcore.policies import make_policy
-from simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
-from simcore.request import Workload
-from simcore.router import Router
-from simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.config import ResolvedConfig, resolve
+from kvsim.simcore.engine import Engine
+from kvsim.simcore.errors import ConfigError, KvsimError
+from kvsim.simcore.latency import Profile, StepLatencyModel
+from kvsim.simcore.memory import MemoryPlan
+from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
+from kvsim.simcore.pipeline import PipelineLatency
+from kvsim.simcore.policies import make_policy
+from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
+from kvsim.simcore.request import Workload
+from kvsim.simcore.router import Router
+from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 if TYPE_CHECKING:
     import simpy
 
-KVSIM_VERSION = "0.1.0"
+from kvsim import __version__ as KVSIM_VERSION  # noqa: E402 (simcore/_root/__init__.py, pyproject.toml)
 ENGINE_CORES = ("auto", "c", "python")
 AUTO_C = True  # whether --engine-core auto picks the compiled core where it applies
 
@@ -155,7 +156,7 @@ class Simulation:
             if self.engine_core == "c":
                 raise ConfigError("--engine-core c runs no --exact-steps: that is the Python engine, the reference")
             return "python", "--exact-steps"
-        from simcore import fastcore
+        from kvsim.simcore import fastcore
 
         reason = fastcore.unsupported(self)
         if reason and self.engine_core == "c":
@@ -170,7 +171,7 @@ class Simulation:
         core, why = self.choose_core()
         stats = None
         if core == "c":
-            from simcore import fastcore
+            from kvsim.simcore import fastcore
 
             try:
                 stats = fastcore.run(self, self.progress)
@@ -182,6 +183,8 @@ class Simulation:
                                       "run it with --engine-core python") from None
                 core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
         if core == "python":
+            if self.engine_core == "auto":
+                _say_python_core_once(why)
             self.env.run()
             stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
@@ -229,6 +232,22 @@ class Simulation:
             record["engine_core_reason"] = why
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
+
+
+_SAID_PYTHON_CORE = False
+
+
+def _say_python_core_once(why: str) -> None:
+    """One stderr line per process when the compiled core is missing from this install (not when a
+    run merely needs the Python core): the user pays 20-80x and should know why."""
+    global _SAID_PYTHON_CORE
+    from kvsim.simcore import ccore
+
+    if _SAID_PYTHON_CORE or ccore.library() is not None:
+        return
+    _SAID_PYTHON_CORE = True
+    print(f"kvsim: note: the Python core runs ({ccore.unavailable_reason()}); it is {ccore.SLOWDOWN} than "
+          "the compiled core: reinstall kvsim where a C compiler is available", file=sys.stderr)
 
 
 def prepare(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simcore.latency import StepLatencyModel
+from kvsim.simcore.latency import StepLatencyModel
 
 MAX_SPAN_STEPS = 4096  # longer runs are split into several spans (bounds the arrays below)
 MIN_SPAN_STEPS = 4  # shorter ones run as single steps: the span's numpy set-up costs about as much

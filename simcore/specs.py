@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from simcore.errors import ConfigError
+from kvsim.simcore.errors import ConfigError
 
 GIB = 1024**3
 

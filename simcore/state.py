@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simcore.request import Request
+from kvsim.simcore.request import Request
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simcore.state import ReqState, SlotStore
+from kvsim.simcore.state import ReqState, SlotStore
 
 
 class DecodeRun:

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from simcore.catalog import MODELS
-from simcore.latency import parse_profile
-from simcore.request import Request
+from kvsim.simcore.catalog import MODELS
+from kvsim.simcore.latency import parse_profile
+from kvsim.simcore.request import Request
 
 
 def flat_profile(model_name: str = "tiny", linear_ms: float = 1.0, overhead_ms: float = 0.0,

@@ -4,8 +4,8 @@ change to the CLI, reports or profiles."""
 
 from __future__ import annotations
 
-from simcore.policies import PolicySpec, paged_allocator, register
-from simcore.policies.continuous import ContinuousPagedPolicy
+from kvsim.simcore.policies import PolicySpec, paged_allocator, register
+from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
 
 
 class _ShortestFirst:

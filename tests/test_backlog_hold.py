@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import simcore.engine as engine_module
-from profiles import default_profile
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import prepare
-from simcore.specs import EngineConfig
-from workloads.arrivals import GammaArrivals
-from workloads.lengths import Uniform
-from workloads.spec import WorkloadSpec
+import kvsim.simcore.engine as engine_module
+from kvsim.profiles import default_profile
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import prepare
+from kvsim.simcore.specs import EngineConfig
+from kvsim.workloads.arrivals import GammaArrivals
+from kvsim.workloads.lengths import Uniform
+from kvsim.workloads.spec import WorkloadSpec
 
 COLUMNS = ("request_id", "status", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
            "num_prompt_tokens", "num_output_tokens", "num_preemptions")

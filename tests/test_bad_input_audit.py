@@ -7,13 +7,13 @@ import time
 
 from typer.testing import CliRunner
 
-from cli.main import app
+from kvsim.cli.main import app
 
 GOOD_YAML = "num_requests: 10\narrival: {process: poisson, rate: 2}\nprompt_len: 10\noutput_len: 10\n"
 
 
 def test_a_yaml_merge_key_is_read_and_a_key_beside_it_wins(tmp_path):
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     path = tmp_path / "w.yaml"
     path.write_text("num_requests: 10\narrival:\n  <<: {process: poisson, rate: 2}\n  rate: 5\n"
@@ -56,7 +56,7 @@ def test_a_huge_length_spread_is_clipped_with_a_warning_not_an_int64_overflow(tm
 def test_a_rate_search_with_nothing_to_fail_stops_at_its_ceiling():
     """Without an SLO a short run is sustained at any rate: the search used to double the rate
     until the float overflowed (a traceback after ~1000 runs); it now stops at start x 2^20."""
-    from reports.capacity import MAX_DOUBLINGS, SLO, max_sustainable_rate
+    from kvsim.reports.capacity import MAX_DOUBLINGS, SLO, max_sustainable_rate
 
     calls = []
 
@@ -72,7 +72,7 @@ def test_a_rate_search_with_nothing_to_fail_stops_at_its_ceiling():
 def test_resuming_a_table_without_a_swept_column_is_refused_before_any_point_runs(tmp_path, monkeypatch):
     import csv
 
-    import reports.sweep_runner
+    import kvsim.reports.sweep_runner
 
     table = tmp_path / "t.csv"
     argv = ["sweep", "--num-requests", "20", "--block-size", "16,32", "--jobs", "1", "--out", str(table)]
@@ -86,7 +86,7 @@ def test_resuming_a_table_without_a_swept_column_is_refused_before_any_point_run
     def refuse(*args, **kwargs):
         raise AssertionError("a point ran")
 
-    monkeypatch.setattr(reports.sweep_runner, "run_points", refuse)
+    monkeypatch.setattr(kvsim.reports.sweep_runner, "run_points", refuse)
     result = CliRunner().invoke(app, [*argv, "--resume"])
     assert result.exit_code == 2 and "'block_size' column" in result.stderr, (result.stderr, result.exception)
     assert table.read_bytes() == before
@@ -104,7 +104,7 @@ def test_a_full_stdout_is_one_line_and_exit_2_not_a_traceback():
         return
     repo = Path(__file__).resolve().parents[1]
     with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-m", "cli.main", "list", "models"], stdout=full,
+        done = subprocess.run([sys.executable, "-m", "kvsim.cli.main", "list", "models"], stdout=full,
                               stderr=subprocess.PIPE, text=True, cwd=repo, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(repo)})
     assert done.returncode == 2

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from kvsim.cli.main import app
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "H100-SXM-80GB-llama3-8b-tp1.json"
@@ -663,10 +663,10 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("work started for a bad input")
 
-    for module, name in (("simcore.simulate", "prepare"), ("reports.sweep_runner", "run_points"),
-                         ("reports.plan", "plan"), ("profiles.harness", "measure_profile"),
-                         ("profiles.validate", "validate_profile"), ("profiles.calibrate", "price_all"),
-                         ("reports.seed_table", "build_seed_table")):
+    for module, name in (("kvsim.simcore.simulate", "prepare"), ("kvsim.reports.sweep_runner", "run_points"),
+                         ("kvsim.reports.plan", "plan"), ("kvsim.profiles.harness", "measure_profile"),
+                         ("kvsim.profiles.validate", "validate_profile"), ("kvsim.profiles.calibrate", "price_all"),
+                         ("kvsim.reports.seed_table", "build_seed_table")):
         monkeypatch.setattr(importlib.import_module(module), name, refuse)
 
 
@@ -838,22 +838,22 @@ def test_a_bom_and_crlf_line_ends_are_read_as_the_plain_file(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + plain.replace("\n", "\r\n").encode())
     if name in ("w.yaml", "t.csv"):
-        from workloads import load_workload
+        from kvsim.workloads import load_workload
 
         assert load_workload(str(path)).num_requests in (10, 2)
     elif name == "config.json":
-        from simcore.catalog import get_model
+        from kvsim.simcore.catalog import get_model
 
         assert get_model(str(path)).num_layers == 2
     elif name == "p.json":
-        from simcore.latency import load_profile
+        from kvsim.simcore.latency import load_profile
 
         assert load_profile(path).data["model"] == "tiny"
     elif name == "prices.yaml":
-        from reports.prices import load_prices
+        from kvsim.reports.prices import load_prices
 
         assert load_prices([str(path)])["H100-SXM-80GB"] == 3.5
     else:
-        from profiles.calibrate import read_measurements
+        from kvsim.profiles.calibrate import read_measurements
 
         assert len(read_measurements(path)[0]) == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from kvsim.cli.main import app
 
 TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "64", "--output-len", "8"]
 SHAPE = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -26,7 +26,7 @@ def no_simulation(monkeypatch):
     """Fail the test if any simulation is wired up: bad input must be refused before the work."""
     import importlib
 
-    module = importlib.import_module("simcore.simulate")  # the package re-exports a function of that name
+    module = importlib.import_module("kvsim.simcore.simulate")  # the package re-exports a function of that name
 
     def refuse(*args, **kwargs):
         raise AssertionError("a simulation started for a bad input")
@@ -162,16 +162,16 @@ def test_a_write_that_fails_halfway_leaves_the_old_run_untouched(tmp_path, monke
     assert invoke("run", *TINY, "--out", str(out)).exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     (out / "notes.txt").write_text("mine\n")
-    import reports.files
+    import kvsim.reports.files
 
-    real = reports.files.write_csv
+    real = kvsim.reports.files.write_csv
 
     def write_csv(path, *args, **kwargs):  # requests.csv is written, steps.csv fails (disk full)
         if Path(path).name == "steps.csv":
             raise OSError(28, "No space left on device")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(reports.files, "write_csv", write_csv)
+    monkeypatch.setattr(kvsim.reports.files, "write_csv", write_csv)
     result = invoke("run", *TINY, "--seed", "3", "--out", str(out))
     assert_one_line_error(result, "No space left on device", "nothing was written")
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "notes.txt"}
@@ -233,7 +233,7 @@ def test_workloads_show_of_a_billion_requests_samples(tmp_path):
 
 
 def test_generation_is_chunked_and_equals_one_shot():
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     spec = load_workload("sharegpt-bursty", {"num_requests": 1000})
     chunks = list(spec.iter_arrays(0, chunk=300))
@@ -295,8 +295,8 @@ def test_every_run_says_what_it_simulated():
 
 
 def test_the_simulating_line_counts_pipeline_stages_and_names_fp8():
-    from cli.output import describe_run
-    from simcore import EngineConfig, get_model
+    from kvsim.cli.output import describe_run
+    from kvsim.simcore import EngineConfig, get_model
 
     workload = {"name": "w", "num_requests": 10, "arrival": {"process": "poisson", "rate": 1.0}}
     config = EngineConfig(tensor_parallel_size=8, pipeline_parallel_size=2, data_parallel_size=3,
@@ -321,7 +321,7 @@ def test_an_fp8_checkpoint_is_named_by_its_file_and_said_to_be_fp8(tmp_path):
 
 
 def test_version():
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     result = invoke("--version")
     assert result.exit_code == 0 and result.stdout.strip() == f"kvsim {KVSIM_VERSION}"
@@ -351,7 +351,7 @@ def test_long_context_on_an_8k_model_is_refused(no_simulation):
 
 
 def test_progress_without_a_terminal_prints_a_line_with_an_eta(capsys):
-    from cli.output import LiveProgress
+    from kvsim.cli.output import LiveProgress
 
     progress = LiveProgress("simulating", 1000, "requests finished", period_s=0.0)
     progress.started -= 10.0  # as if 10 s had passed
@@ -362,9 +362,9 @@ def test_progress_without_a_terminal_prints_a_line_with_an_eta(capsys):
 
 
 def test_run_progress_reaches_stderr_when_not_a_terminal(monkeypatch):
-    import cli.output
+    import kvsim.cli.output
 
-    monkeypatch.setattr(cli.output.LiveProgress, "__init__", _every_update(cli.output.LiveProgress.__init__))
+    monkeypatch.setattr(kvsim.cli.output.LiveProgress, "__init__", _every_update(kvsim.cli.output.LiveProgress.__init__))
     result = invoke("run", "--num-requests", "600", "--rate", "50", "--input-len", "32", "--output-len", "4")
     assert result.exit_code == 0, result.stderr
     assert "simulating: 512 of 600 requests finished (85%)" in result.stderr
@@ -402,7 +402,7 @@ def test_engine_and_profile_mistakes_are_one_line(no_simulation, command, args, 
 def test_running_out_of_memory_is_one_line_and_leaves_no_output(tmp_path, monkeypatch):
     """A MemoryError (the C core's state, a huge run) is the machine's limit, not the input's: one
     line, exit 1, no traceback, and nothing half-written under --out."""
-    import simcore.simulate as simulate_module
+    import kvsim.simcore.simulate as simulate_module
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError("kvsim: the C engine core could not allocate its state")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simcore.block_pool import AllocStatus, BlockPool, PagedAllocator
+from kvsim.simcore.block_pool import AllocStatus, BlockPool, PagedAllocator
 
 Key = tuple[str, int]  # ("gpu" | "cpu", block id): a physical block in the shadow model
 

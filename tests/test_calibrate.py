@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from profiles import default_profile
-from profiles.calibrate import (
+from kvsim.cli.main import app
+from kvsim.profiles import default_profile
+from kvsim.profiles.calibrate import (
     PARAMS,
     Measurement,
     calibrated_profile,
@@ -21,8 +21,8 @@ from profiles.calibrate import (
     price_row,
     profile_params,
 )
-from simcore.catalog import get_gpu, get_model
-from simcore.latency import parse_profile
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.latency import parse_profile
 
 GPU, MODEL = get_gpu("H100-SXM-80GB"), get_model("llama2-70b")
 TRUTH = {"s_gemm": 1.08, "s_attn": 1.6, "s_coll": 1.4, "host_step": 4.0, "host_rank": 1.2, "host_seq": 0.3,
@@ -166,7 +166,7 @@ def test_calibrate_bad_tp_list_is_refused(tmp_path):
 def test_decode_span_api_is_used_consistently_by_the_probe():
     # the calibration probe also records spans priced through decode_span_times_s
     prof = default_profile(GPU, MODEL, 2)
-    from simcore.latency import StepLatencyModel
+    from kvsim.simcore.latency import StepLatencyModel
 
     m = StepLatencyModel(prof.data)
     sums = np.array([100.0, 200.0, 300.0])

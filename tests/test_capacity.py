@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports.capacity import SLO, RateScaler, grid_rate, max_sustainable_rate, simulator
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.metrics import goodput, saturation
-from simcore.specs import EngineConfig
+from kvsim.reports.capacity import SLO, RateScaler, grid_rate, max_sustainable_rate, simulator
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.metrics import goodput, saturation
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import flat_profile
-from workloads.arrivals import ClosedLoop, FixedRateArrivals
-from workloads.lengths import Fixed
-from workloads.spec import WorkloadSpec
+from kvsim.workloads.arrivals import ClosedLoop, FixedRateArrivals
+from kvsim.workloads.lengths import Fixed
+from kvsim.workloads.spec import WorkloadSpec
 
 STEP_S = 0.010  # flat profile: 2 layers x 5 ms, whatever the batch
 OUTPUT = 10  # tokens per request: 1 prefill step + 9 decode steps
@@ -162,7 +162,7 @@ def test_margin_is_the_worst_ratio_and_none_without_a_value():
 
 
 def _toy_run(rate: float, slo: SLO, early_stop: bool, n: int = N):
-    from reports.capacity import run_against
+    from kvsim.reports.capacity import run_against
 
     model, gpu = get_model("tiny"), get_gpu("H100-SXM-80GB")
     config = EngineConfig(max_num_seqs=1, enable_prefix_caching=False)
@@ -205,7 +205,7 @@ def test_early_stop_on_goodput_agrees_with_the_full_run(rate):
 def test_rejected_requests_do_not_hide_an_overload():
     """Rejected requests were never scheduled: they have no queueing delay and must not pull the
     delay trend down (they once entered the fit as a wait of -1 - arrival)."""
-    from simcore.metrics import saturation_columns
+    from kvsim.simcore.metrics import saturation_columns
 
     arrival = np.linspace(0.0, 100.0, 1000)
     rejected = np.arange(1000) % 2 == 1
@@ -222,8 +222,8 @@ def test_a_burst_over_before_its_requests_finish_is_not_called_sustained():
     queue had time to form, so the run cannot say the rate is sustained (it once said so, and
     --find-max-rate with 200 requests answered 10x the rate 1,000 requests found). The same
     burst spread over 50 s is judged. A clear overload stays overloaded however short."""
-    from reports.capacity import SLO
-    from simcore.metrics import saturation_columns
+    from kvsim.reports.capacity import SLO
+    from kvsim.simcore.metrics import saturation_columns
 
     arrival = np.linspace(0.0, 0.5, 200)
     first = arrival.copy()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from simcore.catalog import GPUS, MODELS
+from kvsim.cli.main import app
+from kvsim.simcore.catalog import GPUS, MODELS
 
 
 def test_list_models_gpus_and_profiles():

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from kvsim.cli.main import app
 
 SMALL = ["--model", "llama3-8b", "--input-len", "256", "--output-len", "64"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from kvsim.cli.main import app
 
 FAST = ["--num-requests", "40", "--rate", "20", "--model", "llama3-8b"]
 

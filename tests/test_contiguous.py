@@ -7,9 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simcore.block_pool import AllocStatus
-from simcore.contiguous import ContiguousAllocator, reservation_tokens
-from simcore.errors import ConfigError
+from kvsim.simcore.block_pool import AllocStatus
+from kvsim.simcore.contiguous import ContiguousAllocator, reservation_tokens
+from kvsim.simcore.errors import ConfigError
 
 
 def _free_runs(owner: list[int | None]) -> list[tuple[int, int]]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from profiles import default_profile
-from simcore import ccore, fastcore
-from simcore.catalog import GPUS, MODELS
-from simcore.errors import ConfigError
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
+from kvsim.profiles import default_profile
+from kvsim.simcore import ccore, fastcore
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.test_fastcore_equivalence import ArraysWorkload
 
 TINY = MODELS["tiny"]

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.memory import plan_memory
-from simcore.parallel import layer_partition, stage_crosses_node
-from simcore.specs import GIB, EngineConfig
+from kvsim.cli.main import app
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.memory import plan_memory
+from kvsim.simcore.parallel import layer_partition, stage_crosses_node
+from kvsim.simcore.specs import GIB, EngineConfig
 
 H100, A100 = get_gpu("H100-SXM-80GB"), get_gpu("A100-80GB")
 L70, MIXTRAL, QWEN3 = get_model("llama3-70b"), get_model("mixtral-8x7b"), get_model("qwen3-30b-a3b")
@@ -151,8 +151,8 @@ def test_unknown_kv_cache_dtype_is_a_usage_error():
 # --- pricing: FP8, MoE, pipeline stages ------------------------------------------------------
 
 def _latency(model, tp: int, gpu=H100):
-    from profiles import default_profile
-    from simcore.latency import StepLatencyModel
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.latency import StepLatencyModel
 
     return StepLatencyModel(default_profile(gpu, model, tp).data)
 
@@ -170,7 +170,7 @@ def test_fp8_kv_cache_sustains_a_higher_rate_when_memory_binds():
 
 
 def test_mixtral_batch1_decode_costs_far_less_than_a_dense_model_of_its_size():
-    from simcore.specs import ModelSpec
+    from kvsim.simcore.specs import ModelSpec
 
     dense = ModelSpec("dense-46.7b", 32, 4096, 32, 8, 128, 8 * 14336, 32000, max_position_embeddings=32768)
     assert dense.num_params == pytest.approx(MIXTRAL.num_params, rel=0.001)
@@ -182,7 +182,7 @@ def test_mixtral_batch1_decode_costs_far_less_than_a_dense_model_of_its_size():
 
 
 def test_moe_decode_reads_only_the_experts_its_tokens_touch():
-    from profiles.roofline import experts_touched
+    from kvsim.profiles.roofline import experts_touched
 
     assert experts_touched(1, 8, 2) == pytest.approx(2.0)
     assert experts_touched(64, 8, 2) == pytest.approx(8.0, rel=1e-6)
@@ -200,7 +200,7 @@ def test_fp8_weights_make_gemms_cheaper_on_hopper():
 
 
 def test_pipeline_round_of_two_stages_by_hand():
-    from simcore.pipeline import pipeline_round_ms
+    from kvsim.simcore.pipeline import pipeline_round_ms
 
     # stages 5 ms and 3 ms, one 1 ms hand-off: one micro-batch goes through in 5 + 1 + 3 = 9 ms;
     # two micro-batches keep both stages busy, the first stage is busiest: 2 x 5 = 10 ms
@@ -232,7 +232,7 @@ def _flow_shop(stage_ms, handoff_ms, m, rounds):
 
 
 def test_microbatches_leave_the_last_stage_one_pace_apart_by_hand():
-    from simcore.pipeline import emit_offsets_ms
+    from kvsim.simcore.pipeline import emit_offsets_ms
 
     # [5, 3] ms stages, a 1 ms hand-off, two micro-batches: the 10 ms round's first micro-batch
     # is out 5 ms (one pass of the busiest stage) before the second, which ends the round
@@ -247,7 +247,7 @@ def test_microbatches_leave_the_last_stage_one_pace_apart_by_hand():
     ([1.0, 1.0, 1.0, 4.0], [0.5, 0.5, 0.5], 4), ([3.0, 3.0], [0.2], 2),
 ])
 def test_round_and_emit_offsets_match_a_brute_force_pipeline(stages, handoffs, m):
-    from simcore.pipeline import emit_offsets_ms, pipeline_round_ms
+    from kvsim.simcore.pipeline import emit_offsets_ms, pipeline_round_ms
 
     emits = _flow_shop(stages, handoffs, m, rounds=30)
     last, before = emits[-1], emits[-2]
@@ -258,8 +258,8 @@ def test_round_and_emit_offsets_match_a_brute_force_pipeline(stages, handoffs, m
 
 
 def test_pipeline_latency_splits_a_flat_profile_into_two_stages():
-    from simcore.latency import StepLatencyModel
-    from simcore.pipeline import INTRA_NODE_SEND_RECV, PipelineLatency
+    from kvsim.simcore.latency import StepLatencyModel
+    from kvsim.simcore.pipeline import INTRA_NODE_SEND_RECV, PipelineLatency
     from tests.helpers import flat_profile
 
     tiny = get_model("tiny")
@@ -276,7 +276,7 @@ def test_pipeline_latency_splits_a_flat_profile_into_two_stages():
 
 
 def test_handoffs_across_nodes_are_priced_over_the_nic_not_nvlink():
-    from simcore.pipeline import send_recv_ms
+    from kvsim.simcore.pipeline import send_recv_ms
 
     nbytes = 64 * 2**20
     inside, across = send_recv_ms(H100, nbytes, False), send_recv_ms(H100, nbytes, True)
@@ -288,10 +288,10 @@ def test_handoffs_across_nodes_are_priced_over_the_nic_not_nvlink():
 def test_profiles_split_send_recv_inside_and_across_nodes():
     """Vidur's send/recv rows are fitted apart (devices_per_node 2: one node; 1: two nodes); TP > 1
     profiles carry both tables and pipeline hand-offs use the one of their link."""
-    from profiles.collectives import collectives_for, load_fit
-    from profiles.roofline import build_roofline_profile
-    from simcore.latency import StepLatencyModel
-    from simcore.pipeline import INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV, PipelineLatency
+    from kvsim.profiles.collectives import collectives_for, load_fit
+    from kvsim.profiles.roofline import build_roofline_profile
+    from kvsim.simcore.latency import StepLatencyModel
+    from kvsim.simcore.pipeline import INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV, PipelineLatency
 
     fit = load_fit()["send_recv"]
     assert set(fit) == {"intra_node", "inter_node"}
@@ -314,7 +314,7 @@ def test_profiles_split_send_recv_inside_and_across_nodes():
 
 
 def test_pp2_decode_step_at_batch_one_is_slower_than_tp_alone():
-    from simcore.pipeline import PipelineLatency
+    from kvsim.simcore.pipeline import PipelineLatency
 
     base = _latency(L70, 8)
     pipe = PipelineLatency(_latency(L70, 8), H100, 8, 2, 8192)
@@ -325,8 +325,8 @@ def test_pp2_decode_step_at_batch_one_is_slower_than_tp_alone():
 
 
 def test_engine_with_two_stages_follows_the_hand_computed_timeline():
-    from simcore.pipeline import INTRA_NODE_SEND_RECV
-    from simcore.simulate import simulate
+    from kvsim.simcore.pipeline import INTRA_NODE_SEND_RECV
+    from kvsim.simcore.simulate import simulate
     from tests.helpers import ListWorkload, flat_profile, req
 
     tiny = get_model("tiny")
@@ -357,11 +357,11 @@ def test_sweep_takes_pp_kv_dtype_and_quantization_and_counts_gpus():
 
 
 def _pp_run(monkeypatch=None):
-    from simcore.simulate import simulate
+    from kvsim.simcore.simulate import simulate
     from tests.helpers import ListWorkload, flat_profile, req
 
     if monkeypatch is not None:  # every token at the round's end, as before per-micro-batch emission
-        from simcore.pipeline import PipelineLatency
+        from kvsim.simcore.pipeline import PipelineLatency
 
         monkeypatch.delattr(PipelineLatency, "emit_times_s")
     requests = [req(i, 0.004 * i, 8 + i % 5, 6 + i % 4) for i in range(12)]

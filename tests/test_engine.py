@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY = MODELS["tiny"]

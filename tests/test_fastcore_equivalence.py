@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from profiles import default_profile
-from reports.regime import regime_of
-from simcore import ccore
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
+from kvsim.profiles import default_profile
+from kvsim.reports.regime import regime_of
+from kvsim.simcore import ccore
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
-from workloads.arrivals import open_loop_process
+from kvsim.workloads.arrivals import open_loop_process
 
 TINY = MODELS["tiny"]
 H100 = GPUS["H100-SXM-80GB"]
@@ -52,7 +52,7 @@ class ArraysWorkload:
         return {"generated": self.num_requests}
 
     def process(self, env, sink, seed):
-        from simcore.request import Request
+        from kvsim.simcore.request import Request
 
         c = self.chunk
         requests = list(map(Request, range(self.num_requests), c.arrival_s.tolist(), c.num_prompt_tokens.tolist(),
@@ -154,7 +154,7 @@ def test_core_matches_the_python_reference(block):
 def test_peer_workload_file_matches():
     """The peer comparison's workload file (Azure conversation lengths, Poisson arrivals) on the
     70B model, V0 and V1, through the workload's own chunks."""
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     model, gpu = MODELS["llama2-70b"], H100
     for chunked in (False, True):
@@ -168,7 +168,7 @@ def test_peer_workload_file_matches():
 
 def test_auto_and_refusals():
     """--engine-core auto records which engine ran and why; c refuses what it cannot run."""
-    from simcore.errors import ConfigError
+    from kvsim.simcore.errors import ConfigError
 
     config, workload = _random_case(np.random.default_rng(3))
     result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
@@ -229,7 +229,7 @@ def test_held_arrivals_match(monkeypatch):
     """An overloaded run past the hold threshold (Engine.hold_arrivals): the workload waits for
     the queue to drain and then sends what it held with its planned times, in the core as in
     the reference (every timeline, the steps' queue lengths, the number of holds)."""
-    import simcore.engine as engine_module
+    import kvsim.simcore.engine as engine_module
 
     monkeypatch.setattr(engine_module, "HOLD_WAITING", 12)
     for case in range(12):
@@ -248,8 +248,8 @@ def test_past_the_memory_caps(monkeypatch):
     """Rows past the caps of the bounded stores (tiny caps here): the streamed request rows (in
     the order requests left) and step totals, the histogram summaries and the saturation sums
     by block of arrivals are the reference's."""
-    import simcore.metrics as metrics
-    import simcore.records as records
+    import kvsim.simcore.metrics as metrics
+    import kvsim.simcore.records as records
 
     monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 40)
     monkeypatch.setattr(records, "_ROW_CHUNK", 16)
@@ -296,7 +296,7 @@ def test_cli_engine_core():
 
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
     for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
@@ -317,11 +317,11 @@ def test_cli_engine_core():
 def test_rescaled_workloads_of_the_rate_search(monkeypatch):
     """--find-max-rate and `kvsim plan` replay one draw at many rates (reports.capacity's
     ScaledWorkload): the core runs them with the Python engine's results."""
-    import simcore.simulate as simulate_module
-    from reports.capacity import SLO, RateScaler, run_against
-    from workloads.arrivals import GammaArrivals
-    from workloads.lengths import Uniform
-    from workloads.spec import WorkloadSpec
+    import kvsim.simcore.simulate as simulate_module
+    from kvsim.reports.capacity import SLO, RateScaler, run_against
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import WorkloadSpec
 
     spec = WorkloadSpec(name="w", num_requests=150, arrival=GammaArrivals(rate=50.0),
                         prompt_len=Uniform(4, 60), output_len=Uniform(2, 40))

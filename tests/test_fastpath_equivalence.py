@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from profiles import default_profile
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
+from kvsim.profiles import default_profile
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import TIME_TOL_S, ListWorkload, assert_same_requests, assert_same_value, req
 
 TINY = MODELS["tiny"]
@@ -163,7 +163,7 @@ def test_slot_store_flags_and_allocator_counts_stay_in_step():
     """The lifecycle's `plain` flags (which requests a DecodeRun may take) equal their
     definition after every step, and a plain request's allocator token count equals its
     computed tokens (what the vectorised block arithmetic assumes)."""
-    from simcore.simulate import prepare
+    from kvsim.simcore.simulate import prepare
 
     checked = 0
     for case in range(60):
@@ -221,7 +221,7 @@ def test_extrapolated_steps_counted_once_when_arrivals_cut_spans():
     so `extrapolated_steps` equals the reference's (one event per step)."""
     import copy
 
-    from simcore.latency import Profile, profile_hash
+    from kvsim.simcore.latency import Profile, profile_hash
 
     data = copy.deepcopy(_profile().data)
     for table in data["decode_attention"].values():

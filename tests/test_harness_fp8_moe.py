@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-import profiles.harness_linear as hl  # noqa: E402
-from profiles.roofline import experts_touched  # noqa: E402
-from simcore.catalog import get_model  # noqa: E402
-from simcore.errors import ProfileError  # noqa: E402
-from simcore.latency import load_profile  # noqa: E402
+import kvsim.profiles.harness_linear as hl  # noqa: E402
+from kvsim.profiles.roofline import experts_touched  # noqa: E402
+from kvsim.simcore.catalog import get_model  # noqa: E402
+from kvsim.simcore.errors import ProfileError  # noqa: E402
+from kvsim.simcore.latency import load_profile  # noqa: E402
 
 TINY_MOE = get_model("tiny-moe")
 
@@ -93,7 +93,7 @@ def test_fp8_refused_below_compute_capability_8_9(monkeypatch):
 
 
 def test_measure_profile_refuses_fp8_before_touching_the_device(monkeypatch):
-    from profiles.harness import HarnessConfig, measure_profile
+    from kvsim.profiles.harness import HarnessConfig, measure_profile
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
@@ -104,7 +104,7 @@ def test_measure_profile_refuses_fp8_before_touching_the_device(monkeypatch):
 
 
 def test_profile_cli_refuses_fp8_on_cpu_in_one_line():
-    from cli.main import app
+    from kvsim.cli.main import app
 
     result = CliRunner().invoke(app, ["profile", "--device", "cpu", "--model", "tiny", "--quick", "-q", "fp8"])
     assert result.exit_code == 2
@@ -114,7 +114,7 @@ def test_profile_cli_refuses_fp8_on_cpu_in_one_line():
 def test_quick_fp8_moe_profile_on_cpu_records_what_was_measured(tmp_path, monkeypatch):
     """FP8 capability forced on (torch._scaled_mm runs on this CPU): the shapes flow through
     every expert, the profile says fp8 + MoE, and `kvsim run` accepts it for tiny-moe fp8."""
-    from cli.main import app
+    from kvsim.cli.main import app
 
     monkeypatch.setattr(hl, "fp8_support", lambda device: None)
     monkeypatch.chdir(tmp_path)

@@ -3,7 +3,7 @@ that stay noisy (wide spread across repeats, or a drifting reference kernel) mar
 
 from __future__ import annotations
 
-from profiles.harness import MAX_REMEASURE, NoiseGuard, noise_summary
+from kvsim.profiles.harness import MAX_REMEASURE, NoiseGuard, noise_summary
 
 REF, POINT = "ref", "point"
 

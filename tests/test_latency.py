@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profiles.roofline import build_roofline_profile
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ProfileError
-from simcore.latency import StepLatencyModel, Table1D, Table2D, parse_profile
+from kvsim.profiles.roofline import build_roofline_profile
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ProfileError
+from kvsim.simcore.latency import StepLatencyModel, Table1D, Table2D, parse_profile
 
 DOC = build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 2)
 
@@ -282,7 +282,7 @@ def test_decode_span_counts_extrapolation_as_step_by_step_pricing():
 def test_pricing_memos_stay_bounded_and_change_no_result(monkeypatch):
     import numpy as np
 
-    import simcore.latency as latency
+    import kvsim.simcore.latency as latency
 
     shapes = [(n + c, [(c, 7 * n)] if c else [], n, n * (50 + 13 * n), n + (1 if c else 0))
               for n in range(1, 40) for c in (0, 3, 100)]
@@ -450,9 +450,9 @@ def test_step_and_span_pricing_equal_the_plain_formulas_bit_for_bit(kind, block_
 @given(st.sampled_from(["v2-tp4", "v2-tp1", "v1-measured"]), st.sampled_from([2, 3, 4]),
        st.lists(_step, min_size=1, max_size=8))
 def test_pipeline_rounds_over_the_fast_pricing_equal_the_plain_one(kind, pp, steps):
-    """simcore.pipeline prices each micro-batch through the wrapped model (fractional context
+    """kvsim.simcore.pipeline prices each micro-batch through the wrapped model (fractional context
     sums, a few chunks dealt round-robin): the same rounds, breakdowns and exit times."""
-    from simcore.pipeline import PipelineLatency
+    from kvsim.simcore.pipeline import PipelineLatency
 
     gpu, hidden = get_gpu("H100-SXM-80GB"), 4096
     pp = min(pp, DOCS[kind]["model_shape"]["num_layers"])  # the measured CPU profile's model has 2 layers
@@ -475,7 +475,7 @@ def test_short_rows_on_python_floats_equal_numpy_rows_bit_for_bit(bs, a):
     same bits either way, on every grid shape (one batch size, one context point, one point)."""
     import numpy as np
 
-    import simcore.latency as latency
+    import kvsim.simcore.latency as latency
 
     bs = np.array(bs, dtype=np.float64)
     a = float(round(a)) if a > 1 else a

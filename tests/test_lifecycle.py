@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import simpy
 
-from simcore.catalog import GPUS, MODELS
-from simcore.contiguous import ContiguousAllocator
-from simcore.lifecycle import Lifecycle
-from simcore.router import Router
-from simcore.simulate import prepare
-from simcore.specs import EngineConfig
-from simcore.state import RequestStatus
-from simcore.step import StepPlan
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.contiguous import ContiguousAllocator
+from kvsim.simcore.lifecycle import Lifecycle
+from kvsim.simcore.router import Router
+from kvsim.simcore.simulate import prepare
+from kvsim.simcore.specs import EngineConfig
+from kvsim.simcore.state import RequestStatus
+from kvsim.simcore.step import StepPlan
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
@@ -220,12 +220,12 @@ def test_only_the_lifecycle_writes_request_state_and_queues():
 def test_policies_never_import_the_engine_and_step_data_sits_below():
     for path in sorted((SIMCORE / "policies").glob("*.py")):
         imported = _imports(path)
-        assert not {"simcore.engine", "simcore.lifecycle"} & imported, path.name
+        assert not {"kvsim.simcore.engine", "kvsim.simcore.lifecycle"} & imported, path.name
     engine = _imports(SIMCORE / "engine.py")
-    assert {n for n in engine if n.startswith("simcore.policies")} == {"simcore.policies.base", "simcore.policies.base.Policy"}
+    assert {n for n in engine if n.startswith("kvsim.simcore.policies")} == {"kvsim.simcore.policies.base", "kvsim.simcore.policies.base.Policy"}
     assert "seq_ids" not in (SIMCORE / "engine.py").read_text()
-    assert not any(n.startswith("simcore.policies") for n in _imports(SIMCORE / "metrics.py"))
-    assert not any(n.startswith(("simcore.policies", "simcore.engine")) for n in _imports(SIMCORE / "step.py"))
+    assert not any(n.startswith("kvsim.simcore.policies") for n in _imports(SIMCORE / "metrics.py"))
+    assert not any(n.startswith(("kvsim.simcore.policies", "kvsim.simcore.engine")) for n in _imports(SIMCORE / "step.py"))
 
 
 def test_a_plan_only_describes_transitions():

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.files import write_csv, write_file, write_files
+from kvsim.cli.main import app
+from kvsim.reports.files import write_csv, write_file, write_files
 
 
 def _mode(path: Path) -> int:
@@ -94,9 +94,9 @@ PLAN = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB,A100-40GB", "--t
 def test_plan_files_record_provenance_and_repeat_byte_for_byte(tmp_path: Path):
     import json
 
-    from profiles import default_profile
-    from simcore.catalog import get_gpu, get_model
-    from simcore.simulate import KVSIM_VERSION
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.simulate import KVSIM_VERSION
 
     for name in ("a", "b"):
         done = CliRunner().invoke(app, [*PLAN, "--out", str(tmp_path / name)])
@@ -114,7 +114,7 @@ def test_plan_files_record_provenance_and_repeat_byte_for_byte(tmp_path: Path):
 
 
 def test_a_long_plan_status_is_cut_visibly():
-    from cli.plan_cmd import _clip
+    from kvsim.cli.plan_cmd import _clip
 
     assert _clip("memory: does not fit", 110) == "memory: does not fit"
     cut = _clip("memory: " + "word " * 40, 40)
@@ -127,7 +127,7 @@ def test_the_fit_data_ships_with_the_profiles():
     import hashlib
     import json
 
-    from profiles import fit
+    from kvsim.profiles import fit
 
     data = Path(fit.__file__).with_name("data")
     assert fit.DATA.parent == data and (data / "LICENSE-vidur-MIT.txt").exists()
@@ -183,7 +183,7 @@ def _columns(draw):
 @settings(max_examples=200, deadline=None)
 @given(_columns(), st.booleans())
 def test_csv_writer_writes_pandas_bytes(tmp_path_factory, columns, append):
-    """reports.files.write_csv (no pandas on `kvsim run --out`) writes exactly what
+    """kvsim.reports.files.write_csv (no pandas on `kvsim run --out`) writes exactly what
     `DataFrame.to_csv(index=False)` writes: shortest float reprs, NaN blank, inf, -0.0, float32,
     quoting of commas, quotes and line breaks (cells and names), empty strings, booleans, unsigned,
     empty tables, one-column tables."""

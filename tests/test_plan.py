@@ -7,16 +7,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.capacity import SLO, max_sustainable_rate, simulator
-from reports.plan import default_dimensions, plan
-from reports.prices import load_prices
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.specs import EngineConfig
+from kvsim.cli.main import app
+from kvsim.reports.capacity import SLO, max_sustainable_rate, simulator
+from kvsim.reports.plan import default_dimensions, plan
+from kvsim.reports.prices import load_prices
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import flat_profile
 from tests.test_capacity import toy
-from workloads import load_workload
+from kvsim.workloads import load_workload
 
 FAST = {"search_requests": 100, "confirm_requests": 150, "tolerance": 0.15}
 
@@ -63,7 +63,7 @@ def test_a_faster_gpu_with_the_same_memory_never_sustains_less():
                                   slo, 5.0, 0.02).max_rate for ms in (6.0, 4.0)]
     assert rates == sorted(rates) and rates[0] < rates[-1]
     # catalog GPUs: H100 (79.19 GiB) is faster than A100-80GB (79.15 GiB) at the same TP
-    from profiles import default_profile
+    from kvsim.profiles import default_profile
 
     slo, model, spec = SLO(ttft_p95_ms=150, tpot_p95_ms=15), get_model("llama3-8b"), small_workload()
     config = EngineConfig(tensor_parallel_size=2)
@@ -165,7 +165,7 @@ def test_every_candidate_dropped_on_cost_really_costs_more_and_only_the_answer_i
     throughput bound), searched in full without a floor, needs at least the answer's cost."""
     import math
 
-    from reports.plan import SearchTask, run_search
+    from kvsim.reports.plan import SearchTask, run_search
 
     slo, target = SLO(ttft_p95_ms=150, tpot_p95_ms=12), 60
     result = run_plan([target], slo, tps=(1, 2))
@@ -183,9 +183,9 @@ def test_every_candidate_dropped_on_cost_really_costs_more_and_only_the_answer_i
 
 
 def test_plan_progress_is_the_shared_live_progress_with_plain_lines_off_a_terminal(monkeypatch):
-    import cli.output
+    import kvsim.cli.output
 
-    monkeypatch.setattr(cli.output.LiveProgress.__init__, "__defaults__", (0.0,))  # a line per update
+    monkeypatch.setattr(kvsim.cli.output.LiveProgress.__init__, "__defaults__", (0.0,))  # a line per update
     result = CliRunner().invoke(app, [*PLAN, "--rate", "20", "--json"])
     assert result.exit_code == 0, result.stderr
     lines = [x for x in result.stderr.splitlines() if x.startswith("planning: ")]

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from simcore.catalog import GPUS, MODELS
-from simcore.contiguous import ContiguousAllocator
-from simcore.errors import ConfigError
-from simcore.policies.dynamic import DynamicPolicy
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.contiguous import ContiguousAllocator
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.policies.dynamic import DynamicPolicy
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY = MODELS["tiny"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.block_pool import PagedAllocator
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
+from kvsim.simcore.block_pool import PagedAllocator
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]

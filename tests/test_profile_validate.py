@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiles.harness import FULL_GRID, QUICK_GRID
-from profiles.validate import FULL_STEPS, QUICK_STEPS
-from simcore.latency import StepLatencyModel, load_profile
+from kvsim.profiles.harness import FULL_GRID, QUICK_GRID
+from kvsim.profiles.validate import FULL_STEPS, QUICK_STEPS
+from kvsim.simcore.latency import StepLatencyModel, load_profile
 
 TINY = Path(__file__).resolve().parent.parent / "profiles" / "cpu-tiny-tp1.json"
 
@@ -51,7 +51,7 @@ def test_validate_quick_on_cpu_writes_rows(tmp_path):
     pytest.importorskip("torch")
     import torch
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     out = tmp_path / "v.json"
     result = CliRunner().invoke(
@@ -78,7 +78,7 @@ def test_validate_quick_on_cpu_writes_rows(tmp_path):
 
 def test_shape_too_large_for_the_device_is_one_line(tmp_path):
     pytest.importorskip("torch")
-    from cli.main import app
+    from kvsim.cli.main import app
 
     data = json.loads(TINY.read_text())
     data["model_shape"] |= {"hidden_size": 2**20, "intermediate_size": 2**22}
@@ -91,7 +91,7 @@ def test_shape_too_large_for_the_device_is_one_line(tmp_path):
 
 
 def test_profile_of_another_device_is_refused():
-    from cli.main import app
+    from kvsim.cli.main import app
 
     result = CliRunner().invoke(app, ["profile", "validate", "--profile", str(TINY), "--device", "cuda"])
     assert result.exit_code == 2

@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profiles import check_profile_matches, default_profile, find_profile_path
-from profiles.generate import MODEL_NAMES, TPS, fits
-from profiles.lookup import PROFILE_DIR, dtype_tag, profile_dtypes
-from profiles.roofline import (
+from kvsim.profiles import check_profile_matches, default_profile, find_profile_path
+from kvsim.profiles.generate import MODEL_NAMES, TPS, fits
+from kvsim.profiles.lookup import PROFILE_DIR, dtype_tag, profile_dtypes
+from kvsim.profiles.roofline import (
     EFFICIENCY_FILE,
     build_roofline_profile,
     decode_attention_ms,
     linear_layer_ms,
     load_efficiency,
 )
-from simcore.catalog import GPUS, get_gpu, get_model
-from simcore.errors import ProfileError
-from simcore.latency import StepLatencyModel, load_profile, parse_profile
+from kvsim.simcore.catalog import GPUS, get_gpu, get_model
+from kvsim.simcore.errors import ProfileError
+from kvsim.simcore.latency import StepLatencyModel, load_profile, parse_profile
 
 H100, L8 = get_gpu("H100-SXM-80GB"), get_model("llama3-8b")
 
@@ -56,7 +56,7 @@ def test_block_size_costs_per_block_and_padding():
 
 
 def test_collectives_carry_the_measured_h100_table():
-    from profiles.collectives import collectives_for, load_fit
+    from kvsim.profiles.collectives import collectives_for, load_fit
 
     fit = load_fit()
     for n, bw in (("2", (250, 320)), ("4", (330, 420)), ("8", (300, 380))):
@@ -75,7 +75,7 @@ def test_collectives_carry_the_measured_h100_table():
 
 
 def test_fit_reproduces_measured_csv_within_reported_error():
-    fit = pytest.importorskip("profiles.fit")
+    fit = pytest.importorskip("kvsim.profiles.fit")
     try:
         points, _ = fit.load_points()
     except FileNotFoundError:
@@ -122,7 +122,7 @@ def test_committed_fp8_and_moe_profiles_and_run_finds_them():
     moe = load_profile(find_profile_path("H100-SXM-80GB", "mixtral-8x7b", 2)).data
     assert "moe" in moe["provenance"] and moe["model_shape"]["num_experts"] == 8
     assert find_profile_path("A100-80GB", "llama3-70b", 4, tag="-fp8") is None  # no FP8 tensor cores
-    from cli.main import app
+    from kvsim.cli.main import app
 
     result = CliRunner().invoke(app, ["run", "--model", "llama3-70b", "--tp", "4", "--quantization", "fp8",
                                       "--kv-cache-dtype", "fp8", "--num-requests", "3", "--json"])
@@ -133,7 +133,7 @@ def test_committed_fp8_and_moe_profiles_and_run_finds_them():
 
 
 def test_readme_coverage_table_is_generated_from_the_files():
-    from profiles.generate import README, TABLE_BEGIN, TABLE_END, coverage_table
+    from kvsim.profiles.generate import README, TABLE_BEGIN, TABLE_END, coverage_table
 
     text = README.read_text()
     block = text[text.index(TABLE_BEGIN) + len(TABLE_BEGIN):text.index(TABLE_END)].strip()
@@ -167,7 +167,7 @@ def test_check_profile_matches():
 
 
 def test_compare_command_prints_ratios():
-    from cli.main import app
+    from kvsim.cli.main import app
 
     a = PROFILE_DIR / "H100-SXM-80GB-llama3-8b-tp1.json"
     b = PROFILE_DIR / "A100-80GB-llama3-8b-tp1.json"
@@ -182,7 +182,7 @@ def test_compare_command_prints_ratios():
 
 
 def test_compare_missing_file_is_one_line_error():
-    from cli.main import app
+    from kvsim.cli.main import app
 
     result = CliRunner().invoke(app, ["profile", "compare", "nope.json", "nope.json"])
     assert result.exit_code == 2
@@ -190,7 +190,7 @@ def test_compare_missing_file_is_one_line_error():
 
 
 def test_profile_for_another_gpu_is_refused(tmp_path):
-    from cli.main import app
+    from kvsim.cli.main import app
 
     path = tmp_path / "a100.json"
     path.write_text(json.dumps(build_roofline_profile(get_gpu("A100-80GB"), L8, 1)))
@@ -205,7 +205,7 @@ def test_profile_for_another_gpu_is_refused(tmp_path):
 
 
 def test_steps_csv_has_the_cost_breakdown(tmp_path):
-    from cli.main import app
+    from kvsim.cli.main import app
 
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--model", "llama3-8b", "--tp", "2", "--num-requests", "20",

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from profiles.harness_kernels import BACKENDS, check_backend, dense_attention, make_paged_kv  # noqa: E402
-from simcore.latency import StepLatencyModel, load_profile  # noqa: E402
+from kvsim.profiles.harness_kernels import BACKENDS, check_backend, dense_attention, make_paged_kv  # noqa: E402
+from kvsim.simcore.latency import StepLatencyModel, load_profile  # noqa: E402
 
 
 def _imports(name: str) -> bool:
@@ -34,7 +34,7 @@ def test_backend_matches_dense_attention(name):
 
 
 def test_reference_agrees_on_scattered_blocks_and_gqa():
-    from profiles.harness_kernels import reference_backend
+    from kvsim.profiles.harness_kernels import reference_backend
 
     gen = torch.Generator().manual_seed(7)
     p = make_paged_kv(3, 45, 8, 8, 2, 32, torch.float32, "cpu", gen, ragged=True)
@@ -45,7 +45,7 @@ def test_reference_agrees_on_scattered_blocks_and_gqa():
 
 
 def test_profile_cli_cpu_quick(tmp_path):
-    from cli.main import app
+    from kvsim.cli.main import app
 
     out = tmp_path / "p.json"
     result = CliRunner().invoke(
@@ -77,7 +77,7 @@ def test_profile_cli_cpu_quick(tmp_path):
 def test_missing_torch_is_one_clear_line(monkeypatch):
     import builtins
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     real = builtins.__import__
 

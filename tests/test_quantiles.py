@@ -1,4 +1,4 @@
-"""simcore.quantiles gives numpy's median and linear percentiles bit for bit (and never imports
+"""kvsim.simcore.quantiles gives numpy's median and linear percentiles bit for bit (and never imports
 numpy.ma, which is why it exists)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.quantiles import median, percentiles
+from kvsim.simcore.quantiles import median, percentiles
 
 QS = (0, 1, 5, 25, 50, 75, 90, 95, 99, 99.9, 100)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simcore.records import HIST_RELATIVE_WIDTH, Samples
+from kvsim.simcore.records import HIST_RELATIVE_WIDTH, Samples
 
 
 def _numpy_stats(v: np.ndarray) -> dict[str, float]:
@@ -107,10 +107,10 @@ def test_merged_replicas_keep_order_while_exact_and_bin_beyond():
 # -- request records: the same run with tiny caps ---------------------------------------------
 def _overloaded_run(**config):
     """~600 requests of the tiny model, arriving faster than it serves them, with rejections."""
-    from profiles import default_profile
-    from simcore.catalog import GPUS, MODELS
-    from simcore.simulate import simulate
-    from simcore.specs import EngineConfig
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.catalog import GPUS, MODELS
+    from kvsim.simcore.simulate import simulate
+    from kvsim.simcore.specs import EngineConfig
     from tests.helpers import ListWorkload, req
 
     rng = np.random.default_rng(7)
@@ -126,7 +126,7 @@ def _overloaded_run(**config):
 
 @pytest.mark.parametrize("dp", [1, 2])
 def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp):
-    import simcore.records as records
+    import kvsim.simcore.records as records
 
     exact = _overloaded_run(data_parallel_size=dp)
     assert exact.records.kept and exact.itl.exact
@@ -135,7 +135,7 @@ def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp
     monkeypatch.setattr(records, "ITL_EXACT_CAP", 500)
     monkeypatch.setattr(records, "_ROW_CHUNK", 32)
     spilled = []
-    import simcore.simulate as simulate_mod
+    import kvsim.simcore.simulate as simulate_mod
 
     real = simulate_mod.RequestRecords
 
@@ -171,16 +171,16 @@ def test_tiny_caps_give_a_bounded_summary_close_to_the_exact_one(monkeypatch, dp
 
 
 def test_request_rows_are_few_dozen_bytes():
-    from simcore.records import _RAW
+    from kvsim.simcore.records import _RAW
 
     assert sum(np.dtype(dtype).itemsize for dtype in _RAW.values()) <= 72
 
 
 # -- step table: coalesced beyond its cap, totals exact ---------------------------------------
 def test_a_coalesced_step_table_keeps_the_totals_and_the_regime(monkeypatch):
-    import simcore.metrics as metrics
-    from reports.regime import classify_regime, regime_of
-    from simcore.metrics import StepTotals
+    import kvsim.simcore.metrics as metrics
+    from kvsim.reports.regime import classify_regime, regime_of
+    from kvsim.simcore.metrics import StepTotals
 
     full = _overloaded_run()
     monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 40)
@@ -214,7 +214,7 @@ def test_a_coalesced_step_table_keeps_the_totals_and_the_regime(monkeypatch):
 # -- the recorder's totals: summed per chunk, the same floats as summing per step ------------------
 def _reference_totals(calls, kv_capacity, kv_unit):
     """The step totals as a `+=` per recorded step or span gives them (the recorder's contract)."""
-    from simcore.metrics import StepTotals
+    from kvsim.simcore.metrics import StepTotals
 
     t = StepTotals()
     kv = t.kv_slot_s
@@ -257,8 +257,8 @@ def _reference_totals(calls, kv_capacity, kv_unit):
 def test_recorder_totals_are_the_per_step_sums_bit_for_bit(monkeypatch, seed):
     import dataclasses
 
-    import simcore.metrics as metrics
-    from simcore.step import MemorySnapshot, StepPlan
+    import kvsim.simcore.metrics as metrics
+    from kvsim.simcore.step import MemorySnapshot, StepPlan
 
     monkeypatch.setattr(metrics, "_STEP_CHUNK", 7)  # many chunks, spans on both sides of a seal
     rng = np.random.default_rng(seed)
@@ -303,8 +303,8 @@ def test_recorder_totals_are_the_per_step_sums_bit_for_bit(monkeypatch, seed):
 def test_kept_step_columns_hold_no_more_memory_than_their_rows(monkeypatch):
     """A kept (coalesced) column may be a view, but never of a block holding the other columns:
     the kept table's memory is its rows', whatever the chunking."""
-    import simcore.metrics as metrics
-    from simcore.step import MemorySnapshot, StepPlan
+    import kvsim.simcore.metrics as metrics
+    from kvsim.simcore.step import MemorySnapshot, StepPlan
 
     monkeypatch.setattr(metrics, "_STEP_CHUNK", 64)
     rec = metrics.StepRecorder(cap=256)
@@ -322,8 +322,8 @@ def test_kept_step_columns_hold_no_more_memory_than_their_rows(monkeypatch):
 
 
 def test_recorded_rows_are_the_step_table_row_for_row(monkeypatch):
-    import simcore.metrics as metrics
-    from simcore.step import MemorySnapshot, StepPlan
+    import kvsim.simcore.metrics as metrics
+    from kvsim.simcore.step import MemorySnapshot, StepPlan
 
     monkeypatch.setattr(metrics, "_STEP_CHUNK", 4)
     rec = metrics.StepRecorder()
@@ -359,7 +359,7 @@ def test_recorded_rows_are_the_step_table_row_for_row(monkeypatch):
 def test_request_rows_come_back_with_their_values_and_dtypes(monkeypatch):
     from types import SimpleNamespace
 
-    import simcore.records as records
+    import kvsim.simcore.records as records
 
     monkeypatch.setattr(records, "_ROW_CHUNK", 3)
     store = records.RequestRecords()
@@ -388,14 +388,14 @@ RUN = ["run", "--model", "tiny", "--num-requests", "400", "--rate", "400", "--in
 def _invoke(*args):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     return CliRunner().invoke(app, list(args))
 
 
 def _tiny_caps(monkeypatch):
-    import simcore.metrics as metrics
-    import simcore.records as records
+    import kvsim.simcore.metrics as metrics
+    import kvsim.simcore.records as records
 
     monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 50)
     monkeypatch.setattr(records, "_ROW_CHUNK", 20)
@@ -429,7 +429,7 @@ def test_a_run_that_fails_midway_leaves_the_old_folder_untouched(tmp_path, monke
     (out / "notes.txt").write_text("mine\n")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     _tiny_caps(monkeypatch)
-    import simcore.records as records
+    import kvsim.simcore.records as records
 
     seal = records.RequestRecords._seal
     calls = []
@@ -448,7 +448,7 @@ def test_a_run_that_fails_midway_leaves_the_old_folder_untouched(tmp_path, monke
 
 
 def test_goodput_past_the_request_cap_is_refused_before_the_work(monkeypatch):
-    import simcore.records as records
+    import kvsim.simcore.records as records
 
     monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
     result = _invoke(*RUN, "--goodput", "ttft:500")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 import tests.spf_policy  # noqa: F401  (registers "spf")
-from simcore.catalog import GPUS, MODELS
-from simcore.errors import ConfigError
-from simcore.policies import policy_names, variants
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.policies import policy_names, variants
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.sweep_table import read_table
+from kvsim.cli.main import app
+from kvsim.reports.sweep_table import read_table
 from tests.chromium import console_errors, render
 
 GRID = ["--policy", "static,continuous", "--block-size", "8,16", "--gpu-memory-utilization", "0.8,0.9",

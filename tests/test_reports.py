@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.regime import COMPUTE_BOUND, MEMORY_BOUND, classify_regime
-from reports.seed_table import ARTICLE_FIGURES, POLICIES, SETTINGS, build_seed_table, render_markdown
+from kvsim.cli.main import app
+from kvsim.reports.regime import COMPUTE_BOUND, MEMORY_BOUND, classify_regime
+from kvsim.reports.seed_table import ARTICLE_FIGURES, POLICIES, SETTINGS, build_seed_table, render_markdown
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +92,10 @@ def test_disagreement_ratios_are_arithmetic_on_both_tables(report):
 def test_cli_outside_a_checkout_writes_md_csv_html_pngs_to_reports_here(monkeypatch, tmp_path: Path):
     """As after a plain `pip install .` (no reference folder): the report goes to ./reports/seed-table;
     the page renders in headless Chromium with its three figures, every row and no console error."""
-    import cli.report_cmd
+    import kvsim.cli.report_cmd
     from tests.chromium import console_errors, render
 
-    monkeypatch.setattr(cli.report_cmd, "reference_dir", lambda: None)
+    monkeypatch.setattr(kvsim.cli.report_cmd, "reference_dir", lambda: None)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["report", "seed-table", "--num-requests", "20"])
     assert result.exit_code == 0, result.stderr
@@ -121,8 +121,8 @@ def test_the_committed_reference_report_names_the_profiles_kvsim_uses_now():
     """reports/reference/ is rerun whenever a profile it uses changes (its sha256 is in the report)."""
     import re
 
-    from profiles import default_profile
-    from simcore.catalog import get_gpu, get_model
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.catalog import get_gpu, get_model
 
     reference = Path(__file__).resolve().parents[1] / "reports" / "reference"
     markdown = (reference / "seed-table.md").read_text()

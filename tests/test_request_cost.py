@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import simpy
 
-from simcore.catalog import GPUS, MODELS
-from simcore.lifecycle import Lifecycle
-from simcore.request import Request
-from simcore.simulate import prepare
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.lifecycle import Lifecycle
+from kvsim.simcore.request import Request
+from kvsim.simcore.simulate import prepare
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import flat_profile, req
-from workloads.arrivals import GammaArrivals
-from workloads.lengths import Categorical, Uniform
-from workloads.spec import RequestArrays, SharedPrefix, WorkloadSpec
+from kvsim.workloads.arrivals import GammaArrivals
+from kvsim.workloads.lengths import Categorical, Uniform
+from kvsim.workloads.spec import RequestArrays, SharedPrefix, WorkloadSpec
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
 
@@ -118,7 +118,7 @@ def test_a_request_row_keeps_every_value_exactly():
     """Rows are packed as float64 bytes: integers below 2**53 and times come back bit for bit."""
     from types import SimpleNamespace
 
-    from simcore.records import RequestRecords
+    from kvsim.simcore.records import RequestRecords
 
     records = RequestRecords()
     times = (0.1 + 0.2, 1e-300, 123456.789012345, 7.0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from cli.main import app
-from simcore.catalog import GPUS, MODELS
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
+from kvsim.cli.main import app
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]

@@ -6,13 +6,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.block_pool import PagedAllocator
-from simcore.catalog import GPUS, MODELS
-from simcore.request import Request
-from simcore.sampling import SequenceGroups
-from simcore.simulate import prepare, simulate
-from simcore.specs import EngineConfig
-from simcore.state import ReqState
+from kvsim.simcore.block_pool import PagedAllocator
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.request import Request
+from kvsim.simcore.sampling import SequenceGroups
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
+from kvsim.simcore.state import ReqState
 from tests.helpers import ListWorkload, flat_profile, req
 
 

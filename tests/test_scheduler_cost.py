@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.simulate import prepare
+from kvsim.simcore.simulate import prepare
 from tests.helpers import ListWorkload
 from tests.test_fastpath_equivalence import H100, TINY, _profile, _random_case
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simcore.span import _new_block_bins, boundaries, context_sums, kv_slots, span_shape
+from kvsim.simcore.span import _new_block_bins, boundaries, context_sums, kv_slots, span_shape
 
 
 def _blocks(tokens: np.ndarray, block_size: int) -> np.ndarray:

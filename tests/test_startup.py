@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simcore.errors import WorkloadError
-from workloads import traces
-from workloads.catalog import DATA_DIR
+from kvsim.simcore.errors import WorkloadError
+from kvsim.workloads import traces
+from kvsim.workloads.catalog import DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pandas", "matplotlib", "pyarrow", "ray", "torch", "scipy", "pydantic")  # pydantic: cli/coercion.py
@@ -43,7 +43,7 @@ def _modules_after(args: list[str]) -> dict:
         "    code = exc.code\n"
         f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
         f"simulation = sorted(m for m in {SIMULATION!r} if m in sys.modules)\n"
-        "commands = sorted(m for m in sys.modules if m.startswith('cli.') and m.endswith('_cmd'))\n"
+        "commands = sorted(m for m in sys.modules if m.startswith('kvsim.cli.') and m.endswith('_cmd'))\n"
         "print(json.dumps({'code': code, 'heavy': heavy, 'commands': commands, 'simulation': simulation}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -61,11 +61,11 @@ def _modules_after(args: list[str]) -> dict:
 ])
 def test_run_imports_neither_heavy_libraries_nor_other_commands(args):
     seen = _modules_after(args)
-    assert {k: seen[k] for k in ("code", "heavy", "commands")} == {"code": 0, "heavy": [], "commands": ["cli.run_cmd"]}
+    assert {k: seen[k] for k in ("code", "heavy", "commands")} == {"code": 0, "heavy": [], "commands": ["kvsim.cli.run_cmd"]}
     # help needs no simulation library; a run numpy and PyYAML (its workload is a YAML file), and
     # SimPy only when the Python engine runs it (these two run in the compiled core where it
     # builds); never numpy.ma (simcore.quantiles computes np.median's and np.percentile's values without it)
-    from simcore import ccore
+    from kvsim.simcore import ccore
 
     run_lib = ["numpy", "yaml"] if ccore.library() is not None else ["numpy", "simpy", "yaml"]
     assert seen["simulation"] == ([] if "--help" in args else run_lib)
@@ -99,20 +99,20 @@ def test_root_help_lists_every_command(args):
     seen = _modules_after(args)
     assert seen["code"] == 0 and len(seen["commands"]) == 8
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kvsim.cli.main", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     listed = proc.stdout.split("Commands:")[1].split()
-    from cli.main import COMMANDS
+    from kvsim.cli.main import COMMANDS
 
     assert all(name in listed for name in COMMANDS)
 
 
 def test_unknown_command_suggests_from_every_command():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "pln"], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kvsim.cli.main", "pln"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr == "kvsim: error: python -m cli.main: No such command 'pln'. Did you mean 'plan'?\n"
+    assert proc.stderr == "kvsim: error: python -m kvsim.cli.main: No such command 'pln'. Did you mean 'plan'?\n"
 
 
 # --- option values without pydantic ------------------------------------------------------------
@@ -128,7 +128,7 @@ def _every_option():
     import typer.main
     from typer import _click as click
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     def walk(command, parent):
         ctx = click.Context(command, parent=parent, **command.context_settings)
@@ -145,7 +145,7 @@ def test_plain_option_values_convert_as_typer_converts_them():
     (same type, same float bits); values it declines go to typer unchanged."""
     from typer._coercion import build_runtime_param
 
-    from cli.coercion import _NOT_PLAIN, PlainCoercion
+    from kvsim.cli.coercion import _NOT_PLAIN, PlainCoercion
 
     converted = declined = 0
     for ctx, param in _every_option():
@@ -168,7 +168,7 @@ def test_plain_option_values_convert_as_typer_converts_them():
 def test_typer_still_words_refused_values(tmp_path):
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from kvsim.cli.main import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["run", "--tp", "4x"])
@@ -312,7 +312,7 @@ def test_read_trace_uses_the_fast_reader_and_still_words_errors(tmp_path):
 
 
 def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
-    from profiles.lookup import PROFILE_DIR, find_profile_path
+    from kvsim.profiles.lookup import PROFILE_DIR, find_profile_path
 
     def by_glob(gpu, model, tp, directory):
         wanted = f"{gpu}-{model}-tp{tp}.json".lower()
@@ -342,8 +342,8 @@ def test_profile_hands_its_validation_model_to_the_first_run_only():
     and a pickled profile (sweep workers) carries none."""
     import pickle
 
-    from profiles import default_profile
-    from simcore.catalog import get_gpu, get_model
+    from kvsim.profiles import default_profile
+    from kvsim.simcore.catalog import get_gpu, get_model
 
     profile = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
     spare = profile._unused_model

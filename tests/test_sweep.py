@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.sweep import cheapest_passing, parse_list
-from reports.sweep_table import read_table
-from simcore.errors import ConfigError
+from kvsim.cli.main import app
+from kvsim.reports.sweep import cheapest_passing, parse_list
+from kvsim.reports.sweep_table import read_table
+from kvsim.simcore.errors import ConfigError
 
 FAST = ["--num-requests", "30", "--rate", "10"]
 

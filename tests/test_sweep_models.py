@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.sweep import expand_grid
-from reports.sweep_table import read_table
-from simcore.errors import ConfigError
+from kvsim.cli.main import app
+from kvsim.reports.sweep import expand_grid
+from kvsim.reports.sweep_table import read_table
+from kvsim.simcore.errors import ConfigError
 
 SMALL = ["--num-requests", "16", "--rate", "4", "--jobs", "1"]
 
@@ -83,7 +83,7 @@ def test_model_sweep_resumes_and_its_report_has_a_panel_per_model(tmp_path: Path
                    "--out", str(part), "--resume")
     assert other.exit_code == 2 and "other options" in other.stderr
 
-    from reports.sweep_report import _facets, _held, load_report
+    from kvsim.reports.sweep_report import _facets, _held, load_report
 
     report = load_report(whole)
     assert "model" in report.varying and "tp" in report.varying
@@ -112,7 +112,7 @@ def test_bad_model_lists_exit_2_with_one_line(tmp_path: Path, args: list[str]):
 
 def test_an_invalid_last_point_stops_the_sweep_before_any_point_runs(tmp_path: Path, monkeypatch):
     """vLLM refuses max_num_batched_tokens < max_num_seqs; here only the grid's last point breaks it."""
-    import reports.sweep_runner as runner
+    import kvsim.reports.sweep_runner as runner
 
     ran = []
     monkeypatch.setattr(runner, "run_point", lambda p: ran.append(p) or {})
@@ -126,7 +126,7 @@ def test_an_invalid_last_point_stops_the_sweep_before_any_point_runs(tmp_path: P
 
 
 def test_memory_is_planned_once_per_point(monkeypatch):
-    import simcore.config as config
+    import kvsim.simcore.config as config
 
     calls = []
     real = config.plan_memory

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from reports.sweep_runner import mean_ci95, parse_seeds
-from reports.sweep_table import read_table
-from simcore.errors import ConfigError
+from kvsim.cli.main import app
+from kvsim.reports.sweep_runner import mean_ci95, parse_seeds
+from kvsim.reports.sweep_table import read_table
+from kvsim.simcore.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ["--block-size", "8,16", "--gpu-memory-utilization", "0.8,0.9", "--rate", "5,20", "--num-requests", "24"]
@@ -63,7 +63,7 @@ def test_two_jobs_give_the_rows_of_one_job(tmp_path: Path):
 
 
 def _start(out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cli.main", "sweep", *GRID, "--num-requests", "80", "--jobs", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "kvsim.cli.main", "sweep", *GRID, "--num-requests", "80", "--jobs", "1", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -4,10 +4,10 @@ flat profile (every step 2 ms)."""
 
 from __future__ import annotations
 
-from simcore.catalog import GPUS, MODELS
-from simcore.policies.continuous_v0 import VllmV0PagedPolicy
-from simcore.simulate import prepare
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
+from kvsim.simcore.simulate import prepare
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]

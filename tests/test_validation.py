@@ -8,12 +8,12 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from profiles import default_profile
-from simcore.catalog import get_gpu, get_model
-from simcore.errors import ConfigError
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
+from kvsim.cli.main import app
+from kvsim.profiles import default_profile
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, req
 
 MODEL, GPU = "llama3-8b", "H100-SXM-80GB"

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simcore.catalog import get_gpu, get_model
-from simcore.simulate import simulate
-from simcore.specs import EngineConfig
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.simulate import simulate
+from kvsim.simcore.specs import EngineConfig
 from tests.helpers import ListWorkload, flat_profile, req
 
 try:
-    from profiles import default_profile
+    from kvsim.profiles import default_profile
 except ImportError:  # profiles/ not importable: price steps with a flat profile instead
     default_profile = None
 
@@ -70,7 +70,7 @@ def test_fig2_live_share_orders_orca_max_pow2_oracle_then_paged(fig2_live_share)
 
 def test_seed_table_waste_ordering_static_dynamic_paged():
     """The seed setting cut to 200 requests: Llama-3-70B, TP 8 on H100, 64 closed-loop clients."""
-    from workloads import load_workload
+    from kvsim.workloads import load_workload
 
     gpu, model = get_gpu("H100-SXM-80GB"), get_model("llama3-70b")
     profile = _profile(gpu, model, 8)

@@ -10,10 +10,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simcore.errors import WorkloadError
-from simcore.request import Request
-from workloads import list_workloads, load_workload
-from workloads.arrivals import (
+from kvsim.simcore.errors import WorkloadError
+from kvsim.simcore.request import Request
+from kvsim.workloads import list_workloads, load_workload
+from kvsim.workloads.arrivals import (
     BatchArrivals,
     ClosedLoop,
     FixedRateArrivals,
@@ -21,8 +21,8 @@ from workloads.arrivals import (
     PiecewiseRateArrivals,
     diurnal_schedule,
 )
-from workloads.lengths import Categorical, Empirical, Fixed, LogNormal, Normal, Uniform, Zipf
-from workloads.spec import SharedPrefix, WorkloadSpec
+from kvsim.workloads.lengths import Categorical, Empirical, Fixed, LogNormal, Normal, Uniform, Zipf
+from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
 
 
 class FakeSink:

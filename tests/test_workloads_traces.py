@@ -12,11 +12,11 @@ import pytest
 import simpy
 from typer.testing import CliRunner
 
-from simcore.errors import WorkloadError
+from kvsim.simcore.errors import WorkloadError
 from tests.test_workloads import FakeSink
-from workloads import load_workload
-from workloads.catalog import DATA_DIR
-from workloads.traces import TraceOptions, read_trace, select
+from kvsim.workloads import load_workload
+from kvsim.workloads.catalog import DATA_DIR
+from kvsim.workloads.traces import TraceOptions, read_trace, select
 
 AZURE = {name: DATA_DIR / f"AzureLLMInferenceTrace_{name}.csv" for name in ("code", "conv")}
 
@@ -219,12 +219,12 @@ output_len: {dist: empirical, trace: AzureLLMInferenceTrace_conv.csv, column: ou
 
 def _app():
     try:
-        from cli.main import app
+        from kvsim.cli.main import app
     except ImportError:  # the root app imports commands other sessions are still writing
         import typer
 
-        from cli import workloads_cmd
-        from cli.errors import OneLineErrorsGroup
+        from kvsim.cli import workloads_cmd
+        from kvsim.cli.errors import OneLineErrorsGroup
 
         app = typer.Typer(cls=OneLineErrorsGroup, pretty_exceptions_enable=False)
         app.add_typer(workloads_cmd.app, name="workloads")

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from simcore.errors import WorkloadError
-from simcore.request import Request, RequestSink
+from kvsim.simcore.errors import WorkloadError
+from kvsim.simcore.request import Request, RequestSink
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

@@ -12,8 +12,8 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
-from simcore.errors import WorkloadError
-from workloads.arrivals import (
+from kvsim.simcore.errors import WorkloadError
+from kvsim.workloads.arrivals import (
     ArrivalProcess,
     BatchArrivals,
     ClosedLoop,
@@ -23,9 +23,9 @@ from workloads.arrivals import (
     TraceArrivals,
     diurnal_schedule,
 )
-from workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
-from workloads.spec import SharedPrefix, WorkloadSpec
-from workloads.traces import MAX_INTEGER, Trace, TraceOptions, read_trace, window_rows
+from kvsim.workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
+from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
+from kvsim.workloads.traces import MAX_INTEGER, Trace, TraceOptions, read_trace, window_rows
 
 CATALOG_DIR = Path(__file__).resolve().parent
 DATA_DIR = CATALOG_DIR / "data"
@@ -309,7 +309,7 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec:
 def _read_yaml(path: Path) -> Any:
     import yaml  # here, not at the top: a trace file (.csv, .jsonl) workload needs no PyYAML (~0.04 s)
 
-    from workloads.yaml_loader import StrictLoader
+    from kvsim.workloads.yaml_loader import StrictLoader
 
     try:
         text = path.read_text(encoding="utf-8")

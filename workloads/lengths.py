@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from simcore.errors import WorkloadError
+from kvsim.simcore.errors import WorkloadError
 
 _MOST_TOKENS = 2**53  # a draw beyond (a huge std) stays a huge length, not an int64 overflow
 

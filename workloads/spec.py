@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simcore.errors import WorkloadError
-from simcore.request import Request, RequestSink
-from workloads.arrivals import (
+from kvsim.simcore.errors import WorkloadError
+from kvsim.simcore.request import Request, RequestSink
+from kvsim.workloads.arrivals import (
     ArrivalProcess,
     ClosedLoop,
     TraceArrivals,
     closed_loop_process,
     open_loop_process,
 )
-from workloads.lengths import Categorical, LengthDist
-from workloads.traces import Trace, TraceOptions, select, window_rows
+from kvsim.workloads.lengths import Categorical, LengthDist
+from kvsim.workloads.traces import Trace, TraceOptions, select, window_rows
 
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy

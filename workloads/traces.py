@@ -20,8 +20,8 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-import simcore.userjson as userjson
-from simcore.errors import WorkloadError
+import kvsim.simcore.userjson as userjson
+from kvsim.simcore.errors import WorkloadError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 KVSIM_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")

@@ -11,20 +11,20 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from simcore.policies.registry import PolicySpec, lookup, policy_names, register, variants
+from kvsim.simcore.policies.registry import PolicySpec, lookup, policy_names, register, variants
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from simcore.block_pool import PagedAllocator
-    from simcore.config import ResolvedConfig
-    from simcore.contiguous import ContiguousAllocator
-    from simcore.policies.base import Policy, Queues
-    from simcore.step import MemorySnapshot, StepPlan
+    from kvsim.simcore.block_pool import PagedAllocator
+    from kvsim.simcore.config import ResolvedConfig
+    from kvsim.simcore.contiguous import ContiguousAllocator
+    from kvsim.simcore.policies.base import Policy, Queues
+    from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 _LAZY = {
-    "Policy": "simcore.policies.base", "Queues": "simcore.policies.base",
-    "MemorySnapshot": "simcore.step", "StepPlan": "simcore.step",
+    "Policy": "kvsim.simcore.policies.base", "Queues": "kvsim.simcore.policies.base",
+    "MemorySnapshot": "kvsim.simcore.step", "StepPlan": "kvsim.simcore.step",
 }
 
 __all__ = [
@@ -37,7 +37,7 @@ def __getattr__(name: str):
     """The re-exported classes, imported on first use."""
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'simcore.policies' has no attribute {name!r}")
+        raise AttributeError(f"module 'kvsim.simcore.policies' has no attribute {name!r}")
     value = globals()[name] = getattr(import_module(module), name)
     return value
 
@@ -48,21 +48,21 @@ def make_policy(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 
 
 def paged_allocator(cfg: ResolvedConfig) -> PagedAllocator:
-    from simcore.block_pool import PagedAllocator
+    from kvsim.simcore.block_pool import PagedAllocator
 
     return PagedAllocator(cfg.memory.num_gpu_blocks, cfg.engine.block_size, cfg.memory.num_cpu_blocks)
 
 
 def contiguous_allocator(cfg: ResolvedConfig) -> ContiguousAllocator:
-    from simcore.contiguous import ContiguousAllocator
+    from kvsim.simcore.contiguous import ContiguousAllocator
 
     return ContiguousAllocator(cfg.memory.num_gpu_tokens)
 
 
 def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     """vLLM's unified token-budget scheduler, or V0's prefill-first one without chunked prefill."""
-    from simcore.policies.continuous import ContinuousPagedPolicy
-    from simcore.policies.continuous_v0 import VllmV0PagedPolicy
+    from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
+    from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     e = cfg.engine
     cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
@@ -73,7 +73,7 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 
 
 def _orca(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
-    from simcore.policies.orca import OrcaPolicy
+    from kvsim.simcore.policies.orca import OrcaPolicy
 
     e = cfg.engine
     return OrcaPolicy(
@@ -83,7 +83,7 @@ def _orca(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 
 
 def _dynamic(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
-    from simcore.policies.dynamic import DynamicPolicy
+    from kvsim.simcore.policies.dynamic import DynamicPolicy
 
     return DynamicPolicy(
         contiguous_allocator(cfg), cfg.max_model_len, cfg.engine.max_num_seqs, cfg.max_num_batched_tokens,
@@ -91,7 +91,7 @@ def _dynamic(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 
 
 def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
-    from simcore.policies.static import StaticPolicy
+    from kvsim.simcore.policies.static import StaticPolicy
 
     e = cfg.engine
     return StaticPolicy(contiguous_allocator(cfg), cfg.max_model_len, e.max_batch_size, e.batch_timeout_s)

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from simcore.state import ReqState, SlotStore
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.state import ReqState, SlotStore
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 __all__ = ["MemorySnapshot", "Policy", "Queues", "StepPlan"]
 

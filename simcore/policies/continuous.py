@@ -27,12 +27,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from simcore.block_pool import AllocStatus, PagedAllocator
-from simcore.policies.base import Queues
-from simcore.sampling import SequenceGroups, group_width
-from simcore.span import MIN_SPAN_STEPS, SpanShape, block_residues, span_shape
-from simcore.state import ReqState
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.block_pool import AllocStatus, PagedAllocator
+from kvsim.simcore.policies.base import Queues
+from kvsim.simcore.sampling import SequenceGroups, group_width
+from kvsim.simcore.span import MIN_SPAN_STEPS, SpanShape, block_residues, span_shape
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 
 class ContinuousPagedPolicy:

@@ -26,11 +26,11 @@ watermark is rejected on arrival (vLLM V0 marks it FINISHED_IGNORED when it reac
 
 from __future__ import annotations
 
-from simcore.policies.base import Queues
-from simcore.policies.continuous import ContinuousPagedPolicy
-from simcore.sampling import group_width
-from simcore.state import ReqState
-from simcore.step import StepPlan
+from kvsim.simcore.policies.base import Queues
+from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
+from kvsim.simcore.sampling import group_width
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import StepPlan
 
 WATERMARK = 0.01  # vLLM V0 BlockSpaceManager(watermark=0.01): share of blocks admission keeps free
 

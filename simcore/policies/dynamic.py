@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import math
 
-from simcore.contiguous import ContiguousAllocator
-from simcore.policies.base import Queues
-from simcore.policies.reserved import (
+from kvsim.simcore.contiguous import ContiguousAllocator
+from kvsim.simcore.policies.base import Queues
+from kvsim.simcore.policies.reserved import (
     ReservationLedger,
     reservation_check,
     reservation_size,
 )
-from simcore.state import ReqState
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 WAITING_SERVED_RATIO = 1.2  # TGI --waiting-served-ratio default
 MAX_WAITING_TOKENS = 20  # TGI --max-waiting-tokens default (decode steps a queue may wait)

@@ -23,15 +23,15 @@ priced with the same kernel table as paged decode.
 
 from __future__ import annotations
 
-from simcore.contiguous import ContiguousAllocator
-from simcore.policies.base import Queues
-from simcore.policies.reserved import (
+from kvsim.simcore.contiguous import ContiguousAllocator
+from kvsim.simcore.policies.base import Queues
+from kvsim.simcore.policies.reserved import (
     ReservationLedger,
     reservation_check,
     reservation_size,
 )
-from simcore.state import ReqState
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 
 class OrcaPolicy:

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simcore.errors import ConfigError
+from kvsim.simcore.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: the table is read by `kvsim run --help`, which needs no numpy
     import numpy as np
 
-    from simcore.config import ResolvedConfig
-    from simcore.policies.base import Policy
+    from kvsim.simcore.config import ResolvedConfig
+    from kvsim.simcore.policies.base import Policy
 
 # Engine options that only some policies read; every other EngineConfig field is common.
 # A policy that does not list one refuses it (CLI: given at all; API: set to a non-default).

@@ -12,10 +12,10 @@ three running sums, so a step costs O(1) however many sequences run:
 
 from __future__ import annotations
 
-from simcore.block_pool import AllocStatus
-from simcore.contiguous import ContiguousAllocator, reservation_tokens
-from simcore.state import ReqState
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.block_pool import AllocStatus
+from kvsim.simcore.contiguous import ContiguousAllocator, reservation_tokens
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 
 def reservation_size(kind: str, st: ReqState, max_model_len: int) -> int:

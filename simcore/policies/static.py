@@ -25,12 +25,12 @@ fewer fit; padding attends to padded context in decode (`batch x (padded_len + s
 
 from __future__ import annotations
 
-from simcore.block_pool import AllocStatus
-from simcore.contiguous import ContiguousAllocator
-from simcore.policies.base import Queues
-from simcore.policies.reserved import ReservationLedger, unsupported_sampling
-from simcore.state import ReqState
-from simcore.step import MemorySnapshot, StepPlan
+from kvsim.simcore.block_pool import AllocStatus
+from kvsim.simcore.contiguous import ContiguousAllocator
+from kvsim.simcore.policies.base import Queues
+from kvsim.simcore.policies.reserved import ReservationLedger, unsupported_sampling
+from kvsim.simcore.state import ReqState
+from kvsim.simcore.step import MemorySnapshot, StepPlan
 
 _EPS_S = 1e-9  # a timer that wakes the engine at the deadline must count as reaching it
 
