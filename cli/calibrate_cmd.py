@@ -53,6 +53,7 @@ def calibrate(
     from kvsim.profiles.calibrate import (
         PARAMS,
         calibrated_profile,
+        check_fittable,
         check_rows_fit,
         fit_rows,
         price_all,
@@ -64,6 +65,7 @@ def calibrate(
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     out_tps = _tps(tp)
     rows, sha = read_measurements(measurements)
+    check_fittable(rows, measurements)
     check_rows_fit(rows, model_spec, measurements)
     data_tps = sorted({r.tp for r in rows})
     out_tps = out_tps or data_tps

@@ -11,7 +11,9 @@ from typer.core import TyperGroup
 from typer.exceptions import Abort
 
 from kvsim.cli.coercion import install
+from kvsim.cli.main import INTERRUPTED_EXIT, interrupted
 from kvsim.simcore.errors import KvsimError
+from kvsim.simcore.userfiles import RefusedFile
 
 # A path given on the command line or in a file that the OS refuses to look at: a user error.
 _BAD_PATH = (errno.ENAMETOOLONG, errno.ELOOP)
@@ -40,6 +42,10 @@ def _drop_stdout() -> None:
         pass
 
 
+class _Interrupted(BaseException):
+    """A Ctrl-C carried past typer, which would turn it into a silent `Exit(130)`."""
+
+
 class OneLineErrorsGroup(TyperGroup):
     """Root command group that reports usage and domain errors as one stderr line."""
 
@@ -47,9 +53,17 @@ class OneLineErrorsGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         install(self)  # option values converted without importing pydantic where that is plain
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
+
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
+        except (_Interrupted, KeyboardInterrupt):
+            interrupted()
         except click.exceptions.NoArgsIsHelpError as exc:
             click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
             sys.exit(0)
@@ -57,8 +71,7 @@ class OneLineErrorsGroup(TyperGroup):
             cmd = exc.ctx.command_path if exc.ctx else "kvsim"
             fail(f"{cmd}: {exc.format_message()}")
         except Abort:
-            click.echo("kvsim: aborted", err=True)
-            sys.exit(130)
+            interrupted()
         except click.exceptions.ClickException as exc:
             fail(exc.format_message())
         except KvsimError as exc:
@@ -68,6 +81,8 @@ class OneLineErrorsGroup(TyperGroup):
             fail(f"out of memory{': ' + detail if detail else ''} (fewer requests, or a machine with more memory)", 1)
         except BrokenPipeError:
             sys.exit(1)
+        except RefusedFile as exc:  # a reader that did not word it: the file and the reason
+            fail(f"{exc.filename}: {exc.reason}")
         except OSError as exc:
             if exc.errno in _BAD_PATH:
                 fail(f"{exc.filename}: {exc.strerror}")  # a path the user gave cannot even be looked at
@@ -75,4 +90,6 @@ class OneLineErrorsGroup(TyperGroup):
                 raise
             _drop_stdout()  # e.g. `kvsim run > /dev/full`: say it once, not again when Python exits
             fail(f"cannot write the output ({exc.strerror})")
+        if rv == INTERRUPTED_EXIT:  # typer's Exit(130): a Ctrl-C while the command line was parsed
+            interrupted()
         sys.exit(rv if isinstance(rv, int) else 0)

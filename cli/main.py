@@ -4,16 +4,15 @@ Each command lives in its own module. `kvsim CMD ...` imports and registers only
 (start-up is part of every run's cost); `kvsim`, `kvsim --help`, an unknown command, and
 `from cli.main import app` get every command. No `from __future__ import annotations`: typer
 reads the root callback's annotations at every start (see cli/run_cmd.py).
+
+Nothing but `sys` is imported at the top: the console script imports this module before `main`
+runs, and a Ctrl-C must find `main`'s handler in place ("kvsim: interrupted", exit 130), even
+during the imports of typer and the command (the first ~0.3 s).
 """
 
 import sys
-from importlib import import_module
-from typing import Annotated
 
-import typer
-
-from kvsim.cli.errors import OneLineErrorsGroup
-
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
 _EXTRA_ARGS = {"allow_extra_args": True}
 # name -> (module, attribute, add_typer? , app.command keywords), in registration order (= `kvsim --help`'s)
 COMMANDS: dict[str, tuple[str, str, bool, dict]] = {
@@ -29,6 +28,16 @@ COMMANDS: dict[str, tuple[str, str, bool, dict]] = {
 HELP = "Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."
 
 
+def interrupted() -> None:
+    """Ctrl-C: one line on stderr, exit 130. Output that could not be flushed is dropped."""
+    try:
+        sys.stderr.write("kvsim: interrupted\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 (stderr closed: the exit code still says it)
+        pass
+    sys.exit(INTERRUPTED_EXIT)
+
+
 def _version() -> str:
     """The installed package's version, else the source tree's (the same number, one bump)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -42,26 +51,42 @@ def _version() -> str:
 
 
 def _print_version(value: bool) -> None:
+    import typer
+
     if value:
         typer.echo(f"kvsim {_version()}")
         raise typer.Exit(0)
 
 
-def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_print_version, is_eager=True, help="Print the kvsim version and exit.",
-    )] = False,
-) -> None:
-    """Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."""
+def _root_callback():
+    """The root callback, made on first use (its annotations need typer)."""
+    from typing import Annotated
+
+    import typer
+
+    def _root(
+        version: Annotated[bool, typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the kvsim version and exit.",
+        )] = False,
+    ) -> None:
+        """Capacity-planning simulator for LLM serving: batching policies, paged KV cache, latency SLOs."""
+
+    return _root
 
 
-def build_app(names: list[str] | None = None) -> typer.Typer:
-    """The `kvsim` app with the given commands (default: all of them)."""
+def build_app(names: list[str] | None = None):
+    """The `kvsim` app (a typer.Typer) with the given commands (default: all of them)."""
+    from importlib import import_module
+
+    import typer
+
+    from kvsim.cli.errors import OneLineErrorsGroup
+
     app = typer.Typer(
         name="kvsim", cls=OneLineErrorsGroup, no_args_is_help=True, add_completion=False,
         pretty_exceptions_enable=False, rich_markup_mode=None, help=HELP,
     )
-    app.callback()(_root)
+    app.callback()(_root_callback())
     for name in COMMANDS if names is None else names:
         module, attribute, is_group, keywords = COMMANDS[name]
         target = getattr(import_module(module), attribute)
@@ -72,7 +97,7 @@ def build_app(names: list[str] | None = None) -> typer.Typer:
     return app
 
 
-def __getattr__(name: str) -> typer.Typer:
+def __getattr__(name: str):
     """`cli.main.app`: the whole app (for tests and embedding), built on first use."""
     if name != "app":
         raise AttributeError(f"module 'kvsim.cli.main' has no attribute {name!r}")
@@ -83,9 +108,13 @@ def __getattr__(name: str) -> typer.Typer:
 def main() -> None:
     """The console script: `kvsim CMD ...` imports and registers CMD alone. Anything else (no
     command, a root option first such as `kvsim --help run`, an unknown name) gets every command,
-    so the root's help and its "No such command ... Did you mean" list them all."""
-    command = sys.argv[1] if len(sys.argv) > 1 else None
-    build_app([command] if command in COMMANDS else None)()
+    so the root's help and its "No such command ... Did you mean" list them all. A Ctrl-C at any
+    point, imports included, ends it with one line and exit code 130."""
+    try:
+        command = sys.argv[1] if len(sys.argv) > 1 else None
+        build_app([command] if command in COMMANDS else None)()
+    except KeyboardInterrupt:
+        interrupted()
 
 
 if __name__ == "__main__":

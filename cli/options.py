@@ -137,8 +137,19 @@ def workload_overrides(
 def check_common(seed: int, max_model_len: int | None, model: ModelSpec) -> None:
     """The checks that come before an engine configuration exists; everything about the engine
     (max_model_len against the model's context included) is `simcore.config.resolve`'s."""
+    check_seed(seed)
+
+
+MAX_SEED = 2**53  # seeds are written to CSV tables and read back through float64 (reports.sweep_table)
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """A seed is an integer from 0 to 2**53 (a 400-digit one would be recorded, and read back, wrong)."""
     if seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+        raise ConfigError(f"{flag} must be an integer >= 0, got {seed}")
+    if seed > MAX_SEED:
+        text = str(seed)
+        raise ConfigError(f"{flag} must be at most {MAX_SEED:,}, got {text if len(text) <= 40 else text[:18] + '...' + text[-18:]}")
 
 
 def parse_goodput(values: list[str] | None, extra_args: list[str] | None = None) -> dict[str, float]:
@@ -185,9 +196,36 @@ def check_inputs_kept(out: Path | None, inputs: list[str | Path | None], names: 
     would be lost. `names` are the files written into the folder `out` (none: `out` is the file)."""
     if out is None:
         return
+    import os
+
     out = Path(out).expanduser()
-    targets = {(out / name).resolve() for name in names} if names else {out.resolve()}
+    # realpath, not Path.resolve: a symlink loop in a path makes resolve raise RuntimeError (3.11)
+    targets = {os.path.realpath(out / name) for name in names} if names else {os.path.realpath(out)}
     for given in inputs:
-        if given is not None and Path(given).expanduser().is_file() and Path(given).expanduser().resolve() in targets:
+        if given is not None and Path(given).expanduser().is_file() and os.path.realpath(Path(given).expanduser()) in targets:
             raise ConfigError(f"{flag} {out}: would overwrite the input file {given}")
 
+
+
+def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | None = None) -> None:
+    """A request runs max(n, beam_width) sequences at once; one wider than a step (max_num_seqs
+    sequences, max_num_batched_tokens tokens) can never be scheduled, and the engine would
+    reject every such request after the whole run. Refused here, before any work, naming the
+    flag that set it (`given`: flag -> value) or the workload's field."""
+    widths = {"n": max(wl.n.values), "beam_width": max(wl.beam_width.values)}
+    trace = getattr(wl, "trace", None)
+    for key in widths:
+        column = trace.extras.get(key) if trace is not None else None
+        if column is not None and len(column):
+            widths[key] = max(widths[key], int(column.max()))
+    key = max(widths, key=widths.get)
+    width = widths[key]
+    limit = min(resolved.engine.max_num_seqs, resolved.max_num_batched_tokens)
+    if width <= limit:
+        return
+    flag = f"--{key.replace('_', '-')}"
+    what = f"{flag} {width}" if (given or {}).get(flag) is not None else f"the workload's {key} {width}"
+    bound = (f"--max-num-seqs {resolved.engine.max_num_seqs}" if limit == resolved.engine.max_num_seqs
+             else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
+    raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "
+                      f"step holds at most {bound}; every request would be rejected")

@@ -103,8 +103,9 @@ def plan(
             raise ConfigError(f"--rate must be > 0 req/s, got {r:g}")
     models = [get_model(m) for m in _list("--model", model, str, [])]
     gpus = [get_gpu(g).name for g in _list("--gpu", gpu, str, list(GPUS))]
-    if seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+    from kvsim.cli.options import check_seed
+
+    check_seed(seed)
     if not 0 < tolerance < 1:
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     for flag, value in (("--search-requests", search_requests), ("--confirm-requests", confirm_requests)):
@@ -143,6 +144,7 @@ def plan(
     overrides = {"rate": max(rates), "num_requests": max(search_requests, confirm_requests),
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
+    _check_trace_prompts(spec, max_len, as_json)
     slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
@@ -152,14 +154,20 @@ def plan(
     progress = LiveProgress("planning", None, "candidates searched")
     pool = None
     if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
-        from concurrent.futures import ProcessPoolExecutor
+        from kvsim.reports.sweep_runner import process_pool
 
-        pool = ProcessPoolExecutor(max_workers=jobs)
+        pool = process_pool(jobs)  # workers die with this process (SIGKILL included)
     try:
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
                            batch=jobs)
+    except KeyboardInterrupt:
+        if pool is not None:
+            from kvsim.reports.sweep_runner import stop_workers
+
+            stop_workers(pool)
+        raise
     finally:
         progress.stop()
         if pool is not None:
@@ -180,6 +188,26 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
     return dataclasses.replace(spec, num_requests=want)
+
+
+def _check_trace_prompts(spec, max_len: int, as_json: bool) -> None:
+    """Trace prompts longer than max_model_len are rejected by every deployment (as vLLM rejects
+    them, and as `kvsim run` reports them): all of them is no workload to plan for; some of them
+    is a warning, and the plan sizes for the requests that are served."""
+    if spec.trace is None:
+        return
+    from kvsim.workloads.traces import window_rows
+
+    first, last = window_rows(spec.trace, spec.trace_options)
+    prompts = spec.trace.num_prompt_tokens[first:last]
+    over = int((prompts > max_len).sum())
+    if over and over == len(prompts):
+        raise ConfigError(f"--workload {spec.source}: every one of its {over:,} requests has a prompt longer than "
+                          f"max_model_len {max_len} (the longest {int(prompts.max()):,} tokens); vLLM rejects them "
+                          "all, so no deployment serves this workload")
+    if over:
+        typer.echo(f"WARNING {over:,} of {len(prompts):,} trace rows have prompts longer than max_model_len "
+                   f"{max_len}; every deployment rejects them, as vLLM does; the plan sizes for the rest", err=True)
 
 
 COLUMNS = [("rank", "#"), ("gpus", "GPUs"), ("layout", "replicas x TP"), ("gpu", "GPU"), ("knobs", "engine"),

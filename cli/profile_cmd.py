@@ -146,8 +146,9 @@ def _check_timing_flags(repeats: int, warmup: int, seed: int) -> None:
         raise ConfigError(f"--repeats must be an integer from 1 to {MAX_TIMING_CALLS:,}, got {repeats}")
     if not 0 <= warmup <= MAX_TIMING_CALLS:
         raise ConfigError(f"--warmup must be an integer from 0 to {MAX_TIMING_CALLS:,}, got {warmup}")
-    if seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+    from kvsim.cli.options import check_seed
+
+    check_seed(seed)
 
 
 def _with_progress(description: str, total: int | None, work):

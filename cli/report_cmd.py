@@ -35,8 +35,9 @@ def seed_table(
     """Rerun the seed article's benchmark table (4 settings x 3 policies) and write the report."""
     from kvsim.reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
-    if seed < 0:
-        raise ConfigError(f"--seed must be an integer >= 0, got {seed}")
+    from kvsim.cli.options import check_seed
+
+    check_seed(seed)
     out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")
     from kvsim.cli.output import check_out_folder
     from kvsim.reports.seed_table import FILES

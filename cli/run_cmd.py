@@ -51,6 +51,7 @@ from kvsim.cli.options import (
     Workload,
     check_common,
     check_inputs_kept,
+    check_sample_width,
     check_slos,
     engine_options,
     parse_goodput,
@@ -166,6 +167,7 @@ def run(
         beam_width=beam_width, think_time_s=think_time_s,
     )
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
+    check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
     if profile is not None:
         prof = load_profile(profile)
         check_profile_matches(prof, model_spec, tp, gpu_spec)

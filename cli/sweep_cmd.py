@@ -47,6 +47,7 @@ from kvsim.cli.options import (
     Workload,
     check_common,
     check_inputs_kept,
+    check_sample_width,
     check_slos,
     engine_options,
     refuse_irrelevant,
@@ -289,6 +290,9 @@ def sweep(
         {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
          "slo_tpot_p95_ms": slo_tpot_p95_ms}, zipped,
     )
+    for point in plan.points:  # a request no step can hold: refused before any point runs
+        if not point.does_not_fit and point.resolved is not None:
+            check_sample_width(point.workload, point.resolved, {"--n": n, "--beam-width": beam_width})
     rows = _run(plan, table, resume, jobs, executor.value, address)
     frame = summarize_points(pd.DataFrame(rows), plan.swept)
     wl = plan.points[0].workload
@@ -342,13 +346,23 @@ def _table(out: Path | None):
 
 def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: str | None) -> list[dict[str, Any]]:
     """Run the points the table lacks (all without --resume), appending each row as it finishes;
-    return every row of the sweep, the table's earlier ones included."""
+    return every row of the sweep, the table's earlier ones included. The table is locked
+    throughout (reports.sweep_table): a second sweep on it is refused."""
+    done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
+    try:
+        return _run_locked(plan, table, done_ids, jobs, executor, address)
+    finally:
+        if table is not None:
+            table.close()  # the lock goes; a table this sweep made and never wrote a row to goes too
+
+
+def _run_locked(plan, table, done_ids: set[str], jobs: int | None, executor: str,
+                address: str | None) -> list[dict[str, Any]]:
     import pandas as pd
 
     from kvsim.reports.sweep_runner import run_points
     from kvsim.reports.sweep_table import read_table
 
-    done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
     missing = [c for c in plan.swept if done_ids and c not in table.columns]
     if missing:  # the summary reads it from the earlier rows: refuse before running the rest
         raise ConfigError(f"--resume: {table.path} has no {missing[0]!r} column (edited by hand?)")

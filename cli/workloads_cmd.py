@@ -64,8 +64,9 @@ def show(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise WorkloadError(f"--plot writes a PNG; give a file name ending in .png, got {plot}")
-    if seed < 0:
-        raise WorkloadError(f"--seed must be an integer >= 0, got {seed}")
+    from kvsim.cli.options import check_seed
+
+    check_seed(seed)
     spec = load_workload(workload, {"num_requests": num_requests}, max_model_len=max_model_len)
     check_out_file(plot, "--plot")
     workload_seed = np.random.SeedSequence(seed).spawn(2)[0]  # the split simcore.simulate uses

@@ -83,7 +83,9 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
     """Rows of a measurements CSV and the file's sha256; MeasurementError names file, line, column."""
     path = Path(path)
     try:
-        blob = path.read_bytes()
+        from kvsim.simcore.userfiles import read_bytes
+
+        blob = read_bytes(path, "measurements")
         text = blob.decode("utf-8-sig")
     except FileNotFoundError:
         raise MeasurementError(f"{path}: no such measurements file") from None
@@ -144,6 +146,30 @@ def check_rows_fit(rows: list[Measurement], model: ModelSpec, path: str | Path) 
                 f"{path}:{r.line}: input_len + output_len = {r.input_len + r.output_len:,} tokens is longer "
                 f"than {model.name}'s context of {context:,}"
             )
+        config = batch_config(r.tp, r.batch_size)
+        budget = config.resolved_max_num_batched_tokens(model)
+        if r.batch_size > budget:  # vLLM requires max_num_seqs <= max_num_batched_tokens
+            raise MeasurementError(
+                f"{path}:{r.line}: batch_size {r.batch_size:,} is more sequences than one engine step "
+                f"takes ({budget:,}, the step token budget, which vLLM requires max_num_seqs not to exceed); "
+                "kvsim cannot price this batch run"
+            )
+
+
+MIN_DISTINCT_RUNS = 2  # leave-one-out needs a run to hold out and one to fit
+
+
+def check_fittable(rows: list[Measurement], path: str | Path) -> None:
+    """A fit needs at least two different batch runs (tp, batch_size, input_len, output_len):
+    one row, or the same run measured again, fits the terms to a single point and its
+    "leave-one-out error" is the fit checked against itself (0.0%)."""
+    runs = {(r.tp, r.batch_size, r.input_len, r.output_len) for r in rows}
+    if len(runs) < MIN_DISTINCT_RUNS:
+        raise MeasurementError(
+            f"{path}: {len(rows)} row{'s' if len(rows) != 1 else ''} of {len(runs)} distinct batch run; calibrate "
+            f"needs at least {MIN_DISTINCT_RUNS} different runs (tp, batch_size, input_len, output_len) to fit and "
+            "to check the fit on a run it did not see"
+        )
 
 
 @dataclass
@@ -278,13 +304,17 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
     theta = _solve(x, y, prior, free)
     fitted = x @ theta
     loo = np.empty_like(fitted)
-    for r in rows:  # leave one measured row (all its quantities) out
-        out = np.array([ri is r for ri, _ in index])
-        if out.all():
-            loo[out] = fitted[out]
+
+    def run(r: Measurement) -> tuple[int, int, int, int]:
+        return (r.tp, r.batch_size, r.input_len, r.output_len)
+
+    for key in dict.fromkeys(run(r) for r in rows):  # leave one run out: every row measuring it, all quantities
+        out = np.array([run(ri) == key for ri, _ in index])
+        if out.all():  # one run only (check_fittable refuses that before pricing)
+            loo[out] = np.nan
             continue
         held_free = free.copy()
-        held_free[PARAMS.index("host_rank")] = free[PARAMS.index("host_rank")] and len({ri.tp for ri in rows if ri is not r}) > 1
+        held_free[PARAMS.index("host_rank")] = free[PARAMS.index("host_rank")] and len({ri.tp for ri in rows if run(ri) != key}) > 1
         t = _solve(x[~out], y[~out], prior, held_free)
         loo[out] = x[out] @ t
     table = []

@@ -1,12 +1,15 @@
 """Writing results all or nothing: a new folder swapped in with one rename, or one file replaced.
 
-    out/            <- kept, untouched, until the swap
-    .out.kvsim-XXXX <- every new file is written here first (a sibling, same filesystem)
+    out/                <- kept, untouched, until the swap
+    .out.kvsim-PID-XXXX <- every new file is written here first (a sibling, same filesystem)
     swap: renameat2(RENAME_EXCHANGE) on Linux: one rename, `out` is old or new, never a mix
           (elsewhere: out -> backup, new -> out, backup restored if the second rename fails)
 
-Targets are checked (created, writable, not clashing with a folder) by `check_out_folder` /
-`check_out_file` before any simulation starts, so a bad `--out` never costs the work.
+Targets are checked (writable, not clashing with a folder, not a folder of someone else's files)
+by `check_out_folder` / `check_out_file` before any simulation starts, so a bad `--out` never
+costs the work; the checks create nothing. Folders missing above the target are made when the
+write starts and removed again if it does not finish. A staging entry carries its writer's pid:
+one left by a killed kvsim (SIGKILL runs no clean-up) is removed by the next write beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import ctypes
 import errno
 import io
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -37,7 +41,7 @@ def _umask() -> int:
     return mask
 
 
-def _give_mode(made: Path, like: Path, default: int) -> None:
+def give_mode(made: Path, like: Path, default: int) -> None:
     """`tempfile` makes owner-only (0600 / 0700) entries; give `made` the mode of the entry it
     replaces, or what a plain `open` / `mkdir` would give under the umask, so a result is as
     readable as any other file the user writes."""
@@ -54,21 +58,69 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _resolve(path: Path) -> Path:
+    """`path` with links resolved; a symlink loop (RuntimeError from Path.resolve on 3.11) is the
+    OSError ELOOP it is."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, "a symlink loop", str(path)) from None
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest folder at or above `path` that exists (a file there: NotADirectoryError)."""
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(candidate))
+            return candidate
+        if candidate.is_symlink():  # a dangling link: nothing can be made through it
+            raise FileNotFoundError(errno.ENOENT, "a broken symlink", str(candidate))
+    return Path(path.anchor or ".")
+
+
+def _probe(folder: Path) -> None:
+    """Prove an entry can be made in `folder` (made and removed at once)."""
+    os.rmdir(tempfile.mkdtemp(prefix=".kvsim-probe-", dir=folder))
+
+
+# What a JSON file kvsim writes says about itself (run / plan / calibrate records, profiles).
+_KVSIM_JSON_MARKS = (b'"kvsim_version"', b'"kvsim-profile"')
+
+
+def _is_kvsim_file(path: Path) -> bool:
+    """A regular file kvsim could have written under this name: any non-JSON output name, or a
+    JSON file that carries kvsim's record."""
+    if not path.is_file():
+        return False
+    if path.suffix != ".json":
+        return True
+    from kvsim.simcore.userfiles import read_bytes
+
+    try:
+        data = read_bytes(path, "profile")
+    except OSError:
+        return False
+    return any(mark in data for mark in _KVSIM_JSON_MARKS)
+
+
 def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
-    """Create `out_dir` if needed and prove the swap can happen: the folder and its parent are
-    writable, and none of `names` is a folder there. Returns the resolved folder."""
+    """Prove the swap can happen, creating nothing: the folder (or the nearest folder above it
+    that exists) is writable, none of `names` is a folder there, and a folder that exists is
+    empty or holds a previous kvsim result (one of `names`, written by kvsim). Returns the
+    resolved folder."""
     try:  # even looking at a path can fail (a name too long, a symlink loop)
-        return _check_out_folder(out_dir, names, flag)
+        return _check_out_folder(out_dir, tuple(names), flag)
     except OSError as exc:
         raise KvsimError(f"{flag} {out_dir}: cannot write there ({_why(exc)})") from None
 
 
-def _check_out_folder(out_dir: Path, names: Iterable[str], flag: str) -> Path:
+def _check_out_folder(out_dir: Path, names: tuple[str, ...], flag: str) -> Path:
     path = Path(out_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise KvsimError(f"{flag} {out_dir}: exists and is not a folder")
-    resolved = path.resolve()
-    cwd = Path.cwd().resolve()
+    resolved = _resolve(path)
+    cwd = _resolve(Path.cwd())
     if resolved == cwd or resolved in cwd.parents:
         raise KvsimError(
             f"{flag} {out_dir}: give a folder of its own (kvsim replaces the whole folder), "
@@ -77,11 +129,20 @@ def _check_out_folder(out_dir: Path, names: Iterable[str], flag: str) -> Path:
     for name in names:
         if (resolved / name).is_dir() and not (resolved / name).is_symlink():
             raise KvsimError(f"{flag} {out_dir}: {name} there is a folder; kvsim would have to replace it")
+    if resolved.is_dir():
+        with os.scandir(resolved) as entries:
+            foreign = next(entries, None) is not None and not any(_is_kvsim_file(resolved / n) for n in names)
+        if foreign:
+            raise KvsimError(
+                f"{flag} {out_dir}: a folder that holds other files and no kvsim result; kvsim replaces "
+                "the whole folder, so give a new or empty folder (or one a previous run wrote)"
+            )
     try:
-        resolved.mkdir(parents=True, exist_ok=True)
-        for where in (resolved, resolved.parent):  # a file inside, and the sibling staging folder
-            probe = tempfile.mkdtemp(prefix=".kvsim-probe-", dir=where)
-            os.rmdir(probe)
+        if resolved.is_dir():
+            _probe(resolved)  # a file inside
+            _probe(resolved.parent)  # the sibling staging folder
+        else:
+            _probe(_existing_ancestor(resolved.parent))
     except OSError as exc:
         raise KvsimError(f"{flag} {out_dir}: cannot write there ({_why(exc)})") from None
     return resolved
@@ -99,11 +160,9 @@ def _check_out_file(path: Path, flag: str) -> Path:
     target = Path(path).expanduser()
     if target.is_dir():
         raise KvsimError(f"{flag} {path}: is a folder; give a file name")
+    _resolve(target)  # a symlink loop: refused here, as the OS would refuse the write
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".kvsim-probe-", dir=target.parent)
-        os.close(fd)
-        os.unlink(probe)
+        _probe(_existing_ancestor(target.parent))  # creates nothing that stays
     except OSError as exc:
         raise KvsimError(f"{flag} {path}: cannot write there ({_why(exc)})") from None
     if target.exists() and not os.access(target, os.W_OK) and not os.access(target.parent, os.W_OK):
@@ -111,24 +170,91 @@ def _check_out_file(path: Path, flag: str) -> Path:
     return target
 
 
+def _staging_prefix(name: str) -> str:
+    """The name start of this process's staging entries beside `name`."""
+    return f".{name}.kvsim-{os.getpid()}-"
+
+
+_STAGING = re.compile(r"\.(?P<name>.+)\.kvsim-(?P<pid>[0-9]+)-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's live process
+        return True
+    return True
+
+
+def remove_stale(folder: Path, name: str) -> None:
+    """Remove the staging entries of `name` in `folder` whose writer is gone (a kvsim killed by
+    SIGKILL, or a machine that lost power, leaves them). Entries of live processes, and any
+    name kvsim did not make, are left alone."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        found = _STAGING.match(entry.name)
+        if found is None or found["name"] != name or int(found["pid"]) == os.getpid() or _alive(int(found["pid"])):
+            continue
+        path = Path(folder) / entry.name
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and the folders missing above it; returns those made, deepest first (to be
+    removed in that order if the write they are for does not happen)."""
+    missing = []
+    for candidate in [folder, *folder.parents]:
+        if candidate.is_dir():
+            break
+        missing.append(candidate)
+    made = []
+    for candidate in reversed(missing):
+        candidate.mkdir()
+        made.insert(0, candidate)
+    return made
+
+
+def remove_made(made: list[Path]) -> None:
+    """Remove folders `make_parents` made, if still empty."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     """Write one file through a temporary sibling and `os.replace` (atomic on POSIX)."""
     target = Path(path)
+    made: list[Path] = []
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.kvsim-", dir=target.parent)
+        made = make_parents(target.parent)
+        remove_stale(target.parent, target.name)
+        fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(target.name), dir=target.parent)
         os.close(fd)
     except OSError as exc:
+        remove_made(made)
         raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
+    done = False
     try:
         write(Path(tmp))
-        _give_mode(Path(tmp), target, 0o666)
+        give_mode(Path(tmp), target, 0o666)
         os.replace(tmp, target)
+        done = True
     except OSError as exc:
         raise KvsimError(f"cannot write {target}: {_why(exc)}; nothing was written") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if not done:
+            remove_made(made)
     return target
 
 
@@ -212,10 +338,15 @@ class Staging:
     def __init__(self, out_dir: Path, names: Iterable[str]) -> None:
         self.out_dir = out_dir
         self.target = check_out_folder(out_dir, names)
+        self.made: list[Path] = []  # folders made above the target: removed if nothing is swapped in
+        self.committed = False
         try:
-            self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.kvsim-", dir=self.target.parent))
-            _give_mode(self.path, self.target, 0o777)
+            self.made = make_parents(self.target.parent)
+            remove_stale(self.target.parent, self.target.name)
+            self.path = Path(tempfile.mkdtemp(prefix=_staging_prefix(self.target.name), dir=self.target.parent))
+            give_mode(self.path, self.target, 0o777)
         except OSError as exc:
+            remove_made(self.made)
             raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
         self.written: set[str] = set()  # files already complete or being streamed here
 
@@ -224,6 +355,8 @@ class Staging:
 
     def __exit__(self, *exc_info) -> None:
         shutil.rmtree(self.path, ignore_errors=True)  # after a commit: the old folder
+        if not self.committed:
+            remove_made(self.made)
 
     def append_csv(self, name: str, columns: dict) -> None:
         """Append rows (a mapping of equal-length columns) to `name`, with the header first."""
@@ -245,6 +378,7 @@ class Staging:
                     write(staging / name)
             moved = _carry_over(target, staging, names)
             _swap(staging, target)
+            self.committed = True
         except OSError as exc:
             for name in moved:  # folders carried over by rename go back
                 with contextlib.suppress(OSError):
@@ -283,7 +417,7 @@ def _swap(new: Path, target: Path) -> None:
         return
     if _exchange(new, target):
         return
-    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.kvsim-old-", dir=target.parent))
+    backup = Path(tempfile.mkdtemp(prefix=_staging_prefix(target.name) + "old-", dir=target.parent))
     os.rmdir(backup)
     os.rename(target, backup)
     try:

@@ -226,6 +226,7 @@ def assess(
 
     scaler = RateScaler(spec, take)
     arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
+    full_prompts = arrays.num_prompt_tokens.astype(np.int64)
     prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
     prompts = np.maximum(prompts, 1).astype(np.int64)
     outputs = (arrays.num_output_tokens).astype(np.int64)
@@ -233,7 +234,7 @@ def assess(
     for c in candidates:
         price = prices.get(c.gpu.name)
         try:
-            resolve(c.model, c.gpu, c.config)
+            resolved = resolve(c.model, c.gpu, c.config)
         except DoesNotFitError as exc:
             out.append(Assessment(c, price, "memory", str(exc)))
             continue
@@ -243,8 +244,13 @@ def assess(
         if price is None:
             out.append(Assessment(c, None, "no price", f"no price for {c.gpu.name}: give --price {c.gpu.name}=USD"))
             continue
+        served = full_prompts <= resolved.max_model_len  # longer prompts are rejected (engine.reject_reason)
+        if not served.any():
+            out.append(Assessment(c, price, "rejected", f"every prompt is longer than max_model_len "
+                                  f"{resolved.max_model_len}: vLLM rejects them all"))
+            continue
         profile = profile_for(c)
-        bounds = single_step_bounds(c, profile, prompts, outputs)
+        bounds = single_step_bounds(c, profile, prompts[served], outputs[served])  # SLOs count served requests
         a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
         if slo.ttft_p95_ms is not None and bounds.ttft_p95_ms > slo.ttft_p95_ms:
             a.status, a.reason = "prefill time", (

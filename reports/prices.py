@@ -56,12 +56,16 @@ def load_prices(overrides: list[str] | None = None) -> dict[str, float]:
 def _prices_file(path: Path) -> dict[str, float]:
     import yaml
 
+    from kvsim.simcore.userfiles import is_special, read_text
+
+    if is_special(path):
+        raise ConfigError(f"--price {path}: not a regular file")
     if not path.is_file():
         raise ConfigError(f"--price {path}: give GPU=USD (e.g. H100-SXM-80GB=3.5) or a YAML file that exists")
     from kvsim.workloads.yaml_loader import StrictLoader  # safe, and a GPU given twice is an error
 
     try:
-        data = yaml.load(path.read_text(encoding="utf-8-sig"), Loader=StrictLoader)  # noqa: S506
+        data = yaml.load(read_text(path, "price file", encoding="utf-8-sig"), Loader=StrictLoader)  # noqa: S506
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"--price {path}: not a readable YAML file ({str(exc).splitlines()[0]})") from None
     except RecursionError:

@@ -126,6 +126,58 @@ def run_points(
     return rows  # type: ignore[return-value]
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCH_S = 0.5  # how often a worker checks that its parent is alive (the fallback of PDEATHSIG)
+
+
+def _worker_init(parent_pid: int) -> None:
+    """A pool worker exits when the process that started it dies, even by SIGKILL (which runs no
+    clean-up, so the pool never tells its workers to stop): the kernel sends it SIGKILL
+    (prctl PR_SET_PDEATHSIG, Linux), and a daemon thread that sees its parent change exits it
+    too (other systems, or a parent that died before the prctl). Ctrl-C reaches the whole
+    process group: the worker ignores it and the parent, which handles it, stops the pool."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(_WATCH_S)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-parent-watch", daemon=True).start()
+
+
+def process_pool(max_workers: int):
+    """A ProcessPoolExecutor whose workers die with this process and leave Ctrl-C to it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=max_workers, initializer=_worker_init, initargs=(os.getpid(),))
+
+
+def stop_workers(pool) -> None:
+    """Interrupted: cancel what has not started and end the running workers now, rather than wait
+    for their points (minutes each, maybe) in `shutdown`. Uses the executor's `_processes`
+    (CPython's, present since 3.2); without it the pool is only shut down."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        try:
+            process.terminate()
+        except (OSError, AttributeError):
+            pass
+
+
 def _run_local(points: Sequence[Point], jobs: int, done: OnResult) -> None:
     """Points that cannot run (does_not_fit) never reach a worker; the rest go to the pool."""
     work = [(i, p) for i, p in enumerate(points) if not p.does_not_fit]
@@ -136,18 +188,20 @@ def _run_local(points: Sequence[Point], jobs: int, done: OnResult) -> None:
         for item in work:
             done(*_run_indexed(item))
         return
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+    with process_pool(min(jobs, len(work))) as pool:
         pending = {pool.submit(_run_indexed, item) for item in work}
         try:
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     done(*future.result())
-        except BaseException:
+        except BaseException as exc:
             for future in pending:
                 future.cancel()
+            if isinstance(exc, KeyboardInterrupt):
+                stop_workers(pool)
             raise
 
 
@@ -250,4 +304,6 @@ def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
     for v in values:
         if v < 0:
             raise ConfigError(f"--seeds: {v} is negative; seeds are integers >= 0")
+        if v > 2**53:  # as cli.options.MAX_SEED: tables read seeds back through float64
+            raise ConfigError(f"--seeds: {str(v)[:18]}... is too large; seeds are integers up to {2**53:,}")
     return values

@@ -8,15 +8,22 @@ options), and runs only the points whose ids are missing. Rows are in finishing 
 sweep runs; once every point is in, `finish` rewrites the table in grid order (`point`, then
 `seed`) with one column order, so a sweep writes the same file whatever its `--jobs`, executor or
 interruptions (only `wall_s` differs).
+
+One sweep writes a table at a time: `open` takes an exclusive `flock` on a lock file beside it
+(`.NAME.lock`, removed by `close`) and holds it until the sweep ends, so a second sweep on the
+same `--out` is refused at once instead of mixing its rows in or losing them; a temporary file
+is named uniquely (`tempfile`), never by a fixed name another writer could share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import math
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -53,29 +60,99 @@ class SweepTable:
             raise ConfigError(f"--out {path}: give a .csv file")
         self.path = path
         self.columns: list[str] = []  # the header as written; grows (file rewritten) if a row adds keys
+        self._lock_fd = -1
+        self._lock_path = path.with_name(f".{path.name}.lock")
+        self._created: list[Path] = []  # what `open` made (folders, the table): removed if the sweep adds no row
+        self._rows = 0
 
     def open(self, sweep_id: str, resume: bool) -> set[str]:
-        """Start the table (or, with resume, check it and return the point ids it already holds)."""
-        exists = self.path.exists() and self.path.stat().st_size > 0
-        if exists and not resume:
-            raise ConfigError(f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
+        """Lock and start the table (or, with resume, check it and return the point ids it
+        already holds). Call `close` when the sweep ends, however it ends."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_parents()
+            self._lock()
+            from kvsim.reports.files import remove_stale
+
+            remove_stale(self.path.parent, self.path.name)  # temporary files of a sweep killed mid-rewrite
+            exists = self.path.exists() and self.path.stat().st_size > 0
+            if exists and not resume:
+                raise ConfigError(f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
             if not exists:
-                self.path.write_text("")
+                existed = self.path.exists()
+                with open(self.path, "w"):
+                    pass
+                if not existed:
+                    self._created.append(self.path)
                 return set()
             rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
             self._drop_partial_line()
         except OSError as exc:
+            self.close()
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
+        except BaseException:
+            self.close()
+            raise
         other = {r.get("sweep_id") for r in rows} - {sweep_id}
         if other:
+            self.close()
             raise ConfigError(
                 f"--resume: {self.path} was made by a sweep with other options or another grid "
                 f"(sweep_id {sorted(o or '?' for o in other)[0]}, this sweep is {sweep_id}); "
                 "give the same options or another --out"
             )
+        self._rows = len(rows)
         return {r["point_id"] for r in rows}
+
+    def _make_parents(self) -> None:
+        missing = []
+        for parent in [self.path.parent, *self.path.parent.parents]:
+            if parent.exists():
+                break
+            missing.append(parent)
+        for folder in reversed(missing):
+            folder.mkdir()
+            self._created.insert(0, folder)  # deepest first: removed in this order
+
+    def _lock(self) -> None:
+        """Hold an exclusive lock on `.NAME.lock` for the life of the sweep; another sweep (another
+        process) on the same table is refused with a clear line."""
+        import fcntl
+
+        while True:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ConfigError(
+                    f"--out {self.path}: another kvsim sweep is writing this table now; wait for it to "
+                    "finish (then --resume), or give another --out"
+                ) from None
+            except OSError:
+                os.close(fd)
+                raise
+            try:  # the holder before us may have removed the file after we opened it: lock the one there now
+                same = os.path.samestat(os.fstat(fd), os.stat(self._lock_path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._lock_fd = fd
+                return
+            os.close(fd)
+
+    def close(self) -> None:
+        """Release the table: a table (and folders) this sweep created but never wrote a row to
+        is removed, so a refused or interrupted sweep leaves nothing; then the lock goes."""
+        if self._lock_fd < 0:
+            return
+        if self._rows == 0:
+            for made in self._created:
+                with contextlib.suppress(OSError):
+                    made.rmdir() if made.is_dir() else made.unlink()
+        with contextlib.suppress(OSError):
+            os.unlink(self._lock_path)  # while still holding it: a waiting opener sees a new file
+        os.close(self._lock_fd)
+        self._lock_fd = -1
 
     def _drop_partial_line(self) -> None:
         """A kill mid-write leaves a last line without its newline: cut it off."""
@@ -86,8 +163,10 @@ class SweepTable:
 
     def _read_rows(self) -> list[dict[str, str]]:
         """The complete rows (a last line without its newline is the cut-short row: left out)."""
+        from kvsim.simcore.userfiles import read_bytes
+
         try:
-            text = self.path.read_bytes().decode("utf-8-sig")
+            text = read_bytes(self.path, "sweep table").decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise ConfigError(f"--resume: {self.path} is not a kvsim sweep table ({exc})") from None
         text = text[: text.rfind("\n") + 1]
@@ -111,6 +190,7 @@ class SweepTable:
                 f.write(_line([row.get(c) for c in self.columns]))
                 f.flush()
                 os.fsync(f.fileno())
+            self._rows += 1
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
 
@@ -127,6 +207,8 @@ class SweepTable:
             first = [c for c in (column_order or []) if c in at]
             columns = first + [c for c in header if c not in set(first)]
             body = [r + [""] * (len(header) - len(r)) for r in body]
+            if "point_id" in at:  # a row given twice (a table edited, or two writers of old): kept once
+                body = list({r[at["point_id"]]: r for r in reversed(body)}.values())[::-1]  # the first of each
             body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
             self._replace_with(columns, ([r[at[c]] for c in columns] for r in body))
         except OSError as exc:
@@ -145,14 +227,18 @@ class SweepTable:
     def _replace_with(self, columns: list[str], rows: Iterable[list[Any]]) -> None:
         """Write header and rows to a temporary sibling, fsync, rename it over the table; on a
         failure the table is as it was and the sibling is removed."""
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.kvsim-{os.getpid()}-", dir=self.path.parent)
+        tmp = Path(name)
         try:
-            with tmp.open("w", newline="") as f:
+            with open(fd, "w", newline="") as f:
                 f.write(_line(columns))
                 for r in rows:
                     f.write(_line(r))
                 f.flush()
                 os.fsync(f.fileno())
+            from kvsim.reports.files import give_mode
+
+            give_mode(tmp, self.path, 0o666)  # mkstemp's 0600 would make the table private
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -197,7 +283,10 @@ def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str
 
 def read_table(path: Path) -> pd.DataFrame:
     """A sweep table as a DataFrame in grid order (then by seed)."""
+    from kvsim.simcore.userfiles import check_regular
+
     try:
+        check_regular(path, "sweep table")  # a FIFO or /dev/zero: refused before pandas or csv reads it
         with open(path, encoding="utf-8-sig", newline="") as f:
             lines = list(csv.reader(f))
         if lines:

@@ -12,6 +12,7 @@ have 8 x 400 Gb/s ConnectX-7 (50 GB/s per GPU), DGX A100 8 x 200 Gb/s ConnectX-6
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kvsim.simcore.errors import ConfigError
@@ -90,11 +91,20 @@ def get_gpu(name: str) -> GPUSpec:
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by name, or a Hugging Face `config.json` (or a folder holding one)."""
+    """A catalog model by name, or a Hugging Face `config.json` (or a folder holding one).
+
+    A catalog name wins over a same-named folder of the current directory (`./llama3-8b/`
+    must not change what a plain `kvsim run` means) unless the path is explicit: it contains a
+    slash (`./llama3-8b`, `x/config.json`) or names a .json file."""
     path = Path(name_or_path)
-    if name_or_path.endswith(".json") or path.is_dir():
-        return model_from_hf_config(path)
-    return _lookup(name_or_path, MODELS, "model")
+    explicit = "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(".json")
+    if not explicit:
+        try:
+            return _lookup(name_or_path, MODELS, "model")
+        except ConfigError:
+            if not path.is_dir():
+                raise
+    return model_from_hf_config(path)
 
 
 # torch_dtype (or `dtype`, its newer name) -> bytes per weight and KV element. FP8 weights come
@@ -119,8 +129,9 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         path = path / "config.json"
     try:
         from kvsim.simcore import userjson  # only a HF config file needs it
+        from kvsim.simcore.userfiles import read_text
 
-        cfg = userjson.loads(path.read_text(encoding="utf-8-sig"))
+        cfg = userjson.loads(read_text(path, "model config", encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"model config {path}: no such file") from None
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -225,12 +236,18 @@ def _moe_fields(path: Path, cfg: dict) -> dict:
     and `shared_expert_intermediate_size`. Models mixing dense and MoE layers are refused."""
     key = next((k for k in ("num_local_experts", "num_experts") if cfg.get(k)), None)
     if key is None:
+        given = next((k for k in ("num_local_experts", "num_experts") if cfg.get(k) is not None), None)
+        if given is not None and cfg.get("num_experts_per_tok"):  # 0 experts, yet 2 per token: not dense
+            _hf_int(path, cfg, (given,))  # refused with the field named
         return {}
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ConfigError(f"model config {path}: MoE models with some dense MLP layers are not modelled")
+    experts, per_token = _hf_int(path, cfg, (key,)), _hf_int(path, cfg, ("num_experts_per_tok",))
+    if per_token > experts:
+        raise ConfigError(f"model config {path}: num_experts_per_tok ({per_token}) is more than {key} ({experts})")
     return {
-        "num_experts": _hf_int(path, cfg, (key,)),
-        "num_experts_per_tok": _hf_int(path, cfg, ("num_experts_per_tok",)),
+        "num_experts": experts,
+        "num_experts_per_tok": per_token,
         "moe_intermediate_size": _hf_int(path, cfg, ("moe_intermediate_size", "intermediate_size")),
         "shared_expert_intermediate_size": _hf_int(
             path, cfg, ("shared_expert_intermediate_size",), default=0, minimum=0

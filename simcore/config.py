@@ -36,6 +36,15 @@ MAX_SWAP_SPACE_GIB = 0.7 * HOST_MEMORY_GIB / 8  # 179.2 GiB per GPU
 # The largest GPU clusters built hold ~200,000 GPUs (xAI Colossus, 2025); a deployment beyond
 # that is not a capacity plan, and each replica is simulated, so memory grows with it.
 MAX_NUM_GPUS = 200_000
+# Every count is used in float64 arithmetic somewhere (memory, rates), exact only up to 2**53; a
+# 400-digit integer would overflow float() itself (OverflowError, not a message).
+MAX_OPTION_INT = 2**53
+
+
+def _short(value: Any) -> str:
+    """A value for a message, a huge integer cut in the middle."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +94,15 @@ def check_numbers(config: EngineConfig) -> None:
     for name in _INT_OPTIONS:
         value = getattr(config, name)
         if not _is_int(value) or value < 1:
-            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {value!r}")
+            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {_short(value)}")
+        if value > MAX_OPTION_INT:
+            raise ConfigError(f"{_flag(name)} must be at most {MAX_OPTION_INT:,}, got {_short(value)}")
     for name in _OPTIONAL_INT_OPTIONS:
         value = getattr(config, name)
         if value is not None and (not _is_int(value) or value < 1):
-            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {value!r}")
+            raise ConfigError(f"{_flag(name)} must be an integer >= 1, got {_short(value)}")
+        if value is not None and value > MAX_OPTION_INT:
+            raise ConfigError(f"{_flag(name)} must be at most {MAX_OPTION_INT:,}, got {_short(value)}")
     if config.num_gpus > MAX_NUM_GPUS:
         raise ConfigError(
             f"--tp x --pp x --dp is {config.num_gpus:,} GPUs; kvsim plans deployments of at most "

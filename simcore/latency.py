@@ -377,7 +377,9 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        data = userjson.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is allowed
+        from kvsim.simcore.userfiles import read_text
+
+        data = userjson.loads(read_text(path, "profile", encoding="utf-8-sig"))  # a BOM (Windows editors) is allowed
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such profile") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:

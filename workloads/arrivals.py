@@ -22,9 +22,27 @@ if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (s
     import simpy
 
 
+# The rates and burstiness a run can mean. Below MIN_RATE the gaps (1/rate seconds and more)
+# leave float64 time too coarse for millisecond steps within a few thousand requests, and at 1e-308
+# 1/rate overflows to inf; above MAX_RATE (a billion requests a second) every arrival is the same
+# instant anyway. A gamma gap of shape k falls below the smallest double, so it is exactly 0, with
+# probability about (4.9e-324)**k: 0.47 at k = 0.001, 6e-4 at 0.01, 3e-7 at MIN_BURSTINESS (0.02),
+# measured with numpy's gamma; below it the arrivals collapse to t = 0 while the run's header still
+# says "gamma arrivals". MAX_BURSTINESS: gaps' CV 0.001, a fixed rate in all but name, and
+# rate * burstiness stays far from overflow.
+MIN_RATE, MAX_RATE = 1e-6, 1e9
+MIN_BURSTINESS, MAX_BURSTINESS = 0.02, 1e6
+
+
 def _positive(name: str, value: float) -> None:
     if not (value > 0 and np.isfinite(value)):
         raise WorkloadError(f"{name} must be a finite number > 0, got {value}")
+
+
+def _within(name: str, value: float, low: float, high: float) -> None:
+    _positive(name, value)
+    if not low <= value <= high:
+        raise WorkloadError(f"{name} must be from {low:g} to {high:g}, got {value:g}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +57,8 @@ class GammaArrivals:
     kind: ClassVar[str] = "gamma"
 
     def __post_init__(self) -> None:
-        _positive("arrival rate", self.rate)
-        _positive("burstiness", self.burstiness)
+        _within("arrival rate", self.rate, MIN_RATE, MAX_RATE)
+        _within("burstiness", self.burstiness, MIN_BURSTINESS, MAX_BURSTINESS)
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return _whole(self, rng, size)
@@ -69,7 +87,7 @@ class FixedRateArrivals:
     kind: ClassVar[str] = "fixed_rate"
 
     def __post_init__(self) -> None:
-        _positive("arrival rate", self.rate)
+        _within("arrival rate", self.rate, MIN_RATE, MAX_RATE)
 
     def arrival_times(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return _whole(self, rng, size)
@@ -195,7 +213,7 @@ def diurnal_schedule(
     mean_rate: float, peak_to_trough: float, period_s: float, steps: int = 24
 ) -> PiecewiseRateArrivals:
     """A sinusoidal day (trough at the start) cut into `steps` constant-rate steps with the given mean."""
-    _positive("diurnal mean_rate", mean_rate)
+    _within("diurnal mean_rate", mean_rate, MIN_RATE, MAX_RATE)
     _positive("diurnal period_s", period_s)
     if peak_to_trough < 1 or steps < 2:
         raise WorkloadError(f"diurnal needs peak_to_trough >= 1 and steps >= 2, got {peak_to_trough} and {steps}")

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import reprlib
 from pathlib import Path
 from typing import Any
 
 from kvsim.simcore.errors import WorkloadError
+from kvsim.simcore.userfiles import is_special, read_text
 from kvsim.workloads.arrivals import (
+    MAX_BURSTINESS,
+    MAX_RATE,
+    MIN_BURSTINESS,
+    MIN_RATE,
     ArrivalProcess,
     BatchArrivals,
     ClosedLoop,
@@ -235,6 +241,11 @@ def _length(file: str, base: Path, where: str, data: Any) -> LengthDist:
 def _choice(file: str, where: str, data: Any) -> Categorical:
     if _whole(data) and 1 <= data <= MAX_INTEGER:
         return Categorical((int(data),))
+    if not isinstance(data, dict):  # `beam_width: 0` is a bad integer, not a missing mapping
+        raise WorkloadError(
+            f"workload file {file}: field '{where}' must be an integer from 1 to {MAX_INTEGER:,} "
+            f"(or {{values: [...], weights: [...]}}), got {_shown(data)}"
+        )
     f = _Fields(file, where, data, CHOICE_FIELDS)
     values, weights = f.raw("values"), f.raw("weights", [])
     if not isinstance(values, list) or not isinstance(weights, list):
@@ -312,9 +323,9 @@ def _read_yaml(path: Path) -> Any:
     from kvsim.workloads.yaml_loader import StrictLoader
 
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "workload file")
     except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"workload file {path}: cannot read it ({exc})") from None
+        raise WorkloadError(f"workload file {path}: cannot read it ({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})") from None
     if not text.strip():
         raise WorkloadError(f"workload file {path} is empty")
     try:
@@ -350,15 +361,24 @@ def catalog_names() -> list[str]:
 
 
 def resolve(name_or_path: str) -> Path:
-    """A catalog name (`seed-table`) or a file path (.yaml / .yml / .csv / .jsonl)."""
+    """A catalog name (`seed-table`) or a file path (.yaml / .yml / .csv / .jsonl).
+
+    A catalog name wins over a same-named entry of the current directory unless the path is
+    explicit (`./sharegpt`, a slash, a file suffix): a stray file or folder must not change
+    what a plain `--workload sharegpt` means."""
     path = Path(name_or_path)
-    if path.suffix.lower() in (*YAML_SUFFIXES, *TRACE_SUFFIXES) or path.is_file():
+    builtin = CATALOG_DIR / f"{name_or_path}.yaml"
+    explicit = "/" in name_or_path or os.sep in name_or_path or path.suffix.lower() in (*YAML_SUFFIXES, *TRACE_SUFFIXES)
+    if not explicit and name_or_path in catalog_names():
+        return builtin
+    if is_special(path):  # a FIFO, /dev/zero: it exists, it is no file to read
+        raise WorkloadError(f"workload file {path} is not a regular file")
+    if explicit or path.is_file():
+        if path.is_dir():
+            raise WorkloadError(f"workload file {path} is a folder, not a file")
         if not path.is_file():
             raise WorkloadError(f"workload file {path} does not exist")
         return path
-    builtin = CATALOG_DIR / f"{name_or_path}.yaml"
-    if builtin.is_file():
-        return builtin
     raise WorkloadError(
         f"unknown workload {name_or_path!r}; named workloads: {', '.join(catalog_names())} "
         "(or give a .yaml, .csv or .jsonl file)"
@@ -442,16 +462,28 @@ _OVERRIDE_RANGES = {
 }
 
 
+# Overrides with an upper bound too (workloads.arrivals says why): flag -> (lowest, highest), inclusive.
+_OVERRIDE_LIMITS = {"rate": (MIN_RATE, MAX_RATE), "burstiness": (MIN_BURSTINESS, MAX_BURSTINESS)}
+
+
 def _check_override(key: str, value: Any) -> None:
     """An override is a command-line flag: its error names the flag, not the workload field."""
     integer, lowest, strict = _OVERRIDE_RANGES[key]
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+        # before any float(): a 400-digit integer overflows it
+        raise WorkloadError(f"{flag} must be at most {MAX_INTEGER:,}, got {_shown(value)}")
     ok = _is_number(value) and math.isfinite(value) and (not integer or float(value).is_integer())
     ok = ok and (value > lowest if strict else value >= lowest)
     if not ok:
         kind = "an integer" if integer else "a finite number"
         raise WorkloadError(f"--{key.replace('_', '-')} must be {kind} {'>' if strict else '>='} {lowest}, got {value}")
+    if key in _OVERRIDE_LIMITS:
+        low, high = _OVERRIDE_LIMITS[key]
+        if not low <= value <= high:
+            raise WorkloadError(f"{flag} must be from {low:g} to {high:g}, got {value:g}")
     if value > MAX_INTEGER:  # past 2**53 counts are not exact (kvsim keeps them in float64 columns too)
-        raise WorkloadError(f"--{key.replace('_', '-')} must be at most {MAX_INTEGER:,}, got {value}")
+        raise WorkloadError(f"{flag} must be at most {MAX_INTEGER:,}, got {value}")
 
 
 def load_workload(

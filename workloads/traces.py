@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 import kvsim.simcore.userjson as userjson
 from kvsim.simcore.errors import WorkloadError
+from kvsim.simcore.userfiles import CAPS, is_special, read_bytes
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 KVSIM_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
@@ -53,9 +54,14 @@ class Trace:
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace file; cached per (path, size, mtime) because sweeps reload it."""
     p = Path(path)
+    if is_special(p):  # a FIFO or /dev/zero: it exists, and is no file to read
+        raise WorkloadError(f"trace file {p} is not a regular file")
     if not p.is_file():
         raise WorkloadError(f"trace file {p} does not exist")
     st = p.stat()
+    if st.st_size > CAPS["trace"]:
+        raise WorkloadError(f"trace file {p}: {st.st_size / 2**20:,.0f} MiB is larger than the "
+                            f"{CAPS['trace'] >> 20:,} MiB kvsim reads from a trace")
     return _read_trace_cached(str(p.resolve()), st.st_size, st.st_mtime_ns)
 
 
@@ -64,10 +70,11 @@ def _read_trace_cached(path: str, size: int, mtime_ns: int) -> Trace:
     if size == 0:
         raise WorkloadError(f"trace file {path} is empty")
     try:
-        trace = None if path.endswith((".jsonl", ".json")) else _read_plain_csv(path)
+        data = read_bytes(path, "trace")  # bounded: a file swapped for a device after the stat above
+        trace = None if path.endswith((".jsonl", ".json")) else _read_plain_csv(path, data)
         if trace is not None:
             return trace
-        frame, lines = _read_jsonl(path) if path.endswith((".jsonl", ".json")) else _read_csv(path)
+        frame, lines = _read_jsonl(path, data) if path.endswith((".jsonl", ".json")) else _read_csv(path, data)
     except OSError as exc:  # unreadable (permissions), or gone while reading
         raise WorkloadError(f"trace file {path}: cannot read it ({exc.strerror or exc})") from None
     if len(frame) == 0:
@@ -90,7 +97,7 @@ _STAMP_DIGITS = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18)
 _STAMP_PUNCTUATION = {4: b"-", 7: b"-", 10: b" T", 13: b":", 16: b":"}
 
 
-def _read_plain_csv(path: str) -> Trace | None:
+def _read_plain_csv(path: str, data: bytes) -> Trace | None:
     """A plain CSV trace read without pandas, else None (then `_read_csv` reads it and words any error).
 
     Importing pandas costs more than generating and simulating a short run (the peer workload's
@@ -102,8 +109,7 @@ def _read_plain_csv(path: str) -> Trace | None:
     The cells are located and parsed as numpy arrays over the file's bytes: a Python string per
     cell cost more than the rest of a short run's setup.
     """
-    with open(path, "rb") as handle:
-        data = handle.read().replace(b"\r\n", b"\n")
+    data = data.replace(b"\r\n", b"\n")
     if not data.isascii() or b'"' in data or b"\r" in data:
         return None
     first, _, body = data.partition(b"\n")
@@ -249,13 +255,34 @@ def _stamp_table(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     return np.array(strings, dtype=f"S{width}").view(np.uint8).reshape(len(strings), width)
 
 
-def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+def _check_header(path: str, data: bytes) -> None:
+    """A column named twice is refused: pandas would rename the second (`x.1`) and the trace
+    would silently be read from the first."""
+    import csv
+
+    first = data.split(b"\n", 1)[0].decode("utf-8-sig", errors="replace").rstrip("\r")
+    try:
+        names = next(csv.reader([first]), [])
+    except csv.Error:
+        return  # pandas words what is wrong with it
+    seen: set[str] = set()
+    for name in (n.strip() for n in names):
+        if name in seen and name:
+            raise WorkloadError(f"trace file {path}, line 1: column {name!r} is given twice")
+        seen.add(name)
+
+
+def _read_csv(path: str, data: bytes) -> tuple[pd.DataFrame, np.ndarray]:
+    import io
+
     import pandas as pd
 
+    _check_header(path, data)
     try:
         with warnings.catch_warnings():  # a row longer than the header: pandas warns, we refuse
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True, index_col=False)
+            frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, skipinitialspace=True,
+                                index_col=False, encoding="utf-8")
     except pd.errors.EmptyDataError:
         raise WorkloadError(f"trace file {path} is empty") from None
     except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError) as exc:
@@ -264,23 +291,26 @@ def _read_csv(path: str) -> tuple[pd.DataFrame, np.ndarray]:
     return frame, np.arange(len(frame)) + 2  # line 1 is the header
 
 
-def _read_jsonl(path: str) -> tuple[pd.DataFrame, np.ndarray]:
+def _read_jsonl(path: str, data: bytes) -> tuple[pd.DataFrame, np.ndarray]:
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = userjson.loads(text)
-            except ValueError as exc:  # JSONDecodeError, a key given twice, nesting too deep
-                raise WorkloadError(f"trace file {path}, line {number}: invalid JSON ({getattr(exc, 'msg', exc)})") from None
-            if not isinstance(row, dict):
-                raise WorkloadError(f"trace file {path}, line {number}: expected a JSON object per line")
-            rows.append(row)
-            lines.append(number)
+    try:  # lines as a text-mode file splits them (universal newlines)
+        text_lines = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"trace file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    for number, text in enumerate(text_lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            row = userjson.loads(text)
+        except ValueError as exc:  # JSONDecodeError, a key given twice, nesting too deep
+            raise WorkloadError(f"trace file {path}, line {number}: invalid JSON ({getattr(exc, 'msg', exc)})") from None
+        if not isinstance(row, dict):
+            raise WorkloadError(f"trace file {path}, line {number}: expected a JSON object per line")
+        rows.append(row)
+        lines.append(number)
     if not rows:
         raise WorkloadError(f"trace file {path} is empty")
     frame = pd.DataFrame(rows)
@@ -406,8 +436,12 @@ class TraceOptions:
                 raise WorkloadError(f"trace window_s must be [start, end] with 0 <= start < end, got {list(self.window_s)}")
         if self.sample not in ("head", "random"):
             raise WorkloadError(f"trace sample must be 'head' or 'random', got {self.sample!r}")
+        from kvsim.workloads.arrivals import MAX_RATE, MIN_RATE
+
         if self.rescale_rate is not None and not (self.rescale_rate > 0 and np.isfinite(self.rescale_rate)):
             raise WorkloadError(f"trace rescale_rate must be > 0, got {self.rescale_rate}")
+        if self.rescale_rate is not None and not MIN_RATE <= self.rescale_rate <= MAX_RATE:
+            raise WorkloadError(f"trace rescale_rate must be from {MIN_RATE:g} to {MAX_RATE:g} req/s, got {self.rescale_rate:g}")
 
     def describe(self) -> dict[str, Any]:
         return {
