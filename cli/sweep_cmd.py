@@ -348,8 +348,8 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
     """Run the points the table lacks (all without --resume), appending each row as it finishes;
     return every row of the sweep, the table's earlier ones included. The table is locked
     throughout (reports.sweep_table): a second sweep on it is refused."""
-    done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
-    try:
+    try:  # the open inside: an interrupt as it returns still closes the table
+        done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
         return _run_locked(plan, table, done_ids, jobs, executor, address)
     finally:
         if table is not None:

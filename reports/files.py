@@ -21,8 +21,8 @@ import errno
 import io
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from pathlib import Path
@@ -79,9 +79,20 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(path.anchor or ".")
 
 
+def _fresh_name(folder: Path, prefix: str) -> Path:
+    """A path in `folder` no entry has (a random name: what `tempfile` would pick)."""
+    return Path(folder) / f"{prefix}{secrets.token_hex(6)}"
+
+
 def _probe(folder: Path) -> None:
-    """Prove an entry can be made in `folder` (made and removed at once)."""
-    os.rmdir(tempfile.mkdtemp(prefix=".kvsim-probe-", dir=folder))
+    """Prove an entry can be made in `folder` (made and removed at once). The name is chosen
+    before the folder is made, so an interrupt at any moment cannot leave it behind."""
+    path = _fresh_name(folder, f".kvsim-probe-{os.getpid()}-")
+    try:
+        os.mkdir(path, 0o700)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(path)
 
 
 # What a JSON file kvsim writes says about itself (run / plan / calibrate records, profiles).
@@ -208,19 +219,25 @@ def remove_stale(folder: Path, name: str) -> None:
                 os.unlink(path)
 
 
-def make_parents(folder: Path) -> list[Path]:
-    """Create `folder` and the folders missing above it; returns those made, deepest first (to be
-    removed in that order if the write they are for does not happen)."""
+def missing_parents(folder: Path) -> list[Path]:
+    """`folder` and the folders above it that do not exist yet, deepest first: what `make_parents`
+    makes, and what `remove_made` removes (if still empty) when the write does not happen. Known
+    before anything is made, so an interrupt between two mkdirs cannot leave one behind."""
     missing = []
     for candidate in [folder, *folder.parents]:
         if candidate.is_dir():
             break
         missing.append(candidate)
-    made = []
+    return missing
+
+
+def make_parents(folder: Path, missing: list[Path] | None = None) -> list[Path]:
+    """Create `folder` and the folders missing above it; returns them, deepest first."""
+    missing = missing_parents(folder) if missing is None else missing
     for candidate in reversed(missing):
-        candidate.mkdir()
-        made.insert(0, candidate)
-    return made
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another writer
+            candidate.mkdir()
+    return missing
 
 
 def remove_made(made: list[Path]) -> None:
@@ -233,17 +250,16 @@ def remove_made(made: list[Path]) -> None:
 def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     """Write one file through a temporary sibling and `os.replace` (atomic on POSIX)."""
     target = Path(path)
-    made: list[Path] = []
-    try:
-        made = make_parents(target.parent)
-        remove_stale(target.parent, target.name)
-        fd, tmp = tempfile.mkstemp(prefix=_staging_prefix(target.name), dir=target.parent)
-        os.close(fd)
-    except OSError as exc:
-        remove_made(made)
-        raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
+    made = missing_parents(target.parent)
+    tmp = _fresh_name(target.parent, _staging_prefix(target.name))
     done = False
     try:
+        try:
+            make_parents(target.parent, made)
+            remove_stale(target.parent, target.name)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:
+            raise KvsimError(f"cannot write {target}: {_why(exc)}") from None
         write(Path(tmp))
         give_mode(Path(tmp), target, 0o666)
         os.replace(tmp, target)
@@ -337,20 +353,25 @@ class Staging:
 
     def __init__(self, out_dir: Path, names: Iterable[str]) -> None:
         self.out_dir = out_dir
-        self.target = check_out_folder(out_dir, names)
-        self.made: list[Path] = []  # folders made above the target: removed if nothing is swapped in
+        self.target = check_out_folder(out_dir, names)  # creates nothing
+        self.made = missing_parents(self.target.parent)  # made on entry, removed if nothing is swapped in
+        self.path = _fresh_name(self.target.parent, _staging_prefix(self.target.name))
         self.committed = False
-        try:
-            self.made = make_parents(self.target.parent)
-            remove_stale(self.target.parent, self.target.name)
-            self.path = Path(tempfile.mkdtemp(prefix=_staging_prefix(self.target.name), dir=self.target.parent))
-            give_mode(self.path, self.target, 0o777)
-        except OSError as exc:
-            remove_made(self.made)
-            raise KvsimError(f"cannot write to {out_dir}: {_why(exc)}") from None
         self.written: set[str] = set()  # files already complete or being streamed here
 
     def __enter__(self) -> Staging:
+        """Make the staging folder (and the folders missing above it). Everything is named before
+        it is made, so an interrupt at any moment here leaves nothing behind either."""
+        try:
+            make_parents(self.target.parent, self.made)
+            remove_stale(self.target.parent, self.target.name)
+            os.mkdir(self.path, 0o700)
+            give_mode(self.path, self.target, 0o777)
+        except BaseException as exc:
+            self.__exit__(None, None, None)
+            if isinstance(exc, OSError):
+                raise KvsimError(f"cannot write to {self.out_dir}: {_why(exc)}") from None
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -417,8 +438,7 @@ def _swap(new: Path, target: Path) -> None:
         return
     if _exchange(new, target):
         return
-    backup = Path(tempfile.mkdtemp(prefix=_staging_prefix(target.name) + "old-", dir=target.parent))
-    os.rmdir(backup)
+    backup = _fresh_name(target.parent, _staging_prefix(target.name) + "old-")
     os.rename(target, backup)
     try:
         os.rename(new, target)

@@ -12,7 +12,7 @@ interruptions (only `wall_s` differs).
 One sweep writes a table at a time: `open` takes an exclusive `flock` on a lock file beside it
 (`.NAME.lock`, removed by `close`) and holds it until the sweep ends, so a second sweep on the
 same `--out` is refused at once instead of mixing its rows in or losing them; a temporary file
-is named uniquely (`tempfile`), never by a fixed name another writer could share.
+is named uniquely (pid and random), never by a fixed name another writer could share.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import hashlib
 import io
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -78,11 +77,10 @@ class SweepTable:
             if exists and not resume:
                 raise ConfigError(f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
             if not exists:
-                existed = self.path.exists()
+                if not self.path.exists():
+                    self._created.insert(0, self.path)  # named first: an interrupt after the open still removes it
                 with open(self.path, "w"):
                     pass
-                if not existed:
-                    self._created.append(self.path)
                 return set()
             rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
             self._drop_partial_line()
@@ -104,14 +102,11 @@ class SweepTable:
         return {r["point_id"] for r in rows}
 
     def _make_parents(self) -> None:
-        missing = []
-        for parent in [self.path.parent, *self.path.parent.parents]:
-            if parent.exists():
-                break
-            missing.append(parent)
-        for folder in reversed(missing):
-            folder.mkdir()
-            self._created.insert(0, folder)  # deepest first: removed in this order
+        from kvsim.reports.files import make_parents, missing_parents
+
+        missing = missing_parents(self.path.parent)
+        self._created += missing  # deepest first (the table, if made, goes before them)
+        make_parents(self.path.parent, missing)
 
     def _lock(self) -> None:
         """Hold an exclusive lock on `.NAME.lock` for the life of the sweep; another sweep (another
@@ -120,24 +115,23 @@ class SweepTable:
 
         while True:
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            self._lock_fd = fd  # from here `close` releases it (and removes the file only if it held it)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                self._lock_fd = -1
                 os.close(fd)
                 raise ConfigError(
                     f"--out {self.path}: another kvsim sweep is writing this table now; wait for it to "
                     "finish (then --resume), or give another --out"
                 ) from None
-            except OSError:
-                os.close(fd)
-                raise
             try:  # the holder before us may have removed the file after we opened it: lock the one there now
                 same = os.path.samestat(os.fstat(fd), os.stat(self._lock_path))
             except FileNotFoundError:
                 same = False
             if same:
-                self._lock_fd = fd
                 return
+            self._lock_fd = -1
             os.close(fd)
 
     def close(self) -> None:
@@ -145,14 +139,21 @@ class SweepTable:
         is removed, so a refused or interrupted sweep leaves nothing; then the lock goes."""
         if self._lock_fd < 0:
             return
+        import fcntl
+
+        fd, self._lock_fd = self._lock_fd, -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held already (a no-op), or free: ours to remove
+        except OSError:  # another sweep holds it (we were interrupted before locking): leave its file
+            os.close(fd)
+            return
         if self._rows == 0:
             for made in self._created:
                 with contextlib.suppress(OSError):
                     made.rmdir() if made.is_dir() else made.unlink()
         with contextlib.suppress(OSError):
             os.unlink(self._lock_path)  # while still holding it: a waiting opener sees a new file
-        os.close(self._lock_fd)
-        self._lock_fd = -1
+        os.close(fd)
 
     def _drop_partial_line(self) -> None:
         """A kill mid-write leaves a last line without its newline: cut it off."""
@@ -227,10 +228,11 @@ class SweepTable:
     def _replace_with(self, columns: list[str], rows: Iterable[list[Any]]) -> None:
         """Write header and rows to a temporary sibling, fsync, rename it over the table; on a
         failure the table is as it was and the sibling is removed."""
-        fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.kvsim-{os.getpid()}-", dir=self.path.parent)
-        tmp = Path(name)
+        import secrets
+
+        tmp = self.path.with_name(f".{self.path.name}.kvsim-{os.getpid()}-{secrets.token_hex(6)}")  # a unique name
         try:
-            with open(fd, "w", newline="") as f:
+            with open(tmp, "x", newline="") as f:
                 f.write(_line(columns))
                 for r in rows:
                     f.write(_line(r))

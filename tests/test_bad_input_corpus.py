@@ -805,15 +805,19 @@ def test_unwritable_out_is_refused_in_under_a_second_on_the_other_commands(tmp_p
 
 
 def test_out_above_the_inputs_keeps_them(tmp_path):
-    """Decided: an --out folder that holds the run's own inputs is fine. The folder is swapped as a
-    whole, and every entry kvsim does not write is carried over, so the inputs survive unchanged."""
+    """Decided: an --out folder of a previous kvsim result that also holds the run's own inputs is
+    fine. The folder is swapped as a whole, and every entry kvsim does not write is carried over, so
+    the inputs survive unchanged. (Issue 23: a non-empty folder with no kvsim result in it is
+    refused, so the first run goes to a new folder and the inputs are moved in afterwards.)"""
     out = tmp_path / "exp"
-    (out / "inputs").mkdir(parents=True)
-    workload = out / "w.yaml"
+    workload, config = tmp_path / "w.yaml", tmp_path / "config.json"
     workload.write_text(GOOD_YAML)
-    config = out / "inputs" / "config.json"
     config.write_text(json.dumps(HF_SHAPE))
-    for _ in range(2):  # a first run and a rerun into the same folder
+    result = CliRunner().invoke(app, ["run", "--workload", str(workload), "--model", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    (out / "inputs").mkdir()
+    workload, config = workload.rename(out / "w.yaml"), config.rename(out / "inputs" / "config.json")
+    for _ in range(2):  # reruns into the same folder, inputs inside it
         result = CliRunner().invoke(app, ["run", "--workload", str(workload), "--model", str(config), "--out", str(out)])
         assert result.exit_code == 0, result.stderr
     assert workload.read_text() == GOOD_YAML and json.loads(config.read_text()) == HF_SHAPE

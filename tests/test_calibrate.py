@@ -176,7 +176,7 @@ def test_decode_span_api_is_used_consistently_by_the_probe():
 
 def test_impossible_times_and_unfit_tp_are_refused(tmp_path):
     path = tmp_path / "m.csv"
-    path.write_text(HEADER + "4,64,1024,16,5\n")  # 65k prompt tokens of a 70B model in 5 ms
+    path.write_text(HEADER + "4,64,1024,16,5\n4,32,1024,16,4\n")  # 65k prompt tokens of a 70B model in 5 ms
     runner = CliRunner()
     result = runner.invoke(app, ["calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100",
                                  "--out", str(tmp_path / "o")])

@@ -22,15 +22,16 @@ if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (s
     import simpy
 
 
-# The rates and burstiness a run can mean. Below MIN_RATE the gaps (1/rate seconds and more)
-# leave float64 time too coarse for millisecond steps within a few thousand requests, and at 1e-308
-# 1/rate overflows to inf; above MAX_RATE (a billion requests a second) every arrival is the same
-# instant anyway. A gamma gap of shape k falls below the smallest double, so it is exactly 0, with
-# probability about (4.9e-324)**k: 0.47 at k = 0.001, 6e-4 at 0.01, 3e-7 at MIN_BURSTINESS (0.02),
-# measured with numpy's gamma; below it the arrivals collapse to t = 0 while the run's header still
-# says "gamma arrivals". MAX_BURSTINESS: gaps' CV 0.001, a fixed rate in all but name, and
-# rate * burstiness stays far from overflow.
-MIN_RATE, MAX_RATE = 1e-6, 1e9
+# The rates and burstiness a run can mean. Below MIN_RATE, 1/rate (the mean gap in seconds)
+# heads for overflow (inf from 5.6e-309: every gap infinite, and the run refused only after it
+# ran); above it a near-idle run runs, with the warning that the engine sat idle and the longest
+# gap (tests/test_bad_input_audit.py keeps 1e-300 running). Above MAX_RATE (a billion requests a
+# second) every arrival is the same instant anyway. A gamma gap of shape k falls below the
+# smallest double, so it is exactly 0, with probability about (4.9e-324)**k: 0.47 at k = 0.001,
+# 6e-4 at 0.01, 3e-7 at MIN_BURSTINESS (0.02), measured with numpy's gamma; below it the arrivals
+# collapse to t = 0 while the run's header still says "gamma arrivals". MAX_BURSTINESS: gaps' CV
+# 0.001, a fixed rate in all but name, and rate * burstiness stays far from overflow.
+MIN_RATE, MAX_RATE = 1e-300, 1e9
 MIN_BURSTINESS, MAX_BURSTINESS = 0.02, 1e6
 
 

@@ -160,14 +160,23 @@ def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[s
     return kind, _Fields(file, where, data, (key, *table[kind]))
 
 
+def _bounded(f: _Fields, key: str, low: float, high: float, default: Any = _MISSING) -> float:
+    """A positive number within [low, high] (workloads.arrivals says why), the field named."""
+    value = f.number(key, default, strict=True, maximum=math.inf)
+    if not low <= value <= high:
+        raise f.error(f.path(key), f"must be from {low:g} to {high:g}, got {_shown(value)}")
+    return value
+
+
 def _arrival(file: str, data: Any) -> ArrivalProcess:
     kind, f = _kinded(file, "arrival", data, "process", ARRIVAL_FIELDS)
     if kind == "poisson":
-        return GammaArrivals(f.number("rate", strict=True))
+        return GammaArrivals(_bounded(f, "rate", MIN_RATE, MAX_RATE))
     if kind == "gamma":
-        return GammaArrivals(f.number("rate", strict=True), f.number("burstiness", 1.0, strict=True))
+        return GammaArrivals(_bounded(f, "rate", MIN_RATE, MAX_RATE),
+                             _bounded(f, "burstiness", MIN_BURSTINESS, MAX_BURSTINESS, 1.0))
     if kind == "fixed_rate":
-        return FixedRateArrivals(f.number("rate", strict=True))
+        return FixedRateArrivals(_bounded(f, "rate", MIN_RATE, MAX_RATE))
     if kind == "batch":
         return BatchArrivals(f.number("size", 0, integer=True), f.number("interval_s", 0.0))
     if kind == "piecewise":

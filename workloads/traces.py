@@ -97,7 +97,7 @@ _STAMP_DIGITS = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18)
 _STAMP_PUNCTUATION = {4: b"-", 7: b"-", 10: b" T", 13: b":", 16: b":"}
 
 
-def _read_plain_csv(path: str, data: bytes) -> Trace | None:
+def _read_plain_csv(path: str, data: bytes | None = None) -> Trace | None:
     """A plain CSV trace read without pandas, else None (then `_read_csv` reads it and words any error).
 
     Importing pandas costs more than generating and simulating a short run (the peer workload's
@@ -109,6 +109,8 @@ def _read_plain_csv(path: str, data: bytes) -> Trace | None:
     The cells are located and parsed as numpy arrays over the file's bytes: a Python string per
     cell cost more than the rest of a short run's setup.
     """
+    if data is None:
+        data = read_bytes(path, "trace")
     data = data.replace(b"\r\n", b"\n")
     if not data.isascii() or b'"' in data or b"\r" in data:
         return None
@@ -272,11 +274,13 @@ def _check_header(path: str, data: bytes) -> None:
         seen.add(name)
 
 
-def _read_csv(path: str, data: bytes) -> tuple[pd.DataFrame, np.ndarray]:
+def _read_csv(path: str, data: bytes | None = None) -> tuple[pd.DataFrame, np.ndarray]:
     import io
 
     import pandas as pd
 
+    if data is None:
+        data = read_bytes(path, "trace")
     _check_header(path, data)
     try:
         with warnings.catch_warnings():  # a row longer than the header: pandas warns, we refuse
@@ -291,11 +295,13 @@ def _read_csv(path: str, data: bytes) -> tuple[pd.DataFrame, np.ndarray]:
     return frame, np.arange(len(frame)) + 2  # line 1 is the header
 
 
-def _read_jsonl(path: str, data: bytes) -> tuple[pd.DataFrame, np.ndarray]:
+def _read_jsonl(path: str, data: bytes | None = None) -> tuple[pd.DataFrame, np.ndarray]:
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
+    if data is None:
+        data = read_bytes(path, "trace")
     try:  # lines as a text-mode file splits them (universal newlines)
         text_lines = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n").split("\n")
     except UnicodeDecodeError as exc:
@@ -441,7 +447,9 @@ class TraceOptions:
         if self.rescale_rate is not None and not (self.rescale_rate > 0 and np.isfinite(self.rescale_rate)):
             raise WorkloadError(f"trace rescale_rate must be > 0, got {self.rescale_rate}")
         if self.rescale_rate is not None and not MIN_RATE <= self.rescale_rate <= MAX_RATE:
-            raise WorkloadError(f"trace rescale_rate must be from {MIN_RATE:g} to {MAX_RATE:g} req/s, got {self.rescale_rate:g}")
+            raise WorkloadError(
+                f"trace rescale_rate must be from {MIN_RATE:g} to {MAX_RATE:g} req/s, got {self.rescale_rate:g}"
+            )
 
     def describe(self) -> dict[str, Any]:
         return {
