@@ -33,6 +33,7 @@ LIST = "Comma-separated list."
 PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
 MAX_TARGET_RATES = 100  # target rates of one plan
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
+MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
 
 
 def _list(flag: str, text: str | None, kind: type, default: list) -> list:
@@ -106,11 +107,17 @@ def plan(
     from kvsim.cli.options import check_seed
 
     check_seed(seed)
-    if not 0 < tolerance < 1:
-        raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
+    from kvsim.reports.capacity import MIN_TOLERANCE
+
+    if not MIN_TOLERANCE <= tolerance < 1:  # NaN fails too
+        raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
     for flag, value in (("--search-requests", search_requests), ("--confirm-requests", confirm_requests)):
         if value < 50:
             raise ConfigError(f"{flag} must be >= 50 (a run needs a warm-up and a tail), got {value}")
+        if value > MAX_RUN_REQUESTS:  # every candidate runs several searches of this many: bounded up front
+            shown = str(value) if len(str(value)) <= 40 else f"{str(value)[:18]}...{str(value)[-18:]}"
+            raise ConfigError(f"{flag} must be at most {MAX_RUN_REQUESTS:,} (each candidate runs several "
+                              f"simulations of that many requests), got {shown}")
     if not 1 <= jobs <= 1024:  # one process each
         raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from kvsim.cli.options import SloTpotP95, SloTtftP95, check_slos
-from kvsim.simcore.errors import ConfigError
 
 app = typer.Typer(no_args_is_help=True, help="Build reports: tables, figures and their markdown.")
 

@@ -139,8 +139,10 @@ def run(
     refuse_irrelevant(policy.value, fields.get("allocator"), given)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    if not 0 < tolerance < 1:
-        raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
+    from kvsim.reports.capacity import MIN_TOLERANCE
+
+    if not MIN_TOLERANCE <= tolerance < 1:  # NaN fails too
+        raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
     if not find_max_rate and ctx.get_parameter_source("tolerance").name == "COMMANDLINE":
         raise ConfigError("--tolerance applies only with --find-max-rate")  # it would be ignored
     model_spec = get_model(model)

@@ -52,6 +52,11 @@ MAX_DOUBLINGS = 20
 # neighbour above failed, so a wrong elasticity costs runs, never correctness.
 ELASTICITY = 1.5
 
+# The search steps on the grid (1 + tolerance)^k: below ~1e-16, 1 + tolerance rounds to 1 and the
+# grid collapses (log(1 + tolerance) = 0: an infinite index). 1e-6 keeps every grid point distinct
+# with room to spare; a bracket of one part in a million is already below a run's own noise.
+MIN_TOLERANCE = 1e-6
+
 
 @dataclass(frozen=True, slots=True)
 class SLO:

@@ -97,11 +97,23 @@ def _probe(folder: Path) -> None:
 
 # What a JSON file kvsim writes says about itself (run / plan / calibrate records, profiles).
 _KVSIM_JSON_MARKS = (b'"kvsim_version"', b'"kvsim-profile"')
+# The fixed names of every folder kvsim writes (run, run --find-max-rate, plan, report seed-table,
+# report sweep; tests/test_reliability_round3.py checks each command's list is in here), so a
+# folder one command wrote may be reused by another. Calibrated profiles are recognized by
+# _PROFILE_NAME and their schema.
+KVSIM_OUTPUT_NAMES = frozenset({
+    "requests.csv", "steps.csv", "summary.json", "rates.csv", "max_rate.json",
+    "plan.csv", "plan.json", "capacity.png", "plan.parquet",
+    "seed-table.md", "seed-table.csv", "seed-table.html", "seed-table.png", "seed-table-kv.png",
+    "seed-table-ttft.png", "heatmap-throughput.png", "heatmap-ttft-p95.png", "heatmap-tpot-p95.png",
+    "heatmap-kv-waste.png", "throughput-latency.png", "sweep-report.html",
+})
+_PROFILE_NAME = re.compile(r".+-tp[0-9]+\.json")
 
 
 def _is_kvsim_file(path: Path) -> bool:
-    """A regular file kvsim could have written under this name: any non-JSON output name, or a
-    JSON file that carries kvsim's record."""
+    """A regular file kvsim could have written under this name: a non-JSON output name, or a
+    JSON file that carries kvsim's record (read with the profile cap: bounded)."""
     if not path.is_file():
         return False
     if path.suffix != ".json":
@@ -113,6 +125,15 @@ def _is_kvsim_file(path: Path) -> bool:
     except OSError:
         return False
     return any(mark in data for mark in _KVSIM_JSON_MARKS)
+
+
+def holds_kvsim_result(folder: Path, names: Iterable[str]) -> bool:
+    """`folder` holds a previous kvsim result: one of this write's `names`, or of any folder kvsim
+    writes, written by kvsim (a JSON with kvsim's record), or a calibrated profile."""
+    known = set(names) | KVSIM_OUTPUT_NAMES
+    with os.scandir(folder) as entries:
+        candidates = [e.name for e in entries if e.name in known or _PROFILE_NAME.fullmatch(e.name)]
+    return any(_is_kvsim_file(folder / name) for name in sorted(candidates)[:16])  # a bounded look
 
 
 def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
@@ -142,7 +163,7 @@ def _check_out_folder(out_dir: Path, names: tuple[str, ...], flag: str) -> Path:
             raise KvsimError(f"{flag} {out_dir}: {name} there is a folder; kvsim would have to replace it")
     if resolved.is_dir():
         with os.scandir(resolved) as entries:
-            foreign = next(entries, None) is not None and not any(_is_kvsim_file(resolved / n) for n in names)
+            foreign = next(entries, None) is not None and not holds_kvsim_result(resolved, names)
         if foreign:
             raise KvsimError(
                 f"{flag} {out_dir}: a folder that holds other files and no kvsim result; kvsim replaces "
@@ -171,6 +192,10 @@ def _check_out_file(path: Path, flag: str) -> Path:
     target = Path(path).expanduser()
     if target.is_dir():
         raise KvsimError(f"{flag} {path}: is a folder; give a file name")
+    from kvsim.simcore.userfiles import is_special
+
+    if is_special(target):  # a FIFO would block the write forever, a device would swallow it
+        raise KvsimError(f"{flag} {path}: exists and is not a regular file")
     _resolve(target)  # a symlink loop: refused here, as the OS would refuse the write
     try:
         _probe(_existing_ancestor(target.parent))  # creates nothing that stays

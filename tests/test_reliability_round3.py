@@ -465,6 +465,18 @@ def test_out_that_is_a_non_empty_folder_kvsim_did_not_write(tmp_path, content, n
     assert entries(tmp_path) == before
 
 
+def test_every_folder_output_name_is_known_as_a_kvsim_result():
+    """A folder one kvsim command wrote may be reused by another: each command's file list is in
+    reports.files.KVSIM_OUTPUT_NAMES."""
+    from kvsim.cli.output import RUN_FILES
+    from kvsim.cli.plan_cmd import PLAN_FILES
+    from kvsim.reports import seed_table, sweep_report
+    from kvsim.reports.files import KVSIM_OUTPUT_NAMES
+
+    for names in (RUN_FILES, ("rates.csv", "max_rate.json"), PLAN_FILES, seed_table.FILES, sweep_report.FILES):
+        assert set(names) <= KVSIM_OUTPUT_NAMES, set(names) - KVSIM_OUTPUT_NAMES
+
+
 def test_out_that_holds_a_previous_kvsim_result_is_reused(tmp_path):
     out = tmp_path / "exp"
     assert invoke("run", *TINY, "--out", str(out)).exit_code == 0
