@@ -61,10 +61,18 @@ def entries(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal gives it. A shell without job control starts background
+    commands with SIGINT ignored, and Python then installs no handler (nor would kvsim be asked
+    to handle one)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kvsim_process(*args: str, cwd: Path = ROOT, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "kvsim.cli.main", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint, **kwargs)
 
 
 def wait_for(condition, timeout_s: float, what: str) -> None:
@@ -225,7 +233,7 @@ def test_ctrl_c_at_any_moment_of_start_up(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for delay in (0.0, 0.05, 0.15, 0.3):
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
         assert proc.stdout.readline() == "ready\n"
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
