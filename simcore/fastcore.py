@@ -119,8 +119,11 @@ def unsupported(sim: Any) -> str:
     if any(type(e.policy) is not type(policy) for e in engines):
         return "replicas with different policies"
     workload = sim.workload
-    if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
-        return "a closed-loop workload, or one that does not give its requests as arrays"
+    if not hasattr(workload, "iter_arrays"):
+        return "a workload that does not give its requests as arrays"
+    if getattr(workload, "is_closed_loop", True) and getattr(getattr(workload, "arrival", None), "kind", "") != "closed_loop":
+        # (simcore imports no workloads: the loop's kind, concurrency and per-request think_s, by name)
+        return "a closed loop other than a workload file's clients (workloads.arrivals.ClosedLoop)"
     # what a workload file says of every request (a chunk that breaks it anyway stops the run)
     if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         return "parallel sampling or beam search"

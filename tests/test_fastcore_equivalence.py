@@ -373,3 +373,44 @@ def test_replicas_behind_a_router_match(dp, router, monkeypatch):
         if core.records.kept and len(core.requests):
             used.update(core.requests["replica"].unique().tolist())
     assert used == set(range(dp)), "the cases should reach every replica"
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_closed_loop_clients_match(dp):
+    """A workload file's closed loop (workloads.arrivals.closed_loop_process): N clients share one
+    stream of requests, each submits, waits for its request to leave (finished or refused), thinks
+    (fixed or exponential, or not at all) and takes the next. The core's clients start in order
+    before anything at time 0 and take requests in the reference's order, so every timeline is
+    the reference's; with two replicas the router spreads them."""
+    import dataclasses
+
+    from kvsim.workloads.arrivals import ClosedLoop
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import WorkloadSpec
+
+    rejected = thought = 0
+    for case in range(8):
+        rng = np.random.default_rng(4000 + case)
+        config, _ = _random_case(rng)
+        mml = config.max_model_len
+        think = float(rng.choice([0.0, 0.001, 0.01]))
+        loop = ClosedLoop(concurrency=int(rng.integers(1, 12)), think_time_s=think,
+                          think_time_dist=str(rng.choice(["fixed", "exponential"])))
+        spec = WorkloadSpec(name="clients", num_requests=int(rng.integers(1, 40)), arrival=loop,
+                            prompt_len=Uniform(1, mml + 4), output_len=Uniform(1, mml))
+        config = dataclasses.replace(config, data_parallel_size=dp, router=str(rng.choice(["round-robin", "least-loaded"])))
+        core, _ = _compare(config, spec, seed=case, context=f"closed loop dp {dp} case {case}")
+        rejected += core.summary["rejected"]
+        thought += think > 0
+    assert rejected and thought, "the cases should refuse requests (their clients go on) and think"
+
+
+def test_seed_table_runs_in_the_core():
+    """The seed table's 64 clients (workloads/seed-table.yaml, a shorter run): the core's run is the
+    reference's."""
+    from kvsim.workloads import load_workload
+
+    config = EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048, enable_chunked_prefill=False)
+    workload = load_workload("seed-table", {"num_requests": 200}, max_model_len=config.resolved_max_model_len(TINY))
+    core, _ = _compare(config, workload, seed=5, context="seed-table")
+    assert core.summary["completed"] == 200
