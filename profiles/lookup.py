@@ -18,7 +18,8 @@ PROFILE_DIR = Path(__file__).resolve().parent
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size",
+    "shared_expert_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "q_lora_rank", "first_k_dense_replace",
 )
 
 

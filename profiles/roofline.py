@@ -135,16 +135,21 @@ def elementwise_ms(gpu: GPUSpec, eff: Efficiency, kind: str, nbytes: float) -> f
     return eff.elementwise_floor_ms + 1e3 * nbytes / (gpu.hbm_tbps * 1e12 * eff.elementwise[kind])
 
 
-def linear_ops(model: ModelSpec, tp: int, tokens: int) -> list[tuple[str, str, float, float]]:
+def linear_ops(model: ModelSpec, tp: int, tokens: int, moe_layer: bool | None = None) -> list[tuple[str, str, float, float]]:
     """One layer's linear work on one GPU: (operator, kind, flops, bytes). Kind is "gemm", "gemm8"
     (an FP8 GEMM) or an elementwise kind. Operator names follow the measured data (Vidur's
-    mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`)."""
+    mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`); `moe_layer` False
+    gives a dense layer of an MoE model (DeepSeek's first_k_dense_replace layers)."""
     t, h, b = tokens, model.hidden_size, model.dtype_bytes
     q, kv, inter = model.q_size // tp, max(1, model.num_kv_heads // tp) * model.head_dim, model.intermediate_size // tp
     gemm = _gemm_maker(model, t)
-    ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
-           *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
-    if model.is_moe:
+    if model.is_mla:
+        ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *mla_projection_ops(model, tp, t),
+               ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
+    else:
+        ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
+               *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
+    if model.is_moe if moe_layer is None else moe_layer:
         ops += moe_ops(model, tp, t)
     else:
         up = (2 if model.gated_mlp else 1) * inter
@@ -152,8 +157,36 @@ def linear_ops(model: ModelSpec, tp: int, tokens: int) -> list[tuple[str, str, f
                 ("mlp_act", "act", 0.0, float(t * inter * (3 if model.gated_mlp else 2) * b)),
                 *gemm("mlp_down_proj", inter, h)]
     ops.append(("add", "add", 0.0, 3.0 * t * h * b))
-    if model.gated_mlp:  # Llama-style rotary embeddings; OPT has learned positions
+    if model.is_mla:  # rope on the rope parts only: each head's query slice and the one shared key
+        rope = model.qk_rope_head_dim
+        ops.insert(2, ("attn_rope", "rope", 0.0, 2.0 * t * (model.num_attention_heads // tp + 1) * rope * b))
+    elif model.gated_mlp:  # Llama-style rotary embeddings; OPT has learned positions
         ops.insert(1 + (2 if model.quantization == "fp8" else 1), ("attn_rope", "rope", 0.0, 2.0 * t * (q + kv) * b))
+    return ops
+
+
+def mla_projection_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, float]]:
+    """MLA's projections on one GPU, as vLLM shards them (vllm/model_executor/models/deepseek_v2.py):
+    q_a and kv_a replicated on every rank (ReplicatedLinear), q_b, kv_b column-parallel and o
+    row-parallel over the heads. kv_b up-projects the latent to per-head K_nope and V: prefill runs
+    it on the chunk's tokens; decode absorbs the same weights into the query and the output
+    (W_UK, W_UV batched matmuls: the same FLOPs and weight bytes per token), so one GEMM prices
+    both. The q_a / kv_a norms ride in elementwise `norm` ops."""
+    h, b = model.hidden_size, model.dtype_bytes
+    heads = max(1, model.num_attention_heads // tp)
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    gemm = _gemm_maker(model, t)
+    ops: list[tuple[str, str, float, float]] = []
+    if model.q_lora_rank:
+        ops += [*gemm("attn_q_a_proj", h, model.q_lora_rank),
+                ("attn_q_a_layernorm", "norm", 0.0, 2.0 * t * model.q_lora_rank * b),
+                *gemm("attn_q_b_proj", model.q_lora_rank, heads * qk)]
+    else:
+        ops += gemm("attn_q_proj", h, heads * qk)
+    ops += [*gemm("attn_kv_a_proj", h, model.mla_latent_dim),
+            ("attn_kv_a_layernorm", "norm", 0.0, 2.0 * t * model.kv_lora_rank * b),
+            *gemm("attn_kv_b_proj", model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim)),
+            *gemm("attn_post_proj", heads * model.v_head_dim, h)]
     return ops
 
 
@@ -204,12 +237,21 @@ def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float)
 
 
 def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency) -> float:
-    """All linear work of one layer: the ops above, a second residual add, and the KV write."""
+    """All linear work of one layer: the ops above, a second residual add, and the KV write. A model
+    whose first layers are dense (DeepSeek's first_k_dense_replace) gets the mean over its layers
+    (the latency model multiplies one layer's time by the layer count)."""
     total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens))
-    kv = max(1, model.num_kv_heads // tp) * model.head_dim
+    dense = model.num_layers - model.num_moe_layers if model.is_moe else 0
+    if dense:
+        dense_ms = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens, False))
+        total = (total * model.num_moe_layers + dense_ms * dense) / model.num_layers
     total += elementwise_ms(gpu, eff, "add", 3.0 * tokens * model.hidden_size * model.dtype_bytes)
     kv_in_out = model.dtype_bytes + model.kv_dtype_bytes  # read the new K, V; write them to the cache
-    total += elementwise_ms(gpu, eff, "add", 2.0 * tokens * kv * kv_in_out)  # cache write
+    if model.is_mla:  # one latent + rope key per token, written on every rank
+        total += elementwise_ms(gpu, eff, "add", 1.0 * tokens * model.mla_latent_dim * kv_in_out)
+    else:
+        kv = max(1, model.num_kv_heads // tp) * model.head_dim
+        total += elementwise_ms(gpu, eff, "add", 2.0 * tokens * kv * kv_in_out)  # cache write
     return total
 
 
@@ -222,9 +264,18 @@ def prefill_attention_ms(gpu: GPUSpec, model: ModelSpec, tp: int, chunk: int, co
     """Causal attention of a `chunk` over `context` prior tokens plus itself, on a GPU that other
     chunks of the step keep full (no floor, no occupancy loss: the latency model adds both once per
     step from the profile's `occupancy`)."""
-    heads = model.num_attention_heads // tp
+    heads = max(1, model.num_attention_heads // tp)
     attended = chunk * (context + (chunk + 1) / 2)  # query-key pairs under the causal mask
-    flops = 4.0 * attended * heads * model.head_dim
+    if model.is_mla:
+        # vLLM's MLA prefill is plain attention over up-projected heads (qk dim nope+rope, v dim
+        # v_head_dim); the chunk's own K/V come from kv_b (a linear op), and a chunk with cached
+        # context first up-projects that context's latents (vllm/v1/attention/backends/mla/common.py,
+        # _compute_prefill_context): 2 x context x kv_lora_rank x heads x (nope + v) more FLOPs.
+        qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+        flops = 2.0 * attended * heads * (qk + v)
+        flops += 2.0 * context * model.kv_lora_rank * heads * (model.qk_nope_head_dim + v)
+    else:
+        flops = 4.0 * attended * heads * model.head_dim
     return 1e3 * flops / (gpu.bf16_tflops * 1e12 * flash_efficiency(context + chunk))
 
 
@@ -235,10 +286,19 @@ def decode_attention_ms(
     """Paged decode: each sequence reads whole blocks through its block table, the last one
     padded (a batch's lengths are ragged: on average (B-1)/2B of a block is padding), and each
     block costs PAGED_BLOCK_OVERHEAD_TOKENS rows more (see above)."""
-    heads, kv_heads = model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
+    heads, kv_heads = max(1, model.num_attention_heads // tp), max(1, model.num_kv_heads // tp)
     d, b, kvb = model.head_dim, model.dtype_bytes, model.kv_dtype_bytes  # FP8 KV: half the reads
     blocks = max(1.0, context / block_size + (block_size - 1) / (2 * block_size))
     rows = blocks * (block_size + PAGED_BLOCK_OVERHEAD_TOKENS)
+    if model.is_mla:
+        # Absorbed MLA decode (FlashMLA; vLLM's MLA decode backends): every head scores the query,
+        # moved into latent space, against the one shared latent + rope key (kv_lora_rank + rope
+        # wide) and sums values in the latent (kv_lora_rank wide): the cache is read once for all
+        # heads, so decode attention is far less memory-bound than GQA's.
+        latent = model.mla_latent_dim
+        flops = 2.0 * batch * context * heads * (latent + model.kv_lora_rank)
+        nbytes = batch * (rows * latent * kvb + heads * (latent + model.kv_lora_rank) * b) + batch * 4 * blocks
+        return gemm_ms(gpu, eff, flops, nbytes)
     flops = 4.0 * batch * context * heads * d
     nbytes = batch * (2.0 * rows * kv_heads * kvb + 2.0 * heads * b) * d + batch * 4 * blocks
     return gemm_ms(gpu, eff, flops, nbytes)
