@@ -135,7 +135,8 @@ def elementwise_ms(gpu: GPUSpec, eff: Efficiency, kind: str, nbytes: float) -> f
     return eff.elementwise_floor_ms + 1e3 * nbytes / (gpu.hbm_tbps * 1e12 * eff.elementwise[kind])
 
 
-def linear_ops(model: ModelSpec, tp: int, tokens: int, moe_layer: bool | None = None) -> list[tuple[str, str, float, float]]:
+def linear_ops(model: ModelSpec, tp: int, tokens: int, moe_layer: bool | None = None,
+               ep: int = 1) -> list[tuple[str, str, float, float]]:
     """One layer's linear work on one GPU: (operator, kind, flops, bytes). Kind is "gemm", "gemm8"
     (an FP8 GEMM) or an elementwise kind. Operator names follow the measured data (Vidur's
     mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`); `moe_layer` False
@@ -150,7 +151,7 @@ def linear_ops(model: ModelSpec, tp: int, tokens: int, moe_layer: bool | None = 
         ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
                *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
     if model.is_moe if moe_layer is None else moe_layer:
-        ops += moe_ops(model, tp, t)
+        ops += moe_ops(model, tp, t) if ep <= 1 else ep_moe_ops(model, tp, t, ep)
     else:
         up = (2 if model.gated_mlp else 1) * inter
         ops += [*gemm("mlp_up_proj", h, up),
@@ -228,6 +229,74 @@ def moe_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, fl
     return ops
 
 
+def ep_load_imbalance(pairs: float, ep: int) -> float:
+    """Busiest GPU's share of `pairs` token-expert assignments over `ep` GPUs, relative to the mean,
+    under uniform independent routing: the expected maximum of ep near-Poisson loads, mean +
+    sqrt(2 ln ep) standard deviations (the Gaussian extreme-value estimate). Real routers are
+    more skewed and vLLM's EPLB rebalances them; neither is modelled."""
+    mean = pairs / ep
+    if mean <= 0 or ep <= 1:
+        return 1.0
+    return min(float(ep), 1.0 + math.sqrt(2.0 * math.log(ep)) * math.sqrt((1.0 - 1.0 / ep) / mean))
+
+
+def ep_moe_ops(model: ModelSpec, tp: int, t: int, ep: int) -> list[tuple[str, str, float, float]]:
+    """An MoE layer's MLP on one GPU of an expert-parallel group of `ep` GPUs (vLLM's
+    --enable-expert-parallel: E/ep whole experts per GPU, not a 1/tp slice of every expert). The
+    group's ep/tp data-parallel ranks step together (vLLM runs DP+EP forward passes in lockstep,
+    idle ranks with dummy batches); kvsim assumes each brings the same `t` tokens, so one GPU
+    serves t x ep/tp x top-k / ep assignments on average, and the busiest GPU (ep_load_imbalance)
+    sets the layer's time. Shared experts stay tensor-parallel, as vLLM's DeepSeek model keeps
+    them."""
+    h, b, k, e = model.hidden_size, model.dtype_bytes, model.num_experts_per_tok, model.num_experts
+    inter, local = model.moe_intermediate_size, e / ep
+    group_tokens = t * (ep / tp)
+    pairs = group_tokens * k
+    busiest = pairs / ep * ep_load_imbalance(pairs, ep)
+    touched = local * (1.0 - (1.0 - k / e) ** group_tokens)
+    rows = touched * math.ceil(busiest / max(touched, 1e-9) / MOE_TILE_ROWS) * MOE_TILE_ROWS
+    gemm = _gemm_maker(model, t)
+    ops = [("moe_router", "gemm", 2.0 * t * h * e, float(h * e + t * h + t * e) * b),
+           ("moe_topk_align", "add", 0.0, float(t * e * 4 + t * k * 8)),
+           *gemm("moe_up_proj", h, 2 * inter, rows, touched),
+           ("moe_act", "act", 0.0, float(busiest * inter * 3 * b)),
+           *gemm("moe_down_proj", inter, h, rows, touched),
+           ("moe_sum", "add", 0.0, float(t * k * h * b + t * h * b))]
+    shared = model.shared_expert_intermediate_size // tp
+    if shared:
+        ops += [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
+                *gemm("shared_down_proj", shared, h)]
+    return ops
+
+
+# Expert-parallel all-to-all (MoE dispatch and combine), as DeepEP's normal kernels measure it
+# (github.com/deepseek-ai/DeepEP, legacy README, H800 with CX7 400 Gb/s, DeepSeek-V3 setting: 4,096
+# tokens, hidden 7,168, top-8, FP8 dispatch, BF16 combine): 153 / 158 GB/s over NVLink at EP 8
+# (H800 NVLink: 200 GB/s per direction, so 0.77 of it) and 43 GB/s over RDMA at EP 16 (0.86 of the
+# 50 GB/s NIC). Its low-latency kernels move 128 tokens in 77 us (dispatch) and 114 us (combine)
+# at EP 8: bandwidth-bound too, so one floor (the NCCL latency measured on the H100) suffices.
+EP_A2A_NVLINK_EFFICIENCY = 153.0 / 200.0
+EP_A2A_RDMA_EFFICIENCY = 43.0 / 50.0
+EP_A2A_FLOOR_MS = 0.030  # per dispatch or combine: the measured H100 NCCL latency floor (collectives_h100.json)
+
+
+def ep_all_to_all_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, ep: int) -> float:
+    """One MoE layer's dispatch + combine on one GPU of an `ep`-GPU group: each of its tokens
+    (its TP group splits them) goes to top-k experts, FP8 out when the weights are FP8 (DeepEP's
+    FP8 dispatch), the model dtype back; a GPU's own experts stay local (1/ep of them). Over NVLink
+    inside a node, over the NIC once the group spans nodes."""
+    if ep <= 1:
+        return 0.0
+    remote = (1.0 - 1.0 / ep) * tokens / tp * model.num_experts_per_tok * model.hidden_size
+    out_bytes = remote * (1 if model.quantization == "fp8" else model.dtype_bytes)
+    back_bytes = remote * model.dtype_bytes
+    if ep <= gpu.gpus_per_node:
+        bw = gpu.interconnect_gbps * 1e9 * EP_A2A_NVLINK_EFFICIENCY
+    else:
+        bw = gpu.internode_gbps * 1e9 * EP_A2A_RDMA_EFFICIENCY
+    return 2 * EP_A2A_FLOOR_MS + 1e3 * (out_bytes + back_bytes) / bw
+
+
 def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float) -> float:
     if kind == "gemm":
         return gemm_ms(gpu, eff, flops, nbytes)
@@ -236,11 +305,12 @@ def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float)
     return elementwise_ms(gpu, eff, kind, nbytes)
 
 
-def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency) -> float:
+def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency, ep: int = 1) -> float:
     """All linear work of one layer: the ops above, a second residual add, and the KV write. A model
     whose first layers are dense (DeepSeek's first_k_dense_replace) gets the mean over its layers
     (the latency model multiplies one layer's time by the layer count)."""
-    total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens))
+    total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens, ep=ep))
+    total += ep_all_to_all_ms(gpu, model, tp, tokens, ep)
     dense = model.num_layers - model.num_moe_layers if model.is_moe else 0
     if dense:
         dense_ms = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens, False))
@@ -326,8 +396,10 @@ def build_roofline_profile(
     tp: int,
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
     efficiency: Efficiency | None = None,
+    ep: int = 1,
 ) -> dict[str, Any]:
-    """A schema-v2 profile document priced from the datasheet and the fitted efficiencies."""
+    """A schema-v2 profile document priced from the datasheet and the fitted efficiencies;
+    `ep` > 1: the MoE layers run expert-parallel over that many GPUs (ep_moe_ops)."""
     from kvsim.profiles.collectives import collectives_for
     from kvsim.profiles.host import host_overhead_block
 
@@ -347,7 +419,7 @@ def build_roofline_profile(
         "host_overhead_by_policy": host_by_policy,
         "linear": {
             "num_tokens": NUM_TOKENS,
-            "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff)) for t in NUM_TOKENS],
+            "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff, ep)) for t in NUM_TOKENS],
         },
         "prefill_attention": {
             "chunk_tokens": CHUNK_TOKENS,
@@ -391,6 +463,14 @@ def build_roofline_profile(
     }
     if collectives:
         doc["collectives"] = collectives
+    if ep > 1:
+        doc["expert_parallel_size"] = ep
+        if collectives:  # the MoE output needs no all-reduce: the combine all-to-all returns it
+            doc["collectives"] = {**collectives, "all_reduce_calls_per_layer": 1}
+        doc["provenance"]["expert_parallel"] = (
+            f"EP {ep}: {model.num_experts // ep} whole experts per GPU, ep/tp = {ep // tp} data-parallel ranks "
+            "assumed to bring equal batches, busiest GPU under uniform routing; dispatch/combine priced from "
+            "DeepEP's measured bandwidths (profiles/roofline.py)")
     if model.quantization == "fp8" or model.kv_dtype == "fp8":
         doc["weight_dtype"], doc["kv_cache_dtype"] = model.weight_dtype, model.kv_dtype
         doc["provenance"]["fp8"] = (

@@ -194,6 +194,12 @@ class ModelSpec:
         return self.num_layers - self.first_k_dense_replace if self.is_moe else 0
 
     @property
+    def routed_expert_bytes_per_layer(self) -> float:
+        """One MoE layer's routed experts (what expert parallelism shards), averaged over all
+        layers as layer_weight_bytes is."""
+        return self.num_moe_layers * self.num_experts * self.expert_params * self.weight_dtype_bytes / self.num_layers
+
+    @property
     def dense_mlp_params(self) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
 
@@ -321,6 +327,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1  # pipeline stages, each `tensor_parallel_size` GPUs
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | fp8 | fp8_e4m3 | fp8_e5m2
     quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
+    enable_expert_parallel: bool = False  # MoE: experts sharded over all tp x dp GPUs (vLLM's flag)
 
     def __post_init__(self) -> None:
         bs = self.block_size
@@ -366,6 +373,12 @@ class EngineConfig:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """GPUs one MoE layer's routed experts are spread over: TP x DP with --enable-expert-parallel
+        (vLLM: the EP group spans the data-parallel ranks' tensor-parallel groups), else 1."""
+        return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
 
     @property
     def num_gpus(self) -> int:

@@ -132,3 +132,59 @@ def test_new_models_and_gpus_run_on_a_roofline(model, gpu, tp, tmp_path):
     doc = json.loads(result.stdout)
     assert doc["summary"]["completed"] == 40
     assert "roofline" in result.stderr
+
+
+# --- expert parallelism ---------------------------------------------------------------------
+
+def test_expert_parallel_shards_routed_experts_over_tp_times_dp():
+    """DeepSeek-V3 at TP 1 does not fit an H200; with --enable-expert-parallel over 8 data-parallel
+    ranks each GPU holds 1/8 of the routed experts and the rest whole: it fits, and its KV cache
+    (MLA's latent is not split by TP) is larger than TP 8's."""
+    m, gpu = get_model("deepseek-v3"), get_gpu("H200")
+    with pytest.raises(ConfigError):
+        plan_memory(m, gpu, EngineConfig(tensor_parallel_size=1, data_parallel_size=8))
+    ep = plan_memory(m, gpu, EngineConfig(tensor_parallel_size=1, data_parallel_size=8, enable_expert_parallel=True))
+    tp8 = plan_memory(m, gpu, EngineConfig(tensor_parallel_size=8))
+    assert 8 * ep.num_gpu_tokens > 5 * tp8.num_gpu_tokens  # 8 replicas of its own cache vs one copy per rank
+    routed = m.num_moe_layers * m.num_experts * m.expert_params  # FP8: one byte each
+    assert ep.weights_bytes_per_gpu == pytest.approx(m.weight_bytes - routed * 7 / 8, rel=1e-6)
+
+
+def test_expert_parallel_needs_an_moe_model_and_experts_that_divide():
+    result = CliRunner().invoke(app, ["run", "--model", "llama3-8b", "--enable-expert-parallel", "--num-requests", "5"])
+    assert result.exit_code != 0 and result.stderr.startswith("kvsim: error: ") and "mixture-of-experts" in result.stderr
+    assert result.stderr.count("\n") == 1
+    result = CliRunner().invoke(app, ["run", "--model", "mixtral-8x7b", "--gpu", "H100", "--tp", "4", "--dp", "3",
+                                      "--enable-expert-parallel", "--num-requests", "5"])
+    assert result.exit_code != 0 and "do not divide" in result.stderr
+
+
+def test_load_imbalance_shrinks_with_batch_and_grows_with_the_group():
+    from kvsim.profiles.roofline import ep_load_imbalance
+
+    assert ep_load_imbalance(8 * 8, 8) > ep_load_imbalance(8 * 4096, 8) > 1.0
+    assert ep_load_imbalance(4096 * 8, 64) > ep_load_imbalance(4096 * 8, 8)
+    assert ep_load_imbalance(8, 256) <= 256
+
+
+def test_an_expert_parallel_profile_says_so_and_drops_the_moe_all_reduce():
+    from kvsim.profiles import default_profile
+
+    m, gpu = get_model("deepseek-v3"), get_gpu("H200")
+    plain, ep = default_profile(gpu, m, 8), default_profile(gpu, m, 8, 8)
+    assert ep.data["expert_parallel_size"] == 8 and "ep8" in ep.label and "expert_parallel" in ep.data["provenance"]
+    assert ep.data["collectives"]["all_reduce_calls_per_layer"] == 1
+    assert plain.data["collectives"]["all_reduce_calls_per_layer"] == 2 and "expert_parallel_size" not in plain.data
+    from kvsim.profiles.lookup import check_profile_matches
+    from kvsim.simcore.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="expert-parallel size"):
+        check_profile_matches(plain, m, 8, gpu, ep=8)
+
+
+def test_dp_attention_with_expert_parallel_runs_end_to_end():
+    result = CliRunner().invoke(app, ["run", "--model", "deepseek-v3", "--gpu", "H200", "--tp", "1", "--dp", "8",
+                                      "--enable-expert-parallel", "--num-requests", "80", "--rate", "8", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["completed"] == 80 and doc["record"]["config"]["enable_expert_parallel"] is True
