@@ -147,12 +147,12 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
 }
 
 kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing) {
-    if (cfg->num_replicas < 1 || cfg->clients < 0) return NULL;
+    if (cfg->num_replicas < 0 || cfg->clients < 0) return NULL;
     kv_engine *S = calloc(1, sizeof *S);
     if (!S) return NULL;
     S->c = *cfg;
     S->pricing = pricing;
-    S->nrep = cfg->num_replicas;
+    S->nrep = cfg->num_replicas ? cfg->num_replicas : 1;
     S->reps = calloc((size_t)S->nrep, sizeof(kv_rep));
     if (cfg->clients) S->client_think = calloc((size_t)cfg->clients, sizeof(double));
     if (!S->reps || (cfg->clients && !S->client_think)) { kv_engine_free(S); return NULL; }

@@ -37,7 +37,7 @@ typedef struct {
     long aggregate;        /* 1: one row per run of unchanged decode steps */
     long swap;             /* 1: preemption by swap (to the CPU pool while it has room) */
     long num_cpu_blocks;   /* the swap pool */
-    long num_replicas;     /* >= 1: replicas behind the router, each with this configuration */
+    long num_replicas;     /* replicas behind the router, each with this configuration (0: one) */
     long router;           /* with several: KV_ROUTER_* */
     long clients;          /* 0: an open loop; else a closed loop of this many clients */
     double swap_block_s;   /* seconds to copy one block over PCIe */
