@@ -188,7 +188,7 @@ def run(
     if save_result and find_max_rate:
         raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
-                    workload, overrides, seed)
+                    workload, overrides, seed, config.resolved_max_model_len(model_spec))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     result_file = None
     if save_result:
@@ -256,7 +256,7 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
         progress.stop()
 
 
-def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed):
+def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
     """The workload `--dataset-name` builds (None without it); the flags it owns are taken out of
     `overrides` (vLLM maps --input-len / --output-len onto the dataset's own flags)."""
     from kvsim.workloads import datasets
@@ -280,10 +280,17 @@ def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides
                 raise ConfigError(f"give --{flag}-len or --random-{flag}-len, not both")
         input_len = input_len if input_len is not None else overrides.pop("input_len", None)
         output_len = output_len if output_len is not None else overrides.pop("output_len", None)
-        return datasets.random_dataset(
+        spec = datasets.random_dataset(
             num, datasets.RANDOM_INPUT_LEN if input_len is None else _whole(input_len, "--random-input-len"),
             datasets.RANDOM_OUTPUT_LEN if output_len is None else _whole(output_len, "--random-output-len"),
             0.0 if range_ratio is None else range_ratio)
+        for flag, dist, room in (("--random-input-len", spec.prompt_len, "one output token"),
+                                 ("--random-output-len", spec.output_len, "a one-token prompt")):
+            shortest = getattr(dist, "low", getattr(dist, "value", 0))
+            if shortest >= max_model_len:  # every request would be clipped: not the dataset asked for
+                raise ConfigError(f"{flag}: {int(shortest)} tokens or more leave no room for {room} within "
+                                  f"max_model_len {max_model_len}")
+        return spec
     for flag, value in random_flags.items():
         if value is not None:
             raise ConfigError(f"{flag} applies only with --dataset-name random")
