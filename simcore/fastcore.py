@@ -94,6 +94,10 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    engine_config = getattr(sim.config, "engine", None)
+    if (getattr(engine_config, "speculative_config", None) is not None
+            or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
+        return "speculative decoding"
     if len(sim.replicas) != 1:
         return "data parallelism (replicas behind a router)"
     engine = sim.replicas[0]
