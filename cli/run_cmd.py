@@ -46,6 +46,7 @@ from kvsim.cli.options import (
     RouterOpt,
     SloTpotP95,
     SloTtftP95,
+    SpeculativeConfigOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -124,6 +125,8 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    speculative_config: SpeculativeConfigOpt = None,
+    compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
@@ -135,7 +138,14 @@ def run(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
-    refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
+    if spec is not None:
+        fields["speculative_config"] = spec
+    elif compare_no_spec:
+        raise ConfigError("--compare-no-spec applies only with --speculative-config")
+    refuse_irrelevant(policy.value, fields.get("allocator"), {**given, "--speculative-config": spec})
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if not 0 < tolerance < 1:
@@ -171,6 +181,12 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec)
     else:
         prof = default_profile(gpu_spec, model_spec, tp)
+    draft_prof = None
+    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
+        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
+    if spec is not None and find_max_rate:
+        raise ConfigError("--speculative-config is not searched by --find-max-rate yet; run single rates "
+                          "with --compare-no-spec")
 
     from kvsim.reports.capacity import SLO
 
@@ -193,7 +209,7 @@ def run(
         from kvsim.simcore.simulate import prepare
 
         prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
-                engine_core="c").choose_core()
+                engine_core="c", draft_profile=draft_prof).choose_core()
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
@@ -204,25 +220,38 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    if spec is not None:
+        say(f"Speculative decoding: {spec.method}, k={spec.num_speculative_tokens}, acceptance "
+            f"{', '.join(f'{r:.3f}' for r in spec.rates)} per position ({spec.source}); expected length "
+            f"{spec.mean_acceptance_length():.2f}; draft {memory.draft_weights_bytes_per_gpu / 2**30:.2f} GiB + "
+            f"{memory.draft_kv_bytes_per_token} B/token of KV per GPU")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
-        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core.value)
-        fatal = _report(result, wl, slo, seed, out, as_json, staging)
+        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core.value,
+                           draft_prof)
+        baseline = None
+        if compare_no_spec:  # the same requests and seed, without speculation
+            from dataclasses import replace
+
+            plain = resolve(model_spec, gpu_spec, replace(config, speculative_config=None))
+            baseline = _simulate(model_spec, gpu_spec, plain, wl, prof, seed, exact_steps, None, engine_core.value)
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, baseline)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
-def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core):
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, draft_prof=None):
     from kvsim.simcore.simulate import simulate
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
         return simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                        exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core)
+                        exact_steps=exact_steps, stream=stream_tables(staging) if staging is not None else None,
+                        engine_core=engine_core, draft_profile=draft_prof)
     finally:
         progress.stop()
 
 
-def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, baseline=None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -247,6 +276,10 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        summary["speculation_vs_none"] = speedup_vs(result.summary, baseline.summary)
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {

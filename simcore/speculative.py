@@ -242,7 +242,8 @@ class SpeculativeConfig:
 
 def _rate(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
-        raise ConfigError(f"--speculative-config: {name} must be numbers in [0, 1], got {value!r}")
+        what = "numbers" if name == "acceptance_rates" else "a number"
+        raise ConfigError(f"--speculative-config: {name} must be {what} in [0, 1], got {value!r}")
     return float(value)
 
 

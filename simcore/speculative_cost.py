@@ -30,8 +30,8 @@ the draft batch, n-gram steps that find no match (they would draft nothing).
 from __future__ import annotations
 
 from kvsim.simcore.latency import StepLatencyModel
-from kvsim.simcore.speculative import NGRAM_HOST_MS_PER_SEQ, SpeculativeConfig
 from kvsim.simcore.specs import ModelSpec
+from kvsim.simcore.speculative import NGRAM_HOST_MS_PER_SEQ, SpeculativeConfig
 from kvsim.simcore.step import StepPlan
 
 
