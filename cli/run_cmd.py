@@ -184,9 +184,9 @@ def run(
     draft_prof = None
     if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
         draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
-    if spec is not None and find_max_rate:
-        raise ConfigError("--speculative-config is not searched by --find-max-rate yet; run single rates "
-                          "with --compare-no-spec")
+    if draft_prof is not None and find_max_rate:
+        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
+                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
 
     from kvsim.reports.capacity import SLO
 

@@ -121,9 +121,10 @@ def _checking_end_step(sim):
     return seen
 
 
-def test_block_math_holds_under_rejection_and_preemption():
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_block_math_holds_under_rejection_and_preemption(preemption_mode):
     requests = [req(i, 0.0005 * i, 7 + 3 * i, 20 + 5 * i) for i in range(8)]
-    cfg = EngineConfig(block_size=4, num_gpu_blocks_override=40, max_model_len=128,
+    cfg = EngineConfig(block_size=4, num_gpu_blocks_override=40, max_model_len=128, preemption_mode=preemption_mode,
                        speculative_config=spec('{"method": "eagle", "num_speculative_tokens": 4, "acceptance_rate": 0.5}'))
     sim = prepare(TINY, H100, cfg, ListWorkload(requests), flat_profile(), seed=3)
     seen = _checking_end_step(sim)
