@@ -191,6 +191,27 @@ def test_acceptance_zero_is_slower_than_no_speculation_by_the_draft_cost():
     assert slow.record["engine_core"] == "python"
 
 
+def test_a_verify_step_is_priced_as_a_mixed_step_with_its_query_tokens():
+    # Llama-3-70B TP 4 (committed profile): prompt 100, then one verify of 1 + 3 tokens at context
+    # 100, every draft accepted; written out from the profile's tables, nothing from the pricer
+    from kvsim.profiles import default_profile
+
+    model = MODELS["llama3-70b"]
+    profile = default_profile(H100, model, 4)
+    lat = profile.latency_model()
+    cfg = EngineConfig(tensor_parallel_size=4, speculative_config=spec(
+        '{"method": "ngram", "num_speculative_tokens": 3, "acceptance_rate": 1.0}'))
+    result = simulate(model, H100, cfg, ListWorkload([req(0, 0.0, 100, 5)]), profile)
+    layers, occ = model.num_layers, lat.occupancy
+    attention = occ.floor_ms + lat.prefill(4, 100) / occ.share([(4, 100)])
+    verify_ms = (lat.host.per_step_ms + lat.host.per_seq_ms + layers * lat.linear(4) + lat.lm_head(4)
+                 + layers * attention + lat.collectives_ms(4, 4))
+    steps = result.steps
+    assert len(steps) == 2  # the prompt (1 token out), then one verify that emits the other 4
+    assert steps["duration_s"].iloc[1] * 1000 == pytest.approx(verify_ms + 0.002, rel=1e-12)
+    assert steps["num_decode_tokens"].iloc[1] == 1  # the step table counts the verifying sequence once
+
+
 def test_same_seed_same_run_other_seed_other_acceptance():
     requests = [req(i, 0.001 * i, 12, 40) for i in range(5)]
     text = '{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.6}'
