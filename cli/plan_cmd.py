@@ -82,6 +82,7 @@ def plan(
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
 ) -> None:
     """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
     from kvsim.reports.capacity import SLO
@@ -126,6 +127,7 @@ def plan(
         kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
+        speculative_config=_speculative(speculative_config),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
@@ -166,6 +168,19 @@ def plan(
             pool.shutdown(cancel_futures=True)
     wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
+
+
+def _speculative(text: str | None) -> list:
+    """--speculative-config as a plan dimension (empty: not searched)."""
+    if text is None:
+        return []
+    from kvsim.simcore.speculative import parse_speculative_configs
+
+    specs = parse_speculative_configs(text)
+    if any(s is not None and s.method == "draft_model" for s in specs):
+        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
+                          "use an eagle / eagle3 / mtp / ngram config")
+    return specs
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):

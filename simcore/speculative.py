@@ -145,6 +145,17 @@ class SpeculativeConfig:
         return (rate,) * k, f"{where}: length {length:g} at k={at_k} -> rate {rate:.4f}"
 
     @property
+    def label(self) -> str:
+        """Short text for tables: method, k and the acceptance it runs with."""
+        rates = self.rates
+        acc = f"r={rates[0]:.2f}" if len(set(rates)) == 1 else "r=" + "/".join(f"{r:.2f}" for r in rates)
+        model = f" {self.model}" if self.method == "draft_model" else ""
+        return f"{self.method}{model} k={self.num_speculative_tokens} {acc}"
+
+    def __str__(self) -> str:
+        return self.label
+
+    @property
     def is_head(self) -> bool:
         return self.method in HEAD_METHODS
 
@@ -245,6 +256,28 @@ def _rate(value: Any, name: str) -> float:
         what = "numbers" if name == "acceptance_rates" else "a number"
         raise ConfigError(f"--speculative-config: {name} must be {what} in [0, 1], got {value!r}")
     return float(value)
+
+
+def parse_speculative_configs(text: str, flag: str = "--speculative-config") -> list[SpeculativeConfig | None]:
+    """A sweep or plan dimension: one JSON object, or a JSON list of objects where null (or
+    "off") is a run without speculation, e.g. '[null, {"method": "eagle", "num_speculative_tokens": 3}]'."""
+    stripped = text.strip()
+    if not stripped.startswith("["):
+        return [parse_speculative_config(text)]
+    try:
+        items = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not items:
+        raise ConfigError(f"{flag}: the list is empty; give configs, or null for no speculation")
+    out: list[SpeculativeConfig | None] = []
+    for item in items:
+        config = None if item is None or (isinstance(item, str) and item.lower() in ("off", "none")) \
+            else parse_speculative_config(item)
+        if config in out:
+            raise ConfigError(f"{flag}: {config.label if config else 'off'} is listed twice")
+        out.append(config)
+    return out
 
 
 def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | None:

@@ -275,3 +275,35 @@ def test_cli_reports_acceptance_and_speedup():
     assert bad.exit_code == 2 and "not valid JSON" in bad.output
     alone = CliRunner().invoke(app, ["run", "--num-requests", "2", "--compare-no-spec"])
     assert alone.exit_code == 2 and "only with --speculative-config" in alone.output
+
+
+def test_sweep_takes_speculation_as_a_dimension(tmp_path):
+    out = tmp_path / "sweep.csv"
+    result = CliRunner().invoke(app, [
+        "sweep", "--model", "llama3-8b", "--num-requests", "20", "--rate", "4", "--input-len", "64",
+        "--output-len", "48", "-j", "1", "--out", str(out), "--speculative-config",
+        '[null, {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.9}]'])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    rows = pd.read_csv(out)
+    assert rows["speculative_config"].tolist() == ["off", "eagle k=3 r=0.90"]
+    off, on = rows["mean_tpot_ms"].tolist()
+    assert on < off / 2  # 90% acceptance over 3 drafts: ~3.4 tokens a step
+    assert rows["spec_mean_acceptance_length"].iloc[1] > 3
+    dup = CliRunner().invoke(app, ["sweep", "--num-requests", "5", "--speculative-config", "[null, null]"])
+    assert dup.exit_code == 2 and "listed twice" in dup.output
+
+
+def test_plan_bounds_allow_k_plus_one_tokens_per_step():
+    from kvsim.profiles import default_profile
+    from kvsim.reports.plan import Candidate, single_step_bounds
+
+    model = MODELS["llama3-8b"]
+    profile = default_profile(H100, model, 1)
+    prompts, outputs = np.array([100, 200]), np.array([50, 60])
+    plain = single_step_bounds(Candidate(model, H100, EngineConfig(), ()), profile, prompts, outputs)
+    eagle = single_step_bounds(Candidate(model, H100, EngineConfig(speculative_config=spec(
+        '{"method": "eagle", "num_speculative_tokens": 3}')), ()), profile, prompts, outputs)
+    assert eagle.tpot_p95_ms == pytest.approx(plain.tpot_p95_ms / 4)  # never prunes what speculation can reach
+    assert eagle.ttft_p95_ms == pytest.approx(plain.ttft_p95_ms)
