@@ -251,6 +251,9 @@ def test_the_compiled_core_refuses_speculation():
     with pytest.raises(ConfigError, match="speculative decoding"):
         prepare(TINY, H100, cfg, wl, flat_profile(), engine_core="c").run()
     assert sim.run().record["engine_core"] == "python"
+    replicas = prepare(TINY, H100, EngineConfig(data_parallel_size=2, speculative_config=cfg.speculative_config),
+                       wl, flat_profile(), seed=0)  # the core runs replicas now, but not these
+    assert fastcore.unsupported(replicas) == "speculative decoding"
 
 
 def test_refused_combinations():
