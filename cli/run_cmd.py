@@ -37,6 +37,7 @@ from kvsim.cli.options import (
     NumRequests,
     OutputLen,
     PipelineParallel,
+    Placement,
     PolicyName,
     Preemption,
     ProfilePath,
@@ -124,6 +125,15 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
+    prefill_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per prefill instance. [default: --tp]")] = None,
+    decode_replicas: Annotated[int | None, typer.Option(help="Disaggregated: decode instances (vLLM kv_consumer); with --prefill-replicas.")] = None,
+    decode_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per decode instance. [default: --tp]")] = None,
+    disagg_placement: Annotated[Placement | None, typer.Option(help="Disaggregated: where the pools sit, which prices the KV transfer (NVLink or one NIC per GPU). [default: same-node when all GPUs fit in one node]")] = None,
+    prefill_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the prefill pool's latency profile. [default: the committed one for its TP]")] = None,
+    decode_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the decode pool's latency profile. [default: the committed one for its TP]")] = None,
+    prefill_max_num_batched_tokens: Annotated[int | None, typer.Option(help="Disaggregated: the prefill pool's step token budget. [default: --max-num-batched-tokens]")] = None,
+    decode_max_num_seqs: Annotated[int | None, typer.Option(help="Disaggregated: the decode pool's --max-num-seqs. [default: --max-num-seqs]")] = None,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
@@ -131,6 +141,13 @@ def run(
     from kvsim.simcore.latency import load_profile
     from kvsim.workloads import load_workload
 
+    disagg = {name: value for name, value in (
+        ("--prefill-replicas", prefill_replicas), ("--prefill-tp", prefill_tp), ("--decode-replicas", decode_replicas),
+        ("--decode-tp", decode_tp), ("--disagg-placement", disagg_placement), ("--prefill-profile", prefill_profile),
+        ("--decode-profile", decode_profile), ("--prefill-max-num-batched-tokens", prefill_max_num_batched_tokens),
+        ("--decode-max-num-seqs", decode_max_num_seqs)) if value is not None}
+    if disagg:
+        _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -145,8 +162,9 @@ def run(
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1:
-        raise ConfigError("--router applies only with --data-parallel-size > 1")
+    if router is not None and dp == 1 and not disagg:
+        raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
+                          "disaggregated run)")
     if router is not None:
         fields["router"] = router.value
     config = EngineConfig(
@@ -189,6 +207,11 @@ def run(
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
+    if disagg:
+        _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                    prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
+                    prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs)
+        return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
 
@@ -211,6 +234,82 @@ def run(
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
+def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
+    """Refuse, before any work, what a disaggregated run cannot take."""
+    if prefill_replicas is None or decode_replicas is None:
+        raise ConfigError("a disaggregated run needs both --prefill-replicas and --decode-replicas "
+                          f"(given: {', '.join(given)})")
+    for flag, value in (("--prefill-replicas", prefill_replicas), ("--decode-replicas", decode_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if dp != 1 or pp != 1:
+        raise ConfigError("--dp / --pp do not apply to a disaggregated run: size each pool with "
+                          "--prefill-replicas/--prefill-tp and --decode-replicas/--decode-tp")
+    if profile is not None:
+        raise ConfigError("--profile does not apply to a disaggregated run: use --prefill-profile / --decode-profile")
+    if find_max_rate:
+        raise ConfigError("--find-max-rate does not run disaggregated deployments yet")
+    if policy.value != "continuous":
+        raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
+
+
+def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                prefill_replicas, decode_replicas, prefill_tp, decode_tp, placement, prefill_profile,
+                decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs) -> None:
+    """`kvsim run --prefill-replicas N --decode-replicas M ...`: two pools behind vLLM's P/D proxy."""
+    from dataclasses import replace
+
+    from kvsim.cli.output import format_disagg
+    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.simcore.config import resolve
+    from kvsim.simcore.disagg import prepare_disagg
+    from kvsim.simcore.latency import load_profile
+
+    pools = {
+        "prefill": replace(config, tensor_parallel_size=prefill_tp, data_parallel_size=prefill_replicas,
+                           **({"max_num_batched_tokens": prefill_max_num_batched_tokens}
+                              if prefill_max_num_batched_tokens is not None else {})),
+        "decode": replace(config, tensor_parallel_size=decode_tp, data_parallel_size=decode_replicas,
+                          router="least-loaded",
+                          **({"max_num_seqs": decode_max_num_seqs} if decode_max_num_seqs is not None else {})),
+    }
+    resolved, profiles = {}, {}
+    for name, cfg in pools.items():
+        try:
+            check_deployment(model_spec, gpu_spec, cfg)
+            resolved[name] = resolve(model_spec, gpu_spec, cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc}") from None
+        path = prefill_profile if name == "prefill" else decode_profile
+        if path is not None:
+            profiles[name] = load_profile(path)
+            check_profile_matches(profiles[name], model_spec, cfg.tensor_parallel_size, gpu_spec)
+        else:
+            profiles[name] = default_profile(gpu_spec, model_spec, cfg.tensor_parallel_size)
+    check_inputs_kept(out, [prefill_profile, decode_profile], RUN_FILES)
+    check_out_folder(out, RUN_FILES)
+    sim = prepare_disagg(model_spec, gpu_spec, resolved, wl, profiles, seed=seed,
+                         placement=placement.value if placement is not None else None,
+                         exact_steps=exact_steps, engine_core=engine_core.value)
+    sim.choose_core()  # --engine-core c: refused before any output
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    info = sim.record["disagg"]
+    say(describe_run(wl.describe(), pools["decode"].to_dict(), model_spec, gpu_spec.name))
+    link = info["link"]
+    say(f"Disaggregated: prefill {prefill_replicas} x TP {prefill_tp} (kv_producer), decode {decode_replicas} x "
+        f"TP {decode_tp} (kv_consumer), {info['num_gpus']} GPUs; {link['connector']} {link['placement']}: "
+        f"{link['latency_us']:.1f} us + bytes / {link['bandwidth_gbps']:.1f} GB/s "
+        f"({info['kv_bytes_per_token']:,} B of KV per prompt token)")
+    for name in ("prefill", "decode"):
+        say(f"{name.capitalize()} pool: profile {profiles[name].label} sha256:{profiles[name].sha256[:12]}; "
+            + resolved[name].memory.describe().replace(chr(10), "; "))
+    with run_staging(out) as staging:
+        result = sim.run()
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, format_disagg)
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
 def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core):
     from kvsim.simcore.simulate import simulate
 
@@ -222,7 +321,7 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
         progress.stop()
 
 
-def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, extra=None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -257,6 +356,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
         typer.echo(format_summary(summary))
+        if extra is not None:
+            typer.echo(extra(summary))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
