@@ -174,17 +174,20 @@ def run(
         quantization=quantization.value if quantization else None, policy=policy.value, **fields,
     )
     model_spec = config.resolve_model(model_spec)
-    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
     from kvsim.simcore.config import resolve
 
-    resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
+    if not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
+        check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
+        resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
         beam_width=beam_width, think_time_s=think_time_s,
     )
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
-    if profile is not None:
+    if disagg:
+        pass
+    elif profile is not None:
         prof = load_profile(profile)
         check_profile_matches(prof, model_spec, tp, gpu_spec)
     else:
@@ -198,7 +201,7 @@ def run(
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
-    memory = resolved.memory
+    memory = None if disagg else resolved.memory
     out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
     check_inputs_kept(out, [workload, profile, model], out_files)
     check_out_folder(out, out_files)  # before any work
@@ -207,7 +210,7 @@ def run(
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
-    if disagg:
+    if disagg:  # (--find-max-rate was refused)
         _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
                     prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
                     prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs)
@@ -287,7 +290,6 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
         else:
             profiles[name] = default_profile(gpu_spec, model_spec, cfg.tensor_parallel_size)
     check_inputs_kept(out, [prefill_profile, decode_profile], RUN_FILES)
-    check_out_folder(out, RUN_FILES)
     sim = prepare_disagg(model_spec, gpu_spec, resolved, wl, profiles, seed=seed,
                          placement=placement.value if placement is not None else None,
                          exact_steps=exact_steps, engine_core=engine_core.value)
