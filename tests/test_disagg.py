@@ -164,3 +164,43 @@ def test_cli_refuses_mixing_disagg_with_dp():
     runner = CliRunner()
     out = runner.invoke(app, ["run", "--prefill-replicas", "1", "--decode-replicas", "1", "--dp", "2"])
     assert out.exit_code != 0 and "kvsim: error:" in out.output and "Traceback" not in out.output
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", "--rate", "2",
+        "--slo-tpot-p95-ms", "60", "--slo-ttft-p95-ms", "2000", "--disagg-ratios", "1:1", "--search-requests", "60",
+        "--confirm-requests", "60", "--input-len", "500", "--output-len", "30", "--workload", "fixed-batch", "--json"]
+
+
+def test_plan_disagg_auto_lists_both_layouts_and_names_the_cheaper():
+    import json
+
+    out = CliRunner().invoke(app, [*PLAN, "--disagg", "auto"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    answer = doc["disagg"]["answers"][0]
+    # one TP1 replica meets the SLO at 2 req/s; the smallest unit (1 prefill + 1 decode) costs twice that
+    assert doc["answers"][0]["best"]["gpus"] == 1
+    assert answer["comparison"].startswith("aggregated")
+    row = doc["disagg"]["candidates"][0]
+    assert row["layout"] == "disagg" and row["status"].startswith("cost bound")
+
+
+def test_plan_disagg_on_searches_and_confirms_a_unit():
+    import json
+
+    out = CliRunner().invoke(app, [*PLAN, "--disagg", "on"])
+    assert out.exit_code == 0, out.output
+    best = json.loads(out.stdout)["disagg"]["answers"][0]["best"]
+    assert best["prefill"] == "1xTP1" and best["decode"] == "1xTP1" and best["gpus"] == 2
+    assert best["confirmed"].startswith("yes") and best["tpot_p95_ms"] <= 60
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--disagg", "maybe"], "--disagg must be"),
+    (["--disagg", "auto", "--disagg-ratios", "1-1"], "P:D"),
+    (["--disagg-ratios", "1:1"], "apply only with --disagg"),
+])
+def test_plan_disagg_bad_input(args, message):
+    base = [a for a in PLAN if a not in ("--disagg-ratios", "1:1")]
+    out = CliRunner().invoke(app, [*base, *args])
+    assert out.exit_code != 0 and message in out.output and "Traceback" not in out.output
