@@ -268,14 +268,18 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
     from kvsim.simcore.disagg import prepare_disagg
     from kvsim.simcore.latency import load_profile
 
-    pools = {
-        "prefill": replace(config, tensor_parallel_size=prefill_tp, data_parallel_size=prefill_replicas,
-                           **({"max_num_batched_tokens": prefill_max_num_batched_tokens}
-                              if prefill_max_num_batched_tokens is not None else {})),
-        "decode": replace(config, tensor_parallel_size=decode_tp, data_parallel_size=decode_replicas,
-                          router="least-loaded",
-                          **({"max_num_seqs": decode_max_num_seqs} if decode_max_num_seqs is not None else {})),
-    }
+    pools = {}
+    for name, changes in (
+        ("prefill", {"tensor_parallel_size": prefill_tp, "data_parallel_size": prefill_replicas,
+                     **({"max_num_batched_tokens": prefill_max_num_batched_tokens}
+                        if prefill_max_num_batched_tokens is not None else {})}),
+        ("decode", {"tensor_parallel_size": decode_tp, "data_parallel_size": decode_replicas, "router": "least-loaded",
+                    **({"max_num_seqs": decode_max_num_seqs} if decode_max_num_seqs is not None else {})}),
+    ):
+        try:
+            pools[name] = replace(config, **changes)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc} (--{name}-* options)") from None
     resolved, profiles = {}, {}
     for name, cfg in pools.items():
         try:
@@ -296,7 +300,12 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
     sim.choose_core()  # --engine-core c: refused before any output
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     info = sim.record["disagg"]
-    say(describe_run(wl.describe(), pools["decode"].to_dict(), model_spec, gpu_spec.name))
+    import re
+
+    layout = (f"on {info['num_gpus']} x {gpu_spec.name} (prefill {prefill_replicas} x TP {prefill_tp}, "
+              f"decode {decode_replicas} x TP {decode_tp})")
+    say(re.sub(r"on \d+ x \S+ \(TP [^)]*\)", lambda _m: layout,
+               describe_run(wl.describe(), pools["decode"].to_dict(), model_spec, gpu_spec.name), count=1))
     link = info["link"]
     say(f"Disaggregated: prefill {prefill_replicas} x TP {prefill_tp} (kv_producer), decode {decode_replicas} x "
         f"TP {decode_tp} (kv_consumer), {info['num_gpus']} GPUs; {link['connector']} {link['placement']}: "
