@@ -86,6 +86,7 @@ def run(
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
     pp: PipelineParallel = 1,
     dp: Annotated[int, typer.Option("--dp", "--data-parallel-size", help="Engine replicas behind a router (GPUs = tp x pp x dp).")] = 1,
+    enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="MoE models: shard the routed experts over all tp x dp GPUs (vLLM's flag); all-to-all dispatch/combine priced from DeepEP's measured bandwidths.")] = False,
     kv_cache_dtype: KvCacheDtypeOpt = KvCacheDtype.auto,
     quantization: QuantizationOpt = None,
     router: RouterOpt = None,
@@ -171,7 +172,8 @@ def run(
         block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
         pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype.value,
-        quantization=quantization.value if quantization else None, policy=policy.value, **fields,
+        quantization=quantization.value if quantization else None, policy=policy.value,
+        enable_expert_parallel=enable_expert_parallel, **fields,
     )
     model_spec = config.resolve_model(model_spec)
     from kvsim.simcore.config import resolve
@@ -189,9 +191,9 @@ def run(
         pass
     elif profile is not None:
         prof = load_profile(profile)
-        check_profile_matches(prof, model_spec, tp, gpu_spec)
+        check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
-        prof = default_profile(gpu_spec, model_spec, tp)
+        prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
 
     from kvsim.reports.capacity import SLO
 

@@ -18,7 +18,8 @@ PROFILE_DIR = Path(__file__).resolve().parent
 SHAPE_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size",
+    "shared_expert_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "q_lora_rank", "first_k_dense_replace",
 )
 
 
@@ -66,7 +67,8 @@ def shape_mismatches(profile: Profile, model: ModelSpec) -> list[str]:
     ]
 
 
-def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUSpec | None = None) -> None:
+def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUSpec | None = None,
+                          ep: int | None = None) -> None:
     """Raise ProfileError when a profile was made for another GPU, model shape or TP degree.
     A CPU profile (`gpu: cpu`, the harness on this machine) is accepted with any --gpu: it exists
     to exercise the measured path and its label says CPU."""
@@ -76,6 +78,9 @@ def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUS
         if pgpu.lower() not in (gpu.name.lower(), "cpu"):
             raise ProfileError(f"{where}: profile is for GPU {pgpu!r}, but the run uses --gpu {gpu.name}")
     diffs = shape_mismatches(profile, model)
+    if ep is not None and int(profile.data.get("expert_parallel_size", 1)) != ep:
+        raise ProfileError(f"{where}: profile is for expert-parallel size {profile.data.get('expert_parallel_size', 1)}, "
+                           f"but the run uses {ep} (tp x dp with --enable-expert-parallel, else 1)")
     if diffs:
         raise ProfileError(f"{where}: profile model shape differs from {model.name}: {'; '.join(diffs)}")
     ptp = profile.data.get("tensor_parallel_size")
@@ -89,16 +94,17 @@ def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUS
         )
 
 
-def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int) -> Profile:
+def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int, ep: int = 1) -> Profile:
     """The committed profile for this GPU, model, dtypes and TP when it exists and matches,
-    else a roofline profile built in memory (its label says `roofline`)."""
+    else a roofline profile built in memory (its label says `roofline`). Expert parallelism
+    (`ep` > 1) always gets a roofline: no committed file is expert-parallel."""
     path = find_profile_path(gpu.name, model.name, tp, tag=dtype_tag(model.weight_dtype, model.kv_dtype))
-    if path is not None:
+    if path is not None and ep <= 1:
         profile = load_profile(path)
         if (not shape_mismatches(profile, model) and profile.data.get("tensor_parallel_size") == tp
                 and _fp8(*profile_dtypes(profile)) == _fp8(model.weight_dtype, model.kv_dtype)):
             return profile
     from kvsim.profiles.roofline import build_roofline_profile
 
-    tag = dtype_tag(model.weight_dtype, model.kv_dtype)
-    return parse_profile(build_roofline_profile(gpu, model, tp), f"roofline {gpu.name} {model.name}{tag} tp{tp}")
+    tag = dtype_tag(model.weight_dtype, model.kv_dtype) + (f" ep{ep}" if ep > 1 else "")
+    return parse_profile(build_roofline_profile(gpu, model, tp, ep=ep), f"roofline {gpu.name} {model.name}{tag} tp{tp}")
