@@ -453,6 +453,12 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
     from kvsim.simcore.config import ResolvedConfig
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
 
+    for name in POOLS:
+        cfg = configs[name].engine if isinstance(configs[name], ResolvedConfig) else configs[name]
+        if cfg.enable_expert_parallel:  # each pool's DP ranks would be one EP group: not modelled
+            raise ConfigError("--enable-expert-parallel does not apply to a disaggregated run yet")
+        if cfg.pipeline_parallel_size != 1:
+            raise ConfigError("pipeline parallelism does not apply to a disaggregated run yet")
     pools = {}
     for name in POOLS:
         pools[name] = prepare(model, gpu, configs[name], workload, profiles[name], seed,

@@ -204,3 +204,9 @@ def test_plan_disagg_bad_input(args, message):
     base = [a for a in PLAN if a not in ("--disagg-ratios", "1:1")]
     out = CliRunner().invoke(app, [*base, *args])
     assert out.exit_code != 0 and message in out.output and "Traceback" not in out.output
+
+
+def test_expert_parallel_is_refused_in_a_disaggregated_run():
+    out = CliRunner().invoke(app, ["run", "--model", "mixtral-8x7b", "--tp", "2", "--prefill-replicas", "1",
+                                   "--decode-replicas", "1", "--enable-expert-parallel", "--num-requests", "5"])
+    assert out.exit_code != 0 and "expert-parallel" in out.output and "Traceback" not in out.output
