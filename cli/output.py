@@ -52,7 +52,12 @@ def format_disagg(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ") -> str:
+def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
+                   percentiles: tuple[float, ...] = (95.0, 99.0),
+                   metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")) -> str:
+    """vLLM's result block (its labels, order and widths) and kvsim's Load and KV cache sections;
+    `percentiles` and `metrics` as `--metric-percentiles` / `--percentile-metrics` chose them
+    (the `p{P}_{metric}_ms` keys must be in `s`)."""
     lines = [f"{title:=^50}"]
     lines.append(_row("Successful requests:", s["completed"]))
     lines.append(_row("Failed requests:", s.get("rejected", 0)))  # vLLM fails what it rejects (too long)
@@ -73,6 +78,12 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("Goodput SLOs (ms):", " ".join(f"{k}:{v:g}" for k, v in s["goodput_slo_ms"].items())))
     lines += [
         _row("Output token throughput (tok/s):", s["output_throughput"]),
+    ]
+    if s.get("max_output_tokens_per_s") is not None:  # only when token times were kept (--save-result)
+        lines.append(_row("Peak output token throughput (tok/s):", float(s["max_output_tokens_per_s"])))
+    if s.get("max_concurrent_requests") is not None:
+        lines.append(_row("Peak concurrent requests:", float(s["max_concurrent_requests"])))
+    lines += [
         _row("Total token throughput (tok/s):", s["total_token_throughput"]),
     ]
     for key, name, title_ in (
@@ -81,8 +92,11 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         ("itl", "ITL", "Inter-token Latency"),
         ("e2el", "E2EL", "End-to-end Latency"),
     ):
+        if key not in metrics:
+            continue
         lines.append(_section(title_))
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+        words = [str(int(p)) if int(p) == p else str(p) for p in percentiles]  # vLLM's P99 / P99.9
+        for stat, label in (("mean", "Mean"), ("median", "Median"), *((f"p{w}", f"P{w}") for w in words)):
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
     lines.append(_section("Load"))
     lines.append(_row("Offered load:", _load_label(s)))

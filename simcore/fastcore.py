@@ -103,6 +103,8 @@ def unsupported(sim: Any) -> str:
         return "the simulation already started"
     if type(sim.latency).__name__ != "StepLatencyModel":
         return "pipeline parallelism"
+    if engine.lifecycle.token_times is not None:
+        return "per-request token times (--save-result)"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
