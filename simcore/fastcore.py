@@ -106,6 +106,8 @@ def unsupported(sim: Any) -> str:
     if (getattr(engine_config, "speculative_config", None) is not None
             or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
         return "speculative decoding"
+    if getattr(sim, "disagg", None) is not None:
+        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
