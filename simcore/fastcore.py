@@ -94,6 +94,8 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    if getattr(sim, "autoscaler", None) is not None:
+        return "autoscaling (replicas started and drained during the run)"
     if len(sim.replicas) != 1:
         return "data parallelism (replicas behind a router)"
     engine = sim.replicas[0]
