@@ -69,9 +69,11 @@ def _list_profiles() -> None:
         if data.get("schema") != "kvsim-profile":
             continue
         base = "float32" if data.get("dtype") in ("float32", "fp32") else "bfloat16"
-        rows.append([path.name, str(data.get("gpu")), str(data.get("model")),
+        rows.append([path.stem, str(data.get("gpu")), str(data.get("model")),
                      str(data.get("weight_dtype", base)), str(data.get("kv_cache_dtype", base)),
                      str(data.get("tensor_parallel_size")), "any", str(data.get("source"))])
-    typer.echo(_table(["file", "gpu", "model", "weights", "kv cache", "tp", "pp", "source"], rows))
+    typer.echo(_table(["name", "gpu", "model", "weights", "kv cache", "tp", "pp", "source"], rows))
+    typer.echo("Give a name to --profile (run, sweep, profile check/validate) or to `kvsim profile "
+               "compare` from any folder.")
     typer.echo("Profiles are per layer, so every --pp reuses the TP profile. Any catalog (model, "
                "GPU, dtype, TP) without a file here runs on a roofline profile built in memory.")

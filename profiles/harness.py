@@ -20,7 +20,7 @@ from kvsim.simcore.errors import ProfileError
 from kvsim.simcore.latency import SCHEMA, SCHEMA_VERSION
 from kvsim.simcore.specs import GPUSpec, ModelSpec
 
-INSTALL_HINT = "the profiling harness needs torch: pip install 'kvsim[profile]'"
+INSTALL_HINT = "the profiling harness needs torch: pip install '.[profile]' in kvsim's source folder"
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,13 +49,39 @@ def find_profile_path(
     """The committed `profiles/<gpu>-<model><tag>-tp<N>.json` (matched case-insensitively; the
     first in name order if several match). Names are compared as strings (a Path per file, as
     a glob makes, cost more than the rest of the lookup)."""
-    wanted = profile_filename(gpu_name, model_name, tp, tag).lower()
+    return find_committed(profile_filename(gpu_name, model_name, tp, tag), directory)
+
+
+def resolve_profile_path(value: str | Path) -> Path:
+    """What `--profile VALUE` names: a file path as given when it exists, else a committed
+    profile by the bare name `kvsim list profiles` prints (with or without `.json`, any case), so
+    `--profile H100-SXM-80GB-llama3-70b-tp8` works from any folder once kvsim is installed. A path
+    with a folder in it is only ever a file; an existing file of the bare name wins over the
+    committed one (the user's own file, as the shell would read it)."""
+    path = Path(value).expanduser()
+    if path.exists() or len(path.parts) != 1 or str(value) in (".", ".."):
+        return path
+    name = path.name if path.name.lower().endswith(".json") else f"{path.name}.json"
+    found = find_committed(name)
+    if found is None:
+        raise ProfileError(f"{value}: no such profile (neither a file nor a committed profile name; "
+                           "`kvsim list profiles` lists the names)")
+    return found
+
+
+def find_committed(name: str, directory: Path = PROFILE_DIR) -> Path | None:
+    """The committed profile file called `name` (case-insensitive), or None."""
     try:
         names = os.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    found = sorted(name for name in names if name.endswith(".json") and name.lower() == wanted)
+    found = sorted(n for n in names if n.lower() == name.lower() and n.endswith(".json"))
     return Path(directory) / found[0] if found else None
+
+
+def load_named_profile(value: str | Path) -> Profile:
+    """`--profile VALUE` loaded: a file, or a committed profile's bare name (resolve_profile_path)."""
+    return load_profile(resolve_profile_path(value))
 
 
 def shape_mismatches(profile: Profile, model: ModelSpec) -> list[str]:
