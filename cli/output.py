@@ -44,8 +44,10 @@ def format_disagg(s: dict[str, Any]) -> str:
         lines.append(_row("Bytes moved (GiB):", t["bytes_moved"] / 2**30))
         for stat, label in (("mean", "Mean"), ("p50", "Median"), ("p95", "P95"), ("p99", "P99")):
             lines.append(_row(f"{label} transfer time (ms):", t.get(f"{stat}_transfer_ms")))
-        lines.append(_row("Mean wait for decode blocks (ms):", t.get("mean_decode_wait_ms")))
-        lines.append(_row("P95 wait for decode blocks (ms):", t.get("p95_decode_wait_ms")))
+        # prefilled -> transfer start: the decode instance's next step boundary, and blocks there
+        lines.append(_row("Mean wait for decode admission (ms):", t.get("mean_decode_wait_ms")))
+        lines.append(_row("P95 wait for decode admission (ms):", t.get("p95_decode_wait_ms")))
+        lines.append(_row("Mean KV hold on prefill side (ms):", t.get("mean_prefill_held_ms")))
         lines.append(_row("Mean KV held for transfer (GiB):", t.get("mean_kv_held_for_transfer_gib")))
         lines.append(_row("Max transfers in flight:", t.get("max_transfers_in_flight")))
     lines.append("=" * 50)
