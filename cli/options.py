@@ -48,6 +48,11 @@ class EngineCore(str, Enum):
     python = "python"
 
 
+class Placement(str, Enum):
+    same_node = "same-node"
+    cross_node = "cross-node"
+
+
 class RouterName(str, Enum):
     round_robin = "round-robin"
     least_loaded = "least-loaded"

@@ -22,6 +22,36 @@ def _section(title: str) -> str:
     return f"{title:-^50}"
 
 
+def format_disagg(s: dict[str, Any]) -> str:
+    """A disaggregated run's pools and KV transfers, after the client-side summary."""
+    lines = []
+    for name, pool in s.get("pools", {}).items():
+        lines.append(_section(f"{name.capitalize()} pool ({pool['replicas']} x TP {pool['tp']})"))
+        util = pool.get("utilization")
+        lines.append(_row("GPU busy share (%):", None if util is None else 100 * util))
+        if name == "prefill":
+            lines.append(_row("Mean queueing before prefill (ms):", pool.get("mean_queue_ms")))
+            lines.append(_row("P95 queueing before prefill (ms):", pool.get("p95_queue_ms")))
+            lines.append(_row("Mean prefill time (ms):", pool.get("mean_prefill_ms")))
+        lines.append(_row("Mean batch size (seqs/step):", pool.get("mean_batch_size")))
+        lines.append(_row("Preemptions:", pool.get("num_preemptions")))
+        if pool.get("kv_waste_rate") is not None:
+            lines.append(_row("KV cache waste (%):", 100 * pool["kv_waste_rate"]))
+    t = s.get("kv_transfer", {})
+    if t.get("num_transfers"):
+        lines.append(_section("KV transfer"))
+        lines.append(_row("Transfers:", t["num_transfers"]))
+        lines.append(_row("Bytes moved (GiB):", t["bytes_moved"] / 2**30))
+        for stat, label in (("mean", "Mean"), ("p50", "Median"), ("p95", "P95"), ("p99", "P99")):
+            lines.append(_row(f"{label} transfer time (ms):", t.get(f"{stat}_transfer_ms")))
+        lines.append(_row("Mean wait for decode blocks (ms):", t.get("mean_decode_wait_ms")))
+        lines.append(_row("P95 wait for decode blocks (ms):", t.get("p95_decode_wait_ms")))
+        lines.append(_row("Mean KV held for transfer (GiB):", t.get("mean_kv_held_for_transfer_gib")))
+        lines.append(_row("Max transfers in flight:", t.get("max_transfers_in_flight")))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
 def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
                    percentiles: tuple[float, ...] = (95.0, 99.0),
                    metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")) -> str:
@@ -166,6 +196,12 @@ def step_columns(result: Any) -> dict[str, Any]:
     import numpy as np
 
     tables = [recorder.columns_kept() for recorder in result.recorders]
+    labels = getattr(result, "step_labels", None)
+    if labels is not None:  # a disaggregated run: which pool and instance each row is from
+        sizes = [len(next(iter(t.values()))) for t in tables]
+        return {"pool": np.concatenate([np.full(n, pool, dtype=object) for n, (pool, _) in zip(sizes, labels)]),
+                "instance": np.concatenate([np.full(n, i, dtype=np.int64) for n, (_, i) in zip(sizes, labels)]),
+                **{name: np.concatenate([t[name] for t in tables]) for name in tables[0]}}
     if len(tables) == 1:
         return tables[0]
     replica = [np.full(len(next(iter(t.values()))), index, dtype=np.int64) for index, t in enumerate(tables)]

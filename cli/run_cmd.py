@@ -38,6 +38,7 @@ from kvsim.cli.options import (
     NumRequests,
     OutputLen,
     PipelineParallel,
+    Placement,
     PolicyName,
     Preemption,
     ProfilePath,
@@ -131,6 +132,15 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
+    prefill_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per prefill instance. [default: --tp]")] = None,
+    decode_replicas: Annotated[int | None, typer.Option(help="Disaggregated: decode instances (vLLM kv_consumer); with --prefill-replicas.")] = None,
+    decode_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per decode instance. [default: --tp]")] = None,
+    disagg_placement: Annotated[Placement | None, typer.Option(help="Disaggregated: where the pools sit, which prices the KV transfer (NVLink or one NIC per GPU). [default: same-node when all GPUs fit in one node]")] = None,
+    prefill_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the prefill pool's latency profile. [default: the committed one for its TP]")] = None,
+    decode_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the decode pool's latency profile. [default: the committed one for its TP]")] = None,
+    prefill_max_num_batched_tokens: Annotated[int | None, typer.Option(help="Disaggregated: the prefill pool's step token budget. [default: --max-num-batched-tokens]")] = None,
+    decode_max_num_seqs: Annotated[int | None, typer.Option(help="Disaggregated: the decode pool's --max-num-seqs. [default: --max-num-seqs]")] = None,
     dataset_name: Annotated[DatasetName | None, typer.Option("--dataset-name", help="vllm bench serve's datasets instead of --workload: random (uniform lengths, --random-*) or sharegpt (a ShareGPT JSON file, --dataset-path); every request at t=0 unless --request-rate / --max-concurrency, as vLLM's default --request-rate inf.", rich_help_panel="vllm bench serve")] = None,
     dataset_path: Annotated[Path | None, typer.Option("--dataset-path", help="--dataset-name sharegpt: the ShareGPT JSON file (list of {conversations: [{from, value}, ...]}); token counts estimated at 4 characters per token (1 per CJK character).", rich_help_panel="vllm bench serve")] = None,
     random_input_len: Annotated[int | None, typer.Option("--random-input-len", help="--dataset-name random: prompt length. [default: 1024]", rich_help_panel="vllm bench serve")] = None,
@@ -147,6 +157,15 @@ def run(
     from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
     from kvsim.workloads import load_workload
 
+    disagg = {name: value for name, value in (
+        ("--prefill-replicas", prefill_replicas), ("--prefill-tp", prefill_tp), ("--decode-replicas", decode_replicas),
+        ("--decode-tp", decode_tp), ("--disagg-placement", disagg_placement), ("--prefill-profile", prefill_profile),
+        ("--decode-profile", decode_profile), ("--prefill-max-num-batched-tokens", prefill_max_num_batched_tokens),
+        ("--decode-max-num-seqs", decode_max_num_seqs)) if value is not None}
+    if disagg:
+        _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
+        if save_result:
+            raise ConfigError("--save-result does not apply to a disaggregated run yet")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -161,8 +180,9 @@ def run(
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1:
-        raise ConfigError("--router applies only with --data-parallel-size > 1")
+    if router is not None and dp == 1 and not disagg:
+        raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
+                          "disaggregated run)")
     if router is not None:
         fields["router"] = router.value
     config = EngineConfig(
@@ -173,10 +193,11 @@ def run(
         enable_expert_parallel=enable_expert_parallel, **fields,
     )
     model_spec = config.resolve_model(model_spec)
-    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
     from kvsim.simcore.config import resolve
 
-    resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
+    if not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
+        check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
+        resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
@@ -195,7 +216,9 @@ def run(
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
-    if profile is not None:
+    if disagg:
+        prof = None
+    elif profile is not None:
         prof = load_named_profile(profile)
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
@@ -209,7 +232,7 @@ def run(
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
-    memory = resolved.memory
+    memory = None if disagg else resolved.memory
     out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
@@ -217,6 +240,12 @@ def run(
         if engine_core is not EngineCore.auto:
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
+        return
+    if disagg:  # (--find-max-rate was refused)
+        _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                    prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
+                    prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
+                    percentiles, metrics)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -238,6 +267,92 @@ def run(
                                 engine_core.value, keep_tokens=save_result)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name)
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
+    """Refuse, before any work, what a disaggregated run cannot take."""
+    if prefill_replicas is None or decode_replicas is None:
+        raise ConfigError("a disaggregated run needs both --prefill-replicas and --decode-replicas "
+                          f"(given: {', '.join(given)})")
+    for flag, value in (("--prefill-replicas", prefill_replicas), ("--decode-replicas", decode_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if dp != 1 or pp != 1:
+        raise ConfigError("--dp / --pp do not apply to a disaggregated run: size each pool with "
+                          "--prefill-replicas/--prefill-tp and --decode-replicas/--decode-tp")
+    if profile is not None:
+        raise ConfigError("--profile does not apply to a disaggregated run: use --prefill-profile / --decode-profile")
+    if find_max_rate:
+        raise ConfigError("--find-max-rate does not run disaggregated deployments yet")
+    if policy.value != "continuous":
+        raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
+
+
+def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                prefill_replicas, decode_replicas, prefill_tp, decode_tp, placement, prefill_profile,
+                decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs, percentiles=(95.0, 99.0),
+                metrics=("ttft", "tpot", "itl", "e2el")) -> None:
+    """`kvsim run --prefill-replicas N --decode-replicas M ...`: two pools behind vLLM's P/D proxy."""
+    from dataclasses import replace
+
+    from kvsim.cli.output import format_disagg
+    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.simcore.config import resolve
+    from kvsim.profiles import load_named_profile
+    from kvsim.simcore.disagg import prepare_disagg
+
+    pools = {}
+    for name, changes in (
+        ("prefill", {"tensor_parallel_size": prefill_tp, "data_parallel_size": prefill_replicas,
+                     **({"max_num_batched_tokens": prefill_max_num_batched_tokens}
+                        if prefill_max_num_batched_tokens is not None else {})}),
+        ("decode", {"tensor_parallel_size": decode_tp, "data_parallel_size": decode_replicas, "router": "least-loaded",
+                    **({"max_num_seqs": decode_max_num_seqs} if decode_max_num_seqs is not None else {})}),
+    ):
+        try:
+            pools[name] = replace(config, **changes)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc} (--{name}-* options)") from None
+    resolved, profiles = {}, {}
+    for name, cfg in pools.items():
+        try:
+            check_deployment(model_spec, gpu_spec, cfg)
+            resolved[name] = resolve(model_spec, gpu_spec, cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc}") from None
+        path = prefill_profile if name == "prefill" else decode_profile
+        if path is not None:
+            profiles[name] = load_named_profile(path)
+            check_profile_matches(profiles[name], model_spec, cfg.tensor_parallel_size, gpu_spec)
+        else:
+            profiles[name] = default_profile(gpu_spec, model_spec, cfg.tensor_parallel_size)
+    check_inputs_kept(out, [prefill_profile, decode_profile], RUN_FILES)
+    sim = prepare_disagg(model_spec, gpu_spec, resolved, wl, profiles, seed=seed,
+                         placement=placement.value if placement is not None else None,
+                         exact_steps=exact_steps, engine_core=engine_core.value)
+    sim.choose_core()  # --engine-core c: refused before any output
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    info = sim.record["disagg"]
+    import re
+
+    layout = (f"on {info['num_gpus']} x {gpu_spec.name} (prefill {prefill_replicas} x TP {prefill_tp}, "
+              f"decode {decode_replicas} x TP {decode_tp})")
+    say(re.sub(r"on \d+ x \S+ \(TP [^)]*\)", lambda _m: layout,
+               describe_run(wl.describe(), pools["decode"].to_dict(), model_spec, gpu_spec.name), count=1))
+    link = info["link"]
+    say(f"Disaggregated: prefill {prefill_replicas} x TP {prefill_tp} (kv_producer), decode {decode_replicas} x "
+        f"TP {decode_tp} (kv_consumer), {info['num_gpus']} GPUs; {link['connector']} {link['placement']}: "
+        f"{link['latency_us']:.1f} us + bytes / {link['bandwidth_gbps']:.1f} GB/s "
+        f"({info['kv_bytes_per_token']:,} B of KV per prompt token)")
+    for name in ("prefill", "decode"):
+        say(f"{name.capitalize()} pool: profile {profiles[name].label} sha256:{profiles[name].sha256[:12]}; "
+            + resolved[name].memory.describe().replace(chr(10), "; "))
+    with run_staging(out) as staging:
+        result = sim.run()
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, percentiles=percentiles, metrics=metrics,
+                        model_name=model_spec.name, extra=format_disagg)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -328,7 +443,7 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "") -> str | None:
+            model_name: str = "", extra=None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -389,6 +504,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
         typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics))
+        if extra is not None:
+            typer.echo(extra(summary))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")

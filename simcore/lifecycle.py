@@ -77,6 +77,9 @@ class Lifecycle:
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self._run_slots_mv = memoryview(self._run_slots)  # the same, for scalar writes and shifts
         self.num_done = 0  # finished + rejected
+        # False where the deployment's front end counts client arrivals itself (simcore.disagg: a
+        # decode instance receives requests that arrived at the proxy earlier)
+        self.count_arrivals = True
         self._progress = progress
 
     @property
@@ -102,7 +105,8 @@ class Lifecycle:
         now = request.arrival_s = self.env.now if arrival_s is None else arrival_s
         st = ReqState(request, done, self.max_model_len)
         self.num_arrived += 1
-        self.records.arrive(now)
+        if self.count_arrivals:
+            self.records.arrive(now)
         return st
 
     def enqueue(self, st: ReqState) -> None:
