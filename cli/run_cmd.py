@@ -48,6 +48,7 @@ from kvsim.cli.options import (
     RouterOpt,
     SloTpotP95,
     SloTtftP95,
+    SpeculativeConfigOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -132,6 +133,8 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    speculative_config: SpeculativeConfigOpt = None,
+    compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
     prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
     prefill_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per prefill instance. [default: --tp]")] = None,
     decode_replicas: Annotated[int | None, typer.Option(help="Disaggregated: decode instances (vLLM kv_consumer); with --prefill-replicas.")] = None,
@@ -166,11 +169,20 @@ def run(
         _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
         if save_result:
             raise ConfigError("--save-result does not apply to a disaggregated run yet")
+        if speculative_config is not None:
+            raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
-    refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
+    if spec is not None:
+        fields["speculative_config"] = spec
+    elif compare_no_spec:
+        raise ConfigError("--compare-no-spec applies only with --speculative-config")
+    refuse_irrelevant(policy.value, fields.get("allocator"), {**given, "--speculative-config": spec})
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if not 0 < tolerance < 1:
@@ -223,6 +235,12 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
         prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
+    draft_prof = None
+    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
+        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
+    if draft_prof is not None and find_max_rate:
+        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
+                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
 
     from kvsim.reports.capacity import SLO
 
@@ -251,7 +269,7 @@ def run(
         from kvsim.simcore.simulate import prepare
 
         prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
-                engine_core="c").choose_core()
+                engine_core="c", draft_profile=draft_prof).choose_core()
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
@@ -262,11 +280,22 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    if spec is not None:
+        say(f"Speculative decoding: {spec.method}, k={spec.num_speculative_tokens}, acceptance "
+            f"{', '.join(f'{r:.3f}' for r in spec.rates)} per position ({spec.source}); expected length "
+            f"{spec.mean_acceptance_length():.2f}; draft {memory.draft_weights_bytes_per_gpu / 2**30:.2f} GiB + "
+            f"{memory.draft_kv_bytes_per_token} B/token of KV per GPU")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
         result, sim = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging,
-                                engine_core.value, keep_tokens=save_result)
+                                engine_core.value, keep_tokens=save_result, draft_prof=draft_prof)
+        baseline = None
+        if compare_no_spec:  # the same requests and seed, without speculation
+            from dataclasses import replace
+
+            plain = resolve(model_spec, gpu_spec, replace(config, speculative_config=None))
+            baseline, _ = _simulate(model_spec, gpu_spec, plain, wl, prof, seed, exact_steps, None, engine_core.value)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, result_file=result_file, model_name=model_spec.name)
+                        metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -357,14 +386,17 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
-def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False):
-    """(result, the simulation); `keep_tokens` records every token's time (--save-result)."""
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False,
+              draft_prof=None):
+    """(result, the simulation); `keep_tokens` records every token's time (--save-result); `draft_prof`
+    prices a draft_model's own passes; `staging` None: nothing streams (a --compare-no-spec baseline)."""
     from kvsim.simcore.simulate import prepare
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
         sim = prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                      exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core)
+                      exact_steps=exact_steps, stream=stream_tables(staging) if staging is not None else None,
+                      engine_core=engine_core, draft_profile=draft_prof)
         if keep_tokens:
             for engine in sim.replicas:
                 engine.lifecycle.token_times = {}
@@ -443,7 +475,7 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "", extra=None) -> str | None:
+            model_name: str = "", extra=None, baseline=None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -468,6 +500,10 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        summary["speculation_vs_none"] = speedup_vs(result.summary, baseline.summary)
     from kvsim.cli import bench_result
 
     summary.update(bench_result.metric_stats(result, percentiles, metrics))

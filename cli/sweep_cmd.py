@@ -230,6 +230,7 @@ def sweep(
     executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np
@@ -251,6 +252,18 @@ def sweep(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
+    if speculative_config is not None:
+        from kvsim.simcore.speculative import parse_speculative_configs
+
+        specs = parse_speculative_configs(speculative_config)
+        if any(s is not None and s.method == "draft_model" for s in specs):
+            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
+                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
+        if len(specs) > 1:
+            lists["speculative_config"] = specs
+        elif specs[0] is not None:
+            fields["speculative_config"] = specs[0]
+        given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
