@@ -396,6 +396,10 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     typer.echo("")
     for answer in result.answers:
         typer.echo("Answer: " + answer_line(answer, slo))
+        best = answer["best"]
+        if best is not None and best.get("vllm_serve"):
+            typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
+                       + (" behind a load balancer" if best["replicas"] > 1 else ""))
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
