@@ -37,7 +37,7 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block")] + [("swap_block_s", ctypes.c_double)]
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
@@ -96,6 +96,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
     lib.kv_engine_counts.restype = None
     lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_itl.restype = ctypes.c_long
+    lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp]
     lib._kv_engine_declared = True
 
 
@@ -158,6 +160,7 @@ def run(sim: Any, progress=None) -> Any:
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
+    from kvsim.simcore import records as records_module
 
     lib = ccore.library()
     _declare(lib)
@@ -172,7 +175,7 @@ def run(sim: Any, progress=None) -> Any:
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
         engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
         alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
-        int(policy.enable_prefix_caching), engine.swap_block_s,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -302,10 +305,30 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
     for index, e in enumerate(engines):
         (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
          e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    _binned_itls(lib, handle, engines)
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
+
+
+def _binned_itls(lib, handle, engines) -> None:
+    """A replica whose gaps passed its ITL store's cap: the core handed out the first `cap` and
+    binned every one as the store would (simcore.records.Samples); the store becomes those bins,
+    so a run of any length keeps the histogram, not its gaps (memory flat in request count)."""
+    from kvsim.simcore.records import Samples
+
+    stats = (ctypes.c_double * 5)()
+    key0 = ctypes.c_long()
+    for index, engine in enumerate(engines):
+        life = engine.lifecycle
+        n = lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None)
+        count = int(stats[0])
+        if count <= life.itl.cap:
+            continue  # the store holds every gap, exactly
+        counts = np.zeros(n, dtype=np.int64)
+        lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)))
+        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
 
 
 def _feed(lib, handle, chunk, closed: bool) -> None:

@@ -130,6 +130,19 @@ class Samples:
         self._hist += np.bincount(keys - self._key0, weights, minlength=len(self._hist)).astype(np.int64)
 
     @classmethod
+    def from_bins(cls, cap: int, count: int, total: float, lo: float, hi: float, zeros: int, key0: int,
+                  counts: np.ndarray) -> Samples:
+        """A store past its cap whose values were binned elsewhere (the compiled core bins them
+        as `_bin_values` does: the same keys, block sums and extremes): `counts` by key from
+        `key0`. As `settle(force=True)` leaves a store: every value binned."""
+        out = cls(cap)
+        out._binned = True
+        out.count, out.total, out.min, out.max, out._zeros = count, total, lo, hi, zeros
+        if len(counts):
+            out._hist, out._key0 = np.asarray(counts, dtype=np.int64), key0
+        return out
+
+    @classmethod
     def merged(cls, stores: list[Samples]) -> Samples:
         """One store holding the values of several (replicas), in their order."""
         if len(stores) == 1:

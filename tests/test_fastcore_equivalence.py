@@ -459,3 +459,49 @@ def test_shared_prefix_workload_file_matches():
         core, _ = _compare(config, workload, seed=3, context=f"shared-prefix chunked={chunked}", model=model,
                            profile=default_profile(H100, model, 1))
         assert core.summary["prefix_cache_hit_rate"] > 0.5
+
+
+def test_pairwise_sum_is_numpys():
+    """The core sums inter-token gaps a block at a time as numpy's add.reduce does (pairwise,
+    eight accumulators), so a binned store's mean is the Python store's to the bit."""
+    import ctypes
+
+    lib = ccore.library()
+    lib.kv_pairwise_sum.restype = ctypes.c_double
+    lib.kv_pairwise_sum.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_long]
+    rng = np.random.default_rng(9)
+    for n in [*range(0, 140), 255, 256, 1000, 4097, 65536, 70001]:
+        values = rng.exponential(0.02, size=n) * rng.choice([1e-3, 1.0, 1e3])
+        assert lib.kv_pairwise_sum(values.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), n) == float(values.sum()), n
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_itls_past_the_cap_are_binned_in_the_core(dp, monkeypatch):
+    """Past the ITL store's cap the core hands out no more gaps: it bins every one (keys, block
+    sums, extremes, zeros) as simcore.records.Samples does, and the run's store is those bins,
+    identical to the Python engine's (memory flat in request count)."""
+    import dataclasses
+
+    import kvsim.simcore.records as records
+
+    monkeypatch.setattr(records, "ITL_EXACT_CAP", 500)
+    monkeypatch.setattr(records, "_FLUSH", 64)
+    for case in range(4):
+        rng = np.random.default_rng(800 + case)
+        config, _ = _random_case(rng)
+        config = dataclasses.replace(config, data_parallel_size=dp)
+        num = 150
+        mml = config.max_model_len
+        workload = ArraysWorkload(_bursty_arrivals(rng, num, mean_gap_s=0.002, zero_share=0.2),
+                                  rng.integers(1, mml // 2, size=num), rng.integers(mml // 4, mml, size=num))
+        core, exact = (simulate(TINY, H100, config, workload, _profile(), seed=case, engine_core=c, exact_steps=c == "python")
+                       for c in ("c", "python"))
+        a, b = core.itl, exact.itl
+        assert not b.exact and len(a) == len(b) > 500, case
+        a.settle(force=True)
+        b.settle(force=True)
+        assert (a.count, a.total, a.min, a.max, a._zeros) == (b.count, b.total, b.min, b.max, b._zeros), case
+        ka, kb = np.flatnonzero(a._hist) + a._key0, np.flatnonzero(b._hist) + b._key0
+        assert (ka == kb).all() and (a._hist[ka - a._key0] == b._hist[kb - b._key0]).all(), case
+        for key in (k for k in core.summary if "itl" in k):  # mean, median, p95, p99: to the bit
+            assert core.summary[key] == exact.summary[key], (case, key)

@@ -82,6 +82,10 @@ struct kv_rep {
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
     long num_arrived, num_done, num_holds;
+    /* inter-token gaps (simcore.records.Samples past its cap): every one binned here */
+    long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
+    long *hist, hist_key0, hist_n;
+    int itl_done;  /* the last partial block is in the sum */
 };
 
 struct kv_engine {
@@ -151,7 +155,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
-    free(e->blk); free(e->hfree); free(e->filling);
+    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
     free(e->groups);
@@ -173,10 +177,13 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
     e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
     e->filling = malloc(sizeof(long) * m);
+    if (e->c.itl_block < 1) e->c.itl_block = 1 << 16;
+    e->itl_blk = malloc(sizeof(double) * (size_t)e->c.itl_block);
+    e->itl_min = 1.0 / 0.0; e->itl_max = -1.0 / 0.0;
     e->eng = ENG_IDLE;
     e->pc = cfg->prefix_caching != 0;
     e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
-    return e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
+    return e->itl_blk && e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
            && e->finished && e->run && e->swapped_in && e->by_swap;
 }
 
@@ -471,6 +478,81 @@ static long pid_group(kv_engine *S, long pid) {
     return S->pid_vals[p];
 }
 
+static void fail(kv_rep *e, int rc) {
+    if (rc && !e->S->err) e->S->err = rc;
+}
+
+/* -- inter-token gaps (simcore.records.Samples) -------------------------------------------- */
+double kv_pairwise_sum(const double *a, long n) {  /* numpy's pairwise_sum for float64 */
+    if (n < 8) {
+        double res = 0.;
+        for (long i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8], res;
+        long i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    long n2 = n / 2;
+    n2 -= n2 % 8;
+    return kv_pairwise_sum(a, n2) + kv_pairwise_sum(a + n2, n - n2);
+}
+
+static int hist_add(kv_rep *e, long key) {
+    if (!e->hist_n || key < e->hist_key0 || key >= e->hist_key0 + e->hist_n) {
+        long lo = e->hist_n && e->hist_key0 < key ? e->hist_key0 : key - 4096;
+        long hi = e->hist_n && e->hist_key0 + e->hist_n > key + 1 ? e->hist_key0 + e->hist_n : key + 4096;
+        long *h = calloc((size_t)(hi - lo), sizeof(long));
+        if (!h) return KV_NOMEM;
+        if (e->hist_n) memcpy(h + (e->hist_key0 - lo), e->hist, sizeof(long) * (size_t)e->hist_n);
+        free(e->hist); e->hist = h; e->hist_key0 = lo; e->hist_n = hi - lo;
+    }
+    e->hist[key - e->hist_key0]++;
+    return 0;
+}
+
+/* One gap: handed out while the replica's count is under the cap, binned always (min, max,
+   zeros, key counts), summed a block at a time (Samples._bin_values: the same float sum) */
+static void itl_put(kv_rep *e, double v) {
+    kv_outputs *o = e->S->out;
+    if (e->itl_count < e->c.itl_cap) {
+        if (o->itl_rep) o->itl_rep[o->itl_n] = (int)e->index;
+        o->itl[o->itl_n++] = v;
+    }
+    e->itl_count++;
+    if (v < e->itl_min) e->itl_min = v;
+    if (v > e->itl_max) e->itl_max = v;
+    if (v == 0.0) e->itl_zeros++;
+    else {
+        long bits;
+        memcpy(&bits, &v, sizeof bits);
+        fail(e, hist_add(e, bits >> KV_HIST_SHIFT));
+    }
+    e->itl_blk[e->itl_blk_n++] = v;
+    if (e->itl_blk_n == e->c.itl_block) {
+        e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+        e->itl_blk_n = 0;
+    }
+}
+
+long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist) {
+    const kv_rep *e = &S->reps[replica];
+    stats[0] = (double)e->itl_count; stats[1] = e->itl_total; stats[2] = e->itl_min; stats[3] = e->itl_max;
+    stats[4] = (double)e->itl_zeros;
+    long lo = 0, hi = e->hist_n;  /* trimmed to the keys in use */
+    while (lo < hi && !e->hist[lo]) lo++;
+    while (hi > lo && !e->hist[hi - 1]) hi--;
+    *key0 = e->hist_key0 + lo;
+    if (hist && hi > lo) memcpy(hist, e->hist + lo, sizeof(long) * (size_t)(hi - lo));
+    return hi - lo;
+}
+
 /* -- outputs ------------------------------------------------------------------------------ */
 /* A request leaves (Lifecycle._leave): its row, and the done event its closed-loop client waits on */
 static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long output) {
@@ -599,10 +681,6 @@ static int client_take(kv_engine *S) {
 }
 
 /* -- scheduling ----------------------------------------------------------------------------- */
-static void fail(kv_rep *e, int rc) {
-    if (rc && !e->S->err) e->S->err = rc;
-}
-
 static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
@@ -823,15 +901,11 @@ static int end_step(kv_rep *e) {
     kv_outputs *o = e->S->out;
     double t = e->S->now;
     long nf = 0;
-    int *tag = o->itl_rep;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
         r->computed += e->part_new[k];
         if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
-            if (r->generated) {
-                if (tag) tag[o->itl_n] = (int)e->index;
-                o->itl[o->itl_n++] = t - r->last_token;
-            }
+            if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
             r->generated++;
@@ -965,7 +1039,12 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             }
             if (S->held) return KV_STALL;
             if (out->step_cap - out->step_n < S->nrep) return out->step_n ? KV_FULL : KV_NOROOM;
-            for (long i = 0; i < S->nrep; i++) flush_span(&S->reps[i]);
+            for (long i = 0; i < S->nrep; i++) {
+                kv_rep *e = &S->reps[i];
+                flush_span(e);
+                if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+                e->itl_done = 1;
+            }
             return KV_DONE;
         }
         kv_event ev = ev_pop(S);

@@ -42,6 +42,9 @@ typedef struct {
     long router;           /* with several: KV_ROUTER_* */
     long clients;          /* 0: an open loop; else a closed loop of this many clients */
     long prefix_caching;   /* 1: full blocks of shared prefixes cached by content, LRU eviction */
+    long itl_cap;          /* a replica's inter-token gaps handed out (kv_outputs.itl) at most;
+                              all of them are binned here (simcore.records.Samples: its cap) */
+    long itl_block;        /* gaps summed per block, pairwise as numpy sums (Samples' _FLUSH) */
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
@@ -74,5 +77,13 @@ int kv_engine_run(kv_engine *e, kv_outputs *out);
    held, prompt tokens of admitted requests that share a prefix, of those adopted from the cache */
 #define KV_COUNTS 5
 void kv_engine_counts(const kv_engine *e, long *out);
+/* A replica's inter-token gaps as simcore.records.Samples bins them past its cap (every gap,
+   the last partial block summed once the run is done): stats = count, sum, min, max, zeros; the
+   counts of keys key0 .. key0 + n - 1 (float64 bits >> KV_HIST_SHIFT) go to `hist` (if not NULL).
+   Returns n. */
+#define KV_HIST_SHIFT 38
+long kv_engine_itl(const kv_engine *e, long replica, double *stats, long *key0, long *hist);
+/* numpy's float64 add.reduce of a contiguous array (pairwise, 8 accumulators; for tests) */
+double kv_pairwise_sum(const double *a, long n);
 
 #endif
