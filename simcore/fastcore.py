@@ -7,12 +7,14 @@ Why: the Python engine spends ~100 us of interpreter time per step; a planner ru
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
 and serves everything the core does not support (`unsupported` says why).
 
-The C run is resumable: it stops whenever one of its output buffers (inter-token gaps, rows of
-requests that left, step rows, arrival stamps) may not hold the next event's output, or when it
-needs the next chunk of the workload; this module empties the buffers into the run's bounded
-stores (RequestRecords, Samples, StepRecorder) and resumes it, so memory stays flat in request
-count. Runs of decode steps that change nothing but the contexts come back as one step row
-(`num_steps` > 1), as the Python engine's decode spans do.
+The C run is resumable: it stops whenever one of its output buffers (rows of requests that
+left, step rows, arrival stamps) may not hold the next event's output, or when it needs the next
+chunk of the workload; this module empties the buffers into the run's bounded stores
+(RequestRecords, StepRecorder) and resumes it, so memory stays flat in request count. Runs of
+decode steps that change nothing but the contexts come back as one step row (`num_steps` > 1),
+as the Python engine's decode spans do. Inter-token gaps never cross: the core keeps them up to
+the ITL store's cap and bins them past it as the store would (simcore.records.Samples), and
+hands over the one or the other at the end.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ KV_STEP_ROW = 26
 KV_COUNTS = 5  # engine.h: longs per replica from kv_engine_counts
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
-_ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
-_ROWS_CAP = 1 << 14
+_ROWS_CAP = 1 << 14  # output buffers (rows)
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
@@ -49,7 +50,6 @@ _P = ctypes.POINTER(ctypes.c_double)
 
 class _Outputs(ctypes.Structure):
     _fields_ = [
-        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long), ("itl_rep", ctypes.POINTER(ctypes.c_int)),
         ("req", _P), ("req_cap", ctypes.c_long), ("req_n", ctypes.c_long),
         ("step", _P), ("step_cap", ctypes.c_long), ("step_n", ctypes.c_long),
         ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
@@ -97,7 +97,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_counts.restype = None
     lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
     lib.kv_engine_itl.restype = ctypes.c_long
-    lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp]
+    lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -208,20 +208,14 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
     engine = engines[0]
     dp = len(engines)
     m = engine.policy.max_num_seqs + 2
-    itl = np.empty(max(_ITL_CAP, 4 * m))
-    itl_rep = np.zeros(len(itl), dtype=np.intc) if dp > 1 else None
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
     step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
     out = _Outputs()
-    out.itl, out.itl_cap = itl.ctypes.data_as(_P), len(itl)
-    if itl_rep is not None:
-        out.itl_rep = itl_rep.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
     out.req, out.req_cap = req.ctypes.data_as(_P), len(req)
     out.step, out.step_cap = step.ctypes.data_as(_P), len(step)
     out.arr, out.arr_cap = arr.ctypes.data_as(_P), len(arr)
     records = engine.lifecycle.records
-    lives = [e.lifecycle for e in engines]
     pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
     state = {"fed": records.num_arrived}
     chunks = sim.workload.iter_arrays(sim.workload_seed)
@@ -246,22 +240,12 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
         if out.arr_n:
             pending_arrivals.append(arr[:out.arr_n].copy())
             out.arr_n = 0
-        if out.itl_n:
-            if dp == 1:
-                lives[0].itl.extend(itl[:out.itl_n])
-            else:  # each replica's own store, in emission order (Result pools them replica by replica)
-                tags = itl_rep[:out.itl_n]
-                for index, life in enumerate(lives):
-                    life.itl.extend(itl[:out.itl_n][tags == index])
-            out.itl_n = 0
         if out.req_n:
             rows = req[:out.req_n]
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
                 rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
-            for life in lives:
-                life.itl.settle()
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
                 before = out.num_done - out.req_n
                 for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
@@ -305,29 +289,33 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
     for index, e in enumerate(engines):
         (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
          e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
-    _binned_itls(lib, handle, engines)
+    _collect_itls(lib, handle, engines)
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
 
 
-def _binned_itls(lib, handle, engines) -> None:
-    """A replica whose gaps passed its ITL store's cap: the core handed out the first `cap` and
-    binned every one as the store would (simcore.records.Samples); the store becomes those bins,
-    so a run of any length keeps the histogram, not its gaps (memory flat in request count)."""
+def _collect_itls(lib, handle, engines) -> None:
+    """Each replica's inter-token gaps into its ITL store (simcore.records.Samples): every gap,
+    in emission order, while there are at most the store's cap; past it the core kept none and
+    binned every one as the store would, and the store becomes those bins. So a run of any length
+    keeps a histogram, not its gaps, and Python never touches a gap one by one."""
     from kvsim.simcore.records import Samples
 
     stats = (ctypes.c_double * 5)()
     key0 = ctypes.c_long()
     for index, engine in enumerate(engines):
         life = engine.lifecycle
-        n = lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None)
+        n = lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, None)
         count = int(stats[0])
         if count <= life.itl.cap:
-            continue  # the store holds every gap, exactly
+            values = np.empty(count)
+            lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, values.ctypes.data_as(_P))
+            life.itl.extend(values)
+            continue
         counts = np.zeros(n, dtype=np.int64)
-        lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)))
+        lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
         life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
 
 

@@ -85,6 +85,7 @@ struct kv_rep {
     /* inter-token gaps (simcore.records.Samples past its cap): every one binned here */
     long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
     long *hist, hist_key0, hist_n;
+    double *itl_vals; long itl_vals_cap;  /* every gap while at most itl_cap; dropped past it */
     int itl_done;  /* the last partial block is in the sum */
 };
 
@@ -155,7 +156,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
-    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist);
+    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
     free(e->groups);
@@ -517,13 +518,21 @@ static int hist_add(kv_rep *e, long key) {
     return 0;
 }
 
-/* One gap: handed out while the replica's count is under the cap, binned always (min, max,
-   zeros, key counts), summed a block at a time (Samples._bin_values: the same float sum) */
+/* One gap: kept while the replica's count is at most the cap (then they are dropped: the
+   store will be the bins), binned always (min, max, zeros, key counts), summed a block at a
+   time (Samples._bin_values: the same float sum) */
 static void itl_put(kv_rep *e, double v) {
-    kv_outputs *o = e->S->out;
     if (e->itl_count < e->c.itl_cap) {
-        if (o->itl_rep) o->itl_rep[o->itl_n] = (int)e->index;
-        o->itl[o->itl_n++] = v;
+        if (e->itl_count == e->itl_vals_cap) {
+            long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
+            if (nc > e->c.itl_cap) nc = e->c.itl_cap;
+            double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
+            if (!v2) { fail(e, KV_NOMEM); return; }
+            e->itl_vals = v2; e->itl_vals_cap = nc;
+        }
+        e->itl_vals[e->itl_count] = v;
+    } else if (e->itl_vals) {
+        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
     }
     e->itl_count++;
     if (v < e->itl_min) e->itl_min = v;
@@ -541,7 +550,7 @@ static void itl_put(kv_rep *e, double v) {
     }
 }
 
-long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist) {
+long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist, double *values) {
     const kv_rep *e = &S->reps[replica];
     stats[0] = (double)e->itl_count; stats[1] = e->itl_total; stats[2] = e->itl_min; stats[3] = e->itl_max;
     stats[4] = (double)e->itl_zeros;
@@ -550,6 +559,8 @@ long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, 
     while (hi > lo && !e->hist[hi - 1]) hi--;
     *key0 = e->hist_key0 + lo;
     if (hist && hi > lo) memcpy(hist, e->hist + lo, sizeof(long) * (size_t)(hi - lo));
+    if (values && e->itl_count && e->itl_count <= e->c.itl_cap)
+        memcpy(values, e->itl_vals, sizeof(double) * (size_t)e->itl_count);
     return hi - lo;
 }
 
@@ -980,7 +991,7 @@ static int end_step(kv_rep *e) {
 static int has_room(const kv_engine *S) {
     const kv_outputs *o = S->out;
     long m = S->c.max_num_seqs + 1;
-    return o->itl_cap - o->itl_n >= m && o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
+    return o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
            && o->arr_cap - o->arr_n >= 1;
 }
 
@@ -1016,7 +1027,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
     }
     for (;;) {
         if (!has_room(S))
-            return out->itl_n || out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
+            return out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
         if (S->arr_resume) {
             int rc = arrivals_continue(S);
             if (rc) return rc;
