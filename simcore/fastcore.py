@@ -30,6 +30,7 @@ KV_COUNTS = 5  # engine.h: longs per replica from kv_engine_counts
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
 _ROWS_CAP = 1 << 14  # output buffers (rows)
+FOLD_STEPS = True  # step rows folded in C unless they must stream out (False: through Python; tests)
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
@@ -38,7 +39,8 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block",
+        "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double)]
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
@@ -96,6 +98,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
     lib.kv_engine_counts.restype = None
     lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_steps.restype = ctypes.c_long
+    lib.kv_engine_steps.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P, _P]
     lib.kv_engine_itl.restype = ctypes.c_long
     lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
     lib._kv_engine_declared = True
@@ -160,6 +164,7 @@ def run(sim: Any, progress=None) -> Any:
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
+    from kvsim.simcore import metrics as metrics_module
     from kvsim.simcore import records as records_module
 
     lib = ccore.library()
@@ -170,12 +175,14 @@ def run(sim: Any, progress=None) -> Any:
     alloc = policy.allocator
     dp = len(engines)
     clients = _clients(sim.workload)
+    fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
         engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
         alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
-        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, engine.swap_block_s,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -185,7 +192,7 @@ def run(sim: Any, progress=None) -> Any:
     try:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
-        return _drive(lib, handle, sim, engines, latency, progress)
+        return _drive(lib, handle, sim, engines, latency, progress, fold)
     except CoreUnavailable as exc:
         # nothing went out to the caller yet
         exc.clean = engine.lifecycle.records.kept and not any(e.recorder.streaming for e in engines)
@@ -204,7 +211,7 @@ def _clients(workload: Any) -> int:
     return min(int(workload.arrival.concurrency), int(workload.num_requests))
 
 
-def _drive(lib, handle, sim, engines, latency, progress) -> Any:
+def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     engine = engines[0]
     dp = len(engines)
     m = engine.policy.max_num_seqs + 2
@@ -290,10 +297,29 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
         (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
          e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
     _collect_itls(lib, handle, engines)
+    if fold:
+        _collect_steps(lib, handle, engines)
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
+
+
+def _collect_steps(lib, handle, engines) -> None:
+    """Each replica's step table as the core folded it (simcore.metrics.StepRecorder's totals,
+    kept rows and coalescing, in C): no step row crossed to Python during the run."""
+    from kvsim.simcore.metrics import KV_KINDS, StepTotals
+
+    ints = (ctypes.c_long * 8)()
+    sums = (ctypes.c_double * (3 + len(KV_KINDS)))()
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_steps(handle, index, ints, sums, None)
+        rows = np.empty((n, 21))
+        lib.kv_engine_steps(handle, index, ints, sums, rows.ctypes.data_as(_P))
+        totals = StepTotals(num_steps=ints[0], duration_s=sums[0], seq_steps=ints[1], running_s=sums[1],
+                            max_running=ints[2], kv_allocated_max=ints[3], kv_blocked_s=sums[2], num_preempted=ints[4],
+                            kv_slot_s=dict(zip(KV_KINDS, sums[3:], strict=True)))
+        engine.recorder.load_folded(rows, totals, ints[5], bool(ints[6]), bool(ints[7]))
 
 
 def _collect_itls(lib, handle, engines) -> None:

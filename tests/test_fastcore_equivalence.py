@@ -505,3 +505,34 @@ def test_itls_past_the_cap_are_binned_in_the_core(dp, monkeypatch):
         assert (ka == kb).all() and (a._hist[ka - a._key0] == b._hist[kb - b._key0]).all(), case
         for key in (k for k in core.summary if "itl" in k):  # mean, median, p95, p99: to the bit
             assert core.summary[key] == exact.summary[key], (case, key)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_step_rows_folded_in_the_core(dp, monkeypatch):
+    """The core folds its step rows as simcore.metrics.StepRecorder does (the totals' sums row by
+    row, chunks sealed, the kept table halved past its cap): its step table and totals are, to
+    the bit, those of the same rows folded in Python (fastcore.FOLD_STEPS off), small caps so
+    that the table is coalesced several times."""
+    import dataclasses
+
+    import kvsim.simcore.metrics as metrics
+    from kvsim.simcore import fastcore
+
+    monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 40)
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 16)
+    coalesced = 0
+    for case in range(6):
+        rng = np.random.default_rng(900 + case)
+        config, workload = _random_case(rng)
+        config = dataclasses.replace(config, data_parallel_size=dp)
+        runs = []
+        for fold in (True, False):
+            monkeypatch.setattr(fastcore, "FOLD_STEPS", fold)
+            runs.append(simulate(TINY, H100, config, workload, _profile(), seed=case, engine_core="c"))
+        a, b = runs
+        assert a.totals == b.totals, case
+        ca, cb = a.step_columns(), b.step_columns()
+        assert ca.keys() == cb.keys() and all(np.array_equal(ca[k], cb[k]) for k in ca), case
+        assert a.record == b.record and a.summary == b.summary, case
+        coalesced += any(r.coalesced for r in a.recorders)
+    assert coalesced, "some cases should pass the cap"

@@ -86,6 +86,10 @@ struct kv_rep {
     long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
     long *hist, hist_key0, hist_n;
     double *itl_vals; long itl_vals_cap;  /* every gap while at most itl_cap; dropped past it */
+    /* folded step rows (simcore.metrics.StepRecorder): rows not sealed yet, the kept table,
+       how often it was halved; the totals (StepTotals) */
+    double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
+    long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
     int itl_done;  /* the last partial block is in the sum */
 };
 
@@ -156,7 +160,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
-    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals);
+    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals); free(e->chunk); free(e->kept);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
     free(e->groups);
@@ -181,6 +185,12 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
     if (e->c.itl_block < 1) e->c.itl_block = 1 << 16;
     e->itl_blk = malloc(sizeof(double) * (size_t)e->c.itl_block);
     e->itl_min = 1.0 / 0.0; e->itl_max = -1.0 / 0.0;
+    if (e->c.fold_steps) {
+        if (e->c.step_chunk < 1) e->c.step_chunk = 1 << 14;
+        if (e->c.step_cap < 1) e->c.step_cap = 1 << 17;
+        e->chunk = malloc(sizeof(double) * KV_STEP_COLUMNS * (size_t)e->c.step_chunk);
+        if (!e->chunk) return 0;
+    }
     e->eng = ENG_IDLE;
     e->pc = cfg->prefix_caching != 0;
     e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
@@ -899,10 +909,104 @@ static int start_step(kv_rep *e) {
     return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
 
+/* -- step rows folded (simcore.metrics.StepRecorder: _fold, _seal, _coalesce_pairs) ---------- */
+enum { C_START = 0, C_DT = 1, C_STEPS = 2, C_SEQS = 3, C_RUNNING = 6, C_WAITING = 7, C_SWAPPED = 8,
+       C_PREEMPTED = 9, C_KV = 11, C_EXTERNAL = 16, C_COSTS = 18 };  /* metrics._COLUMNS */
+enum { K_ALLOCATED = 0, K_LIVE = 1, K_INTERNAL = 3, K_UNSHARED = 6 };  /* metrics.KV_KINDS */
+
+/* _coalesce_pairs on n rows in place: rows 2i and 2i+1 become row i (an odd last row stays) */
+static long coalesce(double *rows, long n) {
+    long even = n - n % 2, w = 0;
+    for (long i = 0; i < even; i += 2, w++) {
+        const double *a = rows + KV_STEP_COLUMNS * i, *b = a + KV_STEP_COLUMNS;
+        double o[KV_STEP_COLUMNS];
+        double steps = a[C_STEPS] + b[C_STEPS], dt = a[C_DT] + b[C_DT];
+        o[C_START] = a[C_START]; o[C_DT] = dt; o[C_STEPS] = steps;
+        for (int c = C_SEQS; c < C_KV; c++)  /* _PER_STEP: weighted by num_steps */
+            o[c] = (a[c] * a[C_STEPS] + b[c] * b[C_STEPS]) / steps;
+        for (int c = C_KV; c < C_KV + KV_STEP_KINDS; c++)  /* KV: weighted by duration */
+            o[c] = dt > 0 ? (a[c] * a[C_DT] + b[c] * b[C_DT]) / dt : 0.5 * (a[c] + b[c]);
+        for (int c = C_COSTS; c < KV_STEP_COLUMNS; c++) o[c] = a[c] + b[c];
+        memcpy(rows + KV_STEP_COLUMNS * w, o, sizeof o);
+    }
+    if (n % 2) memmove(rows + KV_STEP_COLUMNS * w++, rows + KV_STEP_COLUMNS * (n - 1), sizeof(double) * KV_STEP_COLUMNS);
+    return w;
+}
+
+/* _seal: the pending rows at the kept table's grain, appended; past the cap, the table halved
+   until it holds at most half the cap */
+static int seal(kv_rep *e) {
+    long n = e->chunk_n;
+    e->chunk_n = 0;
+    if (!n) return 0;
+    for (long h = 0; h < e->halvings; h++) n = coalesce(e->chunk, n);
+    if (e->kept_n + n > e->kept_cap) {
+        long nc = e->kept_cap ? 2 * e->kept_cap : e->c.step_chunk;
+        while (nc < e->kept_n + n) nc *= 2;
+        double *k = realloc(e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)nc);
+        if (!k) return KV_NOMEM;
+        e->kept = k; e->kept_cap = nc;
+    }
+    memcpy(e->kept + KV_STEP_COLUMNS * e->kept_n, e->chunk, sizeof(double) * KV_STEP_COLUMNS * (size_t)n);
+    e->kept_n += n;
+    if (e->kept_n <= e->c.step_cap) return 0;
+    e->streaming = 1;
+    while (e->kept_n > e->c.step_cap / 2 && e->kept_n > 1) {
+        e->kept_n = coalesce(e->kept, e->kept_n);
+        e->halvings++;
+    }
+    e->coalesced = 1;
+    return 0;
+}
+
+/* One row (KV_STEP_ROW doubles) into the totals (_fold: its addends, added in row order) and
+   the pending rows */
+static void fold_row(kv_rep *e, const double *row) {
+    double dt = row[C_DT], steps = row[C_STEPS];
+    e->t_steps += (long)steps;
+    e->t_seq_steps += (long)row[C_SEQS] * (long)steps;
+    if ((long)row[C_RUNNING] > e->t_max_running) e->t_max_running = (long)row[C_RUNNING];
+    if ((long)row[C_KV] > e->t_kv_max) e->t_kv_max = (long)row[C_KV];
+    e->t_preempted += (long)row[C_PREEMPTED];
+    double add[3 + KV_STEP_KINDS];
+    add[0] = dt;
+    add[1] = row[C_RUNNING] * dt;
+    add[2] = 0.0;
+    if (e->c.kv_capacity && (row[C_WAITING] > 0 || row[C_SWAPPED] > 0)
+        && (row[C_PREEMPTED] > 0 || (double)e->c.kv_capacity - row[C_KV] - row[C_EXTERNAL] < (double)e->c.kv_unit))
+        add[2] = dt;
+    for (int k = 0; k < KV_STEP_KINDS; k++) add[3 + k] = row[C_KV + k] * dt;
+    if (row[24] != 0) {  /* a span row: its own steps' sums */
+        add[2] = row[23];
+        add[3 + K_ALLOCATED] = row[21];
+        add[3 + K_LIVE] = row[21] - row[22];
+        add[3 + K_INTERNAL] = row[22];
+        add[3 + K_UNSHARED] = row[21];
+    }
+    for (int k = 0; k < 3 + KV_STEP_KINDS; k++) e->t_sums[k] += add[k];
+    memcpy(e->chunk + KV_STEP_COLUMNS * e->chunk_n++, row, sizeof(double) * KV_STEP_COLUMNS);
+    if (e->chunk_n == e->c.step_chunk) fail(e, seal(e));
+}
+
+long kv_engine_steps(const kv_engine *S, long replica, long *ints, double *sums, double *rows) {
+    const kv_rep *e = &S->reps[replica];
+    ints[0] = e->t_steps; ints[1] = e->t_seq_steps; ints[2] = e->t_max_running; ints[3] = e->t_kv_max;
+    ints[4] = e->t_preempted; ints[5] = e->halvings; ints[6] = e->coalesced; ints[7] = e->streaming;
+    memcpy(sums, e->t_sums, sizeof e->t_sums);
+    if (rows && e->kept_n) memcpy(rows, e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)e->kept_n);
+    return e->kept_n;
+}
+
+/* a finished row: folded here, or handed out */
+static void put_row(kv_rep *e, const double *row) {
+    if (e->c.fold_steps) { fold_row(e, row); return; }
+    kv_outputs *o = e->S->out;
+    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof(double) * KV_STEP_ROW);
+}
+
 static void flush_span(kv_rep *e) {
     if (!e->span_open) return;
-    kv_outputs *o = e->S->out;
-    memcpy(o->step + KV_STEP_ROW * o->step_n++, e->span_row, sizeof e->span_row);
+    put_row(e, e->span_row);
     e->span_open = 0;
 }
 
@@ -984,7 +1088,7 @@ static int end_step(kv_rep *e) {
         return 0;
     }
     flush_span(e);
-    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof row);
+    put_row(e, row);
     return 0;
 }
 
@@ -1053,10 +1157,11 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             for (long i = 0; i < S->nrep; i++) {
                 kv_rep *e = &S->reps[i];
                 flush_span(e);
+                if (e->c.fold_steps && !e->itl_done) fail(e, seal(e));
                 if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
                 e->itl_done = 1;
             }
-            return KV_DONE;
+            return S->err ? S->err : KV_DONE;
         }
         kv_event ev = ev_pop(S);
         S->now = ev.t;

@@ -45,6 +45,9 @@ typedef struct {
     long itl_cap;          /* a replica's inter-token gaps kept at most (simcore.records.Samples'
                               cap); past it every one is binned here instead */
     long itl_block;        /* gaps summed per block, pairwise as numpy sums (Samples' _FLUSH) */
+    long fold_steps;       /* 1: step rows folded here as simcore.metrics.StepRecorder folds them
+                              (totals, the kept table coalesced past step_cap), none handed out */
+    long step_cap, step_chunk;  /* StepRecorder's cap and _STEP_CHUNK */
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
@@ -81,6 +84,13 @@ void kv_engine_counts(const kv_engine *e, long *out);
    the gaps in emission order to `values` (each if not NULL). Returns n. */
 #define KV_HIST_SHIFT 38
 long kv_engine_itl(const kv_engine *e, long replica, double *stats, long *key0, long *hist, double *values);
+/* A replica's folded step rows, once the run is done (fold_steps): ints = num_steps, seq_steps,
+   max_running, kv_allocated_max, num_preempted, halvings, coalesced, streaming; sums =
+   duration, running, KV-blocked seconds, then slot-seconds of the KV_STEP_KINDS kinds; the
+   kept rows (KV_STEP_COLUMNS doubles each) to `rows` if not NULL. Returns their number. */
+#define KV_STEP_COLUMNS 21
+#define KV_STEP_KINDS 7
+long kv_engine_steps(const kv_engine *e, long replica, long *ints, double *sums, double *rows);
 /* numpy's float64 add.reduce of a contiguous array (pairwise, 8 accumulators; for tests) */
 double kv_pairwise_sum(const double *a, long n);
 
