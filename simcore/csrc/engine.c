@@ -86,6 +86,8 @@ struct kv_rep {
     long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
     long *hist, hist_key0, hist_n;
     double *itl_vals; long itl_vals_cap;  /* every gap while at most itl_cap; dropped past it */
+    double itl_last; long itl_last_key;   /* the last gap binned and its key (-1: zero): a decode
+                                             step's gaps mostly repeat the one before */
     /* folded step rows (simcore.metrics.StepRecorder): rows not sealed yet, the kept table,
        how often it was halved; the totals (StepTotals) */
     double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
@@ -545,13 +547,20 @@ static void itl_put(kv_rep *e, double v) {
         free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
     }
     e->itl_count++;
-    if (v < e->itl_min) e->itl_min = v;
-    if (v > e->itl_max) e->itl_max = v;
-    if (v == 0.0) e->itl_zeros++;
-    else {
-        long bits;
-        memcpy(&bits, &v, sizeof bits);
-        fail(e, hist_add(e, bits >> KV_HIST_SHIFT));
+    if (v == e->itl_last && e->itl_count > 1) {  /* the same bin as the last one */
+        if (e->itl_last_key < 0) e->itl_zeros++;
+        else e->hist[e->itl_last_key - e->hist_key0]++;
+    } else {
+        if (v < e->itl_min) e->itl_min = v;
+        if (v > e->itl_max) e->itl_max = v;
+        e->itl_last = v; e->itl_last_key = -1;
+        if (v == 0.0) e->itl_zeros++;
+        else {
+            long bits;
+            memcpy(&bits, &v, sizeof bits);
+            e->itl_last_key = bits >> KV_HIST_SHIFT;
+            fail(e, hist_add(e, e->itl_last_key));
+        }
     }
     e->itl_blk[e->itl_blk_n++] = v;
     if (e->itl_blk_n == e->c.itl_block) {
