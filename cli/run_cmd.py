@@ -277,6 +277,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+        "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,

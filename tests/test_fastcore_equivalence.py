@@ -328,13 +328,18 @@ def test_rescaled_workloads_of_the_rate_search(monkeypatch):
     config = EngineConfig(max_model_len=128, max_num_seqs=6, block_size=4, num_gpu_blocks_override=60)
     slo = SLO(ttft_p95_ms=50.0)
     scaler = RateScaler(spec)
+    stopped = 0
     for rate in (20.0, 80.0, 400.0):
-        core = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo)
-        monkeypatch.setattr(simulate_module, "AUTO_C", False)
-        python = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo)
-        monkeypatch.setattr(simulate_module, "AUTO_C", True)
-        assert core.keys() == python.keys()
-        for key in core:
-            assert_same_value(core[key], python[key], key, f"rate {rate}")
+        for early_stop in (False, True):  # the early-stop watch stops both cores after the same request
+            core = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo, early_stop=early_stop)
+            monkeypatch.setattr(simulate_module, "AUTO_C", False)
+            python = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo, early_stop=early_stop)
+            monkeypatch.setattr(simulate_module, "AUTO_C", True)
+            assert (core.pop("engine_core"), python.pop("engine_core")) == ("c", "python")
+            assert core.keys() == python.keys()
+            for key in core:
+                assert_same_value(core[key], python[key], key, f"rate {rate}")
+            stopped += "early_stop" in core
+    assert stopped, "some run should have stopped early"
     sim = prepare(TINY, H100, config, scaler.at(50.0), _profile(), seed=2)
     assert sim.choose_core() == ("c", "")
