@@ -21,6 +21,7 @@ from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.simulate import prepare, simulate
 from kvsim.simcore.specs import EngineConfig
 from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
+from kvsim.workloads import load_workload
 from kvsim.workloads.arrivals import open_loop_process
 
 TINY = MODELS["tiny"]
@@ -343,3 +344,32 @@ def test_rescaled_workloads_of_the_rate_search(monkeypatch):
     assert stopped, "some run should have stopped early"
     sim = prepare(TINY, H100, config, scaler.at(50.0), _profile(), seed=2)
     assert sim.choose_core() == ("c", "")
+
+
+def test_max_tokens_of_a_workload_file_reach_the_core():
+    """`offline-batch` caps max_tokens at 1024 for outputs drawn around 338 tokens: each request's
+    max_tokens (a column of the request table) is what the workload says, not its output length,
+    in both engines."""
+    workload = load_workload("offline-batch", {"num_requests": 60})
+    config = EngineConfig(max_model_len=2048, max_num_seqs=32)
+    core, exact = _compare(config, workload, seed=0, context="offline-batch")
+    requests = core.requests
+    assert (requests["max_tokens"] == 1024).all() and (requests["num_output_tokens"] != 1024).sum() > 50
+
+
+def test_v0_watermark_on_a_cache_where_it_binds():
+    """vLLM V0 keeps 1% of the blocks free at admission (continuous_v0.WATERMARK): on a cache of
+    hundreds of blocks that is a few blocks, which decide admission whenever the cache is nearly
+    full, and refuse on arrival a request that would need more than the rest. (The random cases
+    above have caches under 100 blocks, where 1% rounds down to none.)"""
+    rng = np.random.default_rng(11)
+    num = 60
+    prompt, output = rng.integers(40, 200, size=num), rng.integers(20, 120, size=num)
+    prompt[7], output[7] = 900, 99  # needs all 250 blocks: past the watermark's 248, refused on arrival
+    arrivals = np.sort(rng.uniform(0.0, 0.05, size=num))
+    config = EngineConfig(block_size=4, max_model_len=1000, max_num_seqs=16, max_num_batched_tokens=1000,
+                          enable_chunked_prefill=False, enable_prefix_caching=False, num_gpu_blocks_override=250)
+    core, exact = _compare(config, ArraysWorkload(arrivals, prompt, output), seed=0, context="v0 watermark")
+    reasons = exact.requests["reject_reason"]
+    assert reasons[7].startswith("needs 250 KV blocks but admission keeps a watermark of 2") and (reasons == "").sum() == num - 1
+    assert exact.totals.kv_allocated_max >= 240 and exact.totals.num_preempted  # the cache filled up
