@@ -67,8 +67,8 @@ def test_a_new_option_is_refused_by_the_c_core_never_ignored():
 
 @needs_c
 def test_options_off_the_allow_list_are_named():
-    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, data_parallel_size=2), _workload(), flat_profile())
-    assert sim.choose_core()[0] == "python" and "data parallelism" in sim.choose_core()[1]
+    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, pipeline_parallel_size=2), _workload(), flat_profile())
+    assert sim.choose_core()[0] == "python" and "pipeline parallelism" in sim.choose_core()[1]
 
 
 def _rows(n: int, first: int = 0) -> np.ndarray:

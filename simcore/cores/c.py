@@ -19,17 +19,17 @@ class CCore:
     name = "c"
 
     def supports(self, sim: Any) -> str:
+        from kvsim.simcore import fastcore
+
+        reason = fastcore.unsupported(sim)  # the simulation's shape first: its reasons are the most specific
+        if reason:
+            return reason
         if sim.config is None:
             return "a simulation without a resolved configuration"
         if sim.config.policy.core_options(self.name) is None:
             return (f"policy {sim.replicas[0].policy.name} (the C core runs continuous batching over the paged "
                     "allocator)")
-        reason = refused_options(self.name, sim.config)
-        if reason:
-            return reason
-        from kvsim.simcore import fastcore
-
-        return fastcore.unsupported(sim)
+        return refused_options(self.name, sim.config)
 
     def run(self, sim: Any, hooks: Hooks) -> Any:
         from kvsim.simcore import fastcore

@@ -100,15 +100,15 @@ def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
 _CONTINUOUS = {"allocator", "enable_chunked_prefill"}
 # Every EngineConfig field the compiled core (simcore/csrc/engine.c through simcore.fastcore) honours
 # for vLLM's continuous batching over the paged allocator, each checked against the Python engine by
-# tests/test_fastcore_equivalence.py. Fields that only shape the memory plan or the latency model
-# (resolved before either core runs) are honoured by both. `router` means nothing at one replica;
-# data_parallel_size (several replicas) and pipeline_parallel_size are not here, so those runs go to
-# the Python core. Listing a field here is a claim backed by an equivalence test.
+# tests/test_fastcore_equivalence.py. Fields that only shape the memory plan or the step prices
+# (resolved before either core runs: gpu_memory_utilization, kv_cache_dtype, quantization,
+# tensor_parallel_size, enable_expert_parallel) are honoured by both. pipeline_parallel_size is not
+# here, so pipelined runs go to the Python core. Listing a field is a claim backed by an equivalence test.
 C_CORE_CONTINUOUS_PAGED = frozenset({
     "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override",
-    "kv_cache_dtype", "quantization", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
-    "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "preemption_mode", "swap_space",
-    "router",
+    "kv_cache_dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+    "preemption_mode", "swap_space", "data_parallel_size", "router",
 })
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
