@@ -1,7 +1,7 @@
 """`kvsim plan` wall time: the README's plan example, whole process and by phase (issue 22).
 
-The README's example (`kvsim plan --model llama3-70b --workload azure-conv --rate 20
---slo-ttft-p95-ms 1000 --slo-tpot-p95-ms 60`) runs `--repeats` times as a fresh process (wall
+The README's example (`kvsim plan --model llama3-70b --gpu H100-SXM-80GB,H200-141GB --workload
+azure-conv --rate 20 --slo-ttft-p95-ms 1000 --slo-tpot-p95-ms 60`) runs `--repeats` times as a fresh process (wall
 and child CPU seconds, min and median), then once in this process with each phase timed: the
 rate searches (reports.plan.run_search, early-stopped runs included), the confirmation runs
 (reports.plan.confirm) and the rest (imports aside), and how many simulations each engine core ran.
@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 
-PLAN_ARGS = ["plan", "--model", "llama3-70b", "--workload", "azure-conv", "--rate", "20",
+PLAN_ARGS = ["plan", "--model", "llama3-70b", "--gpu", "H100-SXM-80GB,H200-141GB", "--workload", "azure-conv", "--rate", "20",
              "--slo-ttft-p95-ms", "1000", "--slo-tpot-p95-ms", "60"]
 
 
