@@ -82,6 +82,7 @@ def plan(
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
     disagg: Annotated[str, typer.Option(help="Disaggregated prefill/decode candidates: off (aggregated only), on (disaggregated only) or auto (both; says which is cheaper). Disaggregated runs use the Python engine: seconds per candidate.")] = "off",
     disagg_ratios: Annotated[str | None, typer.Option(help=f"Prefill:decode instance ratios of a disaggregated unit, e.g. 1:1,2:1. {LIST} [default: 1:1,2:1,1:2]")] = None,
     disagg_placement: Annotated[str | None, typer.Option(help="Where a disaggregated unit's pools sit: same-node or cross-node. [default: same-node when a unit fits in one node]")] = None,
@@ -141,6 +142,7 @@ def plan(
         kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
+        speculative_config=_speculative(speculative_config),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
@@ -292,6 +294,19 @@ def _disagg_table(rows) -> str:
     return "\n".join(lines)
 
 
+def _speculative(text: str | None) -> list:
+    """--speculative-config as a plan dimension (empty: not searched)."""
+    if text is None:
+        return []
+    from kvsim.simcore.speculative import parse_speculative_configs
+
+    specs = parse_speculative_configs(text)
+    if any(s is not None and s.method == "draft_model" for s in specs):
+        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
+                          "use an eagle / eagle3 / mtp / ngram config")
+    return specs
+
+
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
     """The workload with enough requests for the longest run (a trace: at most its rows)."""
     import dataclasses
@@ -381,6 +396,10 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     typer.echo("")
     for answer in result.answers:
         typer.echo("Answer: " + answer_line(answer, slo))
+        best = answer["best"]
+        if best is not None and best.get("vllm_serve"):
+            typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
+                       + (" behind a load balancer" if best["replicas"] > 1 else ""))
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:

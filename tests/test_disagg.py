@@ -210,3 +210,13 @@ def test_expert_parallel_is_refused_in_a_disaggregated_run():
     out = CliRunner().invoke(app, ["run", "--model", "mixtral-8x7b", "--tp", "2", "--prefill-replicas", "1",
                                    "--decode-replicas", "1", "--enable-expert-parallel", "--num-requests", "5"])
     assert out.exit_code != 0 and "expert-parallel" in out.output and "Traceback" not in out.output
+
+
+def test_regime_is_judged_per_pool_against_its_own_cache():
+    from kvsim.reports.regime import MEMORY_BOUND, regime_of
+
+    # the decode cache (5 blocks) fills up while r1 waits for blocks; the prefill cache is large
+    result = disagg([req(0, 0.0, 64, 4), req(1, 0.0, 64, 4)],
+                    decode={"num_gpu_blocks_override": 5, "max_model_len": 80}).run()
+    regime = regime_of(result)
+    assert regime.label == MEMORY_BOUND and 0.5 < regime.peak_kv_use <= 1.0
