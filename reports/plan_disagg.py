@@ -108,6 +108,7 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
     prompts = np.maximum(arrays.num_prompt_tokens, 1).astype(np.int64)
     outputs = arrays.num_output_tokens.astype(np.int64)
     bounds_memo: dict[tuple, Any] = {}
+    profiles_memo: dict[tuple, Any] = {}
     for c in cands:
         c.price = prices.get(c.gpu.name)
         try:
@@ -124,11 +125,15 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
             c.status, c.reason = "no price", f"no price for {c.gpu.name}: give --price {c.gpu.name}=USD"
             continue
         model = c.prefill.resolve_model(c.model)
-        c.profiles = {name: default_profile(c.gpu, model, cfg.tensor_parallel_size)
-                      for name, cfg in (("prefill", c.prefill), ("decode", c.decode))}
+        c.profiles = {}
+        for name, cfg in (("prefill", c.prefill), ("decode", c.decode)):
+            key = (c.gpu.name, model.name, model.weight_dtype, model.kv_dtype, cfg.tensor_parallel_size)
+            if key not in profiles_memo:
+                profiles_memo[key] = default_profile(c.gpu, model, cfg.tensor_parallel_size)
+            c.profiles[name] = profiles_memo[key]
         bounds, work = {}, {}
         for name, cfg in (("prefill", c.prefill), ("decode", c.decode)):
-            key = (c.gpu.name, model.name, cfg.tensor_parallel_size, name)
+            key = (c.gpu.name, model.name, model.weight_dtype, model.kv_dtype, cfg.tensor_parallel_size, name)
             if key not in bounds_memo:
                 one = Candidate(c.model, c.gpu, replace(cfg, data_parallel_size=1), ())
                 # the latency bounds of the real requests; the rate bound of this pool's share of
