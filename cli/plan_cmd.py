@@ -263,8 +263,8 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
         if b is None:
             typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
         else:
-            typer.echo("Disaggregated: " + head + f"{b['units']} x ({b['prefill']} prefill + {b['decode']} decode) "
-                       f"{b['gpu']} ({b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
+            typer.echo("Disaggregated: " + head + f"{b['deployment']} {b['gpu']} (units of {b['prefill']} prefill + "
+                       f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
                        f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
                        f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
                        f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
