@@ -274,14 +274,14 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
 
 
 def _disagg_table(rows) -> str:
-    head = ["#", "GPUs", "unit", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
+    head = ["#", "GPUs", "deployment", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
     cells, rank = [], 0
     for r in rows:
         ok = r["units"] is not None
         rank += ok
         cells.append([
             str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
-            (f"{r['units']} x " if ok else "") + f"{r['prefill']}P+{r['decode']}D", r["gpu"],
+            r["deployment"] if ok else f"unit {r['prefill']}P+{r['decode']}D", r["gpu"],
             _cell(r["usd_per_hour"], ",.2f"), _cell(r["max_rate"], ".1f") if ok else "-",
             _cell(r["max_rate_per_gpu"], ".3f"), _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"), r["confirmed"] if ok else _clip(str(r["status"]), 110),
