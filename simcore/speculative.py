@@ -50,6 +50,12 @@ METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp")
 HEAD_METHODS = ("eagle", "eagle3", "mtp")  # a small head on the target's hidden states
 KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
         "acceptance_rate", "acceptance_rates", "dataset")
+# vLLM keys that change what is proposed or accepted, which kvsim takes from the acceptance rates
+# instead: refused with that said, never silently ignored
+UNMODELLED_VLLM_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "disable_padded_drafter_batch", "max_model_len",
+                        "quantization", "revision", "code_revision", "draft_sample_method",
+                        "rejection_sample_method", "speculative_token_tree", "disable_by_batch_size",
+                        "parallel_drafting", "enforce_eager")
 
 # method -> dataset -> (published mean acceptance length, the k it was measured at, source)
 PUBLISHED_LENGTHS: dict[str, dict[str, tuple[float, int, str]]] = {
@@ -293,6 +299,10 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
         raise ConfigError("--speculative-config must be a JSON object, e.g. "
                           "'{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'")
     unknown = sorted(set(value) - set(KEYS))
+    vllm_only = [key for key in unknown if key in UNMODELLED_VLLM_KEYS]
+    if vllm_only:
+        raise ConfigError(f"--speculative-config: {vllm_only[0]!r} is a vLLM key kvsim does not model (what is "
+                          "proposed and accepted comes from acceptance_rate / acceptance_rates); leave it out")
     if unknown:
         raise ConfigError(f"--speculative-config: unknown key {unknown[0]!r}; kvsim reads {', '.join(KEYS)}")
     args = dict(value)
