@@ -224,12 +224,13 @@ def sweep(
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
-    out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Table that gets one row per point as each finishes (every option and metric): a .csv file, or .parquet (needs pyarrow; rows collect in a hidden .NAME.rows.csv beside it until the last point is in).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
     executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np
@@ -251,6 +252,18 @@ def sweep(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
+    if speculative_config is not None:
+        from kvsim.simcore.speculative import parse_speculative_configs
+
+        specs = parse_speculative_configs(speculative_config)
+        if any(s is not None and s.method == "draft_model" for s in specs):
+            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
+                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
+        if len(specs) > 1:
+            lists["speculative_config"] = specs
+        elif specs[0] is not None:
+            fields["speculative_config"] = specs[0]
+        given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
@@ -351,7 +364,7 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
     done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
     missing = [c for c in plan.swept if done_ids and c not in table.columns]
     if missing:  # the summary reads it from the earlier rows: refuse before running the rest
-        raise ConfigError(f"--resume: {table.path} has no {missing[0]!r} column (edited by hand?)")
+        raise ConfigError(f"--resume: {table.target} has no {missing[0]!r} column (edited by hand?)")
     todo = [p for p in plan.points if p.options["point_id"] not in done_ids]
     progress = _Progress(len(plan.points), len(plan.points) - len(todo))
 
@@ -369,7 +382,7 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
         table.finish(list(ran) if ran is not None else None)
     if not done_ids:
         return new_rows
-    earlier = read_table(table.path)
+    earlier = read_table(table.target)
     earlier = earlier[earlier["point_id"].isin(done_ids)]
     return [{k: v for k, v in r.items() if not (not isinstance(v, str) and pd.isna(v))}
             for r in earlier.to_dict("records")] + new_rows

@@ -248,6 +248,46 @@ class Lifecycle:
             self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
 
+    def emit_spec(self, plan: StepPlan, now: float) -> list[ReqState]:
+        """`emit` for a speculative-decoding step (plans with `spec`, single requests only): a
+        verifying request keeps its accepted drafts (computed + 1 + accepted) and emits
+        accepted + 1 tokens at once, stamped `now`; everything else as `emit`. One inter-token
+        gap per burst, as `vllm bench serve` counts ITL (one per streamed chunk, whatever it
+        holds: vllm/benchmarks/lib/endpoint_request_func.py), so ITL exceeds TPOT."""
+        verify = plan.spec.verify
+        store = self.store
+        computed_mv, remaining_mv, last_mv = store.computed_mv, store.remaining_mv, store.last_token_mv
+        finished: list[ReqState] = []
+        gaps: list[float] = []
+        for part in plan.parts:
+            assert type(part) is tuple, "a speculative plan schedules single requests"
+            st, num_new = part
+            slot = st.slot
+            remaining = remaining_mv[slot]
+            generated = store.target_mv[slot] - remaining
+            hit = verify.get(slot)
+            if hit is None:
+                computed_mv[slot] = computed = computed_mv[slot] + num_new
+                emitted = 1 if computed == st.num_prompt_tokens + generated else 0
+            else:
+                computed_mv[slot] = computed_mv[slot] + 1 + hit[1]
+                emitted = 1 + hit[1]
+            if emitted:
+                if self.token_times is not None:  # every token, the burst's sharing one time
+                    self.token_times.setdefault(st.request_id, []).extend([now] * emitted)
+                if generated:
+                    gaps.append(now - last_mv[slot])
+                else:
+                    st.first_token_s = now
+                last_mv[slot] = now
+                remaining_mv[slot] = remaining = remaining - emitted
+                if remaining <= 0:
+                    finished.append(st)
+            store.mark(st)
+        if gaps:
+            self._add_itls(np.array(gaps))
+        return finished
+
     def _emit_run(self, run: DecodeRun, ts: float | np.ndarray, finished: list[ReqState]) -> np.ndarray:
         """One token for every request of a run of plain decodes (num_tokens == num_computed_tokens
         + 1), stamped `ts`; appends those that emitted their last token to `finished` and returns
