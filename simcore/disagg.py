@@ -461,6 +461,8 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
             raise ConfigError("--enable-expert-parallel does not apply to a disaggregated run yet")
         if cfg.pipeline_parallel_size != 1:
             raise ConfigError("pipeline parallelism does not apply to a disaggregated run yet")
+        if getattr(cfg, "speculative_config", None) is not None:
+            raise ConfigError("speculative decoding is not modelled with disaggregated prefill/decode yet")
     pools = {}
     for name in POOLS:
         pools[name] = prepare(model, gpu, configs[name], workload, profiles[name], seed,

@@ -244,3 +244,15 @@ def test_decode_spans_give_the_same_run_as_single_steps():
     a, b = fast.requests.set_index("request_id"), exact.requests.set_index("request_id")
     assert (a[["ttft_s", "e2el_s"]] - b[["ttft_s", "e2el_s"]]).abs().to_numpy().max() < 1e-9
     assert fast.summary["num_steps"] == exact.summary["num_steps"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--autoscale"], "--autoscale"),
+    (["--save-result"], "--save-result"),
+    (["--find-max-rate"], "--find-max-rate"),
+    (["--profile", "x.json"], "--prefill-profile"),
+])
+def test_cli_disagg_refuses_what_it_does_not_model(extra, message):
+    out = CliRunner().invoke(app, ["run", "--prefill-replicas", "1", "--decode-replicas", "1", "--num-requests", "5",
+                                   *extra])
+    assert out.exit_code != 0 and message in out.output and "Traceback" not in out.output
