@@ -102,6 +102,8 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    if getattr(sim, "autoscaler", None) is not None:
+        return "autoscaling (replicas started and drained during the run)"
     engine_config = getattr(sim.config, "engine", None)
     if (getattr(engine_config, "speculative_config", None) is not None
             or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):

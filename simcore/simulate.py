@@ -117,6 +117,7 @@ class Simulation:
     engine_core: str = "auto"  # which engine runs it: auto, c (the compiled core) or python
     workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
     progress: Callable[[int], None] | None = None
+    autoscaler: Any = None  # simcore.autoscale.AutoscalingRouter (also the sink) when replicas come and go
     _env: simpy.Environment | None = None
     _arrivals: simpy.Process | None = None
 
@@ -133,6 +134,9 @@ class Simulation:
                 engine.env = engine.lifecycle.env = env
                 env.process(engine.run())
             self._arrivals = env.process(self.workload.process(env, self.sink, self.workload_seed))
+            if self.autoscaler is not None:  # after the workload: its decisions see the arrivals of their instant
+                self.autoscaler.arrivals = self._arrivals
+                env.process(self.autoscaler.process(env))
             self._env = env
         return self._env
 
@@ -236,6 +240,9 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
+        if self.autoscaler is not None:
+            end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
+            record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
         record["engine_core"] = core
         if why:
             record["engine_core_reason"] = why
@@ -295,6 +302,7 @@ def prepare(
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
     draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
@@ -328,7 +336,7 @@ def prepare(
     spec_cost = _speculative_cost(cfg, latency, draft_profile)
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
-    dp = config.data_parallel_size
+    dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
     done_by_replica = [0] * dp
 
@@ -357,7 +365,17 @@ def prepare(
         if stream is not None:
             recorder.spill = _step_spill(stream, index if dp > 1 else None)
         engines.append(engine)
-    sink = engines[0] if dp == 1 else Router(engines, config.router)
+    autoscaler = None
+    if autoscale is not None:  # max_replicas engines; the autoscaler decides which serve (simcore.autoscale)
+        from kvsim.simcore.autoscale import AutoscalingRouter
+
+        if config.data_parallel_size != 1:
+            raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
+        autoscaler = AutoscalingRouter(engines, autoscale, autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+                                       config.tensor_parallel_size * config.pipeline_parallel_size)
+        sink = autoscaler
+    else:
+        sink = engines[0] if dp == 1 else Router(engines, config.router)
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -379,7 +397,7 @@ def prepare(
         record["draft_profile"] = {"path": draft_profile.path, "sha256": draft_profile.sha256,
                                    "source": draft_profile.source, "label": draft_profile.label}
     return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
-                      engine_core, workload_seed, progress)
+                      engine_core, workload_seed, progress, autoscaler)
 
 
 def _speculative_cost(cfg: ResolvedConfig, latency, draft_profile: Profile | None):
@@ -417,10 +435,11 @@ def simulate(
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
     draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
     return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
-                   draft_profile).run()
+                   draft_profile, autoscale).run()
