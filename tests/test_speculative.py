@@ -310,3 +310,14 @@ def test_plan_bounds_allow_k_plus_one_tokens_per_step():
         '{"method": "eagle", "num_speculative_tokens": 3}')), ()), profile, prompts, outputs)
     assert eagle.tpot_p95_ms == pytest.approx(plain.tpot_p95_ms / 4)  # never prunes what speculation can reach
     assert eagle.ttft_p95_ms == pytest.approx(plain.ttft_p95_ms)
+
+
+def test_crossing_rate_interpolates_where_the_speedup_falls_through_one():
+    from kvsim.reports.speculation import crossing_rate, speedup_vs
+
+    rows = [{"rate": 1.0, "speedup_mean_tpot_ms": 1.8}, {"rate": 10.0, "speedup_mean_tpot_ms": 1.2},
+            {"rate": 20.0, "speedup_mean_tpot_ms": 0.8}]
+    assert crossing_rate(rows) == pytest.approx(15.0)
+    assert crossing_rate(rows[:2]) is None
+    vs = speedup_vs({"mean_tpot_ms": 10.0, "output_throughput": 300.0}, {"mean_tpot_ms": 20.0, "output_throughput": 200.0})
+    assert vs["speedup_mean_tpot_ms"] == 2.0 and vs["speedup_output_throughput"] == 1.5
