@@ -82,6 +82,9 @@ from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
 
 
+SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
+
+
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
@@ -520,6 +523,9 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
     rate = arrival.get("rate", "inf" if arrival.get("process") == "batch" else arrival.get("mean_rate", "trace"))
     if any(tuple(getattr(getattr(wl, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         raise ConfigError("--save-result records one sequence per request; not with --n or --beam-width")
+    if int(wl.num_requests) > SAVE_RESULT_MAX_REQUESTS:  # every token's time is kept: 8 bytes a token
+        raise ConfigError(f"--save-result keeps every token's time in memory: at most {SAVE_RESULT_MAX_REQUESTS:,} "
+                          f"requests, got {int(wl.num_requests):,} (use --out for the per-request table)")
     path = result_path(result_dir, result_filename, "kvsim", rate, concurrency, model_spec.name, datetime.now())
     check_result_target(path)
     return path
@@ -566,7 +572,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     load = configured_load(result.record["workload"])
     vllm = bench_result.flat_result(summary, result, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
-        "request_rate": load.get("request_rate", "inf" if "max_concurrency" not in load else "inf"),
+        "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
         "max_concurrency": load.get("max_concurrency"),
         **{k: v for k, v in summary.items() if k.startswith(("mean_", "median_", "std_", "p")) and k.endswith("_ms")},

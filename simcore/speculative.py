@@ -21,7 +21,7 @@ Defaults: one published (acceptance length, k) per method, turned into the const
 gives that length at that k under the formula above (`rate_for_length`). Nothing is fitted to a
 speed-up; the lengths are what vLLM (or the model's authors) measured:
 
-  eagle   MT-Bench, Llama-3-8B-Instruct + EAGLE head, k=4: length 2.08 (vLLM V1, bs 1;
+  eagle   MT-Bench, Llama-3-8B-Instruct + lmsys/sglang-EAGLE-LLaMA3-Instruct-8B, k=4: length 2.08 (vLLM V1, bs 1;
           github.com/vllm-project/vllm/pull/16035, benchmark comment of 2025-04-09)
   eagle3  MT-Bench, Llama-3.1-8B-Instruct + EAGLE3 head, k=7, temperature 0: length 3.53
           (12,208 accepted / 4,816 drafts; github.com/vllm-project/vllm/issues/26191)
