@@ -82,6 +82,9 @@ from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
 
 
+SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
+
+
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
@@ -177,6 +180,8 @@ def run(
             raise ConfigError("--save-result does not apply to a disaggregated run yet")
         if speculative_config is not None:
             raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
+        if autoscale:
+            raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -518,6 +523,9 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
     rate = arrival.get("rate", "inf" if arrival.get("process") == "batch" else arrival.get("mean_rate", "trace"))
     if any(tuple(getattr(getattr(wl, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         raise ConfigError("--save-result records one sequence per request; not with --n or --beam-width")
+    if int(wl.num_requests) > SAVE_RESULT_MAX_REQUESTS:  # every token's time is kept: 8 bytes a token
+        raise ConfigError(f"--save-result keeps every token's time in memory: at most {SAVE_RESULT_MAX_REQUESTS:,} "
+                          f"requests, got {int(wl.num_requests):,} (use --out for the per-request table)")
     path = result_path(result_dir, result_filename, "kvsim", rate, concurrency, model_spec.name, datetime.now())
     check_result_target(path)
     return path
@@ -564,7 +572,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     load = configured_load(result.record["workload"])
     vllm = bench_result.flat_result(summary, result, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
-        "request_rate": load.get("request_rate", "inf" if "max_concurrency" not in load else "inf"),
+        "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
         "max_concurrency": load.get("max_concurrency"),
         **{k: v for k, v in summary.items() if k.startswith(("mean_", "median_", "std_", "p")) and k.endswith("_ms")},

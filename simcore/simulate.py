@@ -222,7 +222,7 @@ class Simulation:
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
         if engines[0].spec_cost is not None:
-            summary.update(speculative_summary(counters, engines[0].spec_cost))
+            summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -254,11 +254,11 @@ class Simulation:
                       time.perf_counter() - self.started, warnings)
 
 
-def speculative_summary(counters: dict[str, int], cost: Any) -> dict[str, Any]:
+def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:
     """vLLM's spec-decode metrics (`vllm/v1/spec_decode/metrics.py`): mean acceptance length =
     1 + accepted / drafts, draft acceptance rate = accepted / draft tokens, acceptance per
-    position; plus the share of engine time spent drafting and in the target's passes (the
-    replicas share one pricer, so its sums cover them all)."""
+    position; plus the share of engine time spent drafting and in the target's passes, over
+    every replica's pricer."""
     drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
     accepted = counters.get("spec_num_accepted_tokens", 0)
     per_position = []
@@ -267,14 +267,16 @@ def speculative_summary(counters: dict[str, int], cost: Any) -> dict[str, Any]:
         n = counters[f"spec_drafted_at_{i}"]
         per_position.append(counters[f"spec_accepted_at_{i}"] / n if n else None)
         i += 1
-    busy = cost.verify_ms + cost.draft_ms
+    draft_ms = sum(c.draft_ms for c in costs)
+    verify_ms = sum(c.verify_ms for c in costs)
+    busy = verify_ms + draft_ms
     return {
         "spec_num_drafts": drafts, "spec_num_draft_tokens": tokens, "spec_num_accepted_tokens": accepted,
         "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "spec_draft_acceptance_rate": accepted / tokens if tokens else None,
         "spec_acceptance_per_position": per_position,
-        "spec_draft_time_share": cost.draft_ms / busy if busy else None,
-        "spec_verify_time_share": cost.verify_ms / busy if busy else None,
+        "spec_draft_time_share": draft_ms / busy if busy else None,
+        "spec_verify_time_share": verify_ms / busy if busy else None,
     }
 
 
@@ -337,7 +339,7 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
-    spec_cost = _speculative_cost(cfg, latency, draft_profile)
+    spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
@@ -360,7 +362,9 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, spec_cost)
+        # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
+        cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, cost)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
