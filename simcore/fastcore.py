@@ -94,6 +94,13 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    if getattr(sim.workload, "is_session", False):
+        return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
+    engine_config = sim.config.engine if sim.config is not None else None
+    if engine_config is not None and engine_config.kv_offloading_size:
+        return "the CPU KV tier (--kv-offloading-size)"
+    if engine_config is not None and len(sim.replicas) > 1 and engine_config.router in ("prefix-aware", "session-affinity"):
+        return f"--router {engine_config.router}"
     if len(sim.replicas) != 1:
         return "data parallelism (replicas behind a router)"
     engine = sim.replicas[0]

@@ -206,6 +206,17 @@ class Simulation:
                 counters[name] = counters.get(name, 0) + value
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
+            if "offload_hit_tokens" in counters:  # the CPU tier's share: tokens loaded instead of recomputed
+                summary["cpu_prefix_cache_hit_rate"] = counters["offload_hit_tokens"] / counters["prefix_query_tokens"]
+            summary["prefix_cache_recomputed_tokens"] = (counters["prefix_query_tokens"] - counters["prefix_hit_tokens"]
+                                                         - counters.get("offload_hit_tokens", 0))
+            if len(engines) > 1:
+                summary["prefix_cache_hit_rate_by_replica"] = [
+                    round(c["prefix_hit_tokens"] / c["prefix_query_tokens"], 4) if c.get("prefix_query_tokens") else None
+                    for c in (e.policy.counters() for e in engines)]
+        for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
+            if name in counters:
+                summary[name] = counters[name]
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -213,6 +224,9 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
+        if turn_summary is not None:
+            summary.update(turn_summary(stats))
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
