@@ -47,6 +47,7 @@ from kvsim.cli.options import (
     SloTpotP95,
     SloTtftP95,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -98,6 +99,7 @@ def run(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -134,6 +136,7 @@ def run(
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size,
     )
     refuse_irrelevant(policy.value, fields.get("allocator"), given)
     goodput_ms = parse_goodput(goodput, ctx.args)

@@ -43,6 +43,7 @@ from kvsim.cli.options import (
     Reservation,
     RouterOpt,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -202,6 +203,7 @@ def sweep(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -250,6 +252,7 @@ def sweep(
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size,
     )
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)

@@ -59,10 +59,10 @@ class TokenStream:
         return tuple(out)
 
     def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
-        """Hashes of the first `num_blocks` full blocks (a list owned by the stream: do not modify)."""
+        """Hashes of the first `num_blocks` full blocks (a new list)."""
         hashes = self._hashes.setdefault(block_size, [])
         while len(hashes) < num_blocks:
             i = len(hashes)
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
                                             self.token_ids(i * block_size, (i + 1) * block_size)))
-        return hashes if len(hashes) == num_blocks else hashes[:num_blocks]
+        return hashes[:num_blocks]
