@@ -36,6 +36,8 @@ SWEEPABLE = {
     "block_size": ("--block-size", "block_size"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
+    "router": ("--router", "router"),
+    "kv_offloading_size": ("--kv-offloading-size", "cpu_kv_gib"),
     "rate": ("--rate", "rate"),
     "concurrency": ("--concurrency", "concurrency"),
 }

@@ -166,3 +166,29 @@ def test_a_turn_that_would_not_fit_ends_its_session():
     assert result.record["workload"]["generation"]["ended_at_max_model_len"] == 1
     assert result.requests["num_prompt_tokens"].tolist() == [20, 60]
     assert result.requests["num_output_tokens"].tolist() == [20, 4]
+
+
+def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", "--model", "tiny", "--workload", "chat-sessions", "--num-requests", "4",
+                                 "--kv-offloading-size", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["prefix_cache_hit_rate"] > 0 and "cpu_prefix_cache_hit_rate" in summary
+    out = tmp_path / "sweep.csv"
+    result = runner.invoke(app, ["sweep", "--model", "tiny", "--workload", "chat-sessions", "--num-requests", "4",
+                                 "--dp", "2", "--router", "round-robin,prefix-aware", "--kv-offloading-size", "0,1",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import pandas as pd
+
+    table = pd.read_csv(out)
+    assert sorted(set(table["router"])) == ["prefix-aware", "round-robin"] and table["kv_offloading_size"].isna().sum() == 2
+    bad = runner.invoke(app, ["sweep", "--model", "tiny", "--router", "nearest"])
+    assert bad.exit_code != 0 and "--router" in bad.output
