@@ -217,6 +217,12 @@ class Simulation:
         for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
             if name in counters:
                 summary[name] = counters[name]
+        if "offload_stored_blocks" in counters:  # host-link traffic of the CPU tier, over every GPU of the run
+            e = self.config.engine
+            block_gib = (self.memory.kv_bytes_per_token * e.block_size * e.tensor_parallel_size
+                         * e.pipeline_parallel_size) / 2**30
+            summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
+            summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(

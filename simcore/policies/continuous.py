@@ -101,10 +101,10 @@ class ContinuousPagedPolicy:
         return ""
 
     def idle_timeout(self, queues: Queues, now: float) -> float | None:
-        """An idle engine wakes when the first KV load from the CPU tier completes."""
-        if not self._loading:
-            return None
-        return max(min(ready for ready, _, _ in self._loading.values()) - now, 0.0)
+        """An idle engine wakes when the next KV load from the CPU tier completes (a loaded request
+        still waiting for blocks waits, like any other, for a step to free them)."""
+        pending = [ready for ready, _, _ in self._loading.values() if ready > now]
+        return min(pending) - now if pending else None
 
     def counters(self) -> dict[str, int]:
         out = {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
@@ -373,8 +373,10 @@ class ContinuousPagedPolicy:
         if num_loaded <= 0:
             return False
         bs = alloc.block_size
+        if alloc.num_blocks_to_allocate(st.num_tokens - hit_blocks * bs, hashes[:hit_blocks]) > alloc.num_free_blocks:
+            return False  # its whole prompt does not fit now: it waits, as without the tier, and looks again
         if not alloc.allocate_slots(st.request_id, num_loaded * bs, hashes[:hit_blocks]):
-            return False  # no room to load into: the request is computed as it would be without the tier
+            return False
         # (the loaded blocks are registered in the GPU cache once the request runs, as vLLM delays
         # caching blocks that are still loading)
         ready_s = max(now, self._link_free_s) + num_loaded * self.load_block_s
