@@ -240,11 +240,16 @@ def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, g
             extras.append("no chunked prefill")
         if config.get("preemption_mode") == "swap":
             extras.append("swap preemption")
+        if config.get("kv_offloading_size"):
+            extras.append(f"CPU KV tier {config['kv_offloading_size']:g} GiB")
         policy = f"{policy} ({', '.join(extras)})"
     elif policy == "static":
         policy = f"static (batch {config['max_batch_size']})"
+    sessions = workload.get("sessions")
+    count = (f"{int(sessions['num_sessions']):,} sessions (~{int(workload['num_requests']):,} turns)" if sessions
+             else f"{int(workload['num_requests']):,} requests")
     return (
-        f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
+        f"Simulating: workload {workload.get('name')}, {count}, "
         f"{_arrival_text(workload)}; {model_text} on {tp * pp * dp} x {gpu} ({layout}); policy {policy}"
     )
 

@@ -169,6 +169,9 @@ def run(
         beam_width=beam_width, think_time_s=think_time_s,
     )
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
+    if find_max_rate and getattr(wl, "is_session", False):
+        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
+                          "their answers: sweep --rate instead")
     if profile is not None:
         prof = load_profile(profile)
         check_profile_matches(prof, model_spec, tp, gpu_spec)

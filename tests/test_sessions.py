@@ -192,3 +192,18 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
     assert sorted(set(table["router"])) == ["prefix-aware", "round-robin"] and table["kv_offloading_size"].isna().sum() == 2
     bad = runner.invoke(app, ["sweep", "--model", "tiny", "--router", "nearest"])
     assert bad.exit_code != 0 and "--router" in bad.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1"], "session"),
+    (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
+    (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
+    (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
+])
+def test_what_sessions_and_the_cpu_tier_do_not_take_is_one_error_line(args, words):
+    from typer.testing import CliRunner
+
+    from kvsim.cli.main import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
