@@ -310,6 +310,10 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    if config.data_parallel_size > 1 and config.router == "prefix-aware":
+        # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
+        # only when it ends, so the router would see another state than step-by-step runs do
+        exact_steps = True
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size

@@ -207,3 +207,19 @@ def test_what_sessions_and_the_cpu_tier_do_not_take_is_one_error_line(args, word
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code != 0 and words in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fields", [
+    {"num_gpu_blocks_override": 160, "kv_offloading_size": 0.01},
+    {"num_gpu_blocks_override": 160, "data_parallel_size": 2, "router": "prefix-aware"},
+    {"data_parallel_size": 2, "router": "session-affinity"},
+])
+def test_decode_spans_give_the_step_by_step_results(fields):
+    wl = load_workload("chat-sessions", {"num_requests": 12, "rate": 4.0}, max_model_len=2048)
+    runs = [prepare(TINY, H100, EngineConfig(max_model_len=2048, **fields), wl, flat_profile(), seed=2,
+                    exact_steps=exact).run() for exact in (False, True)]
+    cols = ["request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "num_prompt_tokens"]
+    assert runs[0].requests[cols].equals(runs[1].requests[cols])
+    assert runs[0].summary["prefix_cache_hit_rate"] == runs[1].summary["prefix_cache_hit_rate"]
+    if "kv_offloading_size" in fields:  # the CPU tier was used (and preemptions happened)
+        assert runs[0].summary["cpu_prefix_cache_hit_rate"] > 0.3 and runs[0].summary["num_preemptions"] > 0
