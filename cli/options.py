@@ -48,6 +48,11 @@ class EngineCore(str, Enum):
     python = "python"
 
 
+class Placement(str, Enum):
+    same_node = "same-node"
+    cross_node = "cross-node"
+
+
 class RouterName(str, Enum):
     round_robin = "round-robin"
     least_loaded = "least-loaded"
@@ -79,13 +84,14 @@ MaxTokens = Annotated[int | None, typer.Option(help="Fixed max_tokens cap per re
 N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")]
 BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
 ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
-ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")]
+ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile: a JSON file, or a committed profile's name from `kvsim list profiles`. [default: the committed profile for GPU/model/TP, else a roofline]")]
 EngineCoreOpt = Annotated[EngineCore, typer.Option("--engine-core", help="Which engine runs the simulation: c (the compiled core: continuous batching, paged KV, one sequence per request, one replica, open-loop arrivals), python (every configuration), or auto (c where it applies). Same results either way.")]
 KvCacheDtypeOpt = Annotated[KvCacheDtype, typer.Option("--kv-cache-dtype", help="KV cache storage: auto (the model dtype) or fp8 (1 byte per element: twice the KV tokens).")]
 QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantization", "-q", help="Weight quantization: fp8 (FP8 linear layers, FP8 tensor-core GEMMs; Hopper only). [default: the checkpoint's own]")]
 PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]
 RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas: round-robin, least-loaded, session-affinity (a conversation stays on its first replica), prefix-aware (llm-d's precise prefix-cache scorer: cached prefix, free KV and queue, weighted 2:1:1). [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+SpeculativeConfigOpt = Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding, as vLLM's JSON: {\"method\": \"eagle\" | \"eagle3\" | \"mtp\" | \"ngram\" | \"draft_model\", \"model\": ..., \"num_speculative_tokens\": k}, plus kvsim's \"acceptance_rate\" (per draft token, given the ones before were accepted) or \"acceptance_rates\" (one per position), else a published default for the method. Python engine only.")]
 Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]
 SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
 SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]

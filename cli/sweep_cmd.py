@@ -247,9 +247,10 @@ def sweep(
     out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
-    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install 'kvsim[ray]').")] = ExecutorName.local,
+    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np
@@ -271,6 +272,18 @@ def sweep(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
     )
+    if speculative_config is not None:
+        from kvsim.simcore.speculative import parse_speculative_configs
+
+        specs = parse_speculative_configs(speculative_config)
+        if any(s is not None and s.method == "draft_model" for s in specs):
+            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
+                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
+        if len(specs) > 1:
+            lists["speculative_config"] = specs
+        elif specs[0] is not None:
+            fields["speculative_config"] = specs[0]
+        given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
     lists.update(_tier_lists(router, kv_offloading_size))
     if kv_offloading_size is not None:  # refused by policies that have no paged prefix cache
         given["--kv-offloading-size"] = kv_offloading_size
@@ -409,15 +422,14 @@ def _workload_loader(workload: str | None, overrides: dict[str, Any]):
 def _profiles(path: Path | None, num_pairs: int):
     """A loader per (model, GPU, TP, dtypes), each loaded once; --profile is one file for one
     model, GPU and TP."""
-    from kvsim.profiles import check_profile_matches, default_profile
-    from kvsim.simcore.latency import load_profile
+    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
 
     cache: dict[tuple[str, str, int, str, str], Any] = {}
     fixed = None
     if path is not None:
         if num_pairs > 1:
             raise ConfigError("--profile is one file for one model on one GPU; sweep --model and --gpu without --profile")
-        fixed = load_profile(path)
+        fixed = load_named_profile(path)
 
     def profile_for(gpu_spec, tp_: int, model):
         """`model` as the point resolves it (--quantization / --kv-cache-dtype applied)."""

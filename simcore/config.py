@@ -135,6 +135,9 @@ def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
             f"--max-num-batched-tokens ({budget}) must be >= --max-num-seqs ({config.max_num_seqs}), "
             "as vLLM requires"
         )
+    if config.speculative_config is not None and not config.enable_chunked_prefill:
+        raise ConfigError("--speculative-config runs on vLLM V1's scheduler, which kvsim models with chunked "
+                          "prefill on; drop --no-enable-chunked-prefill")
     if not config.enable_chunked_prefill and budget < max_model_len:
         raise ConfigError(
             f"--max-num-batched-tokens ({budget}) is smaller than max_model_len ({max_model_len}) "

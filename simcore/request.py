@@ -32,6 +32,12 @@ class Request:
     tokens: Any = None
     session_id: int = -1  # the conversation, -1 for none
     turn: int = 0  # 1-based turn within the conversation, 0 for none
+    # disaggregated prefill/decode (simcore.disagg): a decode instance loads the KV of the
+    # request's first `remote_prefill_tokens` tokens from a prefill instance instead of computing
+    # them; a prefill instance keeps the KV of a `hold_kv` request after it finishes, until the
+    # transfer has read it (vLLM's NixlConnector: kv_consumer / kv_producer)
+    remote_prefill_tokens: int = 0
+    hold_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:

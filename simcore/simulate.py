@@ -45,6 +45,9 @@ class Result:
     totals: StepTotals  # exact sums over every step of every replica
     wall_s: float = 0.0  # simulator wall time (not part of the deterministic result)
     warnings: list[str] = field(default_factory=list)
+    # a disaggregated run (simcore.disagg): each recorder's (pool, instance), and the KV transfers
+    step_labels: list[tuple[str, int]] | None = None
+    transfers: Any = None
     _frames: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -74,16 +77,20 @@ class Result:
     def steps(self):
         """One row per step or decode span (`num_steps`), replica by replica."""
         if "steps" not in self._frames:
-            self._frames["steps"] = steps_frame(self.recorders)
+            self._frames["steps"] = steps_frame(self.recorders, self.step_labels)
         return self._frames["steps"]
 
 
-def steps_frame(recorders: list[StepRecorder]):
-    """The step tables of the replicas, one after the other, with `replica` first when > 1."""
+def steps_frame(recorders: list[StepRecorder], labels: list[tuple[str, int]] | None = None):
+    """The step tables of the replicas, one after the other, with `replica` first when > 1
+    (with `labels`, a disaggregated run's: `pool` and `instance` first instead)."""
     frames = []
     for index, recorder in enumerate(recorders):
         steps = recorder.frame()
-        if len(recorders) > 1:
+        if labels is not None:
+            steps.insert(0, "instance", labels[index][1])
+            steps.insert(0, "pool", labels[index][0])
+        elif len(recorders) > 1:
             steps.insert(0, "replica", index)
         frames.append(steps)
     if len(frames) == 1:
@@ -223,6 +230,8 @@ class Simulation:
                          * e.pipeline_parallel_size) / 2**30
             summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
             summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
+        if engines[0].spec_cost is not None:
+            summary.update(speculative_summary(counters, engines[0].spec_cost))
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -254,6 +263,30 @@ class Simulation:
                       time.perf_counter() - self.started, warnings)
 
 
+def speculative_summary(counters: dict[str, int], cost: Any) -> dict[str, Any]:
+    """vLLM's spec-decode metrics (`vllm/v1/spec_decode/metrics.py`): mean acceptance length =
+    1 + accepted / drafts, draft acceptance rate = accepted / draft tokens, acceptance per
+    position; plus the share of engine time spent drafting and in the target's passes (the
+    replicas share one pricer, so its sums cover them all)."""
+    drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
+    accepted = counters.get("spec_num_accepted_tokens", 0)
+    per_position = []
+    i = 0
+    while f"spec_drafted_at_{i}" in counters:
+        n = counters[f"spec_drafted_at_{i}"]
+        per_position.append(counters[f"spec_accepted_at_{i}"] / n if n else None)
+        i += 1
+    busy = cost.verify_ms + cost.draft_ms
+    return {
+        "spec_num_drafts": drafts, "spec_num_draft_tokens": tokens, "spec_num_accepted_tokens": accepted,
+        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "spec_draft_acceptance_rate": accepted / tokens if tokens else None,
+        "spec_acceptance_per_position": per_position,
+        "spec_draft_time_share": cost.draft_ms / busy if busy else None,
+        "spec_verify_time_share": cost.verify_ms / busy if busy else None,
+    }
+
+
 _SAID_PYTHON_CORE = False
 
 
@@ -281,12 +314,14 @@ def prepare(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
     (the reference mode) instead of pricing unchanged decode spans as one event. `stream(table,
     columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
-    (past the caps of simcore.records / simcore.metrics), so a caller can write them out."""
+    (past the caps of simcore.records / simcore.metrics), so a caller can write them out.
+    `draft_profile`: the draft model's profile (speculative decoding with method draft_model)."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -314,6 +349,7 @@ def prepare(
         # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
         # only when it ends, so the router would see another state than step-by-step runs do
         exact_steps = True
+    spec_cost = _speculative_cost(cfg, latency, draft_profile)
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size
@@ -336,7 +372,7 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, spec_cost)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
@@ -363,8 +399,28 @@ def prepare(
         },
         "memory": memory.to_dict(),
     }
+    if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:
+        record["draft_profile"] = {"path": draft_profile.path, "sha256": draft_profile.sha256,
+                                   "source": draft_profile.source, "label": draft_profile.label}
     return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
                       engine_core, workload_seed, progress)
+
+
+def _speculative_cost(cfg: ResolvedConfig, latency, draft_profile: Profile | None):
+    """The pricer of a speculative engine's steps (None without --speculative-config)."""
+    spec = cfg.engine.speculative_config
+    if spec is None:
+        return None
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+
+    draft = None
+    if spec.method == "draft_model":
+        if draft_profile is None:
+            raise ConfigError(f"--speculative-config method draft_model needs a profile of {spec.model} "
+                              "(the draft is priced from its own profile)")
+        draft = draft_profile.latency_model(draft_profile.path or "draft profile", policy=cfg.policy.overhead)
+        draft.set_block_size(cfg.engine.block_size)
+    return SpeculativeStepCost(latency, spec, cfg.model, draft)
 
 
 def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):
@@ -384,9 +440,11 @@ def simulate(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
-    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core).run()
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
+                   draft_profile).run()

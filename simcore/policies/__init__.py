@@ -65,6 +65,13 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     e = cfg.engine
+    if e.speculative_config is not None:  # V1's scheduler with draft tokens (config.resolve checked chunking)
+        from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
+
+        return SpeculativePagedPolicy(
+            paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens, e.preemption_mode,
+            e.speculative_config, rng, enable_prefix_caching=e.enable_prefix_caching,
+        )
     cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
     policy = cls(
         paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
@@ -115,7 +122,8 @@ register(PolicySpec(
 register(PolicySpec(
     "continuous", "paged", "vLLM: iteration-level scheduling over a paged KV cache",
     _continuous,
-    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching", "kv_offloading_size"}),
+    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching", "speculative_config",
+                             "kv_offloading_size"}),
 ))
 register(PolicySpec(
     "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",
