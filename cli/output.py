@@ -175,6 +175,9 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     def writer(content: Any):
         def write(path: Path) -> None:
+            if path.name.endswith(".png"):  # a figure: the callable draws it into the path
+                content(path)
+                return
             value = content() if callable(content) else content
             if hasattr(value, "to_csv"):
                 value.to_csv(path, index=False)

@@ -244,7 +244,7 @@ def sweep(
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
-    out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Table that gets one row per point as each finishes (every option and metric): a .csv file, or .parquet (needs pyarrow; rows collect in a hidden .NAME.rows.csv beside it until the last point is in).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
     executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
@@ -385,7 +385,7 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
     done_ids = table.open(plan.sweep_id, resume) if table is not None else set()
     missing = [c for c in plan.swept if done_ids and c not in table.columns]
     if missing:  # the summary reads it from the earlier rows: refuse before running the rest
-        raise ConfigError(f"--resume: {table.path} has no {missing[0]!r} column (edited by hand?)")
+        raise ConfigError(f"--resume: {table.target} has no {missing[0]!r} column (edited by hand?)")
     todo = [p for p in plan.points if p.options["point_id"] not in done_ids]
     progress = _Progress(len(plan.points), len(plan.points) - len(todo))
 
@@ -403,7 +403,7 @@ def _run(plan, table, resume: bool, jobs: int | None, executor: str, address: st
         table.finish(list(ran) if ran is not None else None)
     if not done_ids:
         return new_rows
-    earlier = read_table(table.path)
+    earlier = read_table(table.target)
     earlier = earlier[earlier["point_id"].isin(done_ids)]
     return [{k: v for k, v in r.items() if not (not isinstance(v, str) and pd.isna(v))}
             for r in earlier.to_dict("records")] + new_rows

@@ -417,7 +417,7 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
         row.update({
             "replicas": replicas, "gpus": replicas * tp, "usd_per_hour": a.cost_per_hour(replicas),
             "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
-            "status": "ok",
+            "status": "ok", "vllm_serve": _serve_line(c),
         })
     row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
@@ -425,6 +425,21 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
                 "profile_source": a.profile.source if a.profile is not None else None,
                 "profile_sha256": a.profile.sha256 if a.profile is not None else None})
     return row
+
+
+def _serve_line(c: Candidate) -> str:
+    """One replica's `vllm serve` command (reports.serve_command)."""
+    from kvsim.reports.serve_command import vllm_serve_command
+
+    return vllm_serve_command(c.model, c.gpu, c.config)
+
+
+# what each profile kind's step times are, for the answer line (profiles/README.md)
+PROFILE_KINDS = {
+    "roofline": "roofline profile: datasheet peaks with fitted efficiencies, not measured on this GPU",
+    "measured": "measured profile (kvsim profile on the GPU)",
+    "calibrated": "calibrated profile (fitted to measurements of your engine)",
+}
 
 
 def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
@@ -542,7 +557,8 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
             f"${best['usd_per_hour']:,.2f}/h, sustains {'at least ' if best.get('capped') else '~'}{best['max_rate']:.1f} req/s "
             f"({100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms)")
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
+            f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
 
 
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
