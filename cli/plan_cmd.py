@@ -279,8 +279,8 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
         if b is None:
             typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
         else:
-            typer.echo("Disaggregated: " + head + f"{b['units']} x ({b['prefill']} prefill + {b['decode']} decode) "
-                       f"{b['gpu']} ({b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
+            typer.echo("Disaggregated: " + head + f"{b['deployment']} {b['gpu']} (units of {b['prefill']} prefill + "
+                       f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
                        f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
                        f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
                        f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
@@ -290,14 +290,14 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
 
 
 def _disagg_table(rows) -> str:
-    head = ["#", "GPUs", "unit", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
+    head = ["#", "GPUs", "deployment", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
     cells, rank = [], 0
     for r in rows:
         ok = r["units"] is not None
         rank += ok
         cells.append([
             str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
-            (f"{r['units']} x " if ok else "") + f"{r['prefill']}P+{r['decode']}D", r["gpu"],
+            r["deployment"] if ok else f"unit {r['prefill']}P+{r['decode']}D", r["gpu"],
             _cell(r["usd_per_hour"], ",.2f"), _cell(r["max_rate"], ".1f") if ok else "-",
             _cell(r["max_rate_per_gpu"], ".3f"), _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"), r["confirmed"] if ok else _clip(str(r["status"]), 110),

@@ -182,6 +182,8 @@ def run(
             raise ConfigError("--save-result does not apply to a disaggregated run yet")
         if speculative_config is not None:
             raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
+        if autoscale:
+            raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
