@@ -62,16 +62,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.metrics import StepTotals, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
+from kvsim.simcore.records import Samples
 from kvsim.simcore.request import Request
+from kvsim.simcore.simulate import Result, Simulation, prepare
 from kvsim.simcore.specs import GPUSpec, ModelSpec
 from kvsim.simcore.state import ReqState
 
 if TYPE_CHECKING:
     import simpy
-
     from kvsim.simcore.engine import Engine
 
 CONNECTOR = "NixlConnector"  # the KV connector modelled (module docstring)
@@ -337,10 +338,6 @@ def transfer_summary(log: TransferLog, makespan_s: float) -> dict[str, Any]:
 
 
 # -- the deployment: two pools of ordinary engines behind the proxy ---------------------------
-
-from kvsim.simcore.metrics import StepTotals, summarize_records  # noqa: E402
-from kvsim.simcore.records import Samples  # noqa: E402
-from kvsim.simcore.simulate import Result, Simulation, prepare  # noqa: E402
 
 POOLS = ("prefill", "decode")
 
