@@ -329,6 +329,10 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
+    if getattr(spec, "is_session", False):  # its rate search rescales planned arrival times
+        raise ConfigError(f"kvsim plan does not size multi-turn session workloads ({spec.name}) yet: its "
+                          "search rescales planned arrival times, and a turn's time depends on the answer "
+                          "before it; sweep --rate, --dp, --router and --kv-offloading-size instead")
     if spec.trace is not None:
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)

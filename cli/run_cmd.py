@@ -51,6 +51,7 @@ from kvsim.cli.options import (
     SloTtftP95,
     SpeculativeConfigOpt,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -111,6 +112,7 @@ def run(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -185,6 +187,7 @@ def run(
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size,
     )
     from kvsim.simcore.speculative import parse_speculative_config
 
@@ -242,6 +245,9 @@ def run(
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
                     workload, overrides, seed, config.resolved_max_model_len(model_spec))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
+    if find_max_rate and getattr(wl, "is_session", False):
+        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
+                          "their answers: sweep --rate instead")
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)

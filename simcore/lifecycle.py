@@ -385,8 +385,8 @@ class Lifecycle:
     def _leave(self, st: ReqState) -> None:
         """The request's row goes to the records; nothing here keeps the object. (The caller
         settles the pooled ITLs once, so their buffer stays bounded.)"""
-        if st.done is not None:
-            st.done.succeed()
+        if st.done is not None:  # its value is the request's state (a session reads its first-token time)
+            st.done.succeed(st)
         self.records.leave(st, self.replica)
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:

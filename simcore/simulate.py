@@ -217,6 +217,23 @@ class Simulation:
                 counters[name] = counters.get(name, 0) + value
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
+            if "offload_hit_tokens" in counters:  # the CPU tier's share: tokens loaded instead of recomputed
+                summary["cpu_prefix_cache_hit_rate"] = counters["offload_hit_tokens"] / counters["prefix_query_tokens"]
+            summary["prefix_cache_recomputed_tokens"] = (counters["prefix_query_tokens"] - counters["prefix_hit_tokens"]
+                                                         - counters.get("offload_hit_tokens", 0))
+            if len(engines) > 1:
+                summary["prefix_cache_hit_rate_by_replica"] = [
+                    round(c["prefix_hit_tokens"] / c["prefix_query_tokens"], 4) if c.get("prefix_query_tokens") else None
+                    for c in (e.policy.counters() for e in engines)]
+        for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
+            if name in counters:
+                summary[name] = counters[name]
+        if "offload_stored_blocks" in counters:  # host-link traffic of the CPU tier, over every GPU of the run
+            e = self.config.engine
+            block_gib = (self.memory.kv_bytes_per_token * e.block_size * e.tensor_parallel_size
+                         * e.pipeline_parallel_size) / 2**30
+            summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
+            summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
         if engines[0].spec_cost is not None:
             summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
@@ -226,6 +243,9 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
+        if turn_summary is not None:
+            summary.update(turn_summary(stats))
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
@@ -335,6 +355,10 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    if config.data_parallel_size > 1 and config.router == "prefix-aware":
+        # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
+        # only when it ends, so the router would see another state than step-by-step runs do
+        exact_steps = True
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
