@@ -124,6 +124,21 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
             lines.append(_row(label, 100 * s[key]))
     if s.get("prefix_cache_hit_rate") is not None:
         lines.append(_row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"]))
+    if s.get("cpu_prefix_cache_hit_rate") is not None:  # --kv-offloading-size
+        lines.append(_row("  loaded from the CPU tier (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
+        lines.append(_row("  CPU tier blocks loaded:", s.get("offload_loaded_blocks", 0)))
+    if s.get("prefix_cache_hit_rate_by_replica"):
+        lines.append(_row("  by replica (%):", ", ".join(
+            "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))
+    if s.get("ttft_by_turn"):  # a session workload
+        lines.append(_section("TTFT by turn"))
+        for key, label in (("median_ttft_ms_first_turn", "Median TTFT, first turns (ms):"),
+                           ("median_ttft_ms_later_turns", "Median TTFT, later turns (ms):")):
+            if s.get(key) is not None:
+                lines.append(_row(label, s[key]))
+        for row in s["ttft_by_turn"]:
+            lines.append(_row(f"  turn {row['turn']} (n={row['count']}) median / p99 (ms):",
+                              f"{row['median_ms']:.2f} / {row['p99_ms']:.2f}", "s"))
     if s.get("kv_sharing_saved"):
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     if "spec_num_drafts" in s:
@@ -310,14 +325,19 @@ def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, g
             extras.append("no chunked prefill")
         if config.get("preemption_mode") == "swap":
             extras.append("swap preemption")
+        if config.get("kv_offloading_size"):
+            extras.append(f"CPU KV tier {config['kv_offloading_size']:g} GiB")
         spec = config.get("speculative_config")
         if spec:
             extras.append(f"speculative {spec['method']} k={spec['num_speculative_tokens']}")
         policy = f"{policy} ({', '.join(extras)})"
     elif policy == "static":
         policy = f"static (batch {config['max_batch_size']})"
+    sessions = workload.get("sessions")
+    count = (f"{int(sessions['num_sessions']):,} sessions (~{int(workload['num_requests']):,} turns)" if sessions
+             else f"{int(workload['num_requests']):,} requests")
     return (
-        f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
+        f"Simulating: workload {workload.get('name')}, {count}, "
         f"{_arrival_text(workload)}; {model_text} on {tp * pp * dp} x {gpu} ({layout}); policy {policy}"
     )
 

@@ -51,6 +51,7 @@ from kvsim.cli.options import (
     SloTtftP95,
     SpeculativeConfigOpt,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -82,6 +83,9 @@ from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
 
 
+SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
+
+
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
@@ -108,6 +112,7 @@ def run(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -177,9 +182,12 @@ def run(
             raise ConfigError("--save-result does not apply to a disaggregated run yet")
         if speculative_config is not None:
             raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
+        if autoscale:
+            raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size,
     )
     from kvsim.simcore.speculative import parse_speculative_config
 
@@ -237,6 +245,9 @@ def run(
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
                     workload, overrides, seed, config.resolved_max_model_len(model_spec))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
+    if find_max_rate and getattr(wl, "is_session", False):
+        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
+                          "their answers: sweep --rate instead")
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
@@ -518,6 +529,9 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
     rate = arrival.get("rate", "inf" if arrival.get("process") == "batch" else arrival.get("mean_rate", "trace"))
     if any(tuple(getattr(getattr(wl, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         raise ConfigError("--save-result records one sequence per request; not with --n or --beam-width")
+    if int(wl.num_requests) > SAVE_RESULT_MAX_REQUESTS:  # every token's time is kept: 8 bytes a token
+        raise ConfigError(f"--save-result keeps every token's time in memory: at most {SAVE_RESULT_MAX_REQUESTS:,} "
+                          f"requests, got {int(wl.num_requests):,} (use --out for the per-request table)")
     path = result_path(result_dir, result_filename, "kvsim", rate, concurrency, model_spec.name, datetime.now())
     check_result_target(path)
     return path
@@ -560,11 +574,11 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     summary["max_concurrent_requests"] = bench_result.peak_concurrency(result)
     times = bench_result.token_times(sim) if sim is not None else None
     if times is not None and result.records.kept:
-        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result._per_request(result))
+        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result.per_request_rows(result))
     load = configured_load(result.record["workload"])
-    vllm = bench_result.flat_result(summary, result, {
+    vllm = bench_result.flat_result(summary, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
-        "request_rate": load.get("request_rate", "inf" if "max_concurrency" not in load else "inf"),
+        "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
         "max_concurrency": load.get("max_concurrency"),
         **{k: v for k, v in summary.items() if k.startswith(("mean_", "median_", "std_", "p")) and k.endswith("_ms")},
@@ -620,6 +634,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+        "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,

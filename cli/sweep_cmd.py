@@ -41,7 +41,6 @@ from kvsim.cli.options import (
     Preemption,
     ProfilePath,
     Reservation,
-    RouterOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -94,6 +93,26 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
             lists[name] = parse_list(flag, text, kind)
     if quantization is not None:  # "none" is the unquantized checkpoint
         lists["quantization"] = [None if q.lower() == "none" else q for q in parse_list("--quantization", quantization, str)]
+    return lists
+
+
+def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str, list]:
+    """--router and --kv-offloading-size as swept lists ("0" or "none": no CPU tier)."""
+    from kvsim.reports.sweep import parse_list
+    from kvsim.simcore.specs import ROUTERS
+
+    lists: dict[str, list] = {}
+    if router is not None:
+        lists["router"] = parse_list("--router", router, str)
+        for value in lists["router"]:
+            if value not in ROUTERS:
+                raise ConfigError(f"--router: {value!r} is not one of {', '.join(ROUTERS)}")
+    if kv_offloading_size is not None:
+        sizes = parse_list("--kv-offloading-size", kv_offloading_size, str)
+        try:
+            lists["kv_offloading_size"] = [None if s.lower() in ("0", "none") else float(s) for s in sizes]
+        except ValueError:
+            raise ConfigError(f"--kv-offloading-size: give GiB numbers (or none), got {kv_offloading_size!r}") from None
     return lists
 
 
@@ -191,7 +210,7 @@ def sweep(
     pp: Annotated[str | None, typer.Option("--pp", "--pipeline-parallel-size", help=f"Pipeline stages per replica, each --tp GPUs. {LIST_HELP} [default: 1]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help=f"KV cache storage: auto or fp8. {LIST_HELP} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option("--quantization", "-q", help=f"Weights: none or fp8 (FP8 needs H100/H200). {LIST_HELP} [default: none]")] = None,
-    router: RouterOpt = None,
+    router: Annotated[str | None, typer.Option("--router", help=f"How requests are spread over data-parallel replicas: round-robin, least-loaded, session-affinity, prefix-aware. {LIST_HELP} [default: least-loaded]")] = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
     allocator: Allocator = None,
     reservation: Reservation = None,
@@ -202,6 +221,7 @@ def sweep(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier of a replica in GiB (0 or none: no tier). {LIST_HELP} [default: none]")] = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -264,6 +284,9 @@ def sweep(
         elif specs[0] is not None:
             fields["speculative_config"] = specs[0]
         given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
+    lists.update(_tier_lists(router, kv_offloading_size))
+    if kv_offloading_size is not None:  # refused by policies that have no paged prefix cache
+        given["--kv-offloading-size"] = kv_offloading_size
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
@@ -285,8 +308,6 @@ def sweep(
     for model_spec in model_specs:
         check_common(seed, max_model_len, model_spec)
     seed_list = parse_seeds(seeds, repeats, seed)
-    if router is not None:
-        fields["router"] = router.value
     base = EngineConfig(**fields)
     from kvsim.simcore.config import check_numbers
 

@@ -9,6 +9,7 @@ modelled a least-loaded router in front of them).
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
@@ -49,6 +50,13 @@ def vllm_serve_command(model: Any, gpu: Any, config: Any) -> str:
         args.append("--no-enable-prefix-caching")
     if getattr(e, "enable_expert_parallel", False):
         args.append("--enable-expert-parallel")
+    spec = getattr(e, "speculative_config", None)
+    if spec is not None:  # the keys vLLM reads; kvsim's acceptance rates describe the traffic, not the server
+        keys = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+        for name in ("model", "draft_tensor_parallel_size"):
+            if getattr(spec, name, None) is not None:
+                keys[name] = HF_IDS.get(getattr(spec, name), getattr(spec, name)) if name == "model" else getattr(spec, name)
+        args += ["--speculative-config", json.dumps(keys, separators=(",", ":"))]
     if e.preemption_mode == "swap":
         args += ["--swap-space", f"{e.swap_space:g}"]
     return shlex.join(args)

@@ -37,6 +37,8 @@ SWEEPABLE = {
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
     "speculative_config": ("--speculative-config", "spec"),
+    "router": ("--router", "router"),
+    "kv_offloading_size": ("--kv-offloading-size", "cpu_kv_gib"),
     "rate": ("--rate", "rate"),
     "concurrency": ("--concurrency", "concurrency"),
 }

@@ -111,6 +111,13 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    if getattr(sim.workload, "is_session", False):
+        return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
+    if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
+        return "the CPU KV tier (--kv-offloading-size)"
+    if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
+            "prefix-aware", "session-affinity"):
+        return f"--router {sim.config.engine.router}"
     if getattr(sim, "autoscaler", None) is not None:
         return "autoscaling (replicas started and drained during the run)"
     engine_config = getattr(sim.config, "engine", None)

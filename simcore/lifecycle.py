@@ -19,6 +19,8 @@ few array operations, and a decode span (many steps as one event) a few more.
 
 from __future__ import annotations
 
+from array import array
+
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -72,7 +74,7 @@ class Lifecycle:
         self.itl = Samples()
         # request id -> the times of its tokens, when asked for (`vllm bench serve --save-result`'s
         # per-request ITLs and its peak output tokens per second); None: not kept (the default)
-        self.token_times: dict[int, list[float]] | None = None
+        self.token_times: dict[int, array] | None = None  # float64 arrays: 8 bytes a token
         self.store = SlotStore()  # counters of queued and running requests, by slot
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self._run_slots_mv = memoryview(self._run_slots)  # the same, for scalar writes and shifts
@@ -223,7 +225,7 @@ class Lifecycle:
                 generated = store.target_mv[slot] - remaining
                 if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
                     if self.token_times is not None:
-                        self.token_times.setdefault(st.request_id, []).append(t)
+                        self.token_times.setdefault(st.request_id, array("d")).append(t)
                     if generated:
                         gaps.append(t - last_mv[slot])
                     else:
@@ -274,7 +276,7 @@ class Lifecycle:
                 emitted = 1 + hit[1]
             if emitted:
                 if self.token_times is not None:  # every token, the burst's sharing one time
-                    self.token_times.setdefault(st.request_id, []).extend([now] * emitted)
+                    self.token_times.setdefault(st.request_id, array("d")).extend([now] * emitted)
                 if generated:
                     gaps.append(now - last_mv[slot])
                 else:
@@ -329,7 +331,7 @@ class Lifecycle:
         # every request's gap in step 1 is ends_s[0] - its last token; in step k > 1, ends_s[k-1] - ends_s[k-2]
         if self.token_times is not None:
             for slot in slots.tolist():
-                self.token_times.setdefault(int(store.rid[slot]), []).extend(ends_s.tolist())
+                self.token_times.setdefault(int(store.rid[slot]), array("d")).extend(ends_s.tolist())
         gaps = np.empty(num_seqs * num_steps)
         np.subtract(ends_s[0], last[slots], out=gaps[:num_seqs])
         if num_steps > 1:
@@ -347,7 +349,7 @@ class Lifecycle:
         """One token each for the requests in `slots`, at `times` (only with `token_times` on)."""
         log, rid = self.token_times, self.store.rid
         for slot, t in zip(slots.tolist(), times.tolist(), strict=True):
-            log.setdefault(int(rid[slot]), []).append(t)
+            log.setdefault(int(rid[slot]), array("d")).append(t)
 
     def _add_itls(self, values: np.ndarray) -> None:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""
@@ -383,8 +385,8 @@ class Lifecycle:
     def _leave(self, st: ReqState) -> None:
         """The request's row goes to the records; nothing here keeps the object. (The caller
         settles the pooled ITLs once, so their buffer stays bounded.)"""
-        if st.done is not None:
-            st.done.succeed()
+        if st.done is not None:  # its value is the request's state (a session reads its first-token time)
+            st.done.succeed(st)
         self.records.leave(st, self.replica)
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:

@@ -39,6 +39,7 @@ class MemoryPlan:
     layers_per_stage: tuple[int, ...] = ()  # pipeline stages' layer counts (one entry: no PP)
     weight_dtype: str = "bfloat16"  # linear-layer weights as stored: bfloat16 | float32 | fp8
     kv_cache_dtype: str = "bfloat16"  # KV cache as stored
+    num_offload_blocks: int = 0  # CPU KV tier (--kv-offloading-size), blocks of one replica
     draft_weights_bytes_per_gpu: int = 0  # speculative decoding: the draft's weights (in weights_bytes_per_gpu)
     draft_kv_bytes_per_token: int = 0  # ... and its KV per token (in kv_bytes_per_token)
 
@@ -188,6 +189,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
     block_bytes = binding.kv_bytes_per_token * config.block_size
     num_gpu_blocks = config.num_gpu_blocks_override or min(blocks)
     num_cpu_blocks = int(config.swap_space * GIB) // block_bytes
+    # --kv-offloading-size is the replica's buffer over all its GPUs; each holds its share of a block
+    offload_gib = config.kv_offloading_size or 0.0
+    num_offload_blocks = int(offload_gib * GIB / (tp * pp)) // block_bytes
     plan = MemoryPlan(
         weights_bytes_per_gpu=max(st.weights_bytes for st in stages),
         activation_reserve_bytes=binding.reserve_bytes,
@@ -200,6 +204,7 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
         layers_per_stage=tuple(st.num_layers for st in stages),
         weight_dtype=model.weight_dtype,
         kv_cache_dtype=model.kv_dtype,
+        num_offload_blocks=num_offload_blocks,
         draft_weights_bytes_per_gpu=spec.weight_bytes_per_gpu(model, tp) if spec else 0,
         draft_kv_bytes_per_token=spec.kv_bytes_per_token(model, tp) if spec else 0,
     )

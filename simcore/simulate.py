@@ -18,7 +18,7 @@ from kvsim.simcore.memory import MemoryPlan
 from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
 from kvsim.simcore.pipeline import PipelineLatency
 from kvsim.simcore.policies import make_policy
-from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
+from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
 from kvsim.simcore.request import Workload
 from kvsim.simcore.router import Router
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -159,45 +159,49 @@ class Simulation:
         return self.engines[0]
 
     def choose_core(self) -> tuple[str, str]:
-        """("c" or "python", why python): the compiled core when it supports this run and
-        `engine_core` allows it (--exact-steps always means the Python reference)."""
-        if self.engine_core == "python":
-            return "python", "--engine-core python"
+        """(the core that runs it, why not the compiled one): the first registered core that
+        supports this run (simcore.cores), or the one `engine_core` names (--exact-steps always
+        means the Python reference)."""
+        from kvsim.simcore import cores
+
+        if self.engine_core == cores.PYTHON:
+            return cores.PYTHON, "--engine-core python"
         if self.record["resolved"]["exact_steps"] and self.config.engine.pipeline_parallel_size == 1:
-            if self.engine_core == "c":
-                raise ConfigError("--engine-core c runs no --exact-steps: that is the Python engine, the reference")
-            return "python", "--exact-steps"
-        from kvsim.simcore import fastcore
+            if self.engine_core != "auto":
+                raise ConfigError(f"--engine-core {self.engine_core} runs no --exact-steps: that is the "
+                                  "Python engine, the reference")
+            return cores.PYTHON, "--exact-steps"
+        return cores.choose(self, self.engine_core, AUTO_C)
 
-        reason = fastcore.unsupported(self)
-        if reason and self.engine_core == "c":
-            raise ConfigError(f"--engine-core c cannot run this simulation: {reason}")
-        if not reason and self.engine_core == "auto" and not AUTO_C:
-            reason = "--engine-core auto runs the Python engine (the C core is opt-in: --engine-core c)"
-        return ("python", reason) if reason else ("c", "")
+    def run(self, watch: tuple[int, Callable[[RequestRecords], Any]] | None = None) -> Result:
+        """Run to the last request and collect the tables; raises if any request stalled.
+        `watch`: (every, check) on the request records (`RequestRecords.watch`): a check that
+        returns a value stops the run with `records.RunStopped` (its `engine_core` says which
+        core ran), whichever core runs it, after the same requests."""
+        from kvsim.simcore import cores
 
-    def run(self) -> Result:
-        """Run to the last request and collect the tables; raises if any request stalled."""
         engines, latency = self.replicas, self.latency
         core, why = self.choose_core()
+        hooks = cores.Hooks(self.progress, watch)
         stats = None
-        if core == "c":
-            from kvsim.simcore import fastcore
-
-            try:
-                stats = fastcore.run(self, self.progress)
-            except fastcore.CoreUnavailable as exc:
-                if self.engine_core == "c":
-                    raise ConfigError(f"--engine-core c cannot run this simulation: {exc}") from None
-                if not exc.clean:
-                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
-                                      "run it with --engine-core python") from None
-                core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
-        if core == "python":
-            if self.engine_core == "auto":
-                _say_python_core_once(why)
-            self.env.run()
-            stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
+        try:
+            if core != cores.PYTHON:
+                try:
+                    stats = cores.get(core).run(self, hooks)
+                except cores.CoreUnavailable as exc:
+                    if self.engine_core == core:
+                        raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
+                    if not exc.clean:
+                        raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                          "run it with --engine-core python") from None
+                    core, why = cores.PYTHON, str(exc)  # nothing was recorded yet: the Python engine runs it
+            if core == cores.PYTHON:
+                if self.engine_core == "auto":
+                    _say_python_core_once(why)
+                stats = cores.get(core).run(self, hooks)
+        except RunStopped as stop:
+            stop.engine_core = core
+            raise
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
@@ -217,8 +221,25 @@ class Simulation:
                 counters[name] = counters.get(name, 0) + value
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
+            if "offload_hit_tokens" in counters:  # the CPU tier's share: tokens loaded instead of recomputed
+                summary["cpu_prefix_cache_hit_rate"] = counters["offload_hit_tokens"] / counters["prefix_query_tokens"]
+            summary["prefix_cache_recomputed_tokens"] = (counters["prefix_query_tokens"] - counters["prefix_hit_tokens"]
+                                                         - counters.get("offload_hit_tokens", 0))
+            if len(engines) > 1:
+                summary["prefix_cache_hit_rate_by_replica"] = [
+                    round(c["prefix_hit_tokens"] / c["prefix_query_tokens"], 4) if c.get("prefix_query_tokens") else None
+                    for c in (e.policy.counters() for e in engines)]
+        for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
+            if name in counters:
+                summary[name] = counters[name]
+        if "offload_stored_blocks" in counters:  # host-link traffic of the CPU tier, over every GPU of the run
+            e = self.config.engine
+            block_gib = (self.memory.kv_bytes_per_token * e.block_size * e.tensor_parallel_size
+                         * e.pipeline_parallel_size) / 2**30
+            summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
+            summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
         if engines[0].spec_cost is not None:
-            summary.update(speculative_summary(counters, engines[0].spec_cost))
+            summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -226,6 +247,9 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
+        if turn_summary is not None:
+            summary.update(turn_summary(stats))
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
@@ -250,11 +274,11 @@ class Simulation:
                       time.perf_counter() - self.started, warnings)
 
 
-def speculative_summary(counters: dict[str, int], cost: Any) -> dict[str, Any]:
+def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:
     """vLLM's spec-decode metrics (`vllm/v1/spec_decode/metrics.py`): mean acceptance length =
     1 + accepted / drafts, draft acceptance rate = accepted / draft tokens, acceptance per
-    position; plus the share of engine time spent drafting and in the target's passes (the
-    replicas share one pricer, so its sums cover them all)."""
+    position; plus the share of engine time spent drafting and in the target's passes, over
+    every replica's pricer."""
     drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
     accepted = counters.get("spec_num_accepted_tokens", 0)
     per_position = []
@@ -263,14 +287,16 @@ def speculative_summary(counters: dict[str, int], cost: Any) -> dict[str, Any]:
         n = counters[f"spec_drafted_at_{i}"]
         per_position.append(counters[f"spec_accepted_at_{i}"] / n if n else None)
         i += 1
-    busy = cost.verify_ms + cost.draft_ms
+    draft_ms = sum(c.draft_ms for c in costs)
+    verify_ms = sum(c.verify_ms for c in costs)
+    busy = verify_ms + draft_ms
     return {
         "spec_num_drafts": drafts, "spec_num_draft_tokens": tokens, "spec_num_accepted_tokens": accepted,
         "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "spec_draft_acceptance_rate": accepted / tokens if tokens else None,
         "spec_acceptance_per_position": per_position,
-        "spec_draft_time_share": cost.draft_ms / busy if busy else None,
-        "spec_verify_time_share": cost.verify_ms / busy if busy else None,
+        "spec_draft_time_share": draft_ms / busy if busy else None,
+        "spec_verify_time_share": verify_ms / busy if busy else None,
     }
 
 
@@ -333,7 +359,11 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
-    spec_cost = _speculative_cost(cfg, latency, draft_profile)
+    if config.data_parallel_size > 1 and config.router == "prefix-aware":
+        # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
+        # only when it ends, so the router would see another state than step-by-step runs do
+        exact_steps = True
+    spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
@@ -356,7 +386,9 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, spec_cost)
+        # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
+        cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, cost)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder

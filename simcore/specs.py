@@ -293,7 +293,7 @@ _DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("max", "pow2", "oracle")
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity")
 
 
 # vLLM's largest KV block (`BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`, vllm/config/cache.py).
@@ -316,6 +316,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True  # split long prompts across steps
     enable_prefix_caching: bool = True  # reuse KV blocks of shared prompt prefixes (vLLM V1 default)
     swap_space: float = 4.0  # CPU swap pool per GPU (GiB)
+    # vLLM's CPU KV offloading buffer of a replica, summed over its GPUs (GiB); None: no CPU tier
+    kv_offloading_size: float | None = None
     preemption_mode: str = "recompute"  # recompute | swap
     max_model_len: int | None = None  # longest prompt + output a request may have
     tensor_parallel_size: int = 1  # GPUs one replica is sharded over

@@ -21,7 +21,7 @@ Defaults: one published (acceptance length, k) per method, turned into the const
 gives that length at that k under the formula above (`rate_for_length`). Nothing is fitted to a
 speed-up; the lengths are what vLLM (or the model's authors) measured:
 
-  eagle   MT-Bench, Llama-3-8B-Instruct + EAGLE head, k=4: length 2.08 (vLLM V1, bs 1;
+  eagle   MT-Bench, Llama-3-8B-Instruct + lmsys/sglang-EAGLE-LLaMA3-Instruct-8B, k=4: length 2.08 (vLLM V1, bs 1;
           github.com/vllm-project/vllm/pull/16035, benchmark comment of 2025-04-09)
   eagle3  MT-Bench, Llama-3.1-8B-Instruct + EAGLE3 head, k=7, temperature 0: length 3.53
           (12,208 accepted / 4,816 drafts; github.com/vllm-project/vllm/issues/26191)
@@ -50,6 +50,12 @@ METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp")
 HEAD_METHODS = ("eagle", "eagle3", "mtp")  # a small head on the target's hidden states
 KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
         "acceptance_rate", "acceptance_rates", "dataset")
+# vLLM keys that change what is proposed or accepted, which kvsim takes from the acceptance rates
+# instead: refused with that said, never silently ignored
+UNMODELLED_VLLM_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "disable_padded_drafter_batch", "max_model_len",
+                        "quantization", "revision", "code_revision", "draft_sample_method",
+                        "rejection_sample_method", "speculative_token_tree", "disable_by_batch_size",
+                        "parallel_drafting", "enforce_eager")
 
 # method -> dataset -> (published mean acceptance length, the k it was measured at, source)
 PUBLISHED_LENGTHS: dict[str, dict[str, tuple[float, int, str]]] = {
@@ -293,6 +299,10 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
         raise ConfigError("--speculative-config must be a JSON object, e.g. "
                           "'{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'")
     unknown = sorted(set(value) - set(KEYS))
+    vllm_only = [key for key in unknown if key in UNMODELLED_VLLM_KEYS]
+    if vllm_only:
+        raise ConfigError(f"--speculative-config: {vllm_only[0]!r} is a vLLM key kvsim does not model (what is "
+                          "proposed and accepted comes from acceptance_rate / acceptance_rates); leave it out")
     if unknown:
         raise ConfigError(f"--speculative-config: unknown key {unknown[0]!r}; kvsim reads {', '.join(KEYS)}")
     args = dict(value)

@@ -45,11 +45,16 @@ class SpeculativeStepCost:
             raise ValueError("a draft_model config needs the draft model's latency model")
         self.latency = latency
         self.spec = spec
+        self._target = target
         self.draft = draft
         self.head_layers = spec.head_layers(target) if spec.is_head else 0.0
         self.verify_ms = 0.0  # target passes (and host), summed over the steps priced
         self.draft_ms = 0.0  # drafter passes, summed
         self._last = (0.0, 0.0, 0.0)  # (kernels, collectives, host) ms of the step just priced
+
+    def fresh(self) -> SpeculativeStepCost:
+        """The same pricer with its own sums and last breakdown (another replica's)."""
+        return SpeculativeStepCost(self.latency, self.spec, self._target, self.draft)
 
     @property
     def extrapolated(self):

@@ -141,3 +141,27 @@ def test_the_cli_reports_the_fleet_against_static_ones(workload_file, tmp_path):
     assert [row["sized_for"] for row in fleet["static"]] == ["the peak", "the mean"]
     assert fleet["usd"] == pytest.approx(2.0 * fleet["gpu_hours"])
     assert (out / "autoscale.png").stat().st_size > 5000
+
+
+def test_plan_autoscale_finds_a_policy_no_dearer_than_the_static_fleet(tmp_path):
+    """`kvsim plan --autoscale`: the answer meets the attainment goal and costs no more GPU-hours than the
+    smallest static fleet that meets it (which is always a candidate)."""
+    path = tmp_path / "day.yaml"
+    path.write_text(DIURNAL.replace("num_requests: 3000", "num_requests: 900").replace("period_s: 250", "period_s: 80"))
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100", "--tp", "1",
+                                      "--workload", str(path), "--slo-ttft-p95-ms", "200", "--slo-tpot-p95-ms", "15",
+                                      "--attainment", "0.9", "--max-replicas", "3", "--provisioning-delay", "0",
+                                      "--json"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    answer, static = plan["answer"], plan["static"]
+    assert answer["attainment"] >= 0.9 and static["attainment"] >= 0.9
+    assert answer["gpu_hours"] <= static["gpu_hours"] + 1e-12
+    assert {row["kind"] for row in plan["tried"]} == {"static", "autoscale"}
+
+
+def test_plan_autoscale_needs_one_deployment():
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--gpu", "H100,H200", "--tp", "1"])
+    assert result.exit_code != 0 and "exactly one --gpu" in result.stderr
+    result = CliRunner().invoke(app, ["plan", "--attainment", "0.9", "--rate", "2"])
+    assert result.exit_code != 0 and "applies only with --autoscale" in result.stderr

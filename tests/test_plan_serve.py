@@ -39,3 +39,12 @@ def test_plan_answer_names_the_profile_kind_and_prints_vllm_serve():
     assert "step times from a roofline profile" in text
     line = next(x for x in text.splitlines() if x.startswith("Serve it: "))
     assert "`vllm serve meta-llama/Meta-Llama-3-8B --tensor-parallel-size" in line
+
+
+def test_serve_command_carries_a_speculative_config():
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    spec = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')
+    line = vllm_serve_command(get_model("llama3-8b"), get_gpu("H100-SXM-80GB"), EngineConfig(speculative_config=spec))
+    words = shlex.split(line)
+    assert words[words.index("--speculative-config") + 1] == '{"method":"ngram","num_speculative_tokens":3}'

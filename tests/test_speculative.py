@@ -49,7 +49,8 @@ def test_config_reads_vllm_keys_and_infers_the_method_as_vllm_does():
     ('{"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.5, "acceptance_rates": [1, 1]}', "not both"),
     ('{"method": "draft_model", "model": "llama3-8b", "num_speculative_tokens": 2}', "no published acceptance"),
     ('{"method": "eagle", "num_speculative_tokens": 2, "dataset": "gsm8k"}', "no published acceptance for eagle"),
-    ('{"method": "eagle", "num_speculative_tokens": 2, "prompt_lookup_max": 4}', "unknown key"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}', "vLLM key kvsim does not model"),
+    ('{"method": "eagle", "num_speculative_tokens": 2, "temperature": 0}', "unknown key"),
     ('[1, 2]', "JSON object"),
     ('{"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": "high"}', r"a number in \[0, 1\]"),
 ])
@@ -321,3 +322,15 @@ def test_crossing_rate_interpolates_where_the_speedup_falls_through_one():
     assert crossing_rate(rows[:2]) is None
     vs = speedup_vs({"mean_tpot_ms": 10.0, "output_throughput": 300.0}, {"mean_tpot_ms": 20.0, "output_throughput": 200.0})
     assert vs["speedup_mean_tpot_ms"] == 2.0 and vs["speedup_output_throughput"] == 1.5
+
+
+def test_each_replica_records_its_own_step_costs():
+    # two replicas price steps that interleave in time: each step row's cost parts add up to it
+    requests = [req(i, 0.0003 * i, 10 + i, 12 + 2 * i) for i in range(8)]
+    result = run(requests, '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}',
+                 data_parallel_size=2)  # n-gram host time grows with the batch: steps differ in cost
+    steps = result.steps
+    assert set(steps["replica"]) == {0, 1}
+    parts = steps["kernels_ms"] + steps["collectives_ms"] + steps["host_ms"]
+    assert np.allclose(parts, steps["duration_s"] * 1000, rtol=1e-12, atol=0)
+    assert 0 < result.summary["spec_draft_time_share"] < 1
