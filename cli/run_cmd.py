@@ -21,6 +21,7 @@ from kvsim.cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineVersion,
     EngineCore,
     EngineCoreOpt,
     Goodput,
@@ -54,6 +55,7 @@ from kvsim.cli.options import (
     check_slos,
     engine_options,
     parse_goodput,
+    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -97,6 +99,7 @@ def run(
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
+    engine_version: EngineVersion = None,
     swap_space: SwapSpace = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
@@ -133,9 +136,10 @@ def run(
 
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching, engine_version,
     )
     refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if not 0 < tolerance < 1:

@@ -97,7 +97,7 @@ def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     return StaticPolicy(contiguous_allocator(cfg), cfg.max_model_len, e.max_batch_size, e.batch_timeout_s)
 
 
-_CONTINUOUS = {"allocator", "enable_chunked_prefill"}
+_CONTINUOUS = {"allocator", "enable_chunked_prefill", "engine_version"}  # steps priced as a vLLM version
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
     _static, frozenset({"max_batch_size", "batch_timeout_s"}), overhead="static",
