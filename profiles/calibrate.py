@@ -329,6 +329,7 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
     doc.pop("step_overhead_ms", None)
     doc.pop("step_overhead_ms_by_policy", None)
     doc.pop("host_overhead_by_policy", None)
+    doc.pop("host_overhead_by_engine", None)  # the fitted terms describe the measured stack, whatever its version
     doc["host_overhead"] = {
         "per_step_ms": params["host_step"] + params["host_rank"] * (tp - 1),
         "per_seq_ms": params["host_seq"],
