@@ -91,7 +91,8 @@ def calibrate(
         raise MeasurementError(f"{measurements}: {exc}") from None
     bases = {t: default_profile(gpu_spec, model_spec, t) for t in sorted(set(out_tps) | set(data_tps))}
     priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
-    prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
+    base_tp = max(data_tps, key=lambda t: sum(r.tp == t for r in rows))  # the prior: the most measured TP's
+    prior = profile_params(bases[base_tp], base_tp)
     try:
         fit = fit_rows(rows, priced, prior, free_scalars)
     except MeasurementError as exc:

@@ -228,11 +228,24 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
     return out
 
 
+def default_rank_ms() -> float:
+    """host_rank's prior: the default engine version's per-step cost per extra TP rank, the mean
+    slope of profiles/host.py's model from TP 2 to TP 8 (the workers' synchronisation). With rows
+    at one TP it cannot be fitted, and a stack's host cost then carries over to other TPs with the
+    default's growth rather than none."""
+    from kvsim.profiles.host import engine_host
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION
+
+    return (engine_host(DEFAULT_ENGINE_VERSION, 8)[0] - engine_host(DEFAULT_ENGINE_VERSION, 2)[0]) / 6
+
+
 def profile_params(profile: Profile, tp: int) -> np.ndarray:
-    """The parameters that reproduce `profile` itself (scales 1, its continuous host terms)."""
+    """The parameters that reproduce `profile` itself at this TP (scales 1, its continuous host
+    terms, with host_rank at its prior and host_step what remains of the per-step term)."""
     host = StepLatencyModel(profile.data, policy="continuous").host
-    return np.array([1.0, 1.0, 1.0, host.per_step_ms, 0.0, host.per_seq_ms, host.per_prefill_step_ms,
-                     host.per_prefill_token_ms])
+    rank = default_rank_ms()
+    return np.array([1.0, 1.0, 1.0, max(host.per_step_ms - rank * (tp - 1), 0.0), rank, host.per_seq_ms,
+                     host.per_prefill_step_ms, host.per_prefill_token_ms])
 
 
 def _check_possible(x: np.ndarray, y: np.ndarray) -> None:
