@@ -16,6 +16,7 @@ import typer
 from kvsim.cli.options import (
     AsJson,
     Burstiness,
+    EngineVersion,
     Goodput,
     InputLen,
     OutputLen,
@@ -80,6 +81,8 @@ def plan(
     confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm with a full multi-replica run.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
+    confidence: Annotated[float, typer.Option(help="Plan so that the SLO holds with this probability under the profile's stated step-time error (profiles/uncertainty.py): step times are scaled by its quantile, x1 at 0.5.")] = 0.5,
+    engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -114,6 +117,12 @@ def plan(
         raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1), got {confidence:g}")
+    from kvsim.simcore.specs import ENGINE_PRESETS, ENGINE_VERSIONS
+
+    if engine_version is not None and engine_version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     prices = load_prices(price)
     check_inputs_kept(out, [workload, *model.split(","), *(price or [])], PLAN_FILES)
     check_out_folder(out, PLAN_FILES)  # before any work
@@ -131,7 +140,8 @@ def plan(
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
         raise ConfigError(f"the plan has {size:,} candidates (models x GPUs x the lists' lengths); at most "
                           f"{MAX_CANDIDATES:,}: narrow the lists")
-    base = EngineConfig()
+    base = EngineConfig() if engine_version is None else EngineConfig(engine_version=engine_version,
+                                                                         **ENGINE_PRESETS[engine_version])
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
@@ -159,13 +169,31 @@ def plan(
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
-                           batch=jobs)
+                           batch=jobs, profile_for=_profiles_at(confidence))
     finally:
         progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     wall = time.perf_counter() - started
+    from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
+
+    result.context["confidence"] = confidence
+    result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
+        kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
+        for kind, m in MEDIAN_ABS_ERROR.items()}
     _emit(result, slo, prices, out, as_json, wall)
+
+
+def _profiles_at(confidence: float):
+    """Each candidate's default profile with its step times at this confidence of its stated error."""
+    from kvsim.profiles import default_profile
+    from kvsim.profiles.uncertainty import profile_error, scaled_profile
+
+    def profile_for(c):
+        prof = default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
+        return scaled_profile(prof, profile_error(prof).factor_at_confidence(confidence))
+
+    return profile_for
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
@@ -237,8 +265,12 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
     table = result.table
+    conf = result.context.get("confidence", 0.5)
+    factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
+    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+            "roofline profiles]")
     doc = {
-        "answers": [{**a, "line": answer_line(a, slo)} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": _records(table), "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
@@ -254,8 +286,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
         typer.echo(_text_table(_records(part)))
     typer.echo("")
-    for answer in result.answers:
-        typer.echo("Answer: " + answer_line(answer, slo))
+    for answer in doc["answers"]:
+        typer.echo("Answer: " + answer["line"])
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:

@@ -100,6 +100,7 @@ def run(
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     engine_version: EngineVersion = None,
+    error_bars: Annotated[bool, typer.Option("--error-bars/--no-error-bars", help="Also run with every step time at the 5th and 95th percentile of the profile's stated error (profiles/uncertainty.py) and print each headline metric's 90% band.")] = True,
     swap_space: SwapSpace = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
@@ -210,7 +211,9 @@ def run(
             "KV cache is per replica")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
         result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core.value)
-        fatal = _report(result, wl, slo, seed, out, as_json, staging)
+        bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
+                            result) if error_bars else None
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, bands)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -226,7 +229,25 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
         progress.stop()
 
 
-def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result) -> dict:
+    """The run again with every step time at the low and high end of the profile's stated error
+    (profiles/uncertainty.py): each headline metric's [low, high] over the three runs."""
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
+    from statistics import NormalDist
+
+    from kvsim.simcore.simulate import simulate
+
+    err = profile_error(prof)
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    factors = (err.factor(-z), err.factor(z))
+    runs = [simulate(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
+                     exact_steps=exact_steps, engine_core=engine_core).summary for f in factors]
+    return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+            "metrics": {k: band([result.summary.get(k), *(r.get(k) for r in runs)])
+                        for k in BAND_METRICS if result.summary.get(k) is not None}}
+
+
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, bands: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -251,6 +272,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if bands is not None:
+        summary["error_bars"] = bands
     document = {"summary": summary, "record": result.record, "warnings": result.warnings}
     if out is not None:
         write_outputs(out, {
