@@ -22,7 +22,44 @@ def _section(title: str) -> str:
     return f"{title:-^50}"
 
 
-def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ") -> str:
+def format_disagg(s: dict[str, Any]) -> str:
+    """A disaggregated run's pools and KV transfers, after the client-side summary."""
+    lines = []
+    for name, pool in s.get("pools", {}).items():
+        lines.append(_section(f"{name.capitalize()} pool ({pool['replicas']} x TP {pool['tp']})"))
+        util = pool.get("utilization")
+        lines.append(_row("GPU busy share (%):", None if util is None else 100 * util))
+        if name == "prefill":
+            lines.append(_row("Mean queueing before prefill (ms):", pool.get("mean_queue_ms")))
+            lines.append(_row("P95 queueing before prefill (ms):", pool.get("p95_queue_ms")))
+            lines.append(_row("Mean prefill time (ms):", pool.get("mean_prefill_ms")))
+        lines.append(_row("Mean batch size (seqs/step):", pool.get("mean_batch_size")))
+        lines.append(_row("Preemptions:", pool.get("num_preemptions")))
+        if pool.get("kv_waste_rate") is not None:
+            lines.append(_row("KV cache waste (%):", 100 * pool["kv_waste_rate"]))
+    t = s.get("kv_transfer", {})
+    if t.get("num_transfers"):
+        lines.append(_section("KV transfer"))
+        lines.append(_row("Transfers:", t["num_transfers"]))
+        lines.append(_row("Bytes moved (GiB):", t["bytes_moved"] / 2**30))
+        for stat, label in (("mean", "Mean"), ("p50", "Median"), ("p95", "P95"), ("p99", "P99")):
+            lines.append(_row(f"{label} transfer time (ms):", t.get(f"{stat}_transfer_ms")))
+        # prefilled -> transfer start: the decode instance's next step boundary, and blocks there
+        lines.append(_row("Mean wait for decode admission (ms):", t.get("mean_decode_wait_ms")))
+        lines.append(_row("P95 wait for decode admission (ms):", t.get("p95_decode_wait_ms")))
+        lines.append(_row("Mean KV hold on prefill side (ms):", t.get("mean_prefill_held_ms")))
+        lines.append(_row("Mean KV held for transfer (GiB):", t.get("mean_kv_held_for_transfer_gib")))
+        lines.append(_row("Max transfers in flight:", t.get("max_transfers_in_flight")))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
+                   percentiles: tuple[float, ...] = (95.0, 99.0),
+                   metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")) -> str:
+    """vLLM's result block (its labels, order and widths) and kvsim's Load and KV cache sections;
+    `percentiles` and `metrics` as `--metric-percentiles` / `--percentile-metrics` chose them
+    (the `p{P}_{metric}_ms` keys must be in `s`)."""
     lines = [f"{title:=^50}"]
     lines.append(_row("Successful requests:", s["completed"]))
     lines.append(_row("Failed requests:", s.get("rejected", 0)))  # vLLM fails what it rejects (too long)
@@ -43,6 +80,12 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("Goodput SLOs (ms):", " ".join(f"{k}:{v:g}" for k, v in s["goodput_slo_ms"].items())))
     lines += [
         _row("Output token throughput (tok/s):", s["output_throughput"]),
+    ]
+    if s.get("max_output_tokens_per_s") is not None:  # only when token times were kept (--save-result)
+        lines.append(_row("Peak output token throughput (tok/s):", float(s["max_output_tokens_per_s"])))
+    if s.get("max_concurrent_requests") is not None:
+        lines.append(_row("Peak concurrent requests:", float(s["max_concurrent_requests"])))
+    lines += [
         _row("Total token throughput (tok/s):", s["total_token_throughput"]),
     ]
     for key, name, title_ in (
@@ -51,8 +94,11 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         ("itl", "ITL", "Inter-token Latency"),
         ("e2el", "E2EL", "End-to-end Latency"),
     ):
+        if key not in metrics:
+            continue
         lines.append(_section(title_))
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+        words = [str(int(p)) if int(p) == p else str(p) for p in percentiles]  # vLLM's P99 / P99.9
+        for stat, label in (("mean", "Mean"), ("median", "Median"), *((f"p{w}", f"P{w}") for w in words)):
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
     lines.append(_section("Load"))
     lines.append(_row("Offered load:", _load_label(s)))
@@ -172,6 +218,12 @@ def step_columns(result: Any) -> dict[str, Any]:
     import numpy as np
 
     tables = [recorder.columns_kept() for recorder in result.recorders]
+    labels = getattr(result, "step_labels", None)
+    if labels is not None:  # a disaggregated run: which pool and instance each row is from
+        sizes = [len(next(iter(t.values()))) for t in tables]
+        return {"pool": np.concatenate([np.full(n, pool, dtype=object) for n, (pool, _) in zip(sizes, labels)]),
+                "instance": np.concatenate([np.full(n, i, dtype=np.int64) for n, (_, i) in zip(sizes, labels)]),
+                **{name: np.concatenate([t[name] for t in tables]) for name in tables[0]}}
     if len(tables) == 1:
         return tables[0]
     replica = [np.full(len(next(iter(t.values()))), index, dtype=np.int64) for index, t in enumerate(tables)]

@@ -85,6 +85,9 @@ def plan(
     engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
+    disagg: Annotated[str, typer.Option(help="Disaggregated prefill/decode candidates: off (aggregated only), on (disaggregated only) or auto (both; says which is cheaper). Disaggregated runs use the Python engine: seconds per candidate.")] = "off",
+    disagg_ratios: Annotated[str | None, typer.Option(help=f"Prefill:decode instance ratios of a disaggregated unit, e.g. 1:1,2:1. {LIST} [default: 1:1,2:1,1:2]")] = None,
+    disagg_placement: Annotated[str | None, typer.Option(help="Where a disaggregated unit's pools sit: same-node or cross-node. [default: same-node when a unit fits in one node]")] = None,
 ) -> None:
     """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
     from kvsim.reports.capacity import SLO
@@ -119,10 +122,24 @@ def plan(
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
     if not 0 < confidence < 1:
         raise ConfigError(f"--confidence must be in (0, 1), got {confidence:g}")
+    if confidence != 0.5 and disagg != "off":  # its candidates are priced by reports.plan_disagg's own runs
+        raise ConfigError("--confidence applies to aggregated candidates only, not with --disagg on or auto")
     from kvsim.simcore.specs import ENGINE_PRESETS, ENGINE_VERSIONS
 
     if engine_version is not None and engine_version not in ENGINE_VERSIONS:
         raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
+    if disagg not in ("off", "on", "auto"):
+        raise ConfigError(f"--disagg must be off, on or auto, got {disagg!r}")
+    if disagg == "off" and (disagg_ratios is not None or disagg_placement is not None):
+        raise ConfigError("--disagg-ratios / --disagg-placement apply only with --disagg on or auto")
+    if disagg == "on" and out is not None:
+        raise ConfigError("--out is not written with --disagg on yet: use --disagg auto (the disaggregated rows go "
+                          "to plan.json)")
+    if disagg_placement not in (None, "same-node", "cross-node"):
+        raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
+    from kvsim.reports import plan_disagg
+
+    ratios = plan_disagg.parse_ratios(disagg_ratios)
     prices = load_prices(price)
     check_inputs_kept(out, [workload, *model.split(","), *(price or [])], PLAN_FILES)
     check_out_folder(out, PLAN_FILES)  # before any work
@@ -159,6 +176,10 @@ def plan(
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
     from kvsim.cli.output import LiveProgress
 
+    if disagg == "on":  # disaggregated candidates only
+        _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                     confirm_requests, disagg_placement, kv_cache_dtype, quantization, None, out, as_json, started)
+        return
     progress = LiveProgress("planning", None, "candidates searched")
     pool = None
     if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
@@ -174,13 +195,17 @@ def plan(
         progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    wall = time.perf_counter() - started
     from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
 
     result.context["confidence"] = confidence
     result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
         kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
         for kind, m in MEDIAN_ABS_ERROR.items()}
+    if disagg == "auto":
+        _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                     confirm_requests, disagg_placement, kv_cache_dtype, quantization, result, out, as_json, started)
+        return
+    wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
 
 
@@ -194,6 +219,105 @@ def _profiles_at(confidence: float):
         return scaled_profile(prof, profile_error(prof).factor_at_confidence(confidence))
 
     return profile_for
+def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                 confirm_requests, placement, kv_cache_dtype, quantization, agg, out, as_json, started) -> None:
+    """The disaggregated half of a plan (reports.plan_disagg), after the aggregated one (`agg`, or
+    None with --disagg on); prints both and which layout is cheaper at each target."""
+    import dataclasses
+    import itertools
+
+    import pandas as pd
+
+    from kvsim.reports import plan_disagg as pd_plan
+    from kvsim.reports.plan import mean_output_tokens
+    from kvsim.simcore.catalog import get_gpu
+
+    kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
+    quants = [None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, ["none"])]
+    cands = []
+    for kv, q in itertools.product(kvs, quants):
+        cands += pd_plan.candidates(models, [get_gpu(g) for g in gpus], _list("--tp", tp, int, [1, 2, 4, 8]), ratios,
+                                    dataclasses.replace(base, kv_cache_dtype=kv, quantization=q))
+    if len(cands) > MAX_CANDIDATES:
+        raise ConfigError(f"the disaggregated plan has {len(cands):,} candidates; at most {MAX_CANDIDATES:,}: "
+                          "narrow --gpu, --tp or --disagg-ratios")
+    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    take = min(search_requests, int(spec_confirm.num_requests))
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Disaggregated candidates: {len(cands)} (units of P prefill + D decode instances, ratios "
+        f"{', '.join(f'{p}:{d}' for p, d in ratios)}); Python engine")
+    pd_plan.assess(cands, spec_confirm, take, slo, prices, seed)
+    agg_best = {}
+    best = {t: math.inf for t in rates}
+    if agg is not None:
+        for answer in agg.answers:
+            row = answer["best"]
+            agg_best[(answer["model"], answer["target_rate"])] = row
+            if row is not None:
+                best[answer["target_rate"]] = min(best[answer["target_rate"]], row["usd_per_hour"])
+    runs = pd_plan.search(cands, spec_confirm, take, slo, seed, rates, tolerance, placement, best)
+    out_tokens = mean_output_tokens(spec_confirm, seed)
+    rows, answers = [], []
+    for model in models:
+        mine = [c for c in cands if c.model.name == model.name]
+        for target in rates:
+            target_rows, n = pd_plan.rows_for_target(mine, target, spec_confirm, seed, slo, placement, out_tokens)
+            runs += n
+            rows += target_rows
+            top = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
+            line = pd_plan.comparison(agg_best.get((model.name, target)), top) if agg is not None else None
+            answers.append({"model": model.name, "target_rate": target, "best": top, "comparison": line})
+    table = pd.DataFrame(rows)
+    wall = time.perf_counter() - started
+    if agg is not None:
+        agg_table = agg.table.assign(layout="agg")
+        agg.table = agg_table
+    doc_disagg = {"answers": answers, "candidates": _records(table) if len(table) else [], "num_runs": runs,
+                  "ratios": [f"{p}:{d}" for p, d in ratios], "placement": placement or "default"}
+    if agg is not None:
+        _emit(agg, slo, prices, out, as_json, wall, extra={"disagg": doc_disagg})
+    elif as_json:
+        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe()}, indent=2, default=str))
+    if as_json:
+        return
+    for answer in answers:
+        part = [r for r in rows if r["model"] == answer["model"] and r["target_rate"] == answer["target_rate"]]
+        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s, disaggregated")
+        typer.echo(_disagg_table(part))
+    typer.echo("")
+    for answer in answers:
+        b = answer["best"]
+        head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+        if b is None:
+            typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
+        else:
+            typer.echo("Disaggregated: " + head + f"{b['units']} x ({b['prefill']} prefill + {b['decode']} decode) "
+                       f"{b['gpu']} ({b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
+                       f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
+                       f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
+                       f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
+        if answer["comparison"]:
+            typer.echo(f"Layout at {answer['target_rate']:g} req/s: {answer['comparison']}")
+    typer.echo(f"Disaggregated part: {runs} simulations; planned in {wall:.1f} s in all.")
+
+
+def _disagg_table(rows) -> str:
+    head = ["#", "GPUs", "unit", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
+    cells, rank = [], 0
+    for r in rows:
+        ok = r["units"] is not None
+        rank += ok
+        cells.append([
+            str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
+            (f"{r['units']} x " if ok else "") + f"{r['prefill']}P+{r['decode']}D", r["gpu"],
+            _cell(r["usd_per_hour"], ",.2f"), _cell(r["max_rate"], ".1f") if ok else "-",
+            _cell(r["max_rate_per_gpu"], ".3f"), _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            _cell(r.get("usd_per_m_output_tokens"), ".2f"), r["confirmed"] if ok else _clip(str(r["status"]), 110),
+        ])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() for c in cells]
+    return "\n".join(lines)
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
@@ -260,7 +384,8 @@ def _records(frame) -> list[dict[str, Any]]:
              for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
 
 
-def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float) -> None:
+def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float,
+          extra: dict[str, Any] | None = None) -> None:
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
@@ -274,7 +399,7 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": _records(table), "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
-        **result.context,
+        **result.context, **(extra or {}),
     }
     if out is not None:
         _write(out, table, doc, result)

@@ -230,7 +230,7 @@ def sweep(
     out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
-    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install 'kvsim[ray]').")] = ExecutorName.local,
+    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
 ) -> None:
@@ -392,15 +392,14 @@ def _workload_loader(workload: str | None, overrides: dict[str, Any]):
 def _profiles(path: Path | None, num_pairs: int):
     """A loader per (model, GPU, TP, dtypes), each loaded once; --profile is one file for one
     model, GPU and TP."""
-    from kvsim.profiles import check_profile_matches, default_profile
-    from kvsim.simcore.latency import load_profile
+    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
 
     cache: dict[tuple[str, str, int, str, str], Any] = {}
     fixed = None
     if path is not None:
         if num_pairs > 1:
             raise ConfigError("--profile is one file for one model on one GPU; sweep --model and --gpu without --profile")
-        fixed = load_profile(path)
+        fixed = load_named_profile(path)
 
     def profile_for(gpu_spec, tp_: int, model):
         """`model` as the point resolves it (--quantization / --kv-cache-dtype applied)."""

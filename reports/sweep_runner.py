@@ -155,7 +155,7 @@ def _run_ray(points: Sequence[Point], jobs: int | None, address: str | None, don
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install '.[ray]' in kvsim's source folder") from None
     if not ray.is_initialized():
         _probe(address)
         try:
@@ -186,7 +186,7 @@ def check_executor(executor: str, address: str | None) -> None:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+            raise ConfigError("--executor ray needs Ray: pip install '.[ray]' in kvsim's source folder") from None
         _probe(address)
 
 

@@ -93,6 +93,13 @@ class Engine:
             self.num_holds += 1
         return self._drained
 
+    def wake(self) -> None:
+        """Let an idle step loop look again: something outside it changed what it may schedule
+        (disaggregated serving: a KV transfer into or out of this instance ended)."""
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.triggered:
+            wakeup.succeed()
+
     @property
     def load(self) -> int:
         """Requests waiting, running or swapped out (what a least-loaded router compares)."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 KV_REQ_ROW = 17  # engine.h
-KV_STEP_ROW = 25
+KV_STEP_ROW = 26
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
 _ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
@@ -34,7 +34,11 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients")] + [("swap_block_s", ctypes.c_double)]
+
+
+_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
+_NO_HOLD = 1 << 62  # a router has no hold_arrivals (simcore.router): the workload never holds
 
 
 _P = ctypes.POINTER(ctypes.c_double)
@@ -42,7 +46,7 @@ _P = ctypes.POINTER(ctypes.c_double)
 
 class _Outputs(ctypes.Structure):
     _fields_ = [
-        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long),
+        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long), ("itl_rep", ctypes.POINTER(ctypes.c_int)),
         ("req", _P), ("req_cap", ctypes.c_long), ("req_n", ctypes.c_long),
         ("step", _P), ("step_cap", ctypes.c_long), ("step_n", ctypes.c_long),
         ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
@@ -59,18 +63,20 @@ class CoreUnavailable(Exception):
     clean = True
 
 
-def _reset_stores(engine: Any) -> None:
+def _reset_stores(engines: list[Any]) -> None:
     from kvsim.simcore.metrics import StepRecorder
     from kvsim.simcore.records import RequestRecords, Samples
 
-    life, old = engine.lifecycle, engine.lifecycle.records
-    records = RequestRecords(old.cap)
+    old = engines[0].lifecycle.records
+    records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
-    life.records, life.itl = records, Samples()
-    rec = engine.recorder
-    fresh = StepRecorder(engine.latency, rec.cap)
-    fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
-    engine.recorder = fresh
+    for engine in engines:
+        life = engine.lifecycle
+        life.records, life.itl = records, Samples()
+        rec = engine.recorder
+        fresh = StepRecorder(engine.latency, rec.cap)
+        fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
+        engine.recorder = fresh
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -82,9 +88,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_free.restype = None
     lib.kv_engine_free.argtypes = [ctypes.c_void_p]
     lib.kv_engine_feed.restype = ctypes.c_int
-    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, ctypes.c_int]
+    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, _P, ctypes.c_int]
     lib.kv_engine_run.restype = ctypes.c_int
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
+    lib.kv_engine_counts.restype = None
+    lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
     lib._kv_engine_declared = True
 
 
@@ -94,19 +102,32 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
-    if len(sim.replicas) != 1:
-        return "data parallelism (replicas behind a router)"
-    engine = sim.replicas[0]
-    if type(engine) is not Engine or engine.lifecycle.num_arrived or (sim._env is not None and sim._env.now):
+    if getattr(sim, "disagg", None) is not None:
+        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    from kvsim.simcore.router import Router
+
+    engines = sim.replicas
+    if len(engines) > 1 and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
+                                 and sim.sink.engines == engines):
+        return "data parallelism behind a router the C core does not have"
+    engine = engines[0]
+    if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
     if type(sim.latency).__name__ != "StepLatencyModel":
         return "pipeline parallelism"
+    if engine.lifecycle.token_times is not None:
+        return "per-request token times (--save-result)"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
+    if any(type(e.policy) is not type(policy) for e in engines):
+        return "replicas with different policies"
     workload = sim.workload
-    if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
-        return "a closed-loop workload, or one that does not give its requests as arrays"
+    if not hasattr(workload, "iter_arrays"):
+        return "a workload that does not give its requests as arrays"
+    if getattr(workload, "is_closed_loop", True) and getattr(getattr(workload, "arrival", None), "kind", "") != "closed_loop":
+        # (simcore imports no workloads: the loop's kind, concurrency and per-request think_s, by name)
+        return "a closed loop other than a workload file's clients (workloads.arrivals.ClosedLoop)"
     # what a workload file says of every request (a chunk that breaks it anyway stops the run)
     if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         return "parallel sampling or beam search"
@@ -127,21 +148,24 @@ def unsupported(sim: Any) -> str:
 
 
 def run(sim: Any, progress=None) -> Any:
-    """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engine's
-    records, ITL samples, step recorder and extrapolation counter; returns the workload
+    """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engines'
+    records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
 
     lib = ccore.library()
     _declare(lib)
-    engine = sim.replicas[0]
-    policy, life, recorder, latency = engine.policy, engine.lifecycle, engine.recorder, sim.latency
+    engines = sim.replicas
+    engine = engines[0]
+    policy, recorder, latency = engine.policy, engine.recorder, sim.latency
     alloc = policy.allocator
+    dp = len(engines)
+    clients = _clients(sim.workload)
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap), alloc.cpu.num_blocks,
-        engine.swap_block_s,
+        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
+        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients, engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -151,32 +175,47 @@ def run(sim: Any, progress=None) -> Any:
     try:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
-        return _drive(lib, handle, sim, engine, life, recorder, latency, progress)
+        return _drive(lib, handle, sim, engines, latency, progress)
     except CoreUnavailable as exc:
-        exc.clean = life.records.kept and not recorder.streaming  # nothing went out to the caller yet
+        # nothing went out to the caller yet
+        exc.clean = engine.lifecycle.records.kept and not any(e.recorder.streaming for e in engines)
         if exc.clean:  # fresh stores, as prepare made them, so the Python engine can run it from the start
-            _reset_stores(engine)
+            _reset_stores(engines)
         raise
     finally:
         lib.kv_engine_free(handle)
         lib.kv_pricing_free(pricing)
 
 
-def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
+def _clients(workload: Any) -> int:
+    """The closed loop's clients (those that get a request), or 0 for an open loop."""
+    if not getattr(workload, "is_closed_loop", False):
+        return 0
+    return min(int(workload.arrival.concurrency), int(workload.num_requests))
+
+
+def _drive(lib, handle, sim, engines, latency, progress) -> Any:
+    engine = engines[0]
+    dp = len(engines)
     m = engine.policy.max_num_seqs + 2
     itl = np.empty(max(_ITL_CAP, 4 * m))
+    itl_rep = np.zeros(len(itl), dtype=np.intc) if dp > 1 else None
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
-    step = np.empty((max(_ROWS_CAP, 4), KV_STEP_ROW))
+    step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
     out = _Outputs()
     out.itl, out.itl_cap = itl.ctypes.data_as(_P), len(itl)
+    if itl_rep is not None:
+        out.itl_rep = itl_rep.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
     out.req, out.req_cap = req.ctypes.data_as(_P), len(req)
     out.step, out.step_cap = step.ctypes.data_as(_P), len(step)
     out.arr, out.arr_cap = arr.ctypes.data_as(_P), len(arr)
-    records = life.records
+    records = engine.lifecycle.records
+    lives = [e.lifecycle for e in engines]
     pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
     state = {"fed": records.num_arrived}
     chunks = sim.workload.iter_arrays(sim.workload_seed)
+    closed = bool(_clients(sim.workload))
     stats = None
 
     def arrive_upto(count: int) -> None:
@@ -198,7 +237,12 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             pending_arrivals.append(arr[:out.arr_n].copy())
             out.arr_n = 0
         if out.itl_n:
-            life.itl.extend(itl[:out.itl_n])
+            if dp == 1:
+                lives[0].itl.extend(itl[:out.itl_n])
+            else:  # each replica's own store, in emission order (Result pools them replica by replica)
+                tags = itl_rep[:out.itl_n]
+                for index, life in enumerate(lives):
+                    life.itl.extend(itl[:out.itl_n][tags == index])
             out.itl_n = 0
         if out.req_n:
             rows = req[:out.req_n]
@@ -206,7 +250,8 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
                 rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
-            life.itl.settle()
+            for life in lives:
+                life.itl.settle()
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
                 before = out.num_done - out.req_n
                 for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
@@ -214,7 +259,13 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             out.req_n = 0
         if out.step_n:
             rows = step[:out.step_n]
-            recorder.record_rows(rows[:, :21], rows[:, 21:][:, [3, 0, 1, 2]])
+            if dp == 1:
+                engine.recorder.record_rows(rows[:, :21], rows[:, 21:25][:, [3, 0, 1, 2]])
+            else:
+                for index, e in enumerate(engines):
+                    mine = rows[rows[:, 25] == index]
+                    if len(mine):
+                        e.recorder.record_rows(mine[:, :21], mine[:, 21:25][:, [3, 0, 1, 2]])
             out.step_n = 0
 
     while True:
@@ -224,9 +275,9 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
                 chunk = next(chunks)
             except StopIteration as stop:
                 stats = stop.value
-                lib.kv_engine_feed(handle, 0, arr.ctypes.data_as(_P), *([None] * 4), 1)
+                lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, 1)
                 continue
-            _feed(lib, handle, chunk, engine.policy.enable_prefix_caching)
+            _feed(lib, handle, chunk, engine.policy.enable_prefix_caching, closed)
             continue
         flush()
         if rc == _FULL:
@@ -239,28 +290,33 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
         if count:
             latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
     latency.extrapolated.steps += out.extrap[0]
-    life.num_arrived, life.num_done = out.num_arrived, out.num_done
-    engine.num_holds = out.num_holds
+    counts = (ctypes.c_long * (3 * dp))()
+    lib.kv_engine_counts(handle, counts)
+    for index, e in enumerate(engines):
+        e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds = counts[3 * index:3 * index + 3]
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
 
 
-def _feed(lib, handle, chunk, prefix_caching: bool) -> None:
+def _feed(lib, handle, chunk, prefix_caching: bool, closed: bool) -> None:
     """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
     n = len(chunk.num_prompt_tokens)
     if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
         raise CoreUnavailable("parallel sampling or beam search")
     if prefix_caching and (chunk.prefix_id >= 0).any():
         raise CoreUnavailable("requests sharing a prefix with prefix caching on")
-    at = np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
+    at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
+    think = np.ascontiguousarray(chunk.think_s, dtype=np.float64) if closed else None
     ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
     prompt = np.ascontiguousarray(chunk.num_prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(chunk.num_output_tokens, dtype=np.int64)
     max_tokens = np.where(chunk.max_tokens > 0, chunk.max_tokens, chunk.num_output_tokens).astype(np.int64)
     lp = ctypes.POINTER(ctypes.c_long)
-    rc = lib.kv_engine_feed(handle, n, at.ctypes.data_as(_P), *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)), 0)
+    rc = lib.kv_engine_feed(handle, n, None if at is None else at.ctypes.data_as(_P),
+                            *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)),
+                            None if think is None else think.ctypes.data_as(_P), 0)
     if rc:
         raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
 

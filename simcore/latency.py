@@ -262,7 +262,8 @@ class Profile:
     def label(self) -> str:
         d = self.data
         fp8 = [name for key, name in (("weight_dtype", "fp8"), ("kv_cache_dtype", "kv-fp8")) if d.get(key) == "fp8"]
-        return f"{d['gpu']} {' '.join([d['model'], *fp8])} tp{d['tensor_parallel_size']} ({d['source']})"
+        ep = f" ep{d['expert_parallel_size']}" if d.get("expert_parallel_size", 1) != 1 else ""
+        return f"{d['gpu']} {' '.join([d['model'], *fp8])} tp{d['tensor_parallel_size']}{ep} ({d['source']})"
 
 
 def profile_hash(data: dict[str, Any]) -> str:

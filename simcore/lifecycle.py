@@ -70,10 +70,16 @@ class Lifecycle:
         # every gap between consecutive tokens, pooled: `_add_itls(array)` once per step;
         # exact up to a cap, then a histogram (simcore.records)
         self.itl = Samples()
+        # request id -> the times of its tokens, when asked for (`vllm bench serve --save-result`'s
+        # per-request ITLs and its peak output tokens per second); None: not kept (the default)
+        self.token_times: dict[int, list[float]] | None = None
         self.store = SlotStore()  # counters of queued and running requests, by slot
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self._run_slots_mv = memoryview(self._run_slots)  # the same, for scalar writes and shifts
         self.num_done = 0  # finished + rejected
+        # False where the deployment's front end counts client arrivals itself (simcore.disagg: a
+        # decode instance receives requests that arrived at the proxy earlier)
+        self.count_arrivals = True
         self._progress = progress
 
     @property
@@ -99,7 +105,8 @@ class Lifecycle:
         now = request.arrival_s = self.env.now if arrival_s is None else arrival_s
         st = ReqState(request, done, self.max_model_len)
         self.num_arrived += 1
-        self.records.arrive(now)
+        if self.count_arrivals:
+            self.records.arrive(now)
         return st
 
     def enqueue(self, st: ReqState) -> None:
@@ -215,6 +222,8 @@ class Lifecycle:
                 remaining = remaining_mv[slot]
                 generated = store.target_mv[slot] - remaining
                 if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
+                    if self.token_times is not None:
+                        self.token_times.setdefault(st.request_id, []).append(t)
                     if generated:
                         gaps.append(t - last_mv[slot])
                     else:
@@ -248,6 +257,8 @@ class Lifecycle:
         slots = run.slots
         last = store.last_token
         ts = np.asarray(ts)
+        if self.token_times is not None:
+            self._log_tokens(slots, np.broadcast_to(ts, slots.shape))
         gaps = ts - last[slots]
         last[slots] = ts
         store.computed[slots] = run.computed + _ONE
@@ -276,6 +287,9 @@ class Lifecycle:
         num_seqs = len(slots)
         last = store.last_token
         # every request's gap in step 1 is ends_s[0] - its last token; in step k > 1, ends_s[k-1] - ends_s[k-2]
+        if self.token_times is not None:
+            for slot in slots.tolist():
+                self.token_times.setdefault(int(store.rid[slot]), []).extend(ends_s.tolist())
         gaps = np.empty(num_seqs * num_steps)
         np.subtract(ends_s[0], last[slots], out=gaps[:num_seqs])
         if num_steps > 1:
@@ -288,6 +302,12 @@ class Lifecycle:
         remaining -= steps
         store.remaining[slots] = remaining
         last[slots] = ends_s[-1]
+
+    def _log_tokens(self, slots: np.ndarray, times: np.ndarray) -> None:
+        """One token each for the requests in `slots`, at `times` (only with `token_times` on)."""
+        log, rid = self.token_times, self.store.rid
+        for slot, t in zip(slots.tolist(), times.tolist(), strict=True):
+            log.setdefault(int(rid[slot]), []).append(t)
 
     def _add_itls(self, values: np.ndarray) -> None:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""

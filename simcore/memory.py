@@ -119,7 +119,12 @@ def _stages(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> list[_Stage
             weights += model.hidden_size * model.dtype_bytes
             if pp > 1 or not model.tie_word_embeddings:
                 weights += model.embedding_bytes
-        weights //= tp
+        ep = config.expert_parallel_size
+        if ep > tp:  # routed experts over the TP x DP expert-parallel group, the rest over TP
+            experts = int(n * model.routed_expert_bytes_per_layer)
+            weights = (weights - experts) // tp + experts // ep
+        else:
+            weights //= tp
         reserve = activation_reserve_bytes(model, config, last_stage=last)
         stages.append(_Stage(n, weights, reserve, int(usable - weights - reserve),
                              model.kv_bytes_per_token(tp, n)))

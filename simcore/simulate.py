@@ -45,6 +45,9 @@ class Result:
     totals: StepTotals  # exact sums over every step of every replica
     wall_s: float = 0.0  # simulator wall time (not part of the deterministic result)
     warnings: list[str] = field(default_factory=list)
+    # a disaggregated run (simcore.disagg): each recorder's (pool, instance), and the KV transfers
+    step_labels: list[tuple[str, int]] | None = None
+    transfers: Any = None
     _frames: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -74,16 +77,20 @@ class Result:
     def steps(self):
         """One row per step or decode span (`num_steps`), replica by replica."""
         if "steps" not in self._frames:
-            self._frames["steps"] = steps_frame(self.recorders)
+            self._frames["steps"] = steps_frame(self.recorders, self.step_labels)
         return self._frames["steps"]
 
 
-def steps_frame(recorders: list[StepRecorder]):
-    """The step tables of the replicas, one after the other, with `replica` first when > 1."""
+def steps_frame(recorders: list[StepRecorder], labels: list[tuple[str, int]] | None = None):
+    """The step tables of the replicas, one after the other, with `replica` first when > 1
+    (with `labels`, a disaggregated run's: `pool` and `instance` first instead)."""
     frames = []
     for index, recorder in enumerate(recorders):
         steps = recorder.frame()
-        if len(recorders) > 1:
+        if labels is not None:
+            steps.insert(0, "instance", labels[index][1])
+            steps.insert(0, "pool", labels[index][0])
+        elif len(recorders) > 1:
             steps.insert(0, "replica", index)
         frames.append(steps)
     if len(frames) == 1:

@@ -85,6 +85,17 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0  # total width of always-on shared experts
     quantization: str | None = None  # weight format: None (dtype_bytes) or "fp8" (vLLM's names)
     kv_cache_dtype: str = "auto"  # KV cache: "auto" (dtype_bytes) or an fp8 variant (1 byte)
+    # Multi-head latent attention (DeepSeek-V2/V3; `kv_lora_rank > 0`): the cache holds one
+    # compressed latent of kv_lora_rank plus one rope key of qk_rope_head_dim per token per layer,
+    # shared by all heads (so not split by TP); queries go through a q_lora_rank bottleneck
+    # (0: a plain projection), heads use qk_nope_head_dim + qk_rope_head_dim for scores and
+    # v_head_dim for values. Field names are DeepSeek's config.json's.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    first_k_dense_replace: int = 0  # MoE models: the first k layers have a dense MLP (DeepSeek)
 
     def __post_init__(self) -> None:
         _positive(
@@ -104,6 +115,13 @@ class ModelSpec:
                     f"model {self.name}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                     f"num_experts ({self.num_experts})"
                 )
+        if self.kv_lora_rank:
+            _positive(self, "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        if self.first_k_dense_replace and not (self.num_experts and self.first_k_dense_replace < self.num_layers):
+            raise ConfigError(
+                f"model {self.name}: first_k_dense_replace ({self.first_k_dense_replace}) needs an MoE model with "
+                f"more layers than that ({self.num_layers})"
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"model {self.name}: quantization {self.quantization!r} is not supported; "
@@ -149,22 +167,61 @@ class ModelSpec:
         return 3 * self.hidden_size * self.moe_intermediate_size
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def mla_latent_dim(self) -> int:
+        """What an MLA cache holds per token per layer: the latent and the rope key (vLLM's MLA
+        backends: head size kv_lora_rank + qk_rope_head_dim, one KV head)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Attention projections. MLA (DeepSeek-V3's modelling code): q_a (h x q_lora_rank) and
+        q_b (q_lora_rank x heads*(nope+rope)), or one q_proj without a q bottleneck; kv_a
+        (h x kv_lora_rank+rope), kv_b (kv_lora_rank x heads*(nope+v)), o (heads*v x h)."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        heads, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (h * self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
+        kv = h * self.mla_latent_dim + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * h
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_replace if self.is_moe else 0
+
+    @property
+    def routed_expert_bytes_per_layer(self) -> float:
+        """One MoE layer's routed experts (what expert parallelism shards), averaged over all
+        layers as layer_weight_bytes is."""
+        return self.num_moe_layers * self.num_experts * self.expert_params * self.weight_dtype_bytes / self.num_layers
+
+    @property
+    def dense_mlp_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+
+    @property
+    def moe_mlp_params(self) -> int:
+        return self.num_experts * self.expert_params + 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
     def linear_params_per_layer(self) -> int:
         """The weights `--quantization fp8` stores in FP8 (vLLM's Fp8LinearMethod and
         Fp8MoEMethod): attention projections, MLP or experts. Norms, the MoE router, the
-        embedding and the LM head stay in the model dtype."""
-        h = self.hidden_size
-        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
-        if self.is_moe:
-            mlp = self.num_experts * self.expert_params + 3 * h * self.shared_expert_intermediate_size
-        else:
-            mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        return attn + mlp
+        embedding and the LM head stay in the model dtype. A model whose first layers are dense
+        (first_k_dense_replace) gets the mean over its layers (memory is priced per layer)."""
+        mlp = (self.num_moe_layers * self.moe_mlp_params
+               + (self.num_layers - self.num_moe_layers) * self.dense_mlp_params) // self.num_layers
+        return self.attention_params_per_layer + mlp
 
     @property
     def other_params_per_layer(self) -> int:
-        """Two norms, plus the router for an MoE layer."""
-        return 2 * self.hidden_size + self.hidden_size * self.num_experts
+        """Two norms (MLA: plus its q_a and kv_a norms), plus the router of an MoE layer."""
+        norms = 2 * self.hidden_size + (self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0)
+        return norms + self.hidden_size * self.num_experts * self.num_moe_layers // max(1, self.num_layers)
 
     @property
     def params_per_layer(self) -> int:
@@ -185,7 +242,7 @@ class ModelSpec:
         if not self.is_moe:
             return self.num_params
         idle = (self.num_experts - self.num_experts_per_tok) * self.expert_params
-        return self.num_params - self.num_layers * idle
+        return self.num_params - self.num_moe_layers * idle
 
     @property
     def layer_weight_bytes(self) -> int:
@@ -206,8 +263,10 @@ class ModelSpec:
         """K and V of every layer (or of `num_layers`, one pipeline stage's) for one token, on
         one GPU (KV heads are split by TP, and replicated when TP exceeds the number of KV
         heads, as vLLM does), in the KV cache dtype."""
-        kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
         layers = self.num_layers if num_layers is None else num_layers
+        if self.is_mla:  # one latent per token, every TP rank holds all of it (vLLM: 1 KV head)
+            return layers * self.mla_latent_dim * self.kv_dtype_bytes
+        kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
         return 2 * layers * kv_heads_per_gpu * self.head_dim * self.kv_dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,7 +281,8 @@ class ModelSpec:
 
 _OPTIONAL_FIELDS = (
     "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "quantization", "kv_cache_dtype",
+    "shared_expert_intermediate_size", "quantization", "kv_cache_dtype", "kv_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "first_k_dense_replace",
 )
 _DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 _DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
@@ -278,6 +338,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1  # pipeline stages, each `tensor_parallel_size` GPUs
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | fp8 | fp8_e4m3 | fp8_e5m2
     quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
+    enable_expert_parallel: bool = False  # MoE: experts sharded over all tp x dp GPUs (vLLM's flag)
     engine_version: str = DEFAULT_ENGINE_VERSION  # the vLLM version a continuous step's host cost models
 
     def __post_init__(self) -> None:
@@ -328,6 +389,12 @@ class EngineConfig:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """GPUs one MoE layer's routed experts are spread over: TP x DP with --enable-expert-parallel
+        (vLLM: the EP group spans the data-parallel ranks' tensor-parallel groups), else 1."""
+        return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
 
     @property
     def num_gpus(self) -> int:

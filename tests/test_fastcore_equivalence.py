@@ -184,15 +184,21 @@ def test_auto_and_refusals():
         simulate(TINY, H100, config, workload, _profile(), engine_core="fortran")
 
 
-def test_arrivals_at_step_ends():
+@pytest.mark.parametrize("dp", [1, 2])
+def test_arrivals_at_step_ends(dp):
     """An arrival planned at the very instant a step ends: SimPy takes the two events in the order
     they were created (the arrival's timeout, made at the previous arrival, against the step's,
-    made at its start), and so must the core. Arrivals are moved onto step ends of the reference
-    run one at a time (the run up to there stays the same)."""
+    made at its start), and so must the core (with two replicas, the least-loaded router then
+    sees the step's finished requests gone, or not). Arrivals are moved onto step ends of the
+    reference run one at a time (the run up to there stays the same)."""
+    import dataclasses
+
     ties = 0
     for case in range(24):
         rng = np.random.default_rng(1000 + case)
         config, workload = _random_case(rng)
+        if dp > 1:
+            config = dataclasses.replace(config, data_parallel_size=dp, router="least-loaded")
         c = workload.chunk
         for _ in range(3):
             exact = simulate(TINY, H100, config, workload, _profile(), seed=case, exact_steps=True)
@@ -300,7 +306,7 @@ def test_cli_engine_core():
 
     args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
     for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
-                          (["--dp", "2"], "data parallelism")):
+                          (["--pp", "2"], "pipeline parallelism")):
         result = CliRunner().invoke(app, [*args, *extra, "--engine-core", "c"])
         assert result.exit_code == 2 and result.stdout == "", result.output
         assert result.stderr.startswith("kvsim: error: --engine-core c") and reason in result.stderr
@@ -338,3 +344,73 @@ def test_rescaled_workloads_of_the_rate_search(monkeypatch):
             assert_same_value(core[key], python[key], key, f"rate {rate}")
     sim = prepare(TINY, H100, config, scaler.at(50.0), _profile(), seed=2)
     assert sim.choose_core() == ("c", "")
+
+
+@pytest.mark.parametrize("dp,router", [(2, "round-robin"), (2, "least-loaded"), (4, "round-robin"),
+                                       (4, "least-loaded")])
+def test_replicas_behind_a_router_match(dp, router, monkeypatch):
+    """--dp N behind either router (simcore.router): one event heap over the replicas' step loops
+    and the arrivals, ties in SimPy's order, so every request lands on the same replica with the
+    same timeline, each replica's ITLs and step rows are the reference's, and no replica holds
+    arrivals back (a router has no hold, even past the threshold)."""
+    import dataclasses
+
+    import kvsim.simcore.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "HOLD_WAITING", 12)
+    used = set()
+    for case in range(16):
+        rng = np.random.default_rng(3000 + case)
+        config, workload = _random_case(rng)
+        if case % 4 == 3:  # a burst past the hold threshold
+            num = 120
+            mml = config.max_model_len
+            workload = ArraysWorkload(_bursty_arrivals(rng, num, mean_gap_s=0.0002, zero_share=0.2),
+                                      rng.integers(1, mml // 2, size=num), rng.integers(1, mml // 2, size=num))
+        config = dataclasses.replace(config, data_parallel_size=dp, router=router)
+        core, exact = _compare(config, workload, seed=case, context=f"dp {dp} {router} case {case}")
+        assert core.summary["num_replicas"] == dp and "waiting" not in core.record["resolution"]
+        if core.records.kept and len(core.requests):
+            used.update(core.requests["replica"].unique().tolist())
+    assert used == set(range(dp)), "the cases should reach every replica"
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_closed_loop_clients_match(dp):
+    """A workload file's closed loop (workloads.arrivals.closed_loop_process): N clients share one
+    stream of requests, each submits, waits for its request to leave (finished or refused), thinks
+    (fixed or exponential, or not at all) and takes the next. The core's clients start in order
+    before anything at time 0 and take requests in the reference's order, so every timeline is
+    the reference's; with two replicas the router spreads them."""
+    import dataclasses
+
+    from kvsim.workloads.arrivals import ClosedLoop
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import WorkloadSpec
+
+    rejected = thought = 0
+    for case in range(8):
+        rng = np.random.default_rng(4000 + case)
+        config, _ = _random_case(rng)
+        mml = config.max_model_len
+        think = float(rng.choice([0.0, 0.001, 0.01]))
+        loop = ClosedLoop(concurrency=int(rng.integers(1, 12)), think_time_s=think,
+                          think_time_dist=str(rng.choice(["fixed", "exponential"])))
+        spec = WorkloadSpec(name="clients", num_requests=int(rng.integers(1, 40)), arrival=loop,
+                            prompt_len=Uniform(1, mml + 4), output_len=Uniform(1, mml))
+        config = dataclasses.replace(config, data_parallel_size=dp, router=str(rng.choice(["round-robin", "least-loaded"])))
+        core, _ = _compare(config, spec, seed=case, context=f"closed loop dp {dp} case {case}")
+        rejected += core.summary["rejected"]
+        thought += think > 0
+    assert rejected and thought, "the cases should refuse requests (their clients go on) and think"
+
+
+def test_seed_table_runs_in_the_core():
+    """The seed table's 64 clients (workloads/seed-table.yaml, a shorter run): the core's run is the
+    reference's."""
+    from kvsim.workloads import load_workload
+
+    config = EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048, enable_chunked_prefill=False)
+    workload = load_workload("seed-table", {"num_requests": 200}, max_model_len=config.resolved_max_model_len(TINY))
+    core, _ = _compare(config, workload, seed=5, context="seed-table")
+    assert core.summary["completed"] == 200

@@ -455,12 +455,14 @@ def _check_override(key: str, value: Any) -> None:
 
 
 def load_workload(
-    name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None
+    name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None,
+    base: WorkloadSpec | None = None,
 ) -> WorkloadSpec:
-    """The workload `kvsim run --workload` means: a catalog name or a file, CLI overrides, then clipping."""
+    """The workload `kvsim run --workload` means: a catalog name or a file (or `base`, one built in
+    code such as a `--dataset-name`), CLI overrides, then clipping."""
     if name_or_path is not None and not name_or_path.strip():  # not silently the default workload
         raise WorkloadError("--workload is empty; give a named workload (see `kvsim workloads`) or a file")
-    spec = load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
+    spec = base if base is not None else load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
     spec = apply_overrides(spec, overrides)
     if max_model_len is not None:
         for key, room in (("input_len", "one output token"), ("output_len", "a one-token prompt")):

@@ -16,6 +16,7 @@
 typedef struct {
     long id, prompt, target, max_tokens;
     long computed, generated, ntok, nblk, preemptions;
+    long client;  /* closed loop: the client waiting for it; -1: nobody waits */
     double arrival, first_sched, first_token, last_token;
 } kv_req;
 
@@ -23,12 +24,21 @@ enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
 /* where the workload's process stands (workloads/arrivals.py open_loop_process): at the top of
    its loop, about to send (past the timeout, before the hold check), or held (sends late) */
 enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
+/* events in the heap: a replica's wakeup or step end (arg: the replica), the open loop's next
+   timeout, the held workload's drained event, a closed-loop client's request done or its think
+   time over (arg: the client) */
+enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4 };
 
-struct kv_engine {
+typedef struct { double t; unsigned long seq; int kind; long arg; } kv_event;
+
+typedef struct kv_rep kv_rep;
+
+/* One replica (one simcore.engine.Engine and its Lifecycle and policy) */
+struct kv_rep {
+    kv_engine *S;
     kv_engine_config c;
     const kv_pricing *pricing;
-    double now;
-    unsigned long seq;
+    long index;
     /* requests in the system, by slot */
     kv_req *reqs; long cap_reqs; long *free_slots; long num_free_slots;
     /* waiting: a ring of slots; running: slots in admission order */
@@ -37,8 +47,8 @@ struct kv_engine {
     long *run; long run_len, run_cap;
     /* KV */
     long free_blocks, gpu_tokens, cpu_free;
-    /* engine state */
-    int eng; double eng_t; unsigned long eng_seq;
+    /* engine state: idle, or its one event (wakeup or step end) is in the heap */
+    int eng;
     /* the plan of the step in flight */
     long *part_slot, *part_new; long num_parts;
     long *chunk_tokens, *chunk_ctx; long num_chunks;
@@ -48,27 +58,80 @@ struct kv_engine {
     long num_tokens, num_decode_seqs, decode_ctx, num_sampled;
     double step_start, step_dt, parts_ms[4];
     long *finished;
-    /* arrivals */
-    double *in_at; long *in_id, *in_prompt, *in_output, *in_max; long in_n, in_pos; int in_last;
-    int arr_pending; double arr_t; unsigned long arr_seq; double previous;
-    int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
-    int arr_stage, late;
-    /* Engine.hold_arrivals: `held` while the workload waits for the queue to drain; the drained
-       event, once triggered, at (drain_t, drain_seq) */
-    int held, drain_pending; double drain_t; unsigned long drain_seq;
-    int started;
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
+    long num_arrived, num_done, num_holds;
+};
+
+struct kv_engine {
+    kv_engine_config c;
+    const kv_pricing *pricing;
+    double now;
+    unsigned long seq;
+    kv_rep *reps; long nrep; long rr_next;
+    kv_event *heap; long heap_n, heap_cap;
+    /* arrivals */
+    double *in_at, *in_think; long *in_id, *in_prompt, *in_output, *in_max; long in_n, in_pos; int in_last;
+    double previous;
+    int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
+    int arr_stage, late;
+    /* Engine.hold_arrivals (one replica): `held` while the workload waits for the queue to drain */
+    int held;
+    /* closed loop: clients still to start (time 0), the client that takes the next request now,
+       each client's think time after its request in flight */
+    long clients_to_start, next_client, taking; double *client_think;
+    int started;
     kv_outputs *out;
 };
 
-static long blocks_for(const kv_engine *e, long n) { return (n + e->c.block_size - 1) / e->c.block_size; }
+/* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
+static int ev_before(const kv_event *a, const kv_event *b) {
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
 
-kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing) {
-    kv_engine *e = calloc(1, sizeof *e);
-    if (!e) return NULL;
-    e->c = *cfg;
-    e->pricing = pricing;
+static int ev_push(kv_engine *S, double t, int kind, long arg) {
+    if (S->heap_n == S->heap_cap) {
+        long nc = S->heap_cap ? 2 * S->heap_cap : 16;
+        kv_event *h = realloc(S->heap, sizeof(kv_event) * nc);
+        if (!h) return KV_NOMEM;
+        S->heap = h; S->heap_cap = nc;
+    }
+    kv_event ev = { t, S->seq++, kind, arg };
+    long i = S->heap_n++;
+    while (i > 0) {
+        long p = (i - 1) / 2;
+        if (!ev_before(&ev, &S->heap[p])) break;
+        S->heap[i] = S->heap[p]; i = p;
+    }
+    S->heap[i] = ev;
+    return 0;
+}
+
+static kv_event ev_pop(kv_engine *S) {
+    kv_event top = S->heap[0], last = S->heap[--S->heap_n];
+    long n = S->heap_n, i = 0;
+    for (;;) {
+        long l = 2 * i + 1, m = i;
+        if (l >= n) break;
+        m = (l + 1 < n && ev_before(&S->heap[l + 1], &S->heap[l])) ? l + 1 : l;
+        if (!ev_before(&S->heap[m], &last)) break;
+        S->heap[i] = S->heap[m]; i = m;
+    }
+    if (n) S->heap[i] = last;
+    return top;
+}
+
+static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 1) / e->c.block_size; }
+
+static void rep_free(kv_rep *e) {
+    free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
+    free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
+    free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
+}
+
+static int rep_init(kv_rep *e, kv_engine *S, long index) {
+    const kv_engine_config *cfg = &S->c;
+    e->S = S; e->c = *cfg; e->pricing = S->pricing; e->index = index;
     e->free_blocks = cfg->num_gpu_blocks;
     e->cpu_free = cfg->num_cpu_blocks;
     long m = cfg->max_num_seqs + 2;
@@ -78,42 +141,72 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
     e->finished = malloc(sizeof(long) * m);
     e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
-    if (!e->part_slot || !e->part_new || !e->chunk_tokens || !e->chunk_ctx || !e->preempted || !e->admitted
-        || !e->finished || !e->run || !e->swapped_in || !e->by_swap) { kv_engine_free(e); return NULL; }
     e->eng = ENG_IDLE;
-    e->arr_resume = 1;
-    return e;
+    return e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
+           && e->finished && e->run && e->swapped_in && e->by_swap;
 }
 
-void kv_engine_free(kv_engine *e) {
-    if (!e) return;
-    free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
-    free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
-    free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
-    free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
-    free(e);
+kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing) {
+    if (cfg->num_replicas < 0 || cfg->clients < 0) return NULL;
+    kv_engine *S = calloc(1, sizeof *S);
+    if (!S) return NULL;
+    S->c = *cfg;
+    S->pricing = pricing;
+    S->nrep = cfg->num_replicas ? cfg->num_replicas : 1;
+    S->reps = calloc((size_t)S->nrep, sizeof(kv_rep));
+    if (cfg->clients) S->client_think = calloc((size_t)cfg->clients, sizeof(double));
+    if (!S->reps || (cfg->clients && !S->client_think)) { kv_engine_free(S); return NULL; }
+    for (long i = 0; i < S->nrep; i++)
+        if (!rep_init(&S->reps[i], S, i)) { kv_engine_free(S); return NULL; }
+    S->arr_resume = 1;
+    S->taking = -1;
+    return S;
 }
 
-int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
-                   const long *output, const long *max_tokens, int last) {
-    free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
-    e->in_n = e->in_pos = 0;  /* nothing to read until the copy below is whole */
-    if (n < 0) n = 0;
-    e->in_at = malloc(sizeof(double) * (n ? n : 1)); e->in_id = malloc(sizeof(long) * (n ? n : 1));
-    e->in_prompt = malloc(sizeof(long) * (n ? n : 1)); e->in_output = malloc(sizeof(long) * (n ? n : 1));
-    e->in_max = malloc(sizeof(long) * (n ? n : 1));
-    if (!e->in_at || !e->in_id || !e->in_prompt || !e->in_output || !e->in_max) return KV_NOMEM;
-    if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
-        memcpy(e->in_at, at, sizeof(double) * n); memcpy(e->in_id, ids, sizeof(long) * n);
-        memcpy(e->in_prompt, prompt, sizeof(long) * n); memcpy(e->in_output, output, sizeof(long) * n);
-        memcpy(e->in_max, max_tokens, sizeof(long) * n);
+static void free_input(kv_engine *S) {
+    free(S->in_at); free(S->in_think); free(S->in_id); free(S->in_prompt); free(S->in_output); free(S->in_max);
+    S->in_at = S->in_think = NULL; S->in_id = S->in_prompt = S->in_output = S->in_max = NULL;
+}
+
+void kv_engine_free(kv_engine *S) {
+    if (!S) return;
+    if (S->reps)
+        for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
+    free(S->reps); free(S->heap); free(S->client_think);
+    free_input(S);
+    free(S);
+}
+
+void kv_engine_counts(const kv_engine *S, long *out) {
+    for (long i = 0; i < S->nrep; i++) {
+        out[3 * i] = S->reps[i].num_arrived; out[3 * i + 1] = S->reps[i].num_done;
+        out[3 * i + 2] = S->reps[i].num_holds;
     }
-    e->in_n = n; e->in_pos = 0; e->in_last = last;
+}
+
+int kv_engine_feed(kv_engine *S, long n, const double *at, const long *ids, const long *prompt,
+                   const long *output, const long *max_tokens, const double *think, int last) {
+    free_input(S);
+    S->in_n = S->in_pos = 0;  /* nothing to read until the copy below is whole */
+    if (n < 0) n = 0;
+    size_t k = (size_t)(n ? n : 1);
+    S->in_at = malloc(sizeof(double) * k); S->in_think = malloc(sizeof(double) * k);
+    S->in_id = malloc(sizeof(long) * k); S->in_prompt = malloc(sizeof(long) * k);
+    S->in_output = malloc(sizeof(long) * k); S->in_max = malloc(sizeof(long) * k);
+    if (!S->in_at || !S->in_think || !S->in_id || !S->in_prompt || !S->in_output || !S->in_max) return KV_NOMEM;
+    if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
+        if (at) memcpy(S->in_at, at, sizeof(double) * n); else memset(S->in_at, 0, sizeof(double) * n);
+        if (think) memcpy(S->in_think, think, sizeof(double) * n); else memset(S->in_think, 0, sizeof(double) * n);
+        memcpy(S->in_id, ids, sizeof(long) * n);
+        memcpy(S->in_prompt, prompt, sizeof(long) * n); memcpy(S->in_output, output, sizeof(long) * n);
+        memcpy(S->in_max, max_tokens, sizeof(long) * n);
+    }
+    S->in_n = n; S->in_pos = 0; S->in_last = last;
     return 0;
 }
 
 /* -- queues ------------------------------------------------------------------------------- */
-static int wq_reserve(kv_engine *e) {
+static int wq_reserve(kv_rep *e) {
     if (e->wq_len < e->wq_cap) return 1;
     long nc = e->wq_cap ? 2 * e->wq_cap : 256;
     long *q = malloc(sizeof(long) * nc);
@@ -122,16 +215,16 @@ static int wq_reserve(kv_engine *e) {
     free(e->wq); e->wq = q; e->wq_cap = nc; e->wq_head = 0;
     return 1;
 }
-static long wq_at(const kv_engine *e, long i) { return e->wq[(e->wq_head + i) % e->wq_cap]; }
-static void wq_push_back(kv_engine *e, long s) { e->wq[(e->wq_head + e->wq_len++) % e->wq_cap] = s; }
-static void wq_push_front(kv_engine *e, long s) {
+static long wq_at(const kv_rep *e, long i) { return e->wq[(e->wq_head + i) % e->wq_cap]; }
+static void wq_push_back(kv_rep *e, long s) { e->wq[(e->wq_head + e->wq_len++) % e->wq_cap] = s; }
+static void wq_push_front(kv_rep *e, long s) {
     e->wq_head = (e->wq_head + e->wq_cap - 1) % e->wq_cap; e->wq[e->wq_head] = s; e->wq_len++;
 }
-static long wq_pop_front(kv_engine *e) {
+static long wq_pop_front(kv_rep *e) {
     long s = e->wq[e->wq_head]; e->wq_head = (e->wq_head + 1) % e->wq_cap; e->wq_len--; return s;
 }
 
-static int sq_push_back(kv_engine *e, long s) {
+static int sq_push_back(kv_rep *e, long s) {
     if (e->sq_len == e->sq_cap) {
         long nc = e->sq_cap ? 2 * e->sq_cap : 64;
         long *q = malloc(sizeof(long) * nc);
@@ -142,9 +235,9 @@ static int sq_push_back(kv_engine *e, long s) {
     e->sq[(e->sq_head + e->sq_len++) % e->sq_cap] = s;
     return 1;
 }
-static long sq_at(const kv_engine *e, long i) { return e->sq[(e->sq_head + i) % e->sq_cap]; }
+static long sq_at(const kv_rep *e, long i) { return e->sq[(e->sq_head + i) % e->sq_cap]; }
 
-static long new_slot(kv_engine *e) {
+static long new_slot(kv_rep *e) {
     if (!e->num_free_slots) {
         long old = e->cap_reqs, nc = old ? 2 * old : 256;
         kv_req *r = realloc(e->reqs, sizeof(kv_req) * nc);
@@ -157,89 +250,135 @@ static long new_slot(kv_engine *e) {
 }
 
 /* -- outputs ------------------------------------------------------------------------------ */
-static void put_req(kv_engine *e, const kv_req *r, int rejected, long kind, long output) {
-    double *row = e->out->req + KV_REQ_ROW * e->out->req_n++;
-    row[0] = (double)r->id; row[1] = 0; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
+/* A request leaves (Lifecycle._leave): its row, and the done event its closed-loop client waits on */
+static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long output) {
+    kv_engine *S = e->S;
+    kv_outputs *o = S->out;
+    double *row = o->req + KV_REQ_ROW * o->req_n++;
+    row[0] = (double)r->id; row[1] = (double)e->index; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
     row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
-    row[7] = rejected ? -1.0 : e->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
+    row[7] = rejected ? -1.0 : S->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
     row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
-    row[14] = (double)kind; row[15] = (double)output; row[16] = (double)e->out->num_arrived;
-    e->out->num_done++;
+    row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
+    o->num_done++;
+    e->num_done++;
+    if (r->client >= 0) return ev_push(S, S->now, EV_DONE, r->client);
+    return 0;
 }
 
-/* -- arrival (Engine._accept) --------------------------------------------------------------- */
-static int send(kv_engine *e, long i, double stamp) {
+/* -- arrival (Router._pick, Engine._accept) ------------------------------------------------ */
+static kv_rep *pick(kv_engine *S) {
+    if (S->nrep == 1) return S->reps;
+    if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
+        kv_rep *e = &S->reps[S->rr_next];
+        S->rr_next = (S->rr_next + 1) % S->nrep;
+        return e;
+    }
+    kv_rep *best = S->reps;  /* the fewest waiting, running or swapped; ties: the lowest index */
+    long least = best->wq_len + best->run_len + best->sq_len;
+    for (long i = 1; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        long load = e->wq_len + e->run_len + e->sq_len;
+        if (load < least) { least = load; best = e; }
+    }
+    return best;
+}
+
+static int send(kv_engine *S, long i, double stamp, long client) {
+    kv_rep *e = pick(S);
     kv_req r;
     memset(&r, 0, sizeof r);
-    r.id = e->in_id[i]; r.prompt = e->in_prompt[i]; r.max_tokens = e->in_max[i];
-    long room = e->c.max_model_len - r.prompt, out = e->in_output[i];
+    r.id = S->in_id[i]; r.prompt = S->in_prompt[i]; r.max_tokens = S->in_max[i]; r.client = client;
+    long room = e->c.max_model_len - r.prompt, out = S->in_output[i];
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
     r.arrival = stamp; r.first_sched = r.first_token = r.last_token = -1.0;
-    e->out->arr[e->out->arr_n++] = stamp;
-    e->out->num_arrived++;
+    S->out->arr[S->out->arr_n++] = stamp;
+    S->out->num_arrived++;
+    e->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
-    if (kind) { put_req(e, &r, 1, kind, out); return 0; }
+    if (kind) return put_req(e, &r, 1, kind, out);
     long s = new_slot(e);
     if (s < 0 || !wq_reserve(e)) return KV_NOMEM;
     e->reqs[s] = r;
     wq_push_back(e, s);
-    if (e->eng == ENG_IDLE) { e->eng = ENG_WAKE; e->eng_t = e->now; e->eng_seq = e->seq++; }
+    if (e->eng == ENG_IDLE) {  /* its wakeup succeeds */
+        e->eng = ENG_WAKE;
+        return ev_push(S, S->now, EV_ENGINE, e->index);
+    }
     return 0;
 }
 
-/* The arrival process, from where it stands: send the requests planned at the same time, then
-   wait (one timeout) for the next planned time; while the queue is past the hold threshold, wait
-   for it to drain, then send what was held with its planned time. Returns 0 (it waits),
-   KV_NEED_INPUT or KV_FULL (resumed where it stopped), or an error. */
-static int arrivals_continue(kv_engine *e) {
-    kv_outputs *o = e->out;
+/* The open-loop arrival process, from where it stands: send the requests planned at the same
+   time, then wait (one timeout) for the next planned time; while the queue is past the hold
+   threshold, wait for it to drain, then send what was held with its planned time. Returns 0 (it
+   waits), KV_NEED_INPUT or KV_FULL (resumed where it stopped), or an error. */
+static int arrivals_continue(kv_engine *S) {
+    kv_outputs *o = S->out;
     for (;;) {
-        if (e->arr_stage == ARR_LOOK) {
-            if (e->in_pos >= e->in_n) {
-                if (e->in_last) { e->arr_pending = 0; e->arr_resume = 0; return 0; }
+        if (S->arr_stage == ARR_LOOK) {
+            if (S->in_pos >= S->in_n) {
+                if (S->in_last) { S->arr_resume = 0; return 0; }
                 return KV_NEED_INPUT;
             }
-            double at = 0.0 + e->in_at[e->in_pos];
-            if (at > e->previous) {
-                if (!(e->late && at <= e->now)) {
-                    e->late = 0;
-                    double delay = at - e->now;
+            double at = 0.0 + S->in_at[S->in_pos];
+            if (at > S->previous) {
+                if (!(S->late && at <= S->now)) {
+                    S->late = 0;
+                    double delay = at - S->now;
                     if (delay < 0.0) delay = 0.0;
-                    e->arr_pending = 1; e->arr_t = e->now + delay; e->arr_seq = e->seq++;
-                    e->previous = at; e->arr_stage = ARR_SEND; e->arr_resume = 0;
-                    return 0;
+                    S->previous = at; S->arr_stage = ARR_SEND; S->arr_resume = 0;
+                    return ev_push(S, S->now + delay, EV_ARRIVAL, 0);
                 }
-                e->previous = at;
+                S->previous = at;
             }
-            e->arr_stage = ARR_SEND;
+            S->arr_stage = ARR_SEND;
         }
-        if (e->arr_stage == ARR_SEND && e->wq_len >= e->c.hold_at) {
-            e->held = 1; o->num_holds++;
-            e->arr_stage = ARR_SEND_LATE; e->arr_resume = 0;
+        /* Engine.hold_arrivals: one replica only (a router has none) */
+        if (S->arr_stage == ARR_SEND && S->nrep == 1 && S->reps[0].wq_len >= S->c.hold_at) {
+            S->held = 1; S->reps[0].num_holds++; o->num_holds++;
+            S->arr_stage = ARR_SEND_LATE; S->arr_resume = 0;
             return 0;
         }
         if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
-        int rc = send(e, e->in_pos, e->late ? 0.0 + e->in_at[e->in_pos] : e->now);
+        int rc = send(S, S->in_pos, S->late ? 0.0 + S->in_at[S->in_pos] : S->now, -1);
         if (rc) return rc;
-        e->in_pos++;
-        e->arr_stage = ARR_LOOK;
+        S->in_pos++;
+        S->arr_stage = ARR_LOOK;
     }
 }
 
+/* A closed-loop client (workloads/arrivals.py closed_loop_process) takes the next request of the
+   shared stream and submits it now; with none left it ends. Returns 0, KV_NEED_INPUT or KV_FULL
+   (`taking` stays set: resumed there) or an error. */
+static int client_take(kv_engine *S) {
+    kv_outputs *o = S->out;
+    long k = S->taking;
+    if (S->in_pos >= S->in_n) {
+        if (!S->in_last) return KV_NEED_INPUT;
+        S->taking = -1;
+        return 0;
+    }
+    if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
+    long i = S->in_pos++;
+    S->client_think[k] = S->in_think[i];
+    S->taking = -1;
+    return send(S, i, S->now, k);
+}
+
 /* -- scheduling ----------------------------------------------------------------------------- */
-static void plan_reset(kv_engine *e) {
+static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
-static void plan_add(kv_engine *e, long s, long num_new, long computed) {
+static void plan_add(kv_rep *e, long s, long num_new, long computed) {
     const kv_req *r = &e->reqs[s];
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
@@ -251,12 +390,12 @@ static void plan_add(kv_engine *e, long s, long num_new, long computed) {
     }
 }
 
-static void release(kv_engine *e, kv_req *r) {
+static void release(kv_rep *e, kv_req *r) {
     e->free_blocks += r->nblk; e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
 }
 
 /* append_slots: all or nothing */
-static int grow_seq(kv_engine *e, kv_req *r, long num_new) {
+static int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     long need = blocks_for(e, r->ntok + num_new) - r->nblk;
     if (need > e->free_blocks) return 0;
     e->free_blocks -= need; r->nblk += need; r->ntok += num_new; e->gpu_tokens += num_new;
@@ -264,7 +403,7 @@ static int grow_seq(kv_engine *e, kv_req *r, long num_new) {
 }
 
 /* _schedule_running over a copy of `running` (its length `*n` shrinks as the tail is preempted) */
-static long schedule_running(kv_engine *e, long *n, long budget) {
+static long schedule_running(kv_rep *e, long *n, long budget) {
     long i = 0;
     while (i < *n && budget > 0) {
         long s = e->run[i];
@@ -295,7 +434,7 @@ static long schedule_running(kv_engine *e, long *n, long budget) {
     return budget;
 }
 
-static long admit_one(kv_engine *e, long s, long num_new) {
+static long admit_one(kv_rep *e, long s, long num_new) {
     kv_req *r = &e->reqs[s];
     long need = blocks_for(e, num_new);
     e->free_blocks -= need; r->nblk = need; r->ntok = num_new; e->gpu_tokens += num_new;
@@ -306,7 +445,7 @@ static long admit_one(kv_engine *e, long s, long num_new) {
 
 /* ContinuousPagedPolicy._swap_in: the head of the swapped queue back while it fits (its blocks
    and the step's new tokens), appended to the running set (length *n) */
-static long swap_in(kv_engine *e, long *n, long budget) {
+static long swap_in(kv_rep *e, long *n, long budget) {
     long j = 0;
     while (j < e->sq_len && budget > 0 && *n < e->c.max_num_seqs) {
         long s = sq_at(e, j);
@@ -327,7 +466,7 @@ static long swap_in(kv_engine *e, long *n, long budget) {
 }
 
 /* returns 1 when a step is planned */
-static int schedule(kv_engine *e) {
+static int schedule(kv_rep *e) {
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
@@ -375,7 +514,7 @@ static int schedule(kv_engine *e) {
 }
 
 /* Lifecycle.begin_step: preemptions (to the front of waiting, newest first), then admissions */
-static int begin_step(kv_engine *e) {
+static int begin_step(kv_rep *e) {
     for (long k = 0; k < e->num_preempted; k++) {
         kv_req *r = &e->reqs[e->preempted[k]];
         r->preemptions++;
@@ -394,44 +533,51 @@ static int begin_step(kv_engine *e) {
         long s = wq_pop_front(e);
         kv_req *r = &e->reqs[s];
         r->computed = 0;
-        if (r->first_sched < 0) r->first_sched = e->now;
+        if (r->first_sched < 0) r->first_sched = e->S->now;
         e->run[e->run_len++] = s;
     }
     return 0;
 }
 
-static void start_step(kv_engine *e) {
+static int start_step(kv_rep *e) {
+    kv_engine *S = e->S;
     long prefill_out = 0;
     int mask = kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
                              e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
-    long *x = e->out->extrap;
+    long *x = S->out->extrap;
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
     if (mask & KV_OUT_DECODE) x[3]++;
     if (mask || prefill_out) x[0]++;
     double *p = e->parts_ms;
-    e->step_start = e->now;
+    e->step_start = S->now;
     e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
-    e->eng = ENG_STEP; e->eng_t = e->now + e->step_dt; e->eng_seq = e->seq++;
+    e->eng = ENG_STEP;
+    return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
 
-static void flush_span(kv_engine *e) {
+static void flush_span(kv_rep *e) {
     if (!e->span_open) return;
-    memcpy(e->out->step + KV_STEP_ROW * e->out->step_n++, e->span_row, sizeof e->span_row);
+    kv_outputs *o = e->S->out;
+    memcpy(o->step + KV_STEP_ROW * o->step_n++, e->span_row, sizeof e->span_row);
     e->span_open = 0;
 }
 
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
-static void end_step(kv_engine *e) {
-    kv_outputs *o = e->out;
-    double t = e->now;
+static int end_step(kv_rep *e) {
+    kv_outputs *o = e->S->out;
+    double t = e->S->now;
     long nf = 0;
+    int *tag = o->itl_rep;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
         r->computed += e->part_new[k];
         if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
-            if (r->generated) o->itl[o->itl_n++] = t - r->last_token;
+            if (r->generated) {
+                if (tag) tag[o->itl_n] = (int)e->index;
+                o->itl[o->itl_n++] = t - r->last_token;
+            }
             else r->first_token = t;
             r->last_token = t;
             r->generated++;
@@ -445,7 +591,8 @@ static void end_step(kv_engine *e) {
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         release(e, r);
-        put_req(e, r, 0, KV_REJECT_NONE, 0);
+        int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
+        if (rc) return rc;
         e->free_slots[e->num_free_slots++] = e->finished[k];
         r->id = -1;  /* finished: dropped from running below */
     }
@@ -467,6 +614,7 @@ static void end_step(kv_engine *e) {
         (double)e->num_preempted, (double)e->num_swap_blocks,
         (double)allocated, (double)(allocated - internal), 0, (double)internal, 0, 0, (double)allocated,
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
+        (double)e->index,
     };
     int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
     if (e->c.aggregate && decode_only) {
@@ -478,73 +626,96 @@ static void end_step(kv_engine *e) {
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
             s[21] += row[21]; s[22] += row[22]; s[23] += row[23]; s[24] = 1;
-            return;
+            return 0;
         }
         flush_span(e);
         memcpy(s, row, sizeof row);
         e->span_open = 1; e->span_blocked = blocked;
-        return;
+        return 0;
     }
     flush_span(e);
     memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof row);
+    return 0;
 }
 
-static int has_room(const kv_engine *e) {
-    const kv_outputs *o = e->out;
-    long m = e->c.max_num_seqs + 1;
+static int has_room(const kv_engine *S) {
+    const kv_outputs *o = S->out;
+    long m = S->c.max_num_seqs + 1;
     return o->itl_cap - o->itl_n >= m && o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
            && o->arr_cap - o->arr_n >= 1;
 }
 
-int kv_engine_run(kv_engine *e, kv_outputs *out) {
-    e->out = out;
-    if (!e->started) {  /* time 0: the engine finds nothing to do; the workload starts */
-        e->started = 1; e->now = 0.0; e->previous = 0.0; e->eng = ENG_IDLE; e->arr_resume = 1;
-        e->arr_stage = ARR_LOOK;
+/* A replica's event: its wakeup or the end of its step; then it plans the next step, or idles */
+static int engine_event(kv_rep *e) {
+    kv_engine *S = e->S;
+    if (e->eng == ENG_STEP) {
+        int rc = end_step(e);
+        if (rc) return rc;
+    }
+    if (schedule(e)) {
+        int rc = begin_step(e);
+        if (rc) return rc;
+        if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
+            S->held = 0;
+            rc = ev_push(S, S->now, EV_DRAIN, 0);
+            if (rc) return rc;
+        }
+        return start_step(e);
+    }
+    if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    e->eng = ENG_IDLE;
+    return 0;
+}
+
+int kv_engine_run(kv_engine *S, kv_outputs *out) {
+    S->out = out;
+    if (!S->started) {  /* time 0: the engines find nothing to do; the workload starts */
+        S->started = 1; S->now = 0.0; S->previous = 0.0;
+        S->arr_stage = ARR_LOOK;
+        if (S->c.clients) { S->arr_resume = 0; S->clients_to_start = S->c.clients; S->next_client = 0; }
+        else S->arr_resume = 1;
     }
     for (;;) {
-        if (!has_room(e))
+        if (!has_room(S))
             return out->itl_n || out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
-        if (e->arr_resume) {
-            int rc = arrivals_continue(e);
+        if (S->arr_resume) {
+            int rc = arrivals_continue(S);
             if (rc) return rc;
             continue;
         }
-        /* the next event: SimPy's order, by time and then creation */
-        int which = 0;  /* 1 engine, 2 arrival, 3 drained */
-        double t = 0.0; unsigned long q = 0;
-        if (e->eng != ENG_IDLE) { which = 1; t = e->eng_t; q = e->eng_seq; }
-        if (e->arr_pending && (!which || e->arr_t < t || (e->arr_t == t && e->arr_seq < q))) {
-            which = 2; t = e->arr_t; q = e->arr_seq;
+        if (S->taking >= 0) {
+            int rc = client_take(S);
+            if (rc) return rc;
+            continue;
         }
-        if (e->drain_pending && (!which || e->drain_t < t || (e->drain_t == t && e->drain_seq < q))) {
-            which = 3; t = e->drain_t; q = e->drain_seq;
+        if (S->clients_to_start) {  /* each client's process starts (URGENT, before any event at 0) */
+            S->clients_to_start--;
+            S->taking = S->next_client++;
+            continue;
         }
-        if (!which) {
-            if (e->run_len || e->wq_len || e->sq_len || e->held) return KV_STALL;
-            flush_span(e);
+        if (!S->heap_n) {
+            for (long i = 0; i < S->nrep; i++) {
+                kv_rep *e = &S->reps[i];
+                if (e->run_len || e->wq_len || e->sq_len) return KV_STALL;
+            }
+            if (S->held) return KV_STALL;
+            if (out->step_cap - out->step_n < S->nrep) return out->step_n ? KV_FULL : KV_NOROOM;
+            for (long i = 0; i < S->nrep; i++) flush_span(&S->reps[i]);
             return KV_DONE;
         }
-        if (which == 2) {
-            e->now = e->arr_t; e->arr_pending = 0; e->arr_resume = 1;
-            continue;
+        kv_event ev = ev_pop(S);
+        S->now = ev.t;
+        int rc = 0;
+        switch (ev.kind) {
+        case EV_ENGINE: rc = engine_event(&S->reps[ev.arg]); break;
+        case EV_ARRIVAL: S->arr_resume = 1; break;
+        case EV_DRAIN: S->late = 1; S->arr_resume = 1; break;
+        case EV_DONE:  /* the client's request left: it thinks, or takes the next one now */
+            if (S->client_think[ev.arg] > 0) rc = ev_push(S, S->now + S->client_think[ev.arg], EV_THINK, ev.arg);
+            else S->taking = ev.arg;
+            break;
+        case EV_THINK: S->taking = ev.arg; break;
         }
-        if (which == 3) {
-            e->now = e->drain_t; e->drain_pending = 0; e->late = 1; e->arr_resume = 1;
-            continue;
-        }
-        e->now = e->eng_t;
-        if (e->eng == ENG_STEP) end_step(e);
-        if (schedule(e)) {
-            int rc = begin_step(e);
-            if (rc) return rc;
-            if (e->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
-                e->held = 0; e->drain_pending = 1; e->drain_t = e->now; e->drain_seq = e->seq++;
-            }
-            start_step(e);
-        } else {
-            if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
-            e->eng = ENG_IDLE;
-        }
+        if (rc) return rc;
     }
 }

@@ -1,8 +1,10 @@
-/* One engine replica's step loop in C: continuous batching over a paged KV cache (vLLM V0's
+/* Engine replicas' step loops in C: continuous batching over a paged KV cache (vLLM V0's
  * prefill-first scheduler, or V1's token budget with chunked prefill), recompute or swap preemption,
- * one-sequence requests, an open-loop workload. The same decisions, timestamps and step
- * prices as the Python engine in --exact-steps mode (simcore/engine.py, policies/continuous*.py,
- * lifecycle.py), without SimPy: the loop replays SimPy's event order (time, then creation).
+ * one-sequence requests; one replica or several behind a router (round-robin or least-loaded,
+ * simcore/router.py); an open-loop workload or a closed loop of clients with think times. The
+ * same decisions, timestamps and step prices as the Python engine in --exact-steps mode
+ * (simcore/engine.py, policies/continuous*.py, lifecycle.py, workloads/arrivals.py), without
+ * SimPy: one event heap replays SimPy's event order (time, then creation).
  *
  * Resumable: kv_engine_run returns when an output buffer may not hold the next event's output,
  * when it needs more arrivals (kv_engine_feed), or when the run is over; Python empties the
@@ -17,8 +19,9 @@
                           first_token_s, finish_s, num_prompt_tokens, num_positions, max_tokens, n,
                           beam_width, num_preemptions (simcore.records._RAW order), then the reject
                           kind (KV_REJECT_*), the output tokens asked for, and the arrivals so far */
-#define KV_STEP_ROW 25 /* simcore.metrics._COLUMNS (21), then a span row's KV-allocated and
-                          internal slot-seconds and KV-blocked seconds, and 1 for a span row */
+#define KV_STEP_ROW 26 /* simcore.metrics._COLUMNS (21), then a span row's KV-allocated and
+                          internal slot-seconds and KV-blocked seconds, 1 for a span row, and
+                          the replica */
 
 enum { KV_REJECT_NONE = 0, KV_REJECT_MODEL_LEN = 1, KV_REJECT_BUDGET = 2, KV_REJECT_CACHE = 3,
        KV_REJECT_WATERMARK = 4 };
@@ -34,11 +37,17 @@ typedef struct {
     long aggregate;        /* 1: one row per run of unchanged decode steps */
     long swap;             /* 1: preemption by swap (to the CPU pool while it has room) */
     long num_cpu_blocks;   /* the swap pool */
+    long num_replicas;     /* replicas behind the router, each with this configuration (0: one) */
+    long router;           /* with several: KV_ROUTER_* */
+    long clients;          /* 0: an open loop; else a closed loop of this many clients */
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
+enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1 };
+
 typedef struct {
     double *itl; long itl_cap, itl_n;          /* inter-token gaps, emission order */
+    int *itl_rep;                              /* each gap's replica (NULL with one replica) */
     double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */
     double *step; long step_cap, step_n;       /* KV_STEP_ROW doubles per row */
     double *arr; long arr_cap, arr_n;          /* arrival stamps, arrival order */
@@ -51,10 +60,13 @@ typedef struct kv_engine kv_engine;
 
 kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing);
 void kv_engine_free(kv_engine *e);
-/* Arrivals (planned seconds after the start, nondecreasing) and lengths; `last`: no more follow.
-   Copied; call only when kv_engine_run asked (KV_NEED_INPUT) or before the first run. */
+/* Arrivals (planned seconds after the start, nondecreasing; ignored in a closed loop) and
+   lengths, think times (closed loop; NULL: none); `last`: no more follow. Copied; call only when
+   kv_engine_run asked (KV_NEED_INPUT) or before the first run. */
 int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
-                   const long *output, const long *max_tokens, int last);
+                   const long *output, const long *max_tokens, const double *think, int last);
 int kv_engine_run(kv_engine *e, kv_outputs *out);
+/* per replica: requests arrived, requests that left, times arrivals were held (3 longs each) */
+void kv_engine_counts(const kv_engine *e, long *out);
 
 #endif

@@ -13,6 +13,16 @@ Requests with `n > 1` or beam search fork after their prefill and share blocks
 With prefix caching on, a waiting request first adopts the cached full blocks of its shared
 prefix (simcore.block_pool) and computes only the rest of its prompt.
 
+Disaggregated prefill/decode (simcore.disagg), as vLLM V1's scheduler runs a KV connector
+(vllm/v1/core/sched/scheduler.py with NixlConnector): on a decode instance, a waiting request
+whose prompt KV lives on a prefill instance (`remote_prefill_tokens`) gets blocks for all of it
+when it reaches its turn and room exists (else the queue stops there, as for any admission), and
+the load starts (`remote_loader`); it then waits without running (WAITING_FOR_REMOTE_KVS, skipped
+by the admission loop) until the transfer is done, and is admitted with every prompt token but
+the last computed (vLLM recomputes the last one to sample the first token). On a prefill
+instance, a finished `hold_kv` request keeps its blocks until `release_held` (NixlConnector's
+delay_free_blocks: the producer frees them when the consumer has read them).
+
 Without chunked prefill the registry builds `continuous_v0.VllmV0PagedPolicy` instead (vLLM
 V0's prefill-first scheduler); this class then only serves direct construction.
 
@@ -62,6 +72,12 @@ class ContinuousPagedPolicy:
         # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
         self._seq_index = np.zeros(256, dtype=np.int64)
         self._decode_all_rows: tuple[StepPlan, np.ndarray] | None = None  # the last _decode_all's rows
+        # disaggregated serving (module docstring): sequences on the GPU that do not run
+        self.remote_loader = None  # called with a request whose remote KV now has blocks here
+        self._loading: dict[int, int] = {}  # request id -> prompt tokens being loaded
+        self._loaded: set[int] = set()  # loaded, waiting for admission
+        self._held: dict[int, int] = {}  # finished hold_kv request id -> tokens its blocks keep
+        self.parked_tokens = 0  # KV slots written by those sequences (loading, loaded or held)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -143,7 +159,7 @@ class ContinuousPagedPolicy:
         if len(full) > alloc.num_free_blocks:
             return False
         rows = self._seq_index[slots]
-        context_tokens = alloc.num_gpu_tokens + num  # each attends to computed + 1
+        context_tokens = alloc.num_gpu_tokens - self.parked_tokens + num  # each attends to computed + 1
         alloc.append_decodes(rows, rows[full].tolist() if len(full) else [])
         plan.add_decode_run(slots.copy(), store, computed, context_tokens)
         self._decode_all_rows = plan, rows  # a decode span of this plan appends to these rows
@@ -287,6 +303,22 @@ class ContinuousPagedPolicy:
         for st in queues.waiting:
             if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
                 break
+            remote = st.request.remote_prefill_tokens
+            if remote:  # its prompt's KV comes from a prefill instance (module docstring)
+                rid = st.request_id
+                if rid in self._loading:
+                    continue  # WAITING_FOR_REMOTE_KVS: skipped
+                if rid in self._loaded:
+                    self._admit_loaded(plan, st, remote)
+                    num_seqs += 1
+                    budget -= 1
+                    continue
+                if not alloc.allocate_slots(rid, remote):
+                    break
+                self._loading[rid] = remote
+                self.parked_tokens += remote
+                self.remote_loader(st)
+                continue
             hashes = self._prefix_hashes(st)
             hit_blocks = 0
             if hashes:  # look up the cached prefix; at least one prompt token is still computed
@@ -301,6 +333,35 @@ class ContinuousPagedPolicy:
                 break
             num_seqs += self._take_admitted(plan, st, num_new, num_cached, bool(hashes))
             budget -= num_new
+
+    def remote_loaded(self, request_id: int) -> None:
+        """The transfer into this instance's blocks is done: admissible at the next step."""
+        self._loaded.add(request_id)
+        del self._loading[request_id]
+
+    def _admit_loaded(self, plan: StepPlan, st: ReqState, num_remote: int) -> None:
+        """Admit a request whose prompt KV arrived: its blocks hold every prompt token; it
+        computes the last one again (vLLM's scheduler: `num_computed_tokens -= 1` on a full hit)
+        to sample its first token. From here on it is a local request (a recompute preemption
+        prefills its whole prompt here)."""
+        self._loaded.discard(st.request_id)
+        self.parked_tokens -= num_remote
+        st.request.remote_prefill_tokens = 0
+        if st.slot >= len(self._seq_index):
+            self._seq_index = np.concatenate([self._seq_index, np.zeros(st.slot + 1, dtype=np.int64)])
+        self._seq_index[st.slot] = self.allocator.seq_index(st.request_id)
+        plan.admit(st, num_remote - 1)
+        plan.add_prefill(st, 1, num_remote - 1)
+
+    def release_held(self, request_id: int) -> None:
+        """The consumer has read a finished request's KV: its blocks go back (NixlConnector)."""
+        self.parked_tokens -= self._held.pop(request_id)
+        self.allocator.free(request_id)
+
+    @property
+    def num_held(self) -> int:
+        """Finished requests whose KV this (prefill) instance still keeps for a transfer."""
+        return len(self._held)
 
     def _take_admitted(self, plan: StepPlan, st: ReqState, num_new: int, num_cached: int, shares_prefix: bool) -> int:
         """Count its prefix-cache hit, admit and schedule a request whose slots are allocated;
@@ -334,7 +395,8 @@ class ContinuousPagedPolicy:
         batch grows (budget, max_num_seqs, blocks). Not with forked requests, swapped ones, or
         a head that could adopt cached prefix blocks (evictions change what it needs)."""
         if (plan.prefill_chunks or plan.num_preempted or plan.swapped_in or plan.admitted
-                or self.groups.active or self._emitting_groups or queues.swapped):
+                or self.groups.active or self._emitting_groups or queues.swapped
+                or self._loading or self._loaded or self._held):  # a transfer ends between steps
             return None
         num_running = len(queues.running)
         if not num_running or plan.num_decode_seqs != num_running:
@@ -416,5 +478,10 @@ class ContinuousPagedPolicy:
             internal, saved = allocated - alloc.num_gpu_tokens, 0
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
+            if st.request.hold_kv and not groups.is_forked(st):  # kept for the decode instance to read
+                tokens = self.allocator.num_tokens(st.request_id)
+                self._held[st.request_id] = tokens
+                self.parked_tokens += tokens
+                continue
             self._release(st)
         return mem
