@@ -271,7 +271,7 @@ def run(
         result, sim = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging,
                                 engine_core.value, keep_tokens=save_result)
         bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
-                            result) if error_bars else None
+                            result, percentiles, metrics) if error_bars else None
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name, bands=bands)
     if fatal is not None:
@@ -380,22 +380,27 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
         progress.stop()
 
 
-def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result) -> dict:
+def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
+                percentiles, metrics) -> dict:
     """The run again with every step time at the low and high end of the profile's stated error
-    (profiles/uncertainty.py): each headline metric's [low, high] over the three runs."""
-    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
+    (profiles/uncertainty.py): each headline metric's [low, high] over the three runs (the
+    throughputs, and mean / median / chosen percentiles of the chosen latency metrics)."""
     from statistics import NormalDist
 
+    from kvsim.cli.bench_result import metric_stats
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
     from kvsim.simcore.simulate import simulate
 
     err = profile_error(prof)
     z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
     factors = (err.factor(-z), err.factor(z))
-    runs = [simulate(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
-                     exact_steps=exact_steps, engine_core=engine_core).summary for f in factors]
+    runs = [result, *(simulate(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
+                               exact_steps=exact_steps, engine_core=engine_core) for f in factors)]
+    values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
+    keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
+                                                          and k.split("_")[1] in metrics)]
     return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
-            "metrics": {k: band([result.summary.get(k), *(r.get(k) for r in runs)])
-                        for k in BAND_METRICS if result.summary.get(k) is not None}}
+            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
 
 
 def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
