@@ -47,7 +47,7 @@ def main() -> None:
                    profile_params(bases[args.fit_tp], args.fit_tp))
     print("fitted:", {k: round(v, 4) for k, v in fit.params.items()})
     calibrated = {tp: parse_profile(calibrated_profile(bases[tp], fit.params, tp, {})) for tp in tps}
-    for label, profiles in (("default (vllm-v1 host)", bases), ("calibrated on TP %d" % args.fit_tp, calibrated)):
+    for label, profiles in (("default (vllm-v1 host)", bases), (f"calibrated on TP {args.fit_tp}", calibrated)):
         priced = price_all(MODEL, GPU, measured, profiles.__getitem__)
         for tp in tps:
             errs = {q: [] for q in ("prefill_ms", "decode_ms")}
