@@ -124,8 +124,25 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
             lines.append(_row(label, 100 * s[key]))
     if s.get("prefix_cache_hit_rate") is not None:
         lines.append(_row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"]))
+    if s.get("cpu_prefix_cache_hit_rate") is not None:  # --kv-offloading-size
+        lines.append(_row("  loaded from the CPU tier (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
+        lines.append(_row("  CPU tier blocks loaded:", s.get("offload_loaded_blocks", 0)))
+    if s.get("prefix_cache_hit_rate_by_replica"):
+        lines.append(_row("  by replica (%):", ", ".join(
+            "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))
+    if s.get("ttft_by_turn"):  # a session workload
+        lines.append(_section("TTFT by turn"))
+        for key, label in (("median_ttft_ms_first_turn", "Median TTFT, first turns (ms):"),
+                           ("median_ttft_ms_later_turns", "Median TTFT, later turns (ms):")):
+            if s.get(key) is not None:
+                lines.append(_row(label, s[key]))
+        for row in s["ttft_by_turn"]:
+            lines.append(_row(f"  turn {row['turn']} (n={row['count']}) median / p99 (ms):",
+                              f"{row['median_ms']:.2f} / {row['p99_ms']:.2f}", "s"))
     if s.get("kv_sharing_saved"):
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
+    if "spec_num_drafts" in s:
+        lines += _speculation_lines(s)
     if s.get("error_bars"):
         lines += _error_bar_lines(s["error_bars"], percentiles, metrics)
     lines.append("=" * 50)
@@ -184,6 +201,9 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     def writer(content: Any):
         def write(path: Path) -> None:
+            if path.name.endswith(".png"):  # a figure: the callable draws it into the path
+                content(path)
+                return
             value = content() if callable(content) else content
             if hasattr(value, "to_csv"):
                 value.to_csv(path, index=False)
@@ -286,6 +306,34 @@ def _arrival_text(workload: dict[str, Any]) -> str:
     return f"{kind} arrivals"
 
 
+def _speculation_lines(s: dict[str, Any]) -> list[str]:
+    """vLLM's spec-decode metrics, and the speed-up over the run without speculation if it ran."""
+    lines = [_section("Speculative decoding")]
+    lines.append(_row("Drafts (verify steps):", s["spec_num_drafts"]))
+    lines.append(_row("Mean acceptance length:", s.get("spec_mean_acceptance_length")))
+    rate = s.get("spec_draft_acceptance_rate")
+    lines.append(_row("Draft acceptance rate (%):", None if rate is None else 100 * rate))
+    positions = [p for p in s.get("spec_acceptance_per_position", []) if p is not None]
+    if positions:
+        lines.append(_row("Acceptance per position:", ", ".join(f"{p:.3f}" for p in positions)))
+    for key, label in (("spec_draft_time_share", "Drafting share of engine time (%):"),
+                       ("spec_verify_time_share", "Target (verify) share (%):")):
+        if s.get(key) is not None:
+            lines.append(_row(label, 100 * s[key]))
+    vs = s.get("speculation_vs_none")
+    if vs:
+        lines.append(_section("Speed-up vs no speculation"))
+        for key, label in (("speedup_mean_tpot_ms", "Mean TPOT (x):"), ("speedup_median_tpot_ms", "Median TPOT (x):"),
+                           ("speedup_p95_tpot_ms", "P95 TPOT (x):"), ("speedup_mean_itl_ms", "Mean ITL (x):"),
+                           ("speedup_median_e2el_ms", "Median E2EL (x):"),
+                           ("speedup_output_throughput", "Output throughput (x):")):
+            lines.append(_row(label, vs.get(key), ".3f"))
+        base = vs["baseline"]
+        lines.append(_row("Mean TPOT without (ms):", base.get("mean_tpot_ms")))
+        lines.append(_row("Saturation without:", base.get("saturation")))
+    return lines
+
+
 def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, gpu: str) -> str:
     """One line saying what is simulated: workload, arrivals, requests, model and its dtypes,
     GPUs = TP x PP x DP, policy and the engine options that change what it does. `model` is the
@@ -303,11 +351,19 @@ def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, g
             extras.append("no chunked prefill")
         if config.get("preemption_mode") == "swap":
             extras.append("swap preemption")
+        if config.get("kv_offloading_size"):
+            extras.append(f"CPU KV tier {config['kv_offloading_size']:g} GiB")
+        spec = config.get("speculative_config")
+        if spec:
+            extras.append(f"speculative {spec['method']} k={spec['num_speculative_tokens']}")
         policy = f"{policy} ({', '.join(extras)})"
     elif policy == "static":
         policy = f"static (batch {config['max_batch_size']})"
+    sessions = workload.get("sessions")
+    count = (f"{int(sessions['num_sessions']):,} sessions (~{int(workload['num_requests']):,} turns)" if sessions
+             else f"{int(workload['num_requests']):,} requests")
     return (
-        f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
+        f"Simulating: workload {workload.get('name')}, {count}, "
         f"{_arrival_text(workload)}; {model_text} on {tp * pp * dp} x {gpu} ({layout}); policy {policy}"
     )
 

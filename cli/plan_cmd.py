@@ -56,7 +56,7 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
 
 def plan(
     ctx: typer.Context,
-    rate: Annotated[str, typer.Option(help=f"Target request rate(s) in req/s. {LIST}")],
+    rate: Annotated[str | None, typer.Option(help=f"Target request rate(s) in req/s (required, except with --autoscale). {LIST}")] = None,
     model: Annotated[str, typer.Option(help=f"Catalog model(s) or Hugging Face config.json. {LIST}")] = "llama3-8b",
     gpu: Annotated[str | None, typer.Option(help=f"Candidate GPU(s). {LIST} [default: every catalog GPU]")] = None,
     workload: Workload = None,
@@ -85,9 +85,14 @@ def plan(
     engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
     disagg: Annotated[str, typer.Option(help="Disaggregated prefill/decode candidates: off (aggregated only), on (disaggregated only) or auto (both; says which is cheaper). Disaggregated runs use the Python engine: seconds per candidate.")] = "off",
     disagg_ratios: Annotated[str | None, typer.Option(help=f"Prefill:decode instance ratios of a disaggregated unit, e.g. 1:1,2:1. {LIST} [default: 1:1,2:1,1:2]")] = None,
     disagg_placement: Annotated[str | None, typer.Option(help="Where a disaggregated unit's pools sit: same-node or cross-node. [default: same-node when a unit fits in one node]")] = None,
+    autoscale: Annotated[bool, typer.Option("--autoscale", help="Plan an autoscaling policy over the workload's day instead: the cheapest min/max replicas and target meeting --attainment (one --model, --gpu and --tp; reports/autoscale_plan.py).")] = False,
+    attainment: Annotated[float, typer.Option(help="--autoscale: share of requests that must meet the TTFT and TPOT SLOs (--slo-ttft-p95-ms / --slo-tpot-p95-ms as per-request limits; 1000 / 100 ms without them).")] = 0.99,
+    max_replicas: Annotated[int, typer.Option(help="--autoscale: most replicas tried.")] = 8,
+    provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds before a new replica's model starts loading. [default: 120]")] = None,
 ) -> None:
     """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
     from kvsim.reports.capacity import SLO
@@ -99,6 +104,16 @@ def plan(
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
+    if autoscale:
+        _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
+                        provisioning_delay, price, seed, as_json, out, rate)
+        return
+    for flag, given in (("--attainment", attainment != 0.99), ("--max-replicas", max_replicas != 8),
+                        ("--provisioning-delay", provisioning_delay is not None)):
+        if given:
+            raise ConfigError(f"{flag} applies only with --autoscale")
+    if rate is None:
+        raise ConfigError("--rate is required: the target request rate(s) in req/s (or plan a day with --autoscale)")
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
@@ -152,6 +167,7 @@ def plan(
         kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
+        speculative_config=_speculative(speculative_config),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
@@ -291,8 +307,8 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
         if b is None:
             typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
         else:
-            typer.echo("Disaggregated: " + head + f"{b['units']} x ({b['prefill']} prefill + {b['decode']} decode) "
-                       f"{b['gpu']} ({b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
+            typer.echo("Disaggregated: " + head + f"{b['deployment']} {b['gpu']} (units of {b['prefill']} prefill + "
+                       f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
                        f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
                        f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
                        f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
@@ -302,14 +318,14 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
 
 
 def _disagg_table(rows) -> str:
-    head = ["#", "GPUs", "unit", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
+    head = ["#", "GPUs", "deployment", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
     cells, rank = [], 0
     for r in rows:
         ok = r["units"] is not None
         rank += ok
         cells.append([
             str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
-            (f"{r['units']} x " if ok else "") + f"{r['prefill']}P+{r['decode']}D", r["gpu"],
+            r["deployment"] if ok else f"unit {r['prefill']}P+{r['decode']}D", r["gpu"],
             _cell(r["usd_per_hour"], ",.2f"), _cell(r["max_rate"], ".1f") if ok else "-",
             _cell(r["max_rate_per_gpu"], ".3f"), _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"), r["confirmed"] if ok else _clip(str(r["status"]), 110),
@@ -320,6 +336,19 @@ def _disagg_table(rows) -> str:
     return "\n".join(lines)
 
 
+def _speculative(text: str | None) -> list:
+    """--speculative-config as a plan dimension (empty: not searched)."""
+    if text is None:
+        return []
+    from kvsim.simcore.speculative import parse_speculative_configs
+
+    specs = parse_speculative_configs(text)
+    if any(s is not None and s.method == "draft_model" for s in specs):
+        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
+                          "use an eagle / eagle3 / mtp / ngram config")
+    return specs
+
+
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
     """The workload with enough requests for the longest run (a trace: at most its rows)."""
     import dataclasses
@@ -328,6 +357,10 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
+    if getattr(spec, "is_session", False):  # its rate search rescales planned arrival times
+        raise ConfigError(f"kvsim plan does not size multi-turn session workloads ({spec.name}) yet: its "
+                          "search rescales planned arrival times, and a turn's time depends on the answer "
+                          "before it; sweep --rate, --dp, --router and --kv-offloading-size instead")
     if spec.trace is not None:
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
@@ -411,8 +444,12 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
         typer.echo(_text_table(_records(part)))
     typer.echo("")
-    for answer in doc["answers"]:
-        typer.echo("Answer: " + answer["line"])
+    for answer, shown in zip(result.answers, doc["answers"], strict=True):
+        typer.echo("Answer: " + shown["line"])
+        best = answer["best"]
+        if best is not None and best.get("vllm_serve"):
+            typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
+                       + (" behind a load balancer" if best["replicas"] > 1 else ""))
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
@@ -442,3 +479,53 @@ def _write(out: Path, table, doc: dict[str, Any], result) -> None:
 
 
 __all__ = ["plan"]
+
+
+def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainment, cap, provisioning, price, seed,
+                    as_json, out, rate) -> None:
+    """`kvsim plan --autoscale`: reports.autoscale_plan on one model, GPU and TP."""
+    from kvsim.profiles import default_profile
+    from kvsim.reports.autoscale_plan import answer_lines, hour_length, plan_autoscale
+    from kvsim.reports.prices import load_prices
+    from kvsim.simcore.autoscale import DEFAULT_PROVISIONING_S, AutoscaleConfig
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.parallel import check_deployment
+    from kvsim.simcore.specs import EngineConfig
+    from kvsim.workloads import load_workload
+
+    for flag, value in (("--model", model), ("--gpu", gpu), ("--tp", tp)):
+        if value is None or "," in value:
+            raise ConfigError(f"--autoscale plans one deployment: give exactly one {flag}")
+    if rate is not None:
+        raise ConfigError("--autoscale plans over the workload's own day: --rate does not apply")
+    if out is not None:
+        raise ConfigError("--out is not written by plan --autoscale yet; use --json")
+    if not 0 < attainment <= 1:
+        raise ConfigError(f"--attainment must be in (0, 1], got {attainment}")
+    if not 1 <= cap <= 64:
+        raise ConfigError(f"--max-replicas must be from 1 to 64, got {cap}")
+    try:
+        tp_n = int(tp)
+    except ValueError:
+        raise ConfigError(f"--tp must be an integer, got {tp!r}") from None
+    model_spec, gpu_spec = get_model(model), get_gpu(gpu)
+    engine = EngineConfig(tensor_parallel_size=tp_n)
+    model_spec = engine.resolve_model(model_spec)
+    check_deployment(model_spec, gpu_spec, engine)
+    policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
+                             provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
+    wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
+    prices = load_prices(price)
+    profile = default_profile(gpu_spec, model_spec, tp_n)
+    ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+        f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
+        f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
+    found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
+                           prices.get(gpu_spec.name), hour_length(wl), say)
+    if as_json:
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        return
+    for line in answer_lines(found, attainment):
+        typer.echo(line)

@@ -6,6 +6,7 @@ when the module is imported, they cost nothing per run.
 """
 
 import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -49,7 +50,9 @@ from kvsim.cli.options import (
     RouterOpt,
     SloTpotP95,
     SloTtftP95,
+    SpeculativeConfigOpt,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -82,6 +85,9 @@ from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
 
 
+SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
+
+
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
@@ -110,6 +116,7 @@ def run(
     engine_version: EngineVersion = None,
     error_bars: Annotated[bool, typer.Option("--error-bars/--no-error-bars", help="Also run with every step time at the 5th and 95th percentile of the profile's stated error (profiles/uncertainty.py) and print each headline metric's 90% band.")] = True,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -136,6 +143,13 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    autoscale: Annotated[bool, typer.Option("--autoscale", help="Start and drain replicas during the run (an HPA-like policy; simcore/autoscale.py); reports replicas over time, hourly SLO attainment, GPU-hours and $, against static fleets sized for the peak and the mean.")] = False,
+    min_replicas: Annotated[int | None, typer.Option(help="--autoscale: replicas always up (and at the start). [default: 1]")] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="--autoscale: most replicas. [default: 4]")] = None,
+    provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds for a new replica's node to come up, before its model loads (weights / model_load_gbps) and warms up. [default: 120]")] = None,
+    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s, scale_down_cooldown_s, model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
+    speculative_config: SpeculativeConfigOpt = None,
+    compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
     prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
     prefill_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per prefill instance. [default: --tp]")] = None,
     decode_replicas: Annotated[int | None, typer.Option(help="Disaggregated: decode instances (vLLM kv_consumer); with --prefill-replicas.")] = None,
@@ -170,11 +184,23 @@ def run(
         _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
         if save_result:
             raise ConfigError("--save-result does not apply to a disaggregated run yet")
+        if speculative_config is not None:
+            raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
+        if autoscale:
+            raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching, engine_version,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size, engine_version=engine_version,
     )
-    refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
+    if spec is not None:
+        fields["speculative_config"] = spec
+    elif compare_no_spec:
+        raise ConfigError("--compare-no-spec applies only with --speculative-config")
+    refuse_irrelevant(policy.value, fields.get("allocator"), {**given, "--speculative-config": spec})
     apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
@@ -182,6 +208,12 @@ def run(
         raise ConfigError(f"--tolerance must be in (0, 1), got {tolerance}")
     if not find_max_rate and ctx.get_parameter_source("tolerance").name == "COMMANDLINE":
         raise ConfigError("--tolerance applies only with --find-max-rate")  # it would be ignored
+    from kvsim.cli.autoscale_out import parse_autoscale
+
+    scaling, scaling_extras = parse_autoscale(autoscale, min_replicas, max_replicas, provisioning_delay,
+                                              autoscale_config)
+    if scaling is not None and dp != 1:
+        raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
@@ -218,6 +250,9 @@ def run(
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
                     workload, overrides, seed, config.resolved_max_model_len(model_spec))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
+    if find_max_rate and getattr(wl, "is_session", False):
+        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
+                          "their answers: sweep --rate instead")
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
@@ -228,6 +263,12 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
         prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
+    draft_prof = None
+    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
+        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
+    if draft_prof is not None and find_max_rate:
+        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
+                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
 
     from kvsim.reports.capacity import SLO
 
@@ -238,7 +279,7 @@ def run(
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = None if disagg else resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
+    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -256,7 +297,7 @@ def run(
         from kvsim.simcore.simulate import prepare
 
         prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
-                engine_core="c").choose_core()
+                engine_core="c", draft_profile=draft_prof).choose_core()
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
@@ -267,13 +308,39 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    if spec is not None:
+        say(f"Speculative decoding: {spec.method}, k={spec.num_speculative_tokens}, acceptance "
+            f"{', '.join(f'{r:.3f}' for r in spec.rates)} per position ({spec.source}); expected length "
+            f"{spec.mean_acceptance_length():.2f}; draft {memory.draft_weights_bytes_per_gpu / 2**30:.2f} GiB + "
+            f"{memory.draft_kv_bytes_per_token} B/token of KV per GPU")
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of TP {tp}, metric {scaling.metric} "
+            f"target {scaling.target:g}, every {scaling.interval_s:g} s; cold start {scaling.provisioning_s:g} s "
+            f"provisioning + {memory.weights_bytes_per_gpu / 1e9 / scaling.model_load_gbps:.0f} s load + "
+            f"{scaling.warmup_s:g} s warm-up")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
         result, sim = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging,
-                                engine_core.value, keep_tokens=save_result)
+                                engine_core.value, keep_tokens=save_result, draft_prof=draft_prof, autoscale=scaling)
+        baseline = None
+        if compare_no_spec:  # the same requests and seed, without speculation
+            from dataclasses import replace
+
+            plain = resolve(model_spec, gpu_spec, replace(config, speculative_config=None))
+            baseline, _ = _simulate(model_spec, gpu_spec, plain, wl, prof, seed, exact_steps, None, engine_core.value)
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
+                           slo_ttft_p95_ms, slo_tpot_p95_ms)
         bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
-                            result, percentiles, metrics) if error_bars else None
+                            result, percentiles, metrics, draft_prof, scaling) if error_bars else None
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, result_file=result_file, model_name=model_spec.name, bands=bands)
+                        metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
+                        fleet=fleet, bands=bands)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -364,14 +431,17 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
-def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False):
-    """(result, the simulation); `keep_tokens` records every token's time (--save-result)."""
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False,
+              draft_prof=None, autoscale=None):
+    """(result, the simulation); `keep_tokens` records every token's time (--save-result); `draft_prof`
+    prices a draft_model's own passes; `staging` None: nothing streams (a --compare-no-spec baseline)."""
     from kvsim.simcore.simulate import prepare
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
         sim = prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                      exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core)
+                      exact_steps=exact_steps, stream=stream_tables(staging) if staging is not None else None,
+                      engine_core=engine_core, draft_profile=draft_prof, autoscale=autoscale)
         if keep_tokens:
             for engine in sim.replicas:
                 engine.lifecycle.token_times = {}
@@ -381,26 +451,54 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
 
 
 def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
-                percentiles, metrics) -> dict:
+                percentiles, metrics, draft_prof=None, autoscale=None) -> dict:
     """The run again with every step time at the low and high end of the profile's stated error
-    (profiles/uncertainty.py): each headline metric's [low, high] over the three runs (the
-    throughputs, and mean / median / chosen percentiles of the chosen latency metrics)."""
+    (profiles/uncertainty.py; a draft model's profile scaled alike): each headline metric's
+    [low, high] over the three runs (the throughputs, and mean / median / chosen percentiles of
+    the chosen latency metrics)."""
     from statistics import NormalDist
 
     from kvsim.cli.bench_result import metric_stats
     from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
-    from kvsim.simcore.simulate import simulate
+    from kvsim.simcore.simulate import prepare
 
     err = profile_error(prof)
     z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
     factors = (err.factor(-z), err.factor(z))
-    runs = [result, *(simulate(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
-                               exact_steps=exact_steps, engine_core=engine_core) for f in factors)]
+    runs = [result]
+    for f in factors:
+        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
+        runs.append(prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
+                            exact_steps=exact_steps, engine_core=engine_core, draft_profile=draft,
+                            autoscale=autoscale).run())
     values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
     keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
                                                           and k.split("_")[1] in metrics)]
     return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
             "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+
+
+def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
+    """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
+    and its mean (rounded up) active replicas."""
+    from dataclasses import replace
+
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.config import resolve
+    from kvsim.simcore.simulate import simulate
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, gpu_spec.name)
+    gpus = resolved.engine.tensor_parallel_size * resolved.engine.pipeline_parallel_size
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        config = resolve(model_spec, gpu_spec, replace(resolved.engine, data_parallel_size=replicas))
+        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed)
+        rows.append({"sized_for": sized_for, **static_row(static, replicas, gpus, fleet["slo"]["ttft_ms"],
+                                                          fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
+                                                          fleet["hour_s"])})
+    fleet["static"] = rows
+    return fleet
 
 
 def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
@@ -466,6 +564,9 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
     rate = arrival.get("rate", "inf" if arrival.get("process") == "batch" else arrival.get("mean_rate", "trace"))
     if any(tuple(getattr(getattr(wl, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         raise ConfigError("--save-result records one sequence per request; not with --n or --beam-width")
+    if int(wl.num_requests) > SAVE_RESULT_MAX_REQUESTS:  # every token's time is kept: 8 bytes a token
+        raise ConfigError(f"--save-result keeps every token's time in memory: at most {SAVE_RESULT_MAX_REQUESTS:,} "
+                          f"requests, got {int(wl.num_requests):,} (use --out for the per-request table)")
     path = result_path(result_dir, result_filename, "kvsim", rate, concurrency, model_spec.name, datetime.now())
     check_result_target(path)
     return path
@@ -473,7 +574,7 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "", extra=None, bands: dict | None = None) -> str | None:
+            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -500,6 +601,10 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     }
     if bands is not None:
         summary["error_bars"] = bands
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        summary["speculation_vs_none"] = speedup_vs(result.summary, baseline.summary)
     from kvsim.cli import bench_result
 
     summary.update(bench_result.metric_stats(result, percentiles, metrics))
@@ -510,7 +615,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     load = configured_load(result.record["workload"])
     vllm = bench_result.flat_result(summary, result, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
-        "request_rate": load.get("request_rate", "inf" if "max_concurrency" not in load else "inf"),
+        "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
         "max_concurrency": load.get("max_concurrency"),
         **{k: v for k, v in summary.items() if k.startswith(("mean_", "median_", "std_", "p")) and k.endswith("_ms")},
@@ -527,17 +632,23 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         bench_result.write_result(result_file, {
             "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "kvsim", "label": "kvsim",
             "tokenizer_id": None, **document, **bench_result.per_request_arrays(result, times)})
+    files = {"requests.csv": lambda: request_columns(result), "steps.csv": lambda: step_columns(result),
+             "summary.json": document}
+    if fleet is not None:
+        from kvsim.cli.autoscale_out import format_fleet, write_figure
+
+        document["autoscale"] = fleet
+        files["autoscale.png"] = lambda path: write_figure(fleet, path)
     if out is not None:
-        write_outputs(out, {
-            "requests.csv": lambda: request_columns(result), "steps.csv": lambda: step_columns(result),
-            "summary.json": document,
-        }, staging)
+        write_outputs(out, files, staging)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
         typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics))
         if extra is not None:
             typer.echo(extra(summary))
+        if fleet is not None:
+            typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")

@@ -12,8 +12,10 @@ and priced like the aggregated ones (reports.plan), so a plan can say which layo
                  would need to win (its floor)
     size         units = ceil(target / unit rate), cost = units x (P A + D B) x $/GPU-hour
     confirm      the cheapest with one run of all its units' instances (units x P prefill and
-                 units x D decode instances behind the proxy) at the target rate; one more unit if
-                 that fails
+                 units x D decode instances behind the proxy) at the target rate; when that fails,
+                 one more instance in the pool the failure points at (TPOT: decode; TTFT: the pool
+                 requests wait longer for, prefill queue or decode admission; overloaded: the
+                 busier pool), up to two; if it still fails, the next cheapest (up to three)
 
 Scaling by whole units keeps the searched P:D ratio; a deployment between two units' sizes (an
 extra decode instance only) is not searched. Each run simulates in the Python engine (the
@@ -27,14 +29,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
 from kvsim.reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
 from kvsim.reports.plan import Candidate, single_step_bounds
 from kvsim.simcore.errors import ConfigError, DoesNotFitError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
 DEFAULT_RATIOS = ((1, 1), (2, 1), (1, 2))
-MAX_EXTRA_UNITS = 1
+MAX_EXTRA_INSTANCES = 2  # instances added when a confirmation run fails, before giving up
+MAX_CONFIRMS = 3  # candidates confirmed per target before the plan says none passed
 
 
 @dataclass
@@ -108,6 +110,7 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
     prompts = np.maximum(arrays.num_prompt_tokens, 1).astype(np.int64)
     outputs = arrays.num_output_tokens.astype(np.int64)
     bounds_memo: dict[tuple, Any] = {}
+    profiles_memo: dict[tuple, Any] = {}
     for c in cands:
         c.price = prices.get(c.gpu.name)
         try:
@@ -124,11 +127,15 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
             c.status, c.reason = "no price", f"no price for {c.gpu.name}: give --price {c.gpu.name}=USD"
             continue
         model = c.prefill.resolve_model(c.model)
-        c.profiles = {name: default_profile(c.gpu, model, cfg.tensor_parallel_size)
-                      for name, cfg in (("prefill", c.prefill), ("decode", c.decode))}
+        c.profiles = {}
+        for name, cfg in (("prefill", c.prefill), ("decode", c.decode)):
+            key = (c.gpu.name, model.name, model.weight_dtype, model.kv_dtype, cfg.tensor_parallel_size)
+            if key not in profiles_memo:
+                profiles_memo[key] = default_profile(c.gpu, model, cfg.tensor_parallel_size)
+            c.profiles[name] = profiles_memo[key]
         bounds, work = {}, {}
         for name, cfg in (("prefill", c.prefill), ("decode", c.decode)):
-            key = (c.gpu.name, model.name, cfg.tensor_parallel_size, name)
+            key = (c.gpu.name, model.name, model.weight_dtype, model.kv_dtype, cfg.tensor_parallel_size, name)
             if key not in bounds_memo:
                 one = Candidate(c.model, c.gpu, replace(cfg, data_parallel_size=1), ())
                 # the latency bounds of the real requests; the rate bound of this pool's share of
@@ -151,12 +158,13 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
 
 
 def run_disagg(c: DisaggCandidate, workload, seed: int, slo: SLO, placement: str | None,
-               units: int = 1) -> dict[str, Any]:
-    """One run of `units` units of `c` serving `workload`; its summary with goodput."""
+               units: int = 1, extra: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """One run of `units` units of `c` (plus `extra` prefill and decode instances) serving
+    `workload`; its summary with goodput."""
     from kvsim.simcore.disagg import prepare_disagg
 
-    configs = {"prefill": replace(c.prefill, data_parallel_size=units * c.prefill.data_parallel_size),
-               "decode": replace(c.decode, data_parallel_size=units * c.decode.data_parallel_size)}
+    configs = {"prefill": replace(c.prefill, data_parallel_size=units * c.prefill.data_parallel_size + extra[0]),
+               "decode": replace(c.decode, data_parallel_size=units * c.decode.data_parallel_size + extra[1])}
     sim = prepare_disagg(c.model, c.gpu, configs, workload, c.profiles, seed=seed, placement=placement)
     return summary_with_goodput(sim.run(), slo)
 
@@ -198,28 +206,28 @@ def search(cands: list[DisaggCandidate], spec, take: int, slo: SLO, seed: int, t
 
 def rows_for_target(cands: list[DisaggCandidate], target: float, spec_confirm, seed: int, slo: SLO,
                     placement: str | None, out_tokens: float) -> tuple[list[dict[str, Any]], int]:
-    """One row per candidate, cheapest first; the cheapest is confirmed with a full run."""
-    feasible = sorted((c for c in cands if c.r1 > 0),
-                      key=lambda c: (c.cost_per_hour(math.ceil(target / c.r1)), -c.r1 / c.gpus, c.label))
-    rows, runs = [], 0
-    for rank, c in enumerate(feasible):
-        units = math.ceil(target / c.r1)
-        row = _row(c, target, units)
-        if rank == 0:
-            wl = RateScaler(spec_confirm).at(target)
-            for extra in range(MAX_EXTRA_UNITS + 1):
-                summary = run_disagg(c, wl, seed, slo, placement, units + extra)
-                runs += 1
-                reasons = slo.failures(summary)
-                if not reasons:
-                    break
-            row = _row(c, target, units + extra)
-            row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
-                        "p99_itl_ms": summary.get("p99_itl_ms"),
-                        "transfer_p95_ms": summary.get("kv_transfer", {}).get("p95_transfer_ms"),
-                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} unit")})
-            if reasons:
-                row["status"] = f"confirmation failed with {units + extra} units: {reasons[0]}"
+    """One row per candidate, cheapest first. The cheapest is confirmed with a full run, which
+    can add instances (so re-rank) or fail (so the next one is confirmed), up to MAX_CONFIRMS."""
+    feasible = [c for c in cands if c.r1 > 0]
+    rows_by: dict[int, dict[str, Any]] = {id(c): _row(c, target, math.ceil(target / c.r1)) for c in feasible}
+    confirmed: set[int] = set()
+
+    def key(c):
+        row = rows_by[id(c)]
+        return (row["confirmed"] == "no", row["usd_per_hour"], -c.r1 / c.gpus, c.label)
+
+    runs = 0
+    while len(confirmed) < MAX_CONFIRMS:
+        todo = [c for c in sorted(feasible, key=key)[:1] if id(c) not in confirmed]
+        if not todo:
+            break
+        c = todo[0]
+        rows_by[id(c)], n = _confirm(c, math.ceil(target / c.r1), target, spec_confirm, seed, slo, placement)
+        confirmed.add(id(c))
+        runs += n
+    rows = []
+    for c in sorted(feasible, key=key):
+        row = rows_by[id(c)]
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
         rows.append(row)
     for c in cands:
@@ -231,16 +239,57 @@ def rows_for_target(cands: list[DisaggCandidate], target: float, spec_confirm, s
     return rows, runs
 
 
-def _row(c: DisaggCandidate, target: float, units: int | None) -> dict[str, Any]:
+def _confirm(c: DisaggCandidate, units: int, target: float, spec_confirm, seed: int, slo: SLO,
+             placement: str | None) -> tuple[dict[str, Any], int]:
+    """Run the deployment at the target; when it fails, add one instance to the pool the failure
+    points at (TTFT: prefill; TPOT: decode; overloaded: the busier pool), up to MAX_EXTRA
+    instances, before giving up. Returns its row and the runs made."""
+    wl = RateScaler(spec_confirm).at(target)
+    extra = [0, 0]
+    runs = 0
+    while True:
+        summary = run_disagg(c, wl, seed, slo, placement, units, tuple(extra))
+        runs += 1
+        reasons = slo.failures(summary)
+        if not reasons or sum(extra) >= MAX_EXTRA_INSTANCES:
+            break
+        pools = summary.get("pools", {})
+        if reasons[0].startswith("TPOT"):
+            extra[1] += 1
+        elif reasons[0].startswith("TTFT"):  # where requests wait: before prefill, or for decode admission
+            prefill_wait = pools.get("prefill", {}).get("p95_queue_ms") or 0.0
+            decode_wait = summary.get("kv_transfer", {}).get("p95_decode_wait_ms") or 0.0
+            extra[0 if prefill_wait >= decode_wait else 1] += 1
+        else:
+            busy = {name: pools.get(name, {}).get("utilization") or 0.0 for name in ("prefill", "decode")}
+            extra[0 if busy["prefill"] >= busy["decode"] else 1] += 1
+    row = _row(c, target, units, tuple(extra))
+    added = " and ".join(f"+{n} {name} instance{'s' if n > 1 else ''}"
+                         for n, name in zip(extra, ("prefill", "decode"), strict=True) if n)
+    row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
+                "p99_itl_ms": summary.get("p99_itl_ms"),
+                "transfer_p95_ms": summary.get("kv_transfer", {}).get("p95_transfer_ms"),
+                "confirmed": "no" if reasons else ("yes" if not added else f"yes, {added}")})
+    if reasons:
+        row["status"] = f"confirmation failed ({row['deployment']}): {reasons[0]}"
+    return row, runs
+
+
+def _row(c: DisaggCandidate, target: float, units: int | None, extra: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    extra_gpus = extra[0] * c.prefill.tensor_parallel_size + extra[1] * c.decode.tensor_parallel_size
     row: dict[str, Any] = {
         "target_rate": target, "model": c.model.name, "layout": "disagg", "gpu": c.gpu.name,
         "prefill": f"{c.prefill.data_parallel_size}xTP{c.prefill.tensor_parallel_size}",
         "decode": f"{c.decode.data_parallel_size}xTP{c.decode.tensor_parallel_size}",
         "gpus_per_unit": c.gpus, "unit_max_rate": c.r1 or None,
         "max_rate_per_gpu": (c.r1 / c.gpus) if c.r1 else None,
-        "units": units, "gpus": None if units is None else units * c.gpus,
-        "usd_per_hour": None if units is None else c.cost_per_hour(units),
-        "max_rate": None if units is None else units * c.r1,
+        "units": units,
+        "deployment": None if units is None else (
+            f"{units * c.prefill.data_parallel_size + extra[0]}xTP{c.prefill.tensor_parallel_size} prefill + "
+            f"{units * c.decode.data_parallel_size + extra[1]}xTP{c.decode.tensor_parallel_size} decode"),
+        "gpus": None if units is None else units * c.gpus + extra_gpus,
+        "usd_per_hour": None if units is None else c.cost_per_hour(units) + extra_gpus * (c.price or math.inf),
+        "max_rate": None if units is None else units * c.r1,  # searched units only (extra instances not counted)
         "headroom": None if units is None else units * c.r1 / target - 1,
         "ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
         "status": "ok" if units is not None else c.status + (f": {c.reason}" if c.reason else ""),
@@ -263,7 +312,11 @@ def comparison(agg_best: dict[str, Any] | None, disagg_best: dict[str, Any] | No
     a, d = agg_best["usd_per_hour"], disagg_best["usd_per_hour"]
     per_gpu_a = agg_best["replica_max_rate"] * agg_best["replicas"] / agg_best["gpus"]
     per_gpu_d = disagg_best["max_rate_per_gpu"]
-    winner = "disaggregated" if d < a else ("aggregated" if a < d else "neither (same cost)")
-    return (f"{winner} is cheaper: ${min(a, d):,.2f}/h vs ${max(a, d):,.2f}/h ({100 * abs(a - d) / max(a, d):.0f}% less); "
+    if a == d:
+        head = f"same cost, ${a:,.2f}/h either way"
+    else:
+        winner = "disaggregated" if d < a else "aggregated"
+        head = f"{winner} is cheaper: ${min(a, d):,.2f}/h vs ${max(a, d):,.2f}/h ({100 * abs(a - d) / max(a, d):.0f}% less)"
+    return (f"{head}; "
             f"one replica's / unit's max req/s per GPU at the SLO {per_gpu_d:.3f} disagg vs {per_gpu_a:.3f} agg; "
             f"${disagg_best['usd_per_m_output_tokens']:.2f} vs ${agg_best['usd_per_m_output_tokens']:.2f} per M output tokens")

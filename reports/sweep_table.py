@@ -1,4 +1,7 @@
-"""The sweep's output table: a CSV that grows one row per finished point, and can be resumed.
+"""The sweep's output table: a CSV that grows one row per finished point, and can be resumed;
+or a Parquet file (`--out x.parquet`, needs pyarrow), whose rows grow in a hidden CSV journal beside
+it (`.x.parquet.rows.csv`, the same append-and-fsync file) and become the Parquet file, written
+atomically, once every point is in; `--resume` reads the journal, or the finished Parquet file.
 
 Each row is appended, flushed and fsynced as its point finishes, so a killed sweep keeps every
 point it finished (at most the row being written is cut short; resuming drops that tail). Rows
@@ -45,20 +48,41 @@ def _line(values: list[Any]) -> str:
     return buf.getvalue()
 
 
+def has_pyarrow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
+
+
 class SweepTable:
-    """Append-only CSV of sweep rows. `open()` first; then `append(row)` per finished point."""
+    """Append-only CSV of sweep rows. `open()` first; then `append(row)` per finished point.
+    `target` is the file the user named; `path` the CSV the rows are appended to (the same file,
+    or a Parquet target's journal)."""
 
     def __init__(self, path: Path) -> None:
-        if path.suffix.lower() != ".csv":
-            raise ConfigError(f"--out {path}: give a .csv file")
-        self.path = path
+        suffix = path.suffix.lower()
+        if suffix not in (".csv", ".parquet"):
+            raise ConfigError(f"--out {path}: give a .csv or .parquet file")
+        if suffix == ".parquet" and not has_pyarrow():
+            raise ConfigError(f"--out {path}: writing Parquet needs pyarrow (pip install pyarrow), or give a .csv file")
+        self.target = path
+        self.parquet = suffix == ".parquet"
+        self.path = path.with_name(f".{path.name}.rows.csv") if self.parquet else path
         self.columns: list[str] = []  # the header as written; grows (file rewritten) if a row adds keys
 
     def open(self, sweep_id: str, resume: bool) -> set[str]:
         """Start the table (or, with resume, check it and return the point ids it already holds)."""
         exists = self.path.exists() and self.path.stat().st_size > 0
+        if self.parquet and self.target.exists():
+            if not resume:
+                raise ConfigError(f"--out {self.target} exists; add --resume to finish that sweep, or remove it")
+            if not exists:  # a finished sweep: its rows become the journal again
+                self._journal_from_parquet()
+                exists = True
         if exists and not resume:
-            raise ConfigError(f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
+            raise ConfigError(f"--out {self.target} exists (its rows so far: {self.path}); add --resume to finish "
+                              "that sweep, or remove it" if self.parquet else
+                              f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not exists:
@@ -76,6 +100,13 @@ class SweepTable:
                 "give the same options or another --out"
             )
         return {r["point_id"] for r in rows}
+
+    def _journal_from_parquet(self) -> None:
+        """Write a finished Parquet table's rows as the CSV journal (cells as `_cell` writes them)."""
+        frame = _read_parquet(self.target, "--resume: ")
+        columns = [str(c) for c in frame.columns]
+        self._replace_with(columns, ([None if _missing(v) else (v.item() if hasattr(v, "item") else v) for v in row]
+                                     for row in frame.itertuples(index=False, name=None)))
 
     def _drop_partial_line(self) -> None:
         """A kill mid-write leaves a last line without its newline: cut it off."""
@@ -129,9 +160,23 @@ class SweepTable:
             body = [r + [""] * (len(header) - len(r)) for r in body]
             body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
             self._replace_with(columns, ([r[at[c]] for c in columns] for r in body))
+            self.columns = columns
+            if self.parquet:
+                self._write_parquet()
         except OSError as exc:
-            raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
-        self.columns = columns
+            raise KvsimError(f"cannot write to {self.target}: {exc.strerror or exc}") from None
+
+    def _write_parquet(self) -> None:
+        """The complete journal as the Parquet target (a temporary sibling renamed over it), then
+        the journal goes: the Parquet file now holds every row."""
+        frame = read_table(self.path)
+        tmp = self.target.with_name(f".{self.target.name}.tmp")
+        try:
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, self.target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
@@ -195,8 +240,31 @@ def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str
                 raise ConfigError(f"{prefix}{path}, line {number}: {name} is {cell!r}, expected {kind}")
 
 
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _read_parquet(path: Path, prefix: str = "") -> pd.DataFrame:
+    if not has_pyarrow():
+        raise ConfigError(f"{prefix}{path}: reading Parquet needs pyarrow (pip install pyarrow)")
+    try:
+        frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{prefix}{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{prefix}{path}: cannot read the table ({exc.strerror or str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own errors for a file that is not Parquet
+        raise ConfigError(f"{prefix}{path}: not a readable Parquet table ({str(exc).splitlines()[0][:200]})") from None
+    if not {"point", "point_id", "seed", "sweep_id"} <= set(frame.columns):
+        raise ConfigError(f"{prefix}{path}: not a kvsim sweep table (no point / point_id / seed / sweep_id columns)")
+    return frame
+
+
 def read_table(path: Path) -> pd.DataFrame:
-    """A sweep table as a DataFrame in grid order (then by seed)."""
+    """A sweep table (CSV, or Parquet) as a DataFrame in grid order (then by seed)."""
+    if Path(path).suffix.lower() == ".parquet":
+        frame = _read_parquet(Path(path))
+        return frame.sort_values(["point", "seed"], kind="stable").reset_index(drop=True)
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
             lines = list(csv.reader(f))

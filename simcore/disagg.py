@@ -3,8 +3,9 @@ behind the proxy vLLM's disaggregated-serving examples run (DESIGN.md: deploymen
 composition; each pool is replicas of the ordinary engine with its own profile, memory plan and
 options).
 
-A request's path, as vLLM's P/D proxy (examples/online_serving/disaggregated_serving, the
-NixlConnector "toy proxy") and NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/
+A request's path, as vLLM's P/D proxy (the NixlConnector "toy proxy",
+tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, which examples/online_serving/
+disaggregated_serving points to) and NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/
 nixl_connector.py) run it:
 
   1. The proxy picks a prefill instance (--router: round-robin or least-loaded) and sends it the
@@ -13,7 +14,8 @@ nixl_connector.py) run it:
   2. NixlConnector.request_finished returns delay_free_blocks: the prefill instance keeps the
      request's KV blocks after it finishes, until the consumer has read them.
   3. The proxy sends the request to a decode instance picked by the decode router (least-loaded:
-     the instance with the fewest requests waiting, loading or running). Its scheduler gives the
+     the instance with the fewest requests waiting, loading or running; the toy proxy cycles
+     round-robin, which equals it for one decode instance). Its scheduler gives the
      request blocks for the whole prompt when it reaches the head of the queue and they fit, and
      the decode workers pull (NIXL READ) the KV from the prefill instance: the transfer starts
      then, at a step boundary of the decode instance (simcore.policies.continuous).
@@ -60,16 +62,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
 from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.metrics import StepTotals, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
+from kvsim.simcore.records import Samples
 from kvsim.simcore.request import Request
+from kvsim.simcore.simulate import Result, Simulation, prepare
 from kvsim.simcore.specs import GPUSpec, ModelSpec
 from kvsim.simcore.state import ReqState
 
 if TYPE_CHECKING:
     import simpy
-
     from kvsim.simcore.engine import Engine
 
 CONNECTOR = "NixlConnector"  # the KV connector modelled (module docstring)
@@ -336,10 +339,6 @@ def transfer_summary(log: TransferLog, makespan_s: float) -> dict[str, Any]:
 
 # -- the deployment: two pools of ordinary engines behind the proxy ---------------------------
 
-from kvsim.simcore.metrics import StepTotals, summarize_records  # noqa: E402
-from kvsim.simcore.records import Samples  # noqa: E402
-from kvsim.simcore.simulate import Result, Simulation, prepare  # noqa: E402
-
 POOLS = ("prefill", "decode")
 
 
@@ -459,6 +458,8 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
             raise ConfigError("--enable-expert-parallel does not apply to a disaggregated run yet")
         if cfg.pipeline_parallel_size != 1:
             raise ConfigError("pipeline parallelism does not apply to a disaggregated run yet")
+        if getattr(cfg, "speculative_config", None) is not None:
+            raise ConfigError("speculative decoding is not modelled with disaggregated prefill/decode yet")
     pools = {}
     for name in POOLS:
         pools[name] = prepare(model, gpu, configs[name], workload, profiles[name], seed,

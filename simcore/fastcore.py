@@ -1,5 +1,7 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
-as the Python engine in --exact-steps mode, for the configurations it supports, in C.
+as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
+batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
+replica or several behind either router, open-loop arrivals or a workload file's closed loop.
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
@@ -22,6 +24,7 @@ import numpy as np
 
 KV_REQ_ROW = 17  # engine.h
 KV_STEP_ROW = 26
+KV_COUNTS = 5  # engine.h: longs per replica from kv_engine_counts
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
 _ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
@@ -34,7 +37,7 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks", "num_replicas", "router", "clients")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching")] + [("swap_block_s", ctypes.c_double)]
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
@@ -88,7 +91,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_free.restype = None
     lib.kv_engine_free.argtypes = [ctypes.c_void_p]
     lib.kv_engine_feed.restype = ctypes.c_int
-    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, _P, ctypes.c_int]
+    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, _P, lp, lp, ctypes.c_int]
     lib.kv_engine_run.restype = ctypes.c_int
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
     lib.kv_engine_counts.restype = None
@@ -102,6 +105,19 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
+    if getattr(sim.workload, "is_session", False):
+        return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
+    if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
+        return "the CPU KV tier (--kv-offloading-size)"
+    if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
+            "prefix-aware", "session-affinity"):
+        return f"--router {sim.config.engine.router}"
+    if getattr(sim, "autoscaler", None) is not None:
+        return "autoscaling (replicas started and drained during the run)"
+    engine_config = getattr(sim.config, "engine", None)
+    if (getattr(engine_config, "speculative_config", None) is not None
+            or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
+        return "speculative decoding"
     if getattr(sim, "disagg", None) is not None:
         return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
     from kvsim.simcore.router import Router
@@ -135,9 +151,6 @@ def unsupported(sim: Any) -> str:
     extras = getattr(trace, "extras", {}) if trace is not None else {}
     if "n" in extras or "beam_width" in extras:
         return "parallel sampling or beam search"
-    if policy.enable_prefix_caching and (getattr(workload, "shared_prefix", None) is not None
-                                         or "prefix_id" in extras or "num_prefix_tokens" in extras):
-        return "requests sharing a prefix with prefix caching on"
     if LONG_BYTES != 8:  # e.g. Windows: _feed's int64 arrays would be read as 32-bit longs
         return f"a C long of {LONG_BYTES * 8} bits on this platform (the core counts in 64-bit longs)"
     from kvsim.simcore import ccore
@@ -165,7 +178,8 @@ def run(sim: Any, progress=None) -> Any:
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
         engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
-        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients, engine.swap_block_s,
+        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
+        int(policy.enable_prefix_caching), engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -275,9 +289,9 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
                 chunk = next(chunks)
             except StopIteration as stop:
                 stats = stop.value
-                lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, 1)
+                lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, None, None, 1)
                 continue
-            _feed(lib, handle, chunk, engine.policy.enable_prefix_caching, closed)
+            _feed(lib, handle, chunk, closed)
             continue
         flush()
         if rc == _FULL:
@@ -290,33 +304,35 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
         if count:
             latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
     latency.extrapolated.steps += out.extrap[0]
-    counts = (ctypes.c_long * (3 * dp))()
+    counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
     for index, e in enumerate(engines):
-        e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds = counts[3 * index:3 * index + 3]
+        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
+         e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
 
 
-def _feed(lib, handle, chunk, prefix_caching: bool, closed: bool) -> None:
+def _feed(lib, handle, chunk, closed: bool) -> None:
     """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
     n = len(chunk.num_prompt_tokens)
     if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
         raise CoreUnavailable("parallel sampling or beam search")
-    if prefix_caching and (chunk.prefix_id >= 0).any():
-        raise CoreUnavailable("requests sharing a prefix with prefix caching on")
     at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
     think = np.ascontiguousarray(chunk.think_s, dtype=np.float64) if closed else None
     ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
     prompt = np.ascontiguousarray(chunk.num_prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(chunk.num_output_tokens, dtype=np.int64)
     max_tokens = np.where(chunk.max_tokens > 0, chunk.max_tokens, chunk.num_output_tokens).astype(np.int64)
+    prefix_id = np.ascontiguousarray(chunk.prefix_id, dtype=np.int64)  # -1: none (Request.prefix_id None)
+    prefix_tokens = np.ascontiguousarray(chunk.num_prefix_tokens, dtype=np.int64)
     lp = ctypes.POINTER(ctypes.c_long)
     rc = lib.kv_engine_feed(handle, n, None if at is None else at.ctypes.data_as(_P),
                             *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)),
-                            None if think is None else think.ctypes.data_as(_P), 0)
+                            None if think is None else think.ctypes.data_as(_P),
+                            *(a.ctypes.data_as(lp) for a in (prefix_id, prefix_tokens)), 0)
     if rc:
         raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
 

@@ -117,6 +117,7 @@ class Simulation:
     engine_core: str = "auto"  # which engine runs it: auto, c (the compiled core) or python
     workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
     progress: Callable[[int], None] | None = None
+    autoscaler: Any = None  # simcore.autoscale.AutoscalingRouter (also the sink) when replicas come and go
     _env: simpy.Environment | None = None
     _arrivals: simpy.Process | None = None
 
@@ -133,6 +134,9 @@ class Simulation:
                 engine.env = engine.lifecycle.env = env
                 env.process(engine.run())
             self._arrivals = env.process(self.workload.process(env, self.sink, self.workload_seed))
+            if self.autoscaler is not None:  # after the workload: its decisions see the arrivals of their instant
+                self.autoscaler.arrivals = self._arrivals
+                env.process(self.autoscaler.process(env))
             self._env = env
         return self._env
 
@@ -213,6 +217,25 @@ class Simulation:
                 counters[name] = counters.get(name, 0) + value
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
+            if "offload_hit_tokens" in counters:  # the CPU tier's share: tokens loaded instead of recomputed
+                summary["cpu_prefix_cache_hit_rate"] = counters["offload_hit_tokens"] / counters["prefix_query_tokens"]
+            summary["prefix_cache_recomputed_tokens"] = (counters["prefix_query_tokens"] - counters["prefix_hit_tokens"]
+                                                         - counters.get("offload_hit_tokens", 0))
+            if len(engines) > 1:
+                summary["prefix_cache_hit_rate_by_replica"] = [
+                    round(c["prefix_hit_tokens"] / c["prefix_query_tokens"], 4) if c.get("prefix_query_tokens") else None
+                    for c in (e.policy.counters() for e in engines)]
+        for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
+            if name in counters:
+                summary[name] = counters[name]
+        if "offload_stored_blocks" in counters:  # host-link traffic of the CPU tier, over every GPU of the run
+            e = self.config.engine
+            block_gib = (self.memory.kv_bytes_per_token * e.block_size * e.tensor_parallel_size
+                         * e.pipeline_parallel_size) / 2**30
+            summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
+            summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
+        if engines[0].spec_cost is not None:
+            summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -220,6 +243,9 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
+        if turn_summary is not None:
+            summary.update(turn_summary(stats))
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
@@ -234,11 +260,40 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
+        if self.autoscaler is not None:
+            end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
+            record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
         record["engine_core"] = core
         if why:
             record["engine_core_reason"] = why
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
+
+
+def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:
+    """vLLM's spec-decode metrics (`vllm/v1/spec_decode/metrics.py`): mean acceptance length =
+    1 + accepted / drafts, draft acceptance rate = accepted / draft tokens, acceptance per
+    position; plus the share of engine time spent drafting and in the target's passes, over
+    every replica's pricer."""
+    drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
+    accepted = counters.get("spec_num_accepted_tokens", 0)
+    per_position = []
+    i = 0
+    while f"spec_drafted_at_{i}" in counters:
+        n = counters[f"spec_drafted_at_{i}"]
+        per_position.append(counters[f"spec_accepted_at_{i}"] / n if n else None)
+        i += 1
+    draft_ms = sum(c.draft_ms for c in costs)
+    verify_ms = sum(c.verify_ms for c in costs)
+    busy = verify_ms + draft_ms
+    return {
+        "spec_num_drafts": drafts, "spec_num_draft_tokens": tokens, "spec_num_accepted_tokens": accepted,
+        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "spec_draft_acceptance_rate": accepted / tokens if tokens else None,
+        "spec_acceptance_per_position": per_position,
+        "spec_draft_time_share": draft_ms / busy if busy else None,
+        "spec_verify_time_share": verify_ms / busy if busy else None,
+    }
 
 
 _SAID_PYTHON_CORE = False
@@ -268,12 +323,15 @@ def prepare(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
     (the reference mode) instead of pricing unchanged decode spans as one event. `stream(table,
     columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
-    (past the caps of simcore.records / simcore.metrics), so a caller can write them out."""
+    (past the caps of simcore.records / simcore.metrics), so a caller can write them out.
+    `draft_profile`: the draft model's profile (speculative decoding with method draft_model)."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -299,9 +357,14 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    if config.data_parallel_size > 1 and config.router == "prefix-aware":
+        # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
+        # only when it ends, so the router would see another state than step-by-step runs do
+        exact_steps = True
+    spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
-    dp = config.data_parallel_size
+    dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
     done_by_replica = [0] * dp
 
@@ -321,7 +384,9 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
+        # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
+        cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, cost)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
@@ -330,7 +395,17 @@ def prepare(
         if stream is not None:
             recorder.spill = _step_spill(stream, index if dp > 1 else None)
         engines.append(engine)
-    sink = engines[0] if dp == 1 else Router(engines, config.router)
+    autoscaler = None
+    if autoscale is not None:  # max_replicas engines; the autoscaler decides which serve (simcore.autoscale)
+        from kvsim.simcore.autoscale import AutoscalingRouter
+
+        if config.data_parallel_size != 1:
+            raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
+        autoscaler = AutoscalingRouter(engines, autoscale, autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+                                       config.tensor_parallel_size * config.pipeline_parallel_size)
+        sink = autoscaler
+    else:
+        sink = engines[0] if dp == 1 else Router(engines, config.router)
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -351,8 +426,28 @@ def prepare(
                    "host_overhead_ms": host_terms},
         "memory": memory.to_dict(),
     }
+    if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:
+        record["draft_profile"] = {"path": draft_profile.path, "sha256": draft_profile.sha256,
+                                   "source": draft_profile.source, "label": draft_profile.label}
     return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
-                      engine_core, workload_seed, progress)
+                      engine_core, workload_seed, progress, autoscaler)
+
+
+def _speculative_cost(cfg: ResolvedConfig, latency, draft_profile: Profile | None):
+    """The pricer of a speculative engine's steps (None without --speculative-config)."""
+    spec = cfg.engine.speculative_config
+    if spec is None:
+        return None
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+
+    draft = None
+    if spec.method == "draft_model":
+        if draft_profile is None:
+            raise ConfigError(f"--speculative-config method draft_model needs a profile of {spec.model} "
+                              "(the draft is priced from its own profile)")
+        draft = draft_profile.latency_model(draft_profile.path or "draft profile", policy=cfg.policy.overhead)
+        draft.set_block_size(cfg.engine.block_size)
+    return SpeculativeStepCost(latency, spec, cfg.model, draft)
 
 
 def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):
@@ -372,9 +467,12 @@ def simulate(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
-    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core).run()
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
+                   draft_profile, autoscale).run()

@@ -7,9 +7,12 @@ can read a kvsim config without a glossary.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.simcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvsim.simcore.speculative import SpeculativeConfig
 
 GIB = 1024**3
 
@@ -301,7 +304,7 @@ ENGINE_PRESETS = {
     "vllm-v1": {"enable_chunked_prefill": True, "enable_prefix_caching": True},
 }
 RESERVATIONS = ("max", "pow2", "oracle")
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity")
 
 
 # vLLM's largest KV block (`BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`, vllm/config/cache.py).
@@ -324,6 +327,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True  # split long prompts across steps
     enable_prefix_caching: bool = True  # reuse KV blocks of shared prompt prefixes (vLLM V1 default)
     swap_space: float = 4.0  # CPU swap pool per GPU (GiB)
+    # vLLM's CPU KV offloading buffer of a replica, summed over its GPUs (GiB); None: no CPU tier
+    kv_offloading_size: float | None = None
     preemption_mode: str = "recompute"  # recompute | swap
     max_model_len: int | None = None  # longest prompt + output a request may have
     tensor_parallel_size: int = 1  # GPUs one replica is sharded over
@@ -339,9 +344,15 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | fp8 | fp8_e4m3 | fp8_e5m2
     quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
     enable_expert_parallel: bool = False  # MoE: experts sharded over all tp x dp GPUs (vLLM's flag)
+    speculative_config: SpeculativeConfig | None = None  # vLLM's --speculative-config (simcore.speculative)
     engine_version: str = DEFAULT_ENGINE_VERSION  # the vLLM version a continuous step's host cost models
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            from kvsim.simcore.speculative import SpeculativeConfig
+
+            if not isinstance(self.speculative_config, SpeculativeConfig):
+                raise ConfigError("--speculative-config must be parsed by simcore.speculative.parse_speculative_config")
         bs = self.block_size
         if not isinstance(bs, int) or bs <= 0 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
             raise ConfigError(f"--block-size must be a power of two from 1 to {MAX_BLOCK_SIZE}, got {bs}")
@@ -428,7 +439,13 @@ class EngineConfig:
         return max(self.resolved_max_model_len(model), 2048)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; `speculative_config` only when set (as its dict), so a run without it
+        records what it always did."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        spec = d.pop("speculative_config")
+        if spec is not None:
+            d["speculative_config"] = spec.to_dict()
+        return d
 
 
 __all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ENGINE_VERSIONS",

@@ -66,6 +66,25 @@ def test_sharegpt_bad_files_are_one_line(tmp_path, content, words):
     assert r.exit_code == 2 and words in r.stderr and "Traceback" not in r.output
 
 
+def test_sharegpt_run_at_a_rate(tmp_path):
+    entries = [{"conversations": [{"from": "human", "value": "x" * (40 + 8 * i)}, {"from": "gpt", "value": "y" * (60 + 4 * i)}]}
+               for i in range(50)]
+    path = _sharegpt(tmp_path, entries)
+    r = invoke("--dataset-name", "sharegpt", "--dataset-path", str(path), "--num-prompts", "40", "--request-rate", "5", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["completed"] == 40 and doc["request_rate"] == 5 and doc["num_prompts"] == 40
+    assert doc["record"]["workload"]["arrival"]["process"] in ("poisson", "gamma")
+    assert 10 * 40 <= doc["total_input_tokens"] <= 108 * 40  # the estimated prompt lengths, 10..107 tokens
+
+
+def test_save_result_refuses_what_it_cannot_keep():
+    r = invoke("--num-requests", "100001", "--save-result")
+    assert r.exit_code == 2 and "at most 100,000" in r.stderr
+    r = invoke("--num-requests", "10", "--n", "2", "--save-result")
+    assert r.exit_code == 2 and "--n" in r.stderr
+
+
 def test_sharegpt_too_few_usable(tmp_path):
     path = _sharegpt(tmp_path, [{"conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": "y" * 40}]}])
     r = invoke("--dataset-name", "sharegpt", "--dataset-path", str(path), *SMALL)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from typer.testing import CliRunner
-
 from kvsim.cli.main import app
 from kvsim.simcore import fastcore
 from kvsim.simcore.catalog import GPUS, MODELS
@@ -25,6 +23,8 @@ from kvsim.simcore.disagg import (
 )
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
+from typer.testing import CliRunner
+
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
@@ -220,3 +220,39 @@ def test_regime_is_judged_per_pool_against_its_own_cache():
                     decode={"num_gpu_blocks_override": 5, "max_model_len": 80}).run()
     regime = regime_of(result)
     assert regime.label == MEMORY_BOUND and 0.5 < regime.peak_kv_use <= 1.0
+
+
+def test_decode_spans_give_the_same_run_as_single_steps():
+    # bursty traffic, small caches on both sides (held KV, decode preemptions): the fast path
+    # (decode spans, cut at transfers) equals one event per step, request by request
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    times = np.cumsum(rng.exponential(0.004, 150))
+    requests = [req(i, float(t), int(p), int(o)) for i, (t, p, o) in
+                enumerate(zip(times, rng.integers(5, 300, 150), rng.integers(1, 60, 150), strict=True))]
+
+    def run(exact):
+        configs = {"prefill": EngineConfig(data_parallel_size=2, num_gpu_blocks_override=60, max_model_len=400),
+                   "decode": EngineConfig(num_gpu_blocks_override=80, max_model_len=400)}
+        profiles = {"prefill": flat_profile(decode_ms=0.3), "decode": flat_profile(decode_ms=0.3)}
+        return prepare_disagg(TINY, H100, configs, ListWorkload(requests), profiles, link=LINK,
+                              exact_steps=exact).run()
+
+    fast, exact = run(False), run(True)
+    assert fast.summary["completed"] == 150 and fast.summary["num_preemptions"] > 0
+    a, b = fast.requests.set_index("request_id"), exact.requests.set_index("request_id")
+    assert (a[["ttft_s", "e2el_s"]] - b[["ttft_s", "e2el_s"]]).abs().to_numpy().max() < 1e-9
+    assert fast.summary["num_steps"] == exact.summary["num_steps"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--autoscale"], "--autoscale"),
+    (["--save-result"], "--save-result"),
+    (["--find-max-rate"], "--find-max-rate"),
+    (["--profile", "x.json"], "--prefill-profile"),
+])
+def test_cli_disagg_refuses_what_it_does_not_model(extra, message):
+    out = CliRunner().invoke(app, ["run", "--prefill-replicas", "1", "--decode-replicas", "1", "--num-requests", "5",
+                                   *extra])
+    assert out.exit_code != 0 and message in out.output and "Traceback" not in out.output

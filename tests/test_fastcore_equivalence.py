@@ -414,3 +414,48 @@ def test_seed_table_runs_in_the_core():
     workload = load_workload("seed-table", {"num_requests": 200}, max_model_len=config.resolved_max_model_len(TINY))
     core, _ = _compare(config, workload, seed=5, context="seed-table")
     assert core.summary["completed"] == 200
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_prefix_caching_with_shared_prefixes_matches(dp):
+    """Prefix caching with requests sharing system prompts (simcore.block_pool): hashed full
+    blocks adopted at admission, registered as a prefill writes them, freed cached blocks
+    evicted least recently freed first, recompute and swap preemption around them. The core's
+    timelines, KV columns (shared blocks change what is live) and hit counts are the reference's."""
+    import dataclasses
+
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
+
+    hit = 0
+    for case in range(10):
+        rng = np.random.default_rng(5000 + case)
+        config, _ = _random_case(rng)
+        mml = config.max_model_len
+        config = dataclasses.replace(config, enable_prefix_caching=True, data_parallel_size=dp, router="least-loaded")
+        prefix = SharedPrefix(num_groups=int(rng.integers(1, 4)), prefix_len=int(rng.integers(1, mml // 2)),
+                              fraction=float(rng.choice([0.3, 0.8, 1.0])))
+        spec = WorkloadSpec(name="prefixes", num_requests=int(rng.integers(10, 50)),
+                            arrival=GammaArrivals(rate=float(rng.choice([50.0, 500.0, 5000.0]))),
+                            prompt_len=Uniform(1, mml // 2), output_len=Uniform(1, mml // 2), shared_prefix=prefix,
+                            max_model_len=mml)
+        core, _ = _compare(config, spec, seed=case, context=f"prefix dp {dp} case {case}")
+        hit += bool(core.summary.get("prefix_cache_hit_rate"))
+    assert hit >= 5, "most cases should adopt cached blocks"
+
+
+def test_shared_prefix_workload_file_matches():
+    """workloads/shared-prefix.yaml (8 system prompts of 1024 tokens), a shorter run on the 8B
+    model with prefix caching on, V0 and V1: in the core, with the reference's results."""
+    from kvsim.workloads import load_workload
+
+    model = MODELS["llama3-8b"]
+    for chunked in (False, True):
+        config = EngineConfig(max_model_len=4096, max_num_seqs=32, max_num_batched_tokens=4096,
+                              enable_chunked_prefill=chunked, enable_prefix_caching=True, num_gpu_blocks_override=600)
+        workload = load_workload("shared-prefix", {"num_requests": 120, "rate": 40},
+                                 max_model_len=config.resolved_max_model_len(model))
+        core, _ = _compare(config, workload, seed=3, context=f"shared-prefix chunked={chunked}", model=model,
+                           profile=default_profile(H100, model, 1))
+        assert core.summary["prefix_cache_hit_rate"] > 0.5

@@ -1,13 +1,18 @@
-/* One replica's step loop (see engine.h). The Python it mirrors, line for line in effect:
+/* Replicas' step loops (see engine.h). The Python they mirror, line for line in effect:
  *   simcore/engine.py Engine.run / _accept          the loop, arrivals, rejection
+ *   simcore/router.py Router._pick                  round-robin, least-loaded (lowest index)
  *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark
  *   simcore/policies/continuous.py                  _schedule_running (preempt from the tail),
  *                                                   _admit_waiting (V1, chunked), end_step's KV
+ *   simcore/block_pool.py                           prefix caching: hashed blocks, LRU eviction
  *   simcore/lifecycle.py                            begin_step, emit, finish (what is stamped when)
  *   workloads/arrivals.py open_loop_process         one timeout per distinct planned time
+ *                         closed_loop_process       clients: submit, wait, think, next
  * SimPy processes events by (time, priority, creation order); every event here is a NORMAL
- * timeout or a triggered wakeup, so two at one instant go in the order they were created
- * (`seq`). Only counts of KV blocks matter without prefix sharing, not which blocks. */
+ * timeout or a triggered event (a wakeup, a request's done), so two at one instant go in the
+ * order they were created (`seq`, one counter for the whole run, one heap). The URGENT process
+ * starts at time 0 come first: the engines idle, then the workload (a closed loop's clients, in
+ * order). Without prefix caching only counts of KV blocks matter, not which blocks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +22,10 @@ typedef struct {
     long id, prompt, target, max_tokens;
     long computed, generated, ntok, nblk, preemptions;
     long client;  /* closed loop: the client waiting for it; -1: nobody waits */
+    /* prefix caching: its prefix group (-1: none) and tokens, the full blocks of the prefix
+       (npb: the content keys (g, 0..npb-1)), the handles of its first npb blocks (kv_blk), the
+       tokens adopted from the cache when admitted this step */
+    long g, npt, npb, adm_cached; long *pt;
     double arrival, first_sched, first_token, last_token;
 } kv_req;
 
@@ -28,6 +37,13 @@ enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
    timeout, the held workload's drained event, a closed-loop client's request done or its think
    time over (arg: the client) */
 enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4 };
+
+/* Prefix caching (simcore/block_pool.py): only blocks that are or may become cached need an
+   identity, those at a request's first npb positions; a handle stands for one. Uncached free
+   blocks are interchangeable (a count); cached free ones are evictable, least recently freed
+   first (`prev` / `next` links of the LRU list). */
+typedef struct { long g, i, ref, prev, next; } kv_blk;  /* g < 0: not cached */
+typedef struct { long *h; long n; } kv_group;           /* content key (g, i) -> handle, -1: none */
 
 typedef struct { double t; unsigned long seq; int kind; long arg; } kv_event;
 
@@ -58,6 +74,11 @@ struct kv_rep {
     long num_tokens, num_decode_seqs, decode_ctx, num_sampled;
     double step_start, step_dt, parts_ms[4];
     long *finished;
+    long *filling; long num_filling;  /* planned requests writing shared-prefix blocks */
+    /* prefix caching: free GPU blocks = uncached_free + the evictable (LRU list) */
+    int pc; kv_blk *blk; long blk_n, blk_cap; long *hfree; long hfree_n, hfree_cap;
+    long uncached_free, lru_head, lru_tail, num_cached; kv_group *groups; long ngroups;
+    long prefix_query_tokens, prefix_hit_tokens;
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
     long num_arrived, num_done, num_holds;
@@ -71,7 +92,10 @@ struct kv_engine {
     kv_rep *reps; long nrep; long rr_next;
     kv_event *heap; long heap_n, heap_cap;
     /* arrivals */
-    double *in_at, *in_think; long *in_id, *in_prompt, *in_output, *in_max; long in_n, in_pos; int in_last;
+    double *in_at, *in_think; long *in_id, *in_prompt, *in_output, *in_max, *in_pid, *in_npt;
+    long in_n, in_pos; int in_last;
+    /* prefix ids -> dense groups (open addressing; keys + 1, 0: empty) */
+    long *pid_keys, *pid_vals; long pid_cap, pid_n;
     double previous;
     int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
     int arr_stage, late;
@@ -81,6 +105,7 @@ struct kv_engine {
        each client's think time after its request in flight */
     long clients_to_start, next_client, taking; double *client_think;
     int started;
+    int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
 };
 
@@ -124,6 +149,12 @@ static kv_event ev_pop(kv_engine *S) {
 static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 1) / e->c.block_size; }
 
 static void rep_free(kv_rep *e) {
+    if (e->reqs)
+        for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
+    free(e->blk); free(e->hfree); free(e->filling);
+    if (e->groups)
+        for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
+    free(e->groups);
     free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
@@ -141,8 +172,11 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
     e->finished = malloc(sizeof(long) * m);
     e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
+    e->filling = malloc(sizeof(long) * m);
     e->eng = ENG_IDLE;
-    return e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
+    e->pc = cfg->prefix_caching != 0;
+    e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
+    return e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
            && e->finished && e->run && e->swapped_in && e->by_swap;
 }
 
@@ -165,27 +199,32 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
 
 static void free_input(kv_engine *S) {
     free(S->in_at); free(S->in_think); free(S->in_id); free(S->in_prompt); free(S->in_output); free(S->in_max);
-    S->in_at = S->in_think = NULL; S->in_id = S->in_prompt = S->in_output = S->in_max = NULL;
+    free(S->in_pid); free(S->in_npt);
+    S->in_at = S->in_think = NULL;
+    S->in_id = S->in_prompt = S->in_output = S->in_max = S->in_pid = S->in_npt = NULL;
 }
 
 void kv_engine_free(kv_engine *S) {
     if (!S) return;
     if (S->reps)
         for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
-    free(S->reps); free(S->heap); free(S->client_think);
+    free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     free_input(S);
     free(S);
 }
 
 void kv_engine_counts(const kv_engine *S, long *out) {
     for (long i = 0; i < S->nrep; i++) {
-        out[3 * i] = S->reps[i].num_arrived; out[3 * i + 1] = S->reps[i].num_done;
-        out[3 * i + 2] = S->reps[i].num_holds;
+        const kv_rep *e = &S->reps[i];
+        long *o = out + KV_COUNTS * i;
+        o[0] = e->num_arrived; o[1] = e->num_done; o[2] = e->num_holds;
+        o[3] = e->prefix_query_tokens; o[4] = e->prefix_hit_tokens;
     }
 }
 
 int kv_engine_feed(kv_engine *S, long n, const double *at, const long *ids, const long *prompt,
-                   const long *output, const long *max_tokens, const double *think, int last) {
+                   const long *output, const long *max_tokens, const double *think,
+                   const long *prefix_id, const long *prefix_tokens, int last) {
     free_input(S);
     S->in_n = S->in_pos = 0;  /* nothing to read until the copy below is whole */
     if (n < 0) n = 0;
@@ -193,13 +232,19 @@ int kv_engine_feed(kv_engine *S, long n, const double *at, const long *ids, cons
     S->in_at = malloc(sizeof(double) * k); S->in_think = malloc(sizeof(double) * k);
     S->in_id = malloc(sizeof(long) * k); S->in_prompt = malloc(sizeof(long) * k);
     S->in_output = malloc(sizeof(long) * k); S->in_max = malloc(sizeof(long) * k);
-    if (!S->in_at || !S->in_think || !S->in_id || !S->in_prompt || !S->in_output || !S->in_max) return KV_NOMEM;
+    S->in_pid = malloc(sizeof(long) * k); S->in_npt = malloc(sizeof(long) * k);
+    if (!S->in_at || !S->in_think || !S->in_id || !S->in_prompt || !S->in_output || !S->in_max || !S->in_pid
+        || !S->in_npt) return KV_NOMEM;
     if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
         if (at) memcpy(S->in_at, at, sizeof(double) * n); else memset(S->in_at, 0, sizeof(double) * n);
         if (think) memcpy(S->in_think, think, sizeof(double) * n); else memset(S->in_think, 0, sizeof(double) * n);
         memcpy(S->in_id, ids, sizeof(long) * n);
         memcpy(S->in_prompt, prompt, sizeof(long) * n); memcpy(S->in_output, output, sizeof(long) * n);
         memcpy(S->in_max, max_tokens, sizeof(long) * n);
+        for (long i = 0; i < n; i++) {
+            S->in_pid[i] = prefix_id ? prefix_id[i] : -1;
+            S->in_npt[i] = prefix_tokens && prefix_id && prefix_id[i] >= 0 ? prefix_tokens[i] : 0;
+        }
     }
     S->in_n = n; S->in_pos = 0; S->in_last = last;
     return 0;
@@ -243,10 +288,187 @@ static long new_slot(kv_rep *e) {
         kv_req *r = realloc(e->reqs, sizeof(kv_req) * nc);
         long *f = realloc(e->free_slots, sizeof(long) * nc);
         if (!r || !f) { if (r) e->reqs = r; if (f) e->free_slots = f; return -1; }
+        memset(r + old, 0, sizeof(kv_req) * (nc - old));  /* rep_free frees every slot's `pt` */
         e->reqs = r; e->free_slots = f; e->cap_reqs = nc;
         for (long s = nc - 1; s >= old; s--) e->free_slots[e->num_free_slots++] = s;
     }
     return e->free_slots[--e->num_free_slots];
+}
+
+/* -- prefix caching (simcore/block_pool.py BlockPool, PagedAllocator) ----------------------- */
+static long h_new(kv_rep *e) {
+    long h;
+    if (e->hfree_n) h = e->hfree[--e->hfree_n];
+    else {
+        if (e->blk_n == e->blk_cap) {
+            long nc = e->blk_cap ? 2 * e->blk_cap : 256;
+            kv_blk *b = realloc(e->blk, sizeof(kv_blk) * nc);
+            if (!b) return -1;
+            e->blk = b; e->blk_cap = nc;
+        }
+        h = e->blk_n++;
+    }
+    e->blk[h].g = -1; e->blk[h].i = -1; e->blk[h].ref = 1; e->blk[h].prev = e->blk[h].next = -1;
+    return h;
+}
+
+static int h_drop(kv_rep *e, long h) {
+    if (e->hfree_n == e->hfree_cap) {
+        long nc = e->hfree_cap ? 2 * e->hfree_cap : 256;
+        long *f = realloc(e->hfree, sizeof(long) * nc);
+        if (!f) return 0;
+        e->hfree = f; e->hfree_cap = nc;
+    }
+    e->hfree[e->hfree_n++] = h;
+    return 1;
+}
+
+static void lru_push(kv_rep *e, long h) {  /* freed last: evicted last */
+    e->blk[h].prev = e->lru_tail; e->blk[h].next = -1;
+    if (e->lru_tail >= 0) e->blk[e->lru_tail].next = h; else e->lru_head = h;
+    e->lru_tail = h;
+}
+
+static void lru_remove(kv_rep *e, long h) {
+    long p = e->blk[h].prev, n = e->blk[h].next;
+    if (p >= 0) e->blk[p].next = n; else e->lru_head = n;
+    if (n >= 0) e->blk[n].prev = p; else e->lru_tail = p;
+}
+
+static long g_get(const kv_rep *e, long g, long i) {
+    return g < e->ngroups && i < e->groups[g].n ? e->groups[g].h[i] : -1;
+}
+
+static int g_set(kv_rep *e, long g, long i, long h) {
+    if (g >= e->ngroups) {
+        long nc = g + 1 > 2 * e->ngroups ? g + 1 : 2 * e->ngroups;
+        kv_group *gr = realloc(e->groups, sizeof(kv_group) * nc);
+        if (!gr) return 0;
+        for (long k = e->ngroups; k < nc; k++) { gr[k].h = NULL; gr[k].n = 0; }
+        e->groups = gr; e->ngroups = nc;
+    }
+    kv_group *gr = &e->groups[g];
+    if (i >= gr->n) {
+        long nc = i + 1 > 2 * gr->n ? i + 1 : 2 * gr->n;
+        long *a = realloc(gr->h, sizeof(long) * nc);
+        if (!a) return 0;
+        for (long k = gr->n; k < nc; k++) a[k] = -1;
+        gr->h = a; gr->n = nc;
+    }
+    gr->h[i] = h;
+    return 1;
+}
+
+/* BlockPool.take_many: `n` blocks for positions pos0.. of r's table: uncached free ones first,
+   then the least recently freed cached ones, evicted (their content forgotten) */
+static int pc_take(kv_rep *e, kv_req *r, long pos0, long n) {
+    e->free_blocks -= n;
+    for (long k = 0; k < n; k++) {
+        long pos = pos0 + k, h = -1;
+        if (e->uncached_free) e->uncached_free--;
+        else {
+            h = e->lru_head;
+            if (h < 0) return KV_STALL;  /* the free count said a block was left: never */
+            lru_remove(e, h);
+            e->groups[e->blk[h].g].h[e->blk[h].i] = -1;
+            e->blk[h].g = -1; e->blk[h].ref = 1; e->num_cached--;
+        }
+        if (pos < r->npb) {
+            if (h < 0 && (h = h_new(e)) < 0) return KV_NOMEM;
+            r->pt[pos] = h;
+        } else if (h >= 0 && !h_drop(e, h)) return KV_NOMEM;
+    }
+    return 0;
+}
+
+/* BlockPool.decref of the block at position `pos` of r's table */
+static int pc_decref(kv_rep *e, kv_req *r, long pos) {
+    if (pos >= r->npb) { e->uncached_free++; e->free_blocks++; return 0; }
+    long h = r->pt[pos];
+    if (--e->blk[h].ref) return 0;  /* still held by another table */
+    e->free_blocks++;
+    if (e->blk[h].g >= 0) { lru_push(e, h); return 0; }
+    e->uncached_free++;
+    return h_drop(e, h) ? 0 : KV_NOMEM;
+}
+
+/* PagedAllocator.free: the table's blocks back, last first */
+static int pc_release(kv_rep *e, kv_req *r) {
+    for (long pos = r->nblk - 1; pos >= 0; pos--) {
+        int rc = pc_decref(e, r, pos);
+        if (rc) return rc;
+    }
+    e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
+    return 0;
+}
+
+/* the cached leading blocks of r's prefix it may adopt (at least one token is still computed) */
+static long pc_hits(const kv_rep *e, const kv_req *r) {
+    long hits = 0;
+    while (hits < r->npb && g_get(e, r->g, hits) >= 0) hits++;
+    long most = (r->prompt + r->generated - 1) / e->c.block_size;
+    return hits < most ? hits : most;
+}
+
+/* PagedAllocator.num_blocks_to_allocate: the free blocks an admission with `hit` cached blocks
+   and `num_new` tokens after them takes (the evictable hits it revives included) */
+static long pc_need(const kv_rep *e, const kv_req *r, long hit, long num_new) {
+    long revived = 0;
+    for (long i = 0; i < hit; i++) revived += e->blk[g_get(e, r->g, i)].ref == 0;
+    return revived + blocks_for(e, hit * e->c.block_size + num_new) - hit;
+}
+
+/* PagedAllocator.allocate_slots: adopt the `hit` cached blocks (touched: revived if evictable),
+   then new blocks for `num_new` tokens after them; the caller checked that they fit */
+static int pc_admit(kv_rep *e, kv_req *r, long hit, long num_new) {
+    for (long i = 0; i < hit; i++) {
+        long h = g_get(e, r->g, i);
+        if (!e->blk[h].ref) { lru_remove(e, h); e->free_blocks--; }
+        e->blk[h].ref++;
+        r->pt[i] = h;
+    }
+    long total = blocks_for(e, hit * e->c.block_size + num_new);
+    int rc = pc_take(e, r, hit, total - hit);
+    r->nblk = total; r->ntok = hit * e->c.block_size + num_new; e->gpu_tokens += r->ntok;
+    return rc;
+}
+
+/* PagedAllocator.cache_full_blocks: r's full prefix blocks registered under their content
+   (the first block with a content wins) */
+static int pc_cache_full(kv_rep *e, kv_req *r) {
+    long full = r->ntok / e->c.block_size;
+    if (full > r->npb) full = r->npb;
+    if (full > r->nblk) full = r->nblk;
+    for (long i = 0; i < full; i++) {
+        long h = r->pt[i];
+        if (e->blk[h].g >= 0 || g_get(e, r->g, i) >= 0) continue;
+        if (!g_set(e, r->g, i, h)) return KV_NOMEM;
+        e->blk[h].g = r->g; e->blk[h].i = i; e->num_cached++;
+    }
+    return 0;
+}
+
+/* dense group of a prefix id (S-wide: every replica keys its cache the same) */
+static long pid_group(kv_engine *S, long pid) {
+    if (2 * (S->pid_n + 1) > S->pid_cap) {
+        long nc = S->pid_cap ? 2 * S->pid_cap : 64;
+        long *k = calloc((size_t)nc, sizeof(long)), *v = calloc((size_t)nc, sizeof(long));
+        if (!k || !v) { free(k); free(v); return -1; }
+        for (long j = 0; j < S->pid_cap; j++) {
+            if (!S->pid_keys[j]) continue;
+            unsigned long x = (unsigned long)S->pid_keys[j] * 0x9E3779B97F4A7C15UL;
+            long p = (long)(x % (unsigned long)nc);
+            while (k[p]) p = (p + 1) % nc;
+            k[p] = S->pid_keys[j]; v[p] = S->pid_vals[j];
+        }
+        free(S->pid_keys); free(S->pid_vals); S->pid_keys = k; S->pid_vals = v; S->pid_cap = nc;
+    }
+    long key = pid + 1;  /* ids are >= 0 */
+    unsigned long x = (unsigned long)key * 0x9E3779B97F4A7C15UL;
+    long p = (long)(x % (unsigned long)S->pid_cap);
+    while (S->pid_keys[p] && S->pid_keys[p] != key) p = (p + 1) % S->pid_cap;
+    if (!S->pid_keys[p]) { S->pid_keys[p] = key; S->pid_vals[p] = S->pid_n++; }
+    return S->pid_vals[p];
 }
 
 /* -- outputs ------------------------------------------------------------------------------ */
@@ -288,7 +510,7 @@ static int send(kv_engine *S, long i, double stamp, long client) {
     kv_rep *e = pick(S);
     kv_req r;
     memset(&r, 0, sizeof r);
-    r.id = S->in_id[i]; r.prompt = S->in_prompt[i]; r.max_tokens = S->in_max[i]; r.client = client;
+    r.id = S->in_id[i]; r.prompt = S->in_prompt[i]; r.max_tokens = S->in_max[i]; r.client = client; r.g = -1;
     long room = e->c.max_model_len - r.prompt, out = S->in_output[i];
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
@@ -302,6 +524,12 @@ static int send(kv_engine *S, long i, double stamp, long client) {
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
     if (kind) return put_req(e, &r, 1, kind, out);
+    if (e->pc && S->in_pid[i] >= 0) {  /* ContinuousPagedPolicy._prefix_hashes: (g, 0..npb-1) */
+        r.g = pid_group(S, S->in_pid[i]);
+        r.npt = S->in_npt[i]; r.npb = r.npt / e->c.block_size;
+        if (r.g < 0) return KV_NOMEM;
+        if (r.npb && !(r.pt = malloc(sizeof(long) * r.npb))) return KV_NOMEM;
+    }
     long s = new_slot(e);
     if (s < 0 || !wq_reserve(e)) return KV_NOMEM;
     e->reqs[s] = r;
@@ -371,8 +599,12 @@ static int client_take(kv_engine *S) {
 }
 
 /* -- scheduling ----------------------------------------------------------------------------- */
+static void fail(kv_rep *e, int rc) {
+    if (rc && !e->S->err) e->S->err = rc;
+}
+
 static void plan_reset(kv_rep *e) {
-    e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = 0;
+    e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
 }
@@ -387,18 +619,23 @@ static void plan_add(kv_rep *e, long s, long num_new, long computed) {
         e->num_tokens += num_new;
         e->chunk_tokens[e->num_chunks] = num_new; e->chunk_ctx[e->num_chunks++] = computed;
         if (computed + num_new == r->prompt + r->generated) e->num_sampled += 1;
+        if (e->pc && computed < r->npt && r->npb) e->filling[e->num_filling++] = s;
     }
 }
 
 static void release(kv_rep *e, kv_req *r) {
+    if (e->pc) { fail(e, pc_release(e, r)); return; }
     e->free_blocks += r->nblk; e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
 }
 
-/* append_slots: all or nothing */
+/* append_slots: all or nothing (no copy-on-write: a request's last block is never shared, a
+   shared block being a full cached one) */
 static int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     long need = blocks_for(e, r->ntok + num_new) - r->nblk;
     if (need > e->free_blocks) return 0;
-    e->free_blocks -= need; r->nblk += need; r->ntok += num_new; e->gpu_tokens += num_new;
+    if (e->pc) fail(e, pc_take(e, r, r->nblk, need));
+    else e->free_blocks -= need;
+    r->nblk += need; r->ntok += num_new; e->gpu_tokens += num_new;
     return 1;
 }
 
@@ -415,7 +652,10 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
             long v = e->run[--*n];
             kv_req *vr = &e->reqs[v];
             int swap = e->c.swap && vr->nblk <= e->cpu_free;
-            if (swap) {
+            if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
+                e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok; e->num_swap_blocks += vr->nblk;
+                for (long pos = 0; pos < vr->nblk; pos++) fail(e, pc_decref(e, vr, pos));
+            } else if (swap) {
                 e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
                 e->num_swap_blocks += vr->nblk;
             } else {
@@ -434,12 +674,21 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
     return budget;
 }
 
-static long admit_one(kv_rep *e, long s, long num_new) {
+/* allocate_slots + _take_admitted: `hit` cached prefix blocks adopted, `num_new` tokens after them */
+static long admit_one(kv_rep *e, long s, long num_new, long hit) {
     kv_req *r = &e->reqs[s];
-    long need = blocks_for(e, num_new);
-    e->free_blocks -= need; r->nblk = need; r->ntok = num_new; e->gpu_tokens += num_new;
+    long cached = hit * e->c.block_size;
+    if (e->pc) {
+        fail(e, pc_admit(e, r, hit, num_new));
+        if (r->npb) e->prefix_query_tokens += r->prompt + r->generated;
+        e->prefix_hit_tokens += cached;
+    } else {
+        long need = blocks_for(e, num_new);
+        e->free_blocks -= need; r->nblk = need; r->ntok = num_new; e->gpu_tokens += num_new;
+    }
+    r->adm_cached = cached;
     e->admitted[e->num_admitted++] = s;
-    plan_add(e, s, num_new, 0);
+    plan_add(e, s, num_new, cached);
     return num_new;
 }
 
@@ -453,7 +702,9 @@ static long swap_in(kv_rep *e, long *n, long budget) {
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
         if (e->free_blocks < blocks_for(e, r->computed + num_new) || 1 > budget) break;
-        e->cpu_free += r->nblk; e->free_blocks -= r->nblk; e->gpu_tokens += r->ntok;
+        e->cpu_free += r->nblk; e->gpu_tokens += r->ntok;
+        if (e->pc) fail(e, pc_take(e, r, 0, r->nblk));  /* new GPU blocks, one by one (may evict) */
+        else e->free_blocks -= r->nblk;
         e->num_swap_blocks += r->nblk;
         e->swapped_in[e->num_swapped_in++] = s;
         e->run[(*n)++] = s;
@@ -477,8 +728,10 @@ static int schedule(kv_rep *e) {
                 const kv_req *r = &e->reqs[s];
                 long num_tokens = r->prompt + r->generated;
                 if (num_tokens > budget || num_seqs + 1 > e->c.max_num_seqs) break;
-                if (e->free_blocks - blocks_for(e, num_tokens) < e->c.watermark_blocks) break;
-                admit_one(e, s, num_tokens);
+                long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
+                long need = hit ? pc_need(e, r, hit, num_tokens - hit * e->c.block_size) : blocks_for(e, num_tokens);
+                if (e->free_blocks - need < e->c.watermark_blocks) break;
+                admit_one(e, s, num_tokens - hit * e->c.block_size, hit);
                 num_seqs += 1;
                 budget -= num_tokens;
             }
@@ -503,10 +756,11 @@ static int schedule(kv_rep *e) {
         long s = wq_at(e, j);
         const kv_req *r = &e->reqs[s];
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
-        long num_new = r->prompt + r->generated;
+        long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
+        long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
-        if (blocks_for(e, num_new) > e->free_blocks) break;
-        admit_one(e, s, num_new);
+        if ((hit ? pc_need(e, r, hit, num_new) : blocks_for(e, num_new)) > e->free_blocks) break;
+        admit_one(e, s, num_new, hit);
         num_seqs += 1;
         budget -= num_new;
     }
@@ -532,7 +786,7 @@ static int begin_step(kv_rep *e) {
     for (long k = 0; k < e->num_admitted; k++) {
         long s = wq_pop_front(e);
         kv_req *r = &e->reqs[s];
-        r->computed = 0;
+        r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
         e->run[e->run_len++] = s;
     }
@@ -584,13 +838,24 @@ static int end_step(kv_rep *e) {
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
     }
-    /* end_step's snapshot, before the finished let go: nothing shared, so the unfilled
-       slots are the allocated ones less the written ones */
+    for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
+        int rc = pc_cache_full(e, &e->reqs[e->filling[k]]);
+        if (rc) return rc;
+    }
+    /* end_step's snapshot, before the finished let go: with nothing cached nothing is shared, so
+       the unfilled slots are the allocated ones less the written ones; else the running
+       requests' last blocks' (a shared block is a full cached one) */
     long allocated = (e->c.num_gpu_blocks - e->free_blocks) * e->c.block_size;
     long internal = allocated - e->gpu_tokens;
+    if (e->num_cached) {
+        long bs = e->c.block_size;
+        internal = 0;
+        for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
+    }
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         release(e, r);
+        free(r->pt); r->pt = NULL;
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
         e->free_slots[e->num_free_slots++] = e->finished[k];
@@ -706,6 +971,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         kv_event ev = ev_pop(S);
         S->now = ev.t;
         int rc = 0;
+        if (S->err) return S->err;
         switch (ev.kind) {
         case EV_ENGINE: rc = engine_event(&S->reps[ev.arg]); break;
         case EV_ARRIVAL: S->arr_resume = 1; break;
@@ -717,5 +983,6 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         case EV_THINK: S->taking = ev.arg; break;
         }
         if (rc) return rc;
+        if (S->err) return S->err;
     }
 }

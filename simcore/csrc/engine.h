@@ -1,6 +1,7 @@
 /* Engine replicas' step loops in C: continuous batching over a paged KV cache (vLLM V0's
  * prefill-first scheduler, or V1's token budget with chunked prefill), recompute or swap preemption,
- * one-sequence requests; one replica or several behind a router (round-robin or least-loaded,
+ * one-sequence requests, prefix caching of shared prefixes (hashed blocks, LRU eviction as
+ * simcore/block_pool.py); one replica or several behind a router (round-robin or least-loaded,
  * simcore/router.py); an open-loop workload or a closed loop of clients with think times. The
  * same decisions, timestamps and step prices as the Python engine in --exact-steps mode
  * (simcore/engine.py, policies/continuous*.py, lifecycle.py, workloads/arrivals.py), without
@@ -40,6 +41,7 @@ typedef struct {
     long num_replicas;     /* replicas behind the router, each with this configuration (0: one) */
     long router;           /* with several: KV_ROUTER_* */
     long clients;          /* 0: an open loop; else a closed loop of this many clients */
+    long prefix_caching;   /* 1: full blocks of shared prefixes cached by content, LRU eviction */
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
@@ -61,12 +63,16 @@ typedef struct kv_engine kv_engine;
 kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing);
 void kv_engine_free(kv_engine *e);
 /* Arrivals (planned seconds after the start, nondecreasing; ignored in a closed loop) and
-   lengths, think times (closed loop; NULL: none); `last`: no more follow. Copied; call only when
-   kv_engine_run asked (KV_NEED_INPUT) or before the first run. */
+   lengths, think times (closed loop; NULL: none), shared prefixes (id, -1: none, and tokens;
+   NULL: none); `last`: no more follow. Copied; call only when kv_engine_run asked
+   (KV_NEED_INPUT) or before the first run. */
 int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
-                   const long *output, const long *max_tokens, const double *think, int last);
+                   const long *output, const long *max_tokens, const double *think,
+                   const long *prefix_id, const long *prefix_tokens, int last);
 int kv_engine_run(kv_engine *e, kv_outputs *out);
-/* per replica: requests arrived, requests that left, times arrivals were held (3 longs each) */
+/* per replica (KV_COUNTS longs each): requests arrived, requests that left, times arrivals were
+   held, prompt tokens of admitted requests that share a prefix, of those adopted from the cache */
+#define KV_COUNTS 5
 void kv_engine_counts(const kv_engine *e, long *out);
 
 #endif

@@ -65,11 +65,24 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     e = cfg.engine
+    if e.speculative_config is not None:  # V1's scheduler with draft tokens (config.resolve checked chunking)
+        from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
+
+        return SpeculativePagedPolicy(
+            paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens, e.preemption_mode,
+            e.speculative_config, rng, enable_prefix_caching=e.enable_prefix_caching,
+        )
     cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
-    return cls(
+    policy = cls(
         paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
         e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
     )
+    if cfg.memory.num_offload_blocks:  # the CPU KV tier (simcore.kv_tier); V1 only (config refuses V0)
+        from kvsim.simcore.kv_tier import HostKVTier
+
+        policy.host_tier = HostKVTier(cfg.memory.num_offload_blocks)
+        policy.load_block_s = cfg.swap_block_s  # one block over each GPU's host link, in parallel
+    return policy
 
 
 def _orca(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
@@ -109,7 +122,8 @@ register(PolicySpec(
 register(PolicySpec(
     "continuous", "paged", "vLLM: iteration-level scheduling over a paged KV cache",
     _continuous,
-    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching"}),
+    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching", "speculative_config",
+                             "kv_offloading_size"}),
 ))
 register(PolicySpec(
     "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",

@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # annotations only: the table is read by `kvsim run --help`, 
 # A policy that does not list one refuses it (CLI: given at all; API: set to a non-default).
 POLICY_OPTIONS = (
     "allocator", "reservation", "preemption_mode", "swap_space", "enable_chunked_prefill",
-    "enable_prefix_caching", "max_batch_size", "batch_timeout_s", "engine_version",
+    "enable_prefix_caching", "max_batch_size", "batch_timeout_s", "speculative_config", "kv_offloading_size",
+    "engine_version",
 )
 ALLOCATOR_KINDS = ("paged", "contiguous")
 
