@@ -611,9 +611,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     summary["max_concurrent_requests"] = bench_result.peak_concurrency(result)
     times = bench_result.token_times(sim) if sim is not None else None
     if times is not None and result.records.kept:
-        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result._per_request(result))
+        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result.per_request_rows(result))
     load = configured_load(result.record["workload"])
-    vllm = bench_result.flat_result(summary, result, {
+    vllm = bench_result.flat_result(summary, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
         "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
@@ -671,6 +671,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+        "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,

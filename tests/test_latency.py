@@ -507,3 +507,28 @@ def test_short_rows_on_python_floats_equal_numpy_rows_bit_for_bit(bs, a):
         assert python_row.tobytes() == numpy_row.tobytes() == _plain_row(t, a, bs).tobytes()
         if len(bs) <= latency.SHORT_ROW:
             assert t.row(a, bs).tobytes() == python_row.tobytes()
+
+
+def test_rows_through_grid_points_take_the_segment_above_as_the_scalar_pricing_does():
+    """A context exactly on a grid point belongs to the segment that starts there (bisect_right,
+    as Table2D.__call__ and csrc/pricing.c price single steps): a decode span's row must break the
+    tie the same way, on Python floats (short rows) and with numpy (long ones), as the plain
+    formula (side="right") does, bit for bit. Hypothesis' random contexts never land on a grid point."""
+    import numpy as np
+
+    import kvsim.simcore.latency as latency
+
+    dec = DOC["decode_attention"]["16"]
+    pre = DOC["prefill_attention"]
+    grids = [(dec["batch_size"], dec["context_tokens"], dec["time_ms"]),
+             (pre["chunk_tokens"], pre["context_tokens"], pre["time_ms"])]
+    for a_grid, b_grid, z in grids:
+        t = Table2D(a_grid, b_grid, z)
+        for a in [*a_grid, *(x + 1.0 for x in a_grid)]:
+            for g in b_grid[1:-1]:  # inner points: where one segment ends and the next begins
+                short = np.array([g - 1.0, g, g + 1.0])  # a span's contexts, climbing through g
+                assert t.row(a, short).tobytes() == _plain_row(t, a, short).tobytes(), (a, g)
+            long = np.array([b + d for b in b_grid[1:-1] for d in (-1.0, 0.0, 1.0)])
+            assert len(long) > latency.SHORT_ROW
+            assert t.row(a, long).tobytes() == _plain_row(t, a, long).tobytes(), a
+            assert np.allclose(t.row(a, long), [t(a, b) for b in long], rtol=1e-12, atol=0), a
