@@ -348,7 +348,9 @@ def prepare(
     else:
         cfg = resolve(model, gpu, config)
     config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
-    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead)  # built once per run
+    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead,
+                                    engine_version=config.engine_version)  # built once per run
+    host_source, host_terms = latency.host_source, latency.host.to_dict()
     warnings = []
     if not latency.set_block_size(config.block_size):
         warnings.append(
@@ -423,6 +425,9 @@ def prepare(
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,
         },
+        # which vLLM version the steps are priced and scheduled as, and the host terms used
+        "engine": {"version": config.engine_version, "host_overhead_from": host_source,
+                   "host_overhead_ms": host_terms},
         "memory": memory.to_dict(),
     }
     if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:

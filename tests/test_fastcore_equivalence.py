@@ -584,3 +584,16 @@ def test_step_rows_folded_in_the_core(dp, monkeypatch):
         assert a.record == b.record and a.summary == b.summary, case
         coalesced += any(r.coalesced for r in a.recorders)
     assert coalesced, "some cases should pass the cap"
+
+
+@pytest.mark.parametrize("version", ["vllm-v0", "vllm-0.6"])
+def test_engine_versions_match(version):
+    """--engine-version selects the profile's host terms for the version (simcore.latency); the C core
+    prices them from its pricing blob, with the reference's results (simcore.policies lists the
+    option among those the core honours)."""
+    import dataclasses
+
+    config, workload = _random_case(np.random.default_rng(11))
+    config = dataclasses.replace(config, engine_version=version)
+    core, _ = _compare(config, workload, seed=11, context=version)
+    assert core.record["engine"]["host_overhead_from"] == f"host_overhead_by_engine.{version}"

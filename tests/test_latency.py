@@ -67,6 +67,24 @@ def test_host_overhead_by_policy_and_fallback():
     assert StepLatencyModel(doc, policy="static").host.to_dict() == pytest.approx(DOC["host_overhead"])
 
 
+def test_host_overhead_by_engine_prices_continuous_steps_as_that_version():
+    by = DOC["host_overhead_by_engine"]
+    assert set(by) == {"vllm-v0", "vllm-0.6", "vllm-v1"}
+    for version, terms in by.items():
+        m = StepLatencyModel(DOC, policy="continuous", engine_version=version)
+        assert m.host.to_dict() == pytest.approx(terms)
+        assert m.host_source == f"host_overhead_by_engine.{version}"
+    # other policies keep their own engine's terms whatever the version
+    m = StepLatencyModel(DOC, policy="static", engine_version="vllm-v0")
+    assert m.host.to_dict() == pytest.approx(DOC["host_overhead_by_policy"]["static"])
+    # V0 pays Ray calls and synchronous output processing: dearer per step and per sequence than V1,
+    # and multi-step scheduling (0.6) spreads the loop over 10 steps
+    assert by["vllm-v0"]["per_step_ms"] > by["vllm-v1"]["per_step_ms"] > by["vllm-0.6"]["per_step_ms"]
+    assert by["vllm-v0"]["per_seq_ms"] > by["vllm-v1"]["per_seq_ms"] > by["vllm-0.6"]["per_seq_ms"]
+    with pytest.raises(ProfileError, match="unknown engine version 'vllm-v9'"):
+        parse_profile({**DOC, "host_overhead_by_engine": {"vllm-v9": {}}}, "p.json")
+
+
 def test_v1_profile_still_reads_with_step_overhead_as_per_step_term():
     doc = copy.deepcopy(DOC)
     doc["schema_version"] = 1
@@ -85,7 +103,7 @@ def test_host_model_terms_enter_the_step_as_stated():
     doc = copy.deepcopy(DOC)
     doc["host_overhead"] = {"per_step_ms": 1.0, "per_seq_ms": 0.5, "per_prefill_step_ms": 3.0,
                             "per_prefill_token_ms": 0.01}
-    del doc["host_overhead_by_policy"]
+    del doc["host_overhead_by_policy"], doc["host_overhead_by_engine"]
     m = StepLatencyModel(doc)
     assert m.step_breakdown_ms(8, [], 8, 800, 8)[2] == pytest.approx(1.0 + 8 * 0.5)
     assert m.step_breakdown_ms(108, [(100, 0)], 8, 800, 9)[2] == pytest.approx(1.0 + 9 * 0.5 + 3.0 + 100 * 0.01)

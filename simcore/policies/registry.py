@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: the table is read by `kvsim run --help`, 
 POLICY_OPTIONS = (
     "allocator", "reservation", "preemption_mode", "swap_space", "enable_chunked_prefill",
     "enable_prefix_caching", "max_batch_size", "batch_timeout_s", "speculative_config", "kv_offloading_size",
+    "engine_version",
 )
 ALLOCATOR_KINDS = ("paged", "contiguous")
 
