@@ -44,6 +44,7 @@ def calibrate(
     gpu: Annotated[str, typer.Option(help="Catalog GPU the measurements were taken on.")],
     out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json).")],
     tp: Annotated[str | None, typer.Option(help="TPs to write profiles for, e.g. 2,4,8 [default: the TPs in the data].")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on: vllm-v0, vllm-0.6 or vllm-v1; its scheduler prices the rows and its default host terms are the fit's prior. [default: vllm-v1]")] = None,
     free: Annotated[str | None, typer.Option(help="Scalars to fit as well, e.g. s_gemm,s_attn,s_coll [default: none: kernels and collectives are measured, so they stay at 1].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit as JSON.")] = False,
 ) -> None:
@@ -68,6 +69,11 @@ def calibrate(
     out_tps = _tps(tp)
     from kvsim.profiles.calibrate import MeasurementError
 
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
+
+    version = engine_version or DEFAULT_ENGINE_VERSION
+    if version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     free_scalars = check_free_scalars([t.strip() for t in free.split(",")] if free is not None else [])
     rows, sha = read_measurements(measurements)
     check_rows_fit(rows, model_spec, measurements)
@@ -82,7 +88,7 @@ def calibrate(
     from kvsim.simcore.memory import plan_memory
 
     for t in sorted(set(out_tps) | set(data_tps)):  # a TP the model does not fit: refused before work
-        plan_memory(model_spec, gpu_spec, batch_config(t, 1))
+        plan_memory(model_spec, gpu_spec, batch_config(t, 1, version))
     from kvsim.profiles.calibrate import check_enough_points
 
     try:
@@ -90,9 +96,10 @@ def calibrate(
     except MeasurementError as exc:
         raise MeasurementError(f"{measurements}: {exc}") from None
     bases = {t: default_profile(gpu_spec, model_spec, t) for t in sorted(set(out_tps) | set(data_tps))}
-    priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
+    priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report,
+                                                                             version))
     base_tp = max(data_tps, key=lambda t: sum(r.tp == t for r in rows))  # the prior: the most measured TP's
-    prior = profile_params(bases[base_tp], base_tp)
+    prior = profile_params(bases[base_tp], base_tp, version)
     try:
         fit = fit_rows(rows, priced, prior, free_scalars)
     except MeasurementError as exc:
@@ -102,7 +109,7 @@ def calibrate(
     provenance = {
         "calibration": {
             "kvsim_version": KVSIM_VERSION,
-            "input": str(measurements), "input_sha256": sha, "rows": len(rows), "data_tps": data_tps,
+            "input": str(measurements), "input_sha256": sha, "engine_version": version, "rows": len(rows), "data_tps": data_tps,
             "fitted": fit.params, "prior": dict(zip(PARAMS, map(float, prior), strict=True)),
             "errors_by_tp": {str(k): v for k, v in fit.by_tp.items()}, "residuals": fit.rows,
             "fitted_terms": fit.fitted, "pinned_scalars": fit.pinned,

@@ -49,7 +49,7 @@ import numpy as np
 
 from kvsim.simcore.errors import KvsimError
 from kvsim.simcore.latency import Profile, StepLatencyModel, parse_profile
-from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_PRESETS, EngineConfig, GPUSpec, ModelSpec
 
 QUANTITIES = ("prefill_ms", "decode_ms", "latency_ms")
 KEYS = ("tp", "batch_size", "input_len", "output_len")
@@ -169,16 +169,20 @@ class RowPricing:
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def batch_config(tp: int, batch_size: int) -> EngineConfig:
-    return EngineConfig(tensor_parallel_size=tp, max_num_seqs=max(256, batch_size))
+def batch_config(tp: int, batch_size: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> EngineConfig:
+    """The engine a row ran on: the version's scheduler (V0 and 0.6 prefill a batch without
+    chunking; simcore.specs.ENGINE_PRESETS) and its host terms where the profile has them."""
+    return EngineConfig(tensor_parallel_size=tp, max_num_seqs=max(256, batch_size), engine_version=engine_version,
+                        **ENGINE_PRESETS[engine_version])
 
 
-def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement) -> RowPricing:
-    """Simulate the row's batch with `profile`; record each step's linear features."""
+def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement,
+              engine_version: str = DEFAULT_ENGINE_VERSION) -> RowPricing:
+    """Simulate the row's batch with `profile` on that engine version; record each step's linear features."""
     from kvsim.simcore.simulate import prepare
     from kvsim.workloads import load_workload
 
-    config = batch_config(row.tp, row.batch_size)
+    config = batch_config(row.tp, row.batch_size, engine_version)
     overrides = {"num_requests": row.batch_size, "input_len": row.input_len, "output_len": row.output_len}
     workload = load_workload("fixed-batch", overrides, max_model_len=config.resolved_max_model_len(model))
     sim = prepare(model, gpu, config, workload, profile, exact_steps=True)  # one step-table row per step
@@ -239,10 +243,11 @@ def default_rank_ms() -> float:
     return (engine_host(DEFAULT_ENGINE_VERSION, 8)[0] - engine_host(DEFAULT_ENGINE_VERSION, 2)[0]) / 6
 
 
-def profile_params(profile: Profile, tp: int) -> np.ndarray:
+def profile_params(profile: Profile, tp: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> np.ndarray:
     """The parameters that reproduce `profile` itself at this TP (scales 1, its continuous host
-    terms, with host_rank at its prior and host_step what remains of the per-step term)."""
-    host = StepLatencyModel(profile.data, policy="continuous").host
+    terms for the engine version, with host_rank at its prior and host_step what remains of the
+    per-step term)."""
+    host = StepLatencyModel(profile.data, policy="continuous", engine_version=engine_version).host
     rank = default_rank_ms()
     return np.array([1.0, 1.0, 1.0, max(host.per_step_ms - rank * (tp - 1), 0.0), rank, host.per_seq_ms,
                      host.per_prefill_step_ms, host.per_prefill_token_ms])
@@ -460,11 +465,12 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
     return doc
 
 
-def price_all(model: ModelSpec, gpu: GPUSpec, rows: list[Measurement], profile_for, progress=None) -> list[RowPricing]:
-    """Price every row with `profile_for(tp)`; `progress(label, n)` after each row."""
+def price_all(model: ModelSpec, gpu: GPUSpec, rows: list[Measurement], profile_for, progress=None,
+              engine_version: str = DEFAULT_ENGINE_VERSION) -> list[RowPricing]:
+    """Price every row with `profile_for(tp)` on that engine version; `progress(label, n)` after each row."""
     out = []
     for n, row in enumerate(rows, start=1):
-        out.append(price_row(model, gpu, profile_for(row.tp), row))
+        out.append(price_row(model, gpu, profile_for(row.tp), row, engine_version))
         if progress is not None:
             progress(f"line {row.line}: B={row.batch_size} P={row.input_len} O={row.output_len} TP {row.tp}", n)
     return out

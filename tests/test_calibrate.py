@@ -255,3 +255,26 @@ def test_impossible_times_and_unfit_tp_are_refused(tmp_path):
                                  "--tp", "1", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "does not fit" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_rows_are_priced_on_the_engine_version_they_were_measured_on(tmp_path):
+    from kvsim.profiles.calibrate import batch_config
+
+    assert batch_config(4, 8, "vllm-v0").enable_chunked_prefill is False
+    assert batch_config(4, 8).enable_chunked_prefill is True
+    base = default_profile(GPU, MODEL, 4)
+    row = Measurement(2, 4, 32, 1024, 16, {})
+    v0, v1 = (price_row(MODEL, GPU, base, row, v) for v in ("vllm-v0", "vllm-v1"))
+    assert v0.simulated["decode_ms"] > v1.simulated["decode_ms"]  # V0's host terms: Ray calls, outputs
+    for version, priced in (("vllm-v0", v0), ("vllm-v1", v1)):  # the prior reproduces each engine
+        theta = profile_params(base, 4, version)
+        for q, ms in priced.simulated.items():
+            assert priced.features[q] @ theta == pytest.approx(ms, rel=1e-9)
+    result = CliRunner().invoke(app, ["calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100",
+                                      "--engine-version", "vllm-v0", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((tmp_path / "o" / "H100-SXM-80GB-llama2-70b-tp4.json").read_text())
+    assert doc["provenance"]["calibration"]["engine_version"] == "vllm-v0"
+    bad = CliRunner().invoke(app, ["calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100",
+                                   "--engine-version", "v2", "--out", str(tmp_path / "p")])
+    assert bad.exit_code == 2 and "--engine-version must be one of" in bad.stderr
