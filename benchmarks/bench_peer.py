@@ -8,7 +8,9 @@ the whole process (imports included), peak RSS and CPU seconds from getrusage of
 child (CPU time is the steadier figure on a shared machine; us / step is CPU per engine step).
 
 Run: python benchmarks/bench_peer.py [--sizes 1000 10000 100000 1000000] [--repeats 3] [--exact-steps]
-     [--engine-core auto|c|python]
+     [--engine-core auto|c|python] [--dp N [--router round-robin|least-loaded]]
+`--dp N` runs N replicas behind the router at N times the rate (each replica sees the peer's load),
+so its us / request compares with one replica's (issue 22: at most 2x).
 Targets (issue 10): 10k <= 0.8 s, 1M <= 60 s, peak RSS <= 300 MiB at 1M, cost linear in requests.
 """
 
@@ -32,12 +34,15 @@ PEER_ARGS = [
     "--workload", str(WORKLOAD), "--rate", "4",
     "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
     "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--json",
+    "--no-error-bars",  # one simulation, as the peer runs (kvsim run's default 90% band adds two)
 ]
 
 
-def run_once(num_requests: int, extra: list[str], timeout_s: float) -> dict:
+def run_once(num_requests: int, extra: list[str], timeout_s: float, dp: int = 1) -> dict:
     """One whole `kvsim run` process: wall seconds, peak RSS (MiB), engine steps."""
-    cmd = [sys.executable, "-m", "kvsim.cli.main", "run", *PEER_ARGS, "--num-requests", str(num_requests), *extra]
+    args = list(PEER_ARGS)
+    args[args.index("--rate") + 1] = str(4 * dp)
+    cmd = [sys.executable, "-m", "kvsim.cli.main", "run", *args, "--num-requests", str(num_requests), *extra]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -65,17 +70,21 @@ def main() -> None:
     parser.add_argument("--exact-steps", action="store_true", help="time the one-event-per-step reference mode")
     parser.add_argument("--engine-core", choices=("auto", "c", "python"), default="auto",
                         help="which engine runs (kvsim run --engine-core): python times the Python engine")
+    parser.add_argument("--dp", type=int, default=1, help="replicas behind the router, at --dp times the rate")
+    parser.add_argument("--router", choices=("round-robin", "least-loaded"), default="least-loaded")
     args = parser.parse_args()
     extra = (["--exact-steps"] if args.exact_steps else []) + ["--engine-core", args.engine_core]
+    if args.dp > 1:
+        extra += ["--dp", str(args.dp), "--router", args.router]
     load = os.getloadavg()[0]
     print(f"load average before: {load:.2f} on {os.cpu_count()} cores; pinned: {bool(shutil.which('taskset'))}")
-    print("| requests | wall (median) | wall (all runs) | CPU (median) | peak RSS | engine steps | us / step |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| requests | wall (median) | wall (all runs) | CPU (median) | peak RSS | engine steps | us / step | us / request |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for size in sorted(args.sizes):
         runs = []
         for _ in range(args.repeats):
             try:
-                runs.append(run_once(size, extra, args.timeout_s))
+                runs.append(run_once(size, extra, args.timeout_s, args.dp))
             except subprocess.TimeoutExpired:
                 print(f"| {size:,} | > {args.timeout_s:.0f} s (timed out) | | | | | |", flush=True)
                 break
@@ -86,7 +95,8 @@ def main() -> None:
         rss = max(r["rss_mib"] for r in runs)
         steps = runs[0]["steps"]
         walls = ", ".join(f"{r['wall_s']:.2f}" for r in runs)
-        print(f"| {size:,} | {wall:.2f} s | {walls} | {cpu:.2f} s | {rss:.0f} MiB | {steps:,} | {cpu / steps * 1e6:.1f} |",
+        print(f"| {size:,} | {wall:.2f} s | {walls} | {cpu:.2f} s | {rss:.0f} MiB | {steps:,} | {cpu / steps * 1e6:.1f} "
+              f"| {cpu / size * 1e6:.1f} |",
               flush=True)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.catalog import GPU_SOURCES, GPUS, MODELS
 from kvsim.simcore.specs import GIB
 
 
@@ -30,13 +30,14 @@ def list_catalog(what: Annotated[What, typer.Argument(help="models, gpus or prof
         rows = [[m.name, f"{m.num_params / 1e9:.1f}B", f"{m.num_active_params / 1e9:.1f}B",
                  f"{m.num_experts} top-{m.num_experts_per_tok}" if m.is_moe else "-",
                  str(m.num_layers), str(m.hidden_size),
-                 f"{m.num_attention_heads}/{m.num_kv_heads}", f"{m.max_position_embeddings:,}",
+                 f"{m.num_attention_heads}/{'MLA' if m.is_mla else m.num_kv_heads}", f"{m.max_position_embeddings:,}",
                  f"{m.kv_bytes_per_token() / 1024:.0f} KiB", f"{m.weight_bytes / GIB:.1f} GiB"]
                 for m in MODELS.values()]
         typer.echo(_table(["model", "params", "active", "experts", "layers", "hidden", "heads/kv",
                            "context", "KV/token", "weights"], rows))
-        typer.echo("KV/token and weights in bf16; --kv-cache-dtype fp8 halves KV/token, "
-                   "--quantization fp8 stores the linear layers in 1 byte.")
+        typer.echo("KV/token and weights in the checkpoint's dtypes (bf16; deepseek-v3: FP8 weights); "
+                   "--kv-cache-dtype fp8 halves KV/token, --quantization fp8 stores the linear layers in 1 byte. "
+                   "MLA: one latent per token, not split by TP.")
     elif what is What.gpus:
         rows = [[g.name, f"{g.memory_gib:.1f} GiB", f"{g.bf16_tflops:g}",
                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "none", f"{g.hbm_tbps:g}",
@@ -44,6 +45,10 @@ def list_catalog(what: Annotated[What, typer.Argument(help="models, gpus or prof
                  f"{g.internode_gbps:g}"] for g in GPUS.values()]
         typer.echo(_table(["gpu", "memory", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM TB/s", "NVLink GB/s",
                            "PCIe GB/s", "GPUs/node", "inter-node GB/s"], rows))
+        typer.echo("TFLOP/s are dense (no sparsity); NVLink GB/s is per direction (AMD: Infinity Fabric, "
+                   "L40S: PCIe). Sources:")
+        for name in GPUS:
+            typer.echo(f"  {name}: {GPU_SOURCES.get(name, 'user-defined')}")
     else:
         _list_profiles()
 
@@ -64,9 +69,11 @@ def _list_profiles() -> None:
         if data.get("schema") != "kvsim-profile":
             continue
         base = "float32" if data.get("dtype") in ("float32", "fp32") else "bfloat16"
-        rows.append([path.name, str(data.get("gpu")), str(data.get("model")),
+        rows.append([path.stem, str(data.get("gpu")), str(data.get("model")),
                      str(data.get("weight_dtype", base)), str(data.get("kv_cache_dtype", base)),
                      str(data.get("tensor_parallel_size")), "any", str(data.get("source"))])
-    typer.echo(_table(["file", "gpu", "model", "weights", "kv cache", "tp", "pp", "source"], rows))
+    typer.echo(_table(["name", "gpu", "model", "weights", "kv cache", "tp", "pp", "source"], rows))
+    typer.echo("Give a name to --profile (run, sweep, profile check/validate) or to `kvsim profile "
+               "compare` from any folder.")
     typer.echo("Profiles are per layer, so every --pp reuses the TP profile. Any catalog (model, "
                "GPU, dtype, TP) without a file here runs on a roofline profile built in memory.")

@@ -48,9 +48,16 @@ class EngineCore(str, Enum):
     python = "python"
 
 
+class Placement(str, Enum):
+    same_node = "same-node"
+    cross_node = "cross-node"
+
+
 class RouterName(str, Enum):
     round_robin = "round-robin"
     least_loaded = "least-loaded"
+    prefix_aware = "prefix-aware"
+    session_affinity = "session-affinity"
 
 
 Model = Annotated[str, typer.Option(help="Catalog model name or a Hugging Face config.json.")]
@@ -60,7 +67,9 @@ Reservation = Annotated[ReservationName | None, typer.Option(help="Orca reservat
 MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")]
 EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
 EnablePrefixCaching = Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes (vLLM V1's automatic prefix caching). [default: on]")]
+EngineVersion = Annotated[str | None, typer.Option(help="vLLM version the engine's host cost and scheduler defaults model: vllm-v0 (Ray workers, synchronous output processing, no chunked prefill), vllm-0.6 (multi-step scheduling, 10 steps), vllm-v1. [default: vllm-v1]")]
 SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
+KvOffloadingSize = Annotated[float | None, typer.Option("--kv-offloading-size", help="CPU KV tier of a replica in GiB, summed over its GPUs (vLLM's native KV offloading): prefix-cache blocks are written through to host memory (LRU) and loaded back over PCIe on a hit. [default: none]")]
 Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
 MaxModelLen = Annotated[int | None, typer.Option(help="Longest prompt + output. [default: the model's]")]
 MaxBatchSize = Annotated[int | None, typer.Option(help="Static batching: requests per batch. [default: 64]")]
@@ -76,13 +85,14 @@ MaxTokens = Annotated[int | None, typer.Option(help="Fixed max_tokens cap per re
 N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request.")]
 BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
 ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
-ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile JSON. [default: the committed profile for GPU/model/TP, else a roofline]")]
+ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile: a JSON file, or a committed profile's name from `kvsim list profiles`. [default: the committed profile for GPU/model/TP, else a roofline]")]
 EngineCoreOpt = Annotated[EngineCore, typer.Option("--engine-core", help="Which engine runs the simulation: c (the compiled core: continuous batching, paged KV, one sequence per request, one replica, open-loop arrivals), python (every configuration), or auto (c where it applies). Same results either way.")]
 KvCacheDtypeOpt = Annotated[KvCacheDtype, typer.Option("--kv-cache-dtype", help="KV cache storage: auto (the model dtype) or fp8 (1 byte per element: twice the KV tokens).")]
 QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantization", "-q", help="Weight quantization: fp8 (FP8 linear layers, FP8 tensor-core GEMMs; Hopper only). [default: the checkpoint's own]")]
 PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]
-RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas. [default: least-loaded]")]
+RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas: round-robin, least-loaded, session-affinity (a conversation stays on its first replica), prefix-aware (llm-d's precise prefix-cache scorer: cached prefix, free KV and queue, weighted 2:1:1). [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+SpeculativeConfigOpt = Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding, as vLLM's JSON: {\"method\": \"eagle\" | \"eagle3\" | \"mtp\" | \"ngram\" | \"draft_model\", \"model\": ..., \"num_speculative_tokens\": k}, plus kvsim's \"acceptance_rate\" (per draft token, given the ones before were accepted) or \"acceptance_rates\" (one per position), else a published default for the method. Python engine only.")]
 Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]
 SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
 SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]
@@ -100,9 +110,17 @@ def engine_options(
     max_num_batched_tokens: int | None, enable_chunked_prefill: bool | None,
     swap_space: float | None, preemption_mode: PreemptionMode | None, max_model_len: int | None,
     max_batch_size: int | None, batch_timeout_s: float | None, enable_prefix_caching: bool | None,
+    kv_offloading_size: float | None = None,
+    engine_version: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, object]]:
-    """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`)."""
-    fields = {
+    """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`). With
+    --engine-version, the version's scheduler defaults (simcore.specs.ENGINE_PRESETS) fill the
+    options not given; an option given on the command line wins."""
+    from kvsim.simcore.specs import ENGINE_VERSIONS
+
+    if engine_version is not None and engine_version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
+    fields = {"engine_version": engine_version,
         "enable_prefix_caching": enable_prefix_caching,
         "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
         "enable_chunked_prefill": enable_chunked_prefill, "swap_space": swap_space,
@@ -110,14 +128,31 @@ def engine_options(
         "allocator": allocator.value if allocator else None,
         "reservation": reservation.value if reservation else None,
         "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout_s,
+        "kv_offloading_size": kv_offloading_size,
     }
     given = {
         "--max-batch-size": max_batch_size, "--batch-timeout-s": batch_timeout_s,
         "--allocator": allocator, "--preemption-mode": preemption_mode, "--swap-space": swap_space,
         "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
-        "--enable-prefix-caching": enable_prefix_caching,
+        "--enable-prefix-caching": enable_prefix_caching, "--kv-offloading-size": kv_offloading_size,
+        "--engine-version": engine_version,
     }
     return {k: v for k, v in fields.items() if v is not None}, given
+
+
+def apply_engine_preset(fields: dict[str, Any], policy: str) -> None:
+    """Fill the options `policy` reads and the user left unset with --engine-version's
+    scheduler defaults (simcore.specs.ENGINE_PRESETS); nothing without --engine-version."""
+    from kvsim.simcore.policies.registry import select
+    from kvsim.simcore.specs import ENGINE_PRESETS
+
+    version = fields.get("engine_version")
+    if version is None:
+        return
+    spec = select(policy, fields.get("allocator"))
+    for name, value in ENGINE_PRESETS[version].items():
+        if name in spec.options:
+            fields.setdefault(name, value)
 
 
 def workload_overrides(
@@ -212,10 +247,10 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
     sequences, max_num_batched_tokens tokens) can never be scheduled, and the engine would
     reject every such request after the whole run. Refused here, before any work, naming the
     flag that set it (`given`: flag -> value) or the workload's field."""
-    widths = {"n": max(wl.n.values), "beam_width": max(wl.beam_width.values)}
+    widths = {key: max(getattr(getattr(wl, key, None), "values", None) or (1,)) for key in ("n", "beam_width")}
     trace = getattr(wl, "trace", None)
     for key in widths:
-        column = trace.extras.get(key) if trace is not None else None
+        column = getattr(trace, "extras", {}).get(key) if trace is not None else None
         if column is not None and len(column):
             widths[key] = max(widths[key], int(column.max()))
     key = max(widths, key=widths.get)

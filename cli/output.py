@@ -22,7 +22,44 @@ def _section(title: str) -> str:
     return f"{title:-^50}"
 
 
-def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ") -> str:
+def format_disagg(s: dict[str, Any]) -> str:
+    """A disaggregated run's pools and KV transfers, after the client-side summary."""
+    lines = []
+    for name, pool in s.get("pools", {}).items():
+        lines.append(_section(f"{name.capitalize()} pool ({pool['replicas']} x TP {pool['tp']})"))
+        util = pool.get("utilization")
+        lines.append(_row("GPU busy share (%):", None if util is None else 100 * util))
+        if name == "prefill":
+            lines.append(_row("Mean queueing before prefill (ms):", pool.get("mean_queue_ms")))
+            lines.append(_row("P95 queueing before prefill (ms):", pool.get("p95_queue_ms")))
+            lines.append(_row("Mean prefill time (ms):", pool.get("mean_prefill_ms")))
+        lines.append(_row("Mean batch size (seqs/step):", pool.get("mean_batch_size")))
+        lines.append(_row("Preemptions:", pool.get("num_preemptions")))
+        if pool.get("kv_waste_rate") is not None:
+            lines.append(_row("KV cache waste (%):", 100 * pool["kv_waste_rate"]))
+    t = s.get("kv_transfer", {})
+    if t.get("num_transfers"):
+        lines.append(_section("KV transfer"))
+        lines.append(_row("Transfers:", t["num_transfers"]))
+        lines.append(_row("Bytes moved (GiB):", t["bytes_moved"] / 2**30))
+        for stat, label in (("mean", "Mean"), ("p50", "Median"), ("p95", "P95"), ("p99", "P99")):
+            lines.append(_row(f"{label} transfer time (ms):", t.get(f"{stat}_transfer_ms")))
+        # prefilled -> transfer start: the decode instance's next step boundary, and blocks there
+        lines.append(_row("Mean wait for decode admission (ms):", t.get("mean_decode_wait_ms")))
+        lines.append(_row("P95 wait for decode admission (ms):", t.get("p95_decode_wait_ms")))
+        lines.append(_row("Mean KV hold on prefill side (ms):", t.get("mean_prefill_held_ms")))
+        lines.append(_row("Mean KV held for transfer (GiB):", t.get("mean_kv_held_for_transfer_gib")))
+        lines.append(_row("Max transfers in flight:", t.get("max_transfers_in_flight")))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
+                   percentiles: tuple[float, ...] = (95.0, 99.0),
+                   metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")) -> str:
+    """vLLM's result block (its labels, order and widths) and kvsim's Load and KV cache sections;
+    `percentiles` and `metrics` as `--metric-percentiles` / `--percentile-metrics` chose them
+    (the `p{P}_{metric}_ms` keys must be in `s`)."""
     lines = [f"{title:=^50}"]
     lines.append(_row("Successful requests:", s["completed"]))
     lines.append(_row("Failed requests:", s.get("rejected", 0)))  # vLLM fails what it rejects (too long)
@@ -43,6 +80,12 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         lines.append(_row("Goodput SLOs (ms):", " ".join(f"{k}:{v:g}" for k, v in s["goodput_slo_ms"].items())))
     lines += [
         _row("Output token throughput (tok/s):", s["output_throughput"]),
+    ]
+    if s.get("max_output_tokens_per_s") is not None:  # only when token times were kept (--save-result)
+        lines.append(_row("Peak output token throughput (tok/s):", float(s["max_output_tokens_per_s"])))
+    if s.get("max_concurrent_requests") is not None:
+        lines.append(_row("Peak concurrent requests:", float(s["max_concurrent_requests"])))
+    lines += [
         _row("Total token throughput (tok/s):", s["total_token_throughput"]),
     ]
     for key, name, title_ in (
@@ -51,8 +94,11 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
         ("itl", "ITL", "Inter-token Latency"),
         ("e2el", "E2EL", "End-to-end Latency"),
     ):
+        if key not in metrics:
+            continue
         lines.append(_section(title_))
-        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p95", "P95"), ("p99", "P99")):
+        words = [str(int(p)) if int(p) == p else str(p) for p in percentiles]  # vLLM's P99 / P99.9
+        for stat, label in (("mean", "Mean"), ("median", "Median"), *((f"p{w}", f"P{w}") for w in words)):
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
     lines.append(_section("Load"))
     lines.append(_row("Offered load:", _load_label(s)))
@@ -78,10 +124,53 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ")
             lines.append(_row(label, 100 * s[key]))
     if s.get("prefix_cache_hit_rate") is not None:
         lines.append(_row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"]))
+    if s.get("cpu_prefix_cache_hit_rate") is not None:  # --kv-offloading-size
+        lines.append(_row("  loaded from the CPU tier (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
+        lines.append(_row("  CPU tier blocks loaded:", s.get("offload_loaded_blocks", 0)))
+    if s.get("prefix_cache_hit_rate_by_replica"):
+        lines.append(_row("  by replica (%):", ", ".join(
+            "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))
+    if s.get("ttft_by_turn"):  # a session workload
+        lines.append(_section("TTFT by turn"))
+        for key, label in (("median_ttft_ms_first_turn", "Median TTFT, first turns (ms):"),
+                           ("median_ttft_ms_later_turns", "Median TTFT, later turns (ms):")):
+            if s.get(key) is not None:
+                lines.append(_row(label, s[key]))
+        for row in s["ttft_by_turn"]:
+            lines.append(_row(f"  turn {row['turn']} (n={row['count']}) median / p99 (ms):",
+                              f"{row['median_ms']:.2f} / {row['p99_ms']:.2f}", "s"))
     if s.get("kv_sharing_saved"):
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
+    if "spec_num_drafts" in s:
+        lines += _speculation_lines(s)
+    if s.get("error_bars"):
+        lines += _error_bar_lines(s["error_bars"], percentiles, metrics)
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metrics: tuple[str, ...]) -> list[str]:
+    """The band of each headline metric under the profile's stated step-time error: the mean and
+    one percentile (the first chosen >= 90, else the last) of the chosen TTFT / TPOT / E2EL, and
+    the output throughput."""
+    lo, hi = bars["step_time_factors"]
+    lines = [_section(f"Model error ({100 * bars['interval']:.0f}% band)"),
+             _row("Profile kind / median step error:", f"{bars['kind']} / {100 * bars['median_abs_error']:.1f}%"),
+             _row("Step times scaled by:", f"x{lo:.2f} .. x{hi:.2f}")]
+    p = next((q for q in percentiles if q >= 90), percentiles[-1]) if percentiles else None
+    word = None if p is None else (str(int(p)) if int(p) == p else str(p))
+    keys = []
+    for metric, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL")):
+        if metric in metrics:
+            keys.append((f"mean_{metric}_ms", f"Mean {name} (ms):"))
+            if word is not None:
+                keys.append((f"p{word}_{metric}_ms", f"P{word} {name} (ms):"))
+    keys.append(("output_throughput", "Output token throughput (tok/s):"))
+    for key, label in keys:
+        low, high = bars["metrics"].get(key, (None, None))
+        if low is not None:
+            lines.append(_row(label, f"{low:,.2f} .. {high:,.2f}"))
+    return lines
 
 
 def configured_load(workload: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +201,9 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     def writer(content: Any):
         def write(path: Path) -> None:
+            if path.name.endswith(".png"):  # a figure: the callable draws it into the path
+                content(path)
+                return
             value = content() if callable(content) else content
             if hasattr(value, "to_csv"):
                 value.to_csv(path, index=False)
@@ -152,6 +244,12 @@ def step_columns(result: Any) -> dict[str, Any]:
     import numpy as np
 
     tables = [recorder.columns_kept() for recorder in result.recorders]
+    labels = getattr(result, "step_labels", None)
+    if labels is not None:  # a disaggregated run: which pool and instance each row is from
+        sizes = [len(next(iter(t.values()))) for t in tables]
+        return {"pool": np.concatenate([np.full(n, pool, dtype=object) for n, (pool, _) in zip(sizes, labels)]),
+                "instance": np.concatenate([np.full(n, i, dtype=np.int64) for n, (_, i) in zip(sizes, labels)]),
+                **{name: np.concatenate([t[name] for t in tables]) for name in tables[0]}}
     if len(tables) == 1:
         return tables[0]
     replica = [np.full(len(next(iter(t.values()))), index, dtype=np.int64) for index, t in enumerate(tables)]
@@ -208,6 +306,34 @@ def _arrival_text(workload: dict[str, Any]) -> str:
     return f"{kind} arrivals"
 
 
+def _speculation_lines(s: dict[str, Any]) -> list[str]:
+    """vLLM's spec-decode metrics, and the speed-up over the run without speculation if it ran."""
+    lines = [_section("Speculative decoding")]
+    lines.append(_row("Drafts (verify steps):", s["spec_num_drafts"]))
+    lines.append(_row("Mean acceptance length:", s.get("spec_mean_acceptance_length")))
+    rate = s.get("spec_draft_acceptance_rate")
+    lines.append(_row("Draft acceptance rate (%):", None if rate is None else 100 * rate))
+    positions = [p for p in s.get("spec_acceptance_per_position", []) if p is not None]
+    if positions:
+        lines.append(_row("Acceptance per position:", ", ".join(f"{p:.3f}" for p in positions)))
+    for key, label in (("spec_draft_time_share", "Drafting share of engine time (%):"),
+                       ("spec_verify_time_share", "Target (verify) share (%):")):
+        if s.get(key) is not None:
+            lines.append(_row(label, 100 * s[key]))
+    vs = s.get("speculation_vs_none")
+    if vs:
+        lines.append(_section("Speed-up vs no speculation"))
+        for key, label in (("speedup_mean_tpot_ms", "Mean TPOT (x):"), ("speedup_median_tpot_ms", "Median TPOT (x):"),
+                           ("speedup_p95_tpot_ms", "P95 TPOT (x):"), ("speedup_mean_itl_ms", "Mean ITL (x):"),
+                           ("speedup_median_e2el_ms", "Median E2EL (x):"),
+                           ("speedup_output_throughput", "Output throughput (x):")):
+            lines.append(_row(label, vs.get(key), ".3f"))
+        base = vs["baseline"]
+        lines.append(_row("Mean TPOT without (ms):", base.get("mean_tpot_ms")))
+        lines.append(_row("Saturation without:", base.get("saturation")))
+    return lines
+
+
 def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, gpu: str) -> str:
     """One line saying what is simulated: workload, arrivals, requests, model and its dtypes,
     GPUs = TP x PP x DP, policy and the engine options that change what it does. `model` is the
@@ -225,11 +351,19 @@ def describe_run(workload: dict[str, Any], config: dict[str, Any], model: Any, g
             extras.append("no chunked prefill")
         if config.get("preemption_mode") == "swap":
             extras.append("swap preemption")
+        if config.get("kv_offloading_size"):
+            extras.append(f"CPU KV tier {config['kv_offloading_size']:g} GiB")
+        spec = config.get("speculative_config")
+        if spec:
+            extras.append(f"speculative {spec['method']} k={spec['num_speculative_tokens']}")
         policy = f"{policy} ({', '.join(extras)})"
     elif policy == "static":
         policy = f"static (batch {config['max_batch_size']})"
+    sessions = workload.get("sessions")
+    count = (f"{int(sessions['num_sessions']):,} sessions (~{int(workload['num_requests']):,} turns)" if sessions
+             else f"{int(workload['num_requests']):,} requests")
     return (
-        f"Simulating: workload {workload.get('name')}, {int(workload['num_requests']):,} requests, "
+        f"Simulating: workload {workload.get('name')}, {count}, "
         f"{_arrival_text(workload)}; {model_text} on {tp * pp * dp} x {gpu} ({layout}); policy {policy}"
     )
 

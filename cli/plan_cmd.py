@@ -16,6 +16,7 @@ import typer
 from kvsim.cli.options import (
     AsJson,
     Burstiness,
+    EngineVersion,
     Goodput,
     InputLen,
     OutputLen,
@@ -56,7 +57,7 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
 
 def plan(
     ctx: typer.Context,
-    rate: Annotated[str, typer.Option(help=f"Target request rate(s) in req/s. {LIST}")],
+    rate: Annotated[str | None, typer.Option(help=f"Target request rate(s) in req/s (required, except with --autoscale). {LIST}")] = None,
     model: Annotated[str, typer.Option(help=f"Catalog model(s) or Hugging Face config.json. {LIST}")] = "llama3-8b",
     gpu: Annotated[str | None, typer.Option(help=f"Candidate GPU(s). {LIST} [default: every catalog GPU]")] = None,
     workload: Workload = None,
@@ -81,8 +82,18 @@ def plan(
     confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm with a full multi-replica run.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
+    confidence: Annotated[float, typer.Option(help="Plan so that the SLO holds with this probability under the profile's stated step-time error (profiles/uncertainty.py): step times are scaled by its quantile, x1 at 0.5.")] = 0.5,
+    engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
+    disagg: Annotated[str, typer.Option(help="Disaggregated prefill/decode candidates: off (aggregated only), on (disaggregated only) or auto (both; says which is cheaper). Disaggregated runs use the Python engine: seconds per candidate.")] = "off",
+    disagg_ratios: Annotated[str | None, typer.Option(help=f"Prefill:decode instance ratios of a disaggregated unit, e.g. 1:1,2:1. {LIST} [default: 1:1,2:1,1:2]")] = None,
+    disagg_placement: Annotated[str | None, typer.Option(help="Where a disaggregated unit's pools sit: same-node or cross-node. [default: same-node when a unit fits in one node]")] = None,
+    autoscale: Annotated[bool, typer.Option("--autoscale", help="Plan an autoscaling policy over the workload's day instead: the cheapest min/max replicas and target meeting --attainment (one --model, --gpu and --tp; reports/autoscale_plan.py).")] = False,
+    attainment: Annotated[float, typer.Option(help="--autoscale: share of requests that must meet the TTFT and TPOT SLOs (--slo-ttft-p95-ms / --slo-tpot-p95-ms as per-request limits; 1000 / 100 ms without them).")] = 0.99,
+    max_replicas: Annotated[int, typer.Option(help="--autoscale: most replicas tried.")] = 8,
+    provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds before a new replica's model starts loading. [default: 120]")] = None,
 ) -> None:
     """Find the cheapest deployment (GPU, TP, replicas, engine knobs) that meets the SLOs at the target rate."""
     from kvsim.reports.capacity import SLO
@@ -94,6 +105,16 @@ def plan(
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
+    if autoscale:
+        _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
+                        provisioning_delay, price, seed, as_json, out, rate)
+        return
+    for flag, given in (("--attainment", attainment != 0.99), ("--max-replicas", max_replicas != 8),
+                        ("--provisioning-delay", provisioning_delay is not None)):
+        if given:
+            raise ConfigError(f"{flag} applies only with --autoscale")
+    if rate is None:
+        raise ConfigError("--rate is required: the target request rate(s) in req/s (or plan a day with --autoscale)")
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
@@ -122,6 +143,26 @@ def plan(
         raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1), got {confidence:g}")
+    if confidence != 0.5 and disagg != "off":  # its candidates are priced by reports.plan_disagg's own runs
+        raise ConfigError("--confidence applies to aggregated candidates only, not with --disagg on or auto")
+    from kvsim.simcore.specs import ENGINE_PRESETS, ENGINE_VERSIONS
+
+    if engine_version is not None and engine_version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
+    if disagg not in ("off", "on", "auto"):
+        raise ConfigError(f"--disagg must be off, on or auto, got {disagg!r}")
+    if disagg == "off" and (disagg_ratios is not None or disagg_placement is not None):
+        raise ConfigError("--disagg-ratios / --disagg-placement apply only with --disagg on or auto")
+    if disagg == "on" and out is not None:
+        raise ConfigError("--out is not written with --disagg on yet: use --disagg auto (the disaggregated rows go "
+                          "to plan.json)")
+    if disagg_placement not in (None, "same-node", "cross-node"):
+        raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
+    from kvsim.reports import plan_disagg
+
+    ratios = plan_disagg.parse_ratios(disagg_ratios)
     prices = load_prices(price)
     check_inputs_kept(out, [workload, *model.split(","), *(price or [])], PLAN_FILES)
     check_out_folder(out, PLAN_FILES)  # before any work
@@ -134,12 +175,14 @@ def plan(
         kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
+        speculative_config=_speculative(speculative_config),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
         raise ConfigError(f"the plan has {size:,} candidates (models x GPUs x the lists' lengths); at most "
                           f"{MAX_CANDIDATES:,}: narrow the lists")
-    base = EngineConfig()
+    base = EngineConfig() if engine_version is None else EngineConfig(engine_version=engine_version,
+                                                                         **ENGINE_PRESETS[engine_version])
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
@@ -158,6 +201,10 @@ def plan(
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
     from kvsim.cli.output import LiveProgress
 
+    if disagg == "on":  # disaggregated candidates only
+        _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                     confirm_requests, disagg_placement, kv_cache_dtype, quantization, None, out, as_json, started)
+        return
     progress = LiveProgress("planning", None, "candidates searched")
     pool = None
     if jobs > 1:  # searches `jobs` at a time: the answer is the same, losers may be cut short differently
@@ -168,7 +215,7 @@ def plan(
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
-                           batch=jobs)
+                           batch=jobs, profile_for=_profiles_at(confidence))
     except KeyboardInterrupt:
         if pool is not None:
             from kvsim.reports.sweep_runner import stop_workers
@@ -179,8 +226,142 @@ def plan(
         progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
+
+    result.context["confidence"] = confidence
+    result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
+        kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
+        for kind, m in MEDIAN_ABS_ERROR.items()}
+    if disagg == "auto":
+        _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                     confirm_requests, disagg_placement, kv_cache_dtype, quantization, result, out, as_json, started)
+        return
     wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
+
+
+def _profiles_at(confidence: float):
+    """Each candidate's default profile with its step times at this confidence of its stated error."""
+    from kvsim.profiles import default_profile
+    from kvsim.profiles.uncertainty import profile_error, scaled_profile
+
+    def profile_for(c):
+        prof = default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
+        return scaled_profile(prof, profile_error(prof).factor_at_confidence(confidence))
+
+    return profile_for
+def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
+                 confirm_requests, placement, kv_cache_dtype, quantization, agg, out, as_json, started) -> None:
+    """The disaggregated half of a plan (reports.plan_disagg), after the aggregated one (`agg`, or
+    None with --disagg on); prints both and which layout is cheaper at each target."""
+    import dataclasses
+    import itertools
+
+    import pandas as pd
+
+    from kvsim.reports import plan_disagg as pd_plan
+    from kvsim.reports.plan import mean_output_tokens
+    from kvsim.simcore.catalog import get_gpu
+
+    kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
+    quants = [None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, ["none"])]
+    cands = []
+    for kv, q in itertools.product(kvs, quants):
+        cands += pd_plan.candidates(models, [get_gpu(g) for g in gpus], _list("--tp", tp, int, [1, 2, 4, 8]), ratios,
+                                    dataclasses.replace(base, kv_cache_dtype=kv, quantization=q))
+    if len(cands) > MAX_CANDIDATES:
+        raise ConfigError(f"the disaggregated plan has {len(cands):,} candidates; at most {MAX_CANDIDATES:,}: "
+                          "narrow --gpu, --tp or --disagg-ratios")
+    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    take = min(search_requests, int(spec_confirm.num_requests))
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Disaggregated candidates: {len(cands)} (units of P prefill + D decode instances, ratios "
+        f"{', '.join(f'{p}:{d}' for p, d in ratios)}); Python engine")
+    pd_plan.assess(cands, spec_confirm, take, slo, prices, seed)
+    agg_best = {}
+    best = {t: math.inf for t in rates}
+    if agg is not None:
+        for answer in agg.answers:
+            row = answer["best"]
+            agg_best[(answer["model"], answer["target_rate"])] = row
+            if row is not None:
+                best[answer["target_rate"]] = min(best[answer["target_rate"]], row["usd_per_hour"])
+    runs = pd_plan.search(cands, spec_confirm, take, slo, seed, rates, tolerance, placement, best)
+    out_tokens = mean_output_tokens(spec_confirm, seed)
+    rows, answers = [], []
+    for model in models:
+        mine = [c for c in cands if c.model.name == model.name]
+        for target in rates:
+            target_rows, n = pd_plan.rows_for_target(mine, target, spec_confirm, seed, slo, placement, out_tokens)
+            runs += n
+            rows += target_rows
+            top = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
+            line = pd_plan.comparison(agg_best.get((model.name, target)), top) if agg is not None else None
+            answers.append({"model": model.name, "target_rate": target, "best": top, "comparison": line})
+    table = pd.DataFrame(rows)
+    wall = time.perf_counter() - started
+    if agg is not None:
+        agg_table = agg.table.assign(layout="agg")
+        agg.table = agg_table
+    doc_disagg = {"answers": answers, "candidates": _records(table) if len(table) else [], "num_runs": runs,
+                  "ratios": [f"{p}:{d}" for p, d in ratios], "placement": placement or "default"}
+    if agg is not None:
+        _emit(agg, slo, prices, out, as_json, wall, extra={"disagg": doc_disagg})
+    elif as_json:
+        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe()}, indent=2, default=str))
+    if as_json:
+        return
+    for answer in answers:
+        part = [r for r in rows if r["model"] == answer["model"] and r["target_rate"] == answer["target_rate"]]
+        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s, disaggregated")
+        typer.echo(_disagg_table(part))
+    typer.echo("")
+    for answer in answers:
+        b = answer["best"]
+        head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+        if b is None:
+            typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
+        else:
+            typer.echo("Disaggregated: " + head + f"{b['deployment']} {b['gpu']} (units of {b['prefill']} prefill + "
+                       f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
+                       f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
+                       f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
+                       f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
+        if answer["comparison"]:
+            typer.echo(f"Layout at {answer['target_rate']:g} req/s: {answer['comparison']}")
+    typer.echo(f"Disaggregated part: {runs} simulations; planned in {wall:.1f} s in all.")
+
+
+def _disagg_table(rows) -> str:
+    head = ["#", "GPUs", "deployment", "GPU", "$/h", "max req/s", "req/s/GPU", "TTFT p95", "TPOT p95", "$/M out", "confirmed"]
+    cells, rank = [], 0
+    for r in rows:
+        ok = r["units"] is not None
+        rank += ok
+        cells.append([
+            str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
+            r["deployment"] if ok else f"unit {r['prefill']}P+{r['decode']}D", r["gpu"],
+            _cell(r["usd_per_hour"], ",.2f"), _cell(r["max_rate"], ".1f") if ok else "-",
+            _cell(r["max_rate_per_gpu"], ".3f"), _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            _cell(r.get("usd_per_m_output_tokens"), ".2f"), r["confirmed"] if ok else _clip(str(r["status"]), 110),
+        ])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() for c in cells]
+    return "\n".join(lines)
+
+
+def _speculative(text: str | None) -> list:
+    """--speculative-config as a plan dimension (empty: not searched)."""
+    if text is None:
+        return []
+    from kvsim.simcore.speculative import parse_speculative_configs
+
+    specs = parse_speculative_configs(text)
+    if any(s is not None and s.method == "draft_model" for s in specs):
+        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
+                          "use an eagle / eagle3 / mtp / ngram config")
+    return specs
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
@@ -191,6 +372,10 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
+    if getattr(spec, "is_session", False):  # its rate search rescales planned arrival times
+        raise ConfigError(f"kvsim plan does not size multi-turn session workloads ({spec.name}) yet: its "
+                          "search rescales planned arrival times, and a turn's time depends on the answer "
+                          "before it; sweep --rate, --dp, --router and --kv-offloading-size instead")
     if spec.trace is not None:
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
@@ -267,17 +452,22 @@ def _records(frame) -> list[dict[str, Any]]:
              for k, v in row.items()} for row in frame.astype(object).to_dict("records")]
 
 
-def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float) -> None:
+def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool, wall: float,
+          extra: dict[str, Any] | None = None) -> None:
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
     table = result.table
+    conf = result.context.get("confidence", 0.5)
+    factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
+    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+            "roofline profiles]")
     doc = {
-        "answers": [{**a, "line": answer_line(a, slo)} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": _records(table), "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
-        **result.context,
+        **result.context, **(extra or {}),
     }
     if out is not None:
         _write(out, table, doc, result)
@@ -289,8 +479,12 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
         typer.echo(_text_table(_records(part)))
     typer.echo("")
-    for answer in result.answers:
-        typer.echo("Answer: " + answer_line(answer, slo))
+    for answer, shown in zip(result.answers, doc["answers"], strict=True):
+        typer.echo("Answer: " + shown["line"])
+        best = answer["best"]
+        if best is not None and best.get("vllm_serve"):
+            typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
+                       + (" behind a load balancer" if best["replicas"] > 1 else ""))
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
@@ -320,3 +514,53 @@ def _write(out: Path, table, doc: dict[str, Any], result) -> None:
 
 
 __all__ = ["plan"]
+
+
+def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainment, cap, provisioning, price, seed,
+                    as_json, out, rate) -> None:
+    """`kvsim plan --autoscale`: reports.autoscale_plan on one model, GPU and TP."""
+    from kvsim.profiles import default_profile
+    from kvsim.reports.autoscale_plan import answer_lines, hour_length, plan_autoscale
+    from kvsim.reports.prices import load_prices
+    from kvsim.simcore.autoscale import DEFAULT_PROVISIONING_S, AutoscaleConfig
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.parallel import check_deployment
+    from kvsim.simcore.specs import EngineConfig
+    from kvsim.workloads import load_workload
+
+    for flag, value in (("--model", model), ("--gpu", gpu), ("--tp", tp)):
+        if value is None or "," in value:
+            raise ConfigError(f"--autoscale plans one deployment: give exactly one {flag}")
+    if rate is not None:
+        raise ConfigError("--autoscale plans over the workload's own day: --rate does not apply")
+    if out is not None:
+        raise ConfigError("--out is not written by plan --autoscale yet; use --json")
+    if not 0 < attainment <= 1:
+        raise ConfigError(f"--attainment must be in (0, 1], got {attainment}")
+    if not 1 <= cap <= 64:
+        raise ConfigError(f"--max-replicas must be from 1 to 64, got {cap}")
+    try:
+        tp_n = int(tp)
+    except ValueError:
+        raise ConfigError(f"--tp must be an integer, got {tp!r}") from None
+    model_spec, gpu_spec = get_model(model), get_gpu(gpu)
+    engine = EngineConfig(tensor_parallel_size=tp_n)
+    model_spec = engine.resolve_model(model_spec)
+    check_deployment(model_spec, gpu_spec, engine)
+    policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
+                             provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
+    wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
+    prices = load_prices(price)
+    profile = default_profile(gpu_spec, model_spec, tp_n)
+    ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+        f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
+        f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
+    found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
+                           prices.get(gpu_spec.name), hour_length(wl), say)
+    if as_json:
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        return
+    for line in answer_lines(found, attainment):
+        typer.echo(line)

@@ -180,20 +180,21 @@ def _run_with_progress(cfg) -> dict:
 
 @app.command("compare")
 def compare_cmd(
-    a: Annotated[Path, typer.Argument(help="First profile (the baseline).")],
-    b: Annotated[Path, typer.Argument(help="Second profile.")],
+    a: Annotated[Path, typer.Argument(help="First profile (the baseline): a JSON file or a name from `kvsim list profiles`.")],
+    b: Annotated[Path, typer.Argument(help="Second profile: a file or a name.")],
     policy: Annotated[str, typer.Option(help="Batching policy whose step overhead is used.")] = "continuous",
     block_size: Annotated[int, typer.Option(help="KV block size of the decode table.")] = 16,
 ) -> None:
     """Price a common grid of steps with both profiles: times and ratio B/A, median and worst."""
     from kvsim.profiles.compare import compare
-    from kvsim.simcore.latency import POLICIES, load_profile
+    from kvsim.profiles.lookup import load_named_profile
+    from kvsim.simcore.latency import POLICIES
     from kvsim.simcore.specs import EngineConfig
 
     EngineConfig(block_size=block_size)  # a block size vLLM has, else one line naming --block-size
     if policy not in POLICIES:
         raise ConfigError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    pa, pb = load_profile(a), load_profile(b)
+    pa, pb = load_named_profile(a), load_named_profile(b)
     rows, summary = compare(pa, pb, policy, block_size)
     table = _table(title=f"A = {pa.label}\nB = {pb.label}")
     for col in ("kind", "step", "A ms", "B ms", "B/A"):
@@ -215,7 +216,7 @@ class StepSet(StrEnum):
 
 @app.command("validate")
 def validate_cmd(
-    profile_path: Annotated[Path, typer.Option("--profile", help="Profile JSON whose latency model is checked.")],
+    profile_path: Annotated[Path, typer.Option("--profile", help="Profile (a JSON file or a name from `kvsim list profiles`) whose latency model is checked.")],
     device: Annotated[Device | None, typer.Option(help="Device to run the steps on (default: the profile's).")] = None,
     steps: Annotated[StepSet | None, typer.Option(
         help="Step set (profiles/validate.py); default quick for a --quick profile, else full.")] = None,
@@ -229,7 +230,7 @@ def validate_cmd(
 ) -> None:
     """Time whole mixed steps with real kernels and compare them with the latency model's prices."""
     from kvsim.profiles.validate import ValidateConfig
-    from kvsim.simcore.latency import load_profile
+    from kvsim.profiles.lookup import load_named_profile
 
     _check_timing_flags(repeats, warmup, seed)
     if block_size is not None:
@@ -243,7 +244,7 @@ def validate_cmd(
         check_inputs_kept(out, [profile_path])
         check_out_file(out)
     cfg = ValidateConfig(
-        profile=load_profile(profile_path), device=device.value if device else None,
+        profile=load_named_profile(profile_path), device=device.value if device else None,
         step_set=steps.value if steps else None, block_size=block_size,
         backend=backend.value if backend else None, repeats=repeats, warmup=warmup, seed=seed,
     )
@@ -297,35 +298,41 @@ def _print_validation(result: dict, out: Path | None) -> None:
 @app.command("check")
 def check_cmd(
     measurements: Annotated[Path, typer.Argument(help="CSV: tp, batch_size, input_len, output_len and prefill_ms / decode_ms / latency_ms.")],
-    profile_paths: Annotated[list[Path], typer.Option("--profile", help="Profile JSON (repeat for several TPs); rows go to the profile of their TP.")],
+    profile_paths: Annotated[list[Path], typer.Option("--profile", help="Profile: a JSON file or a name from `kvsim list profiles` (repeat for several TPs); rows go to the profile of their TP.")],
     model: Annotated[str | None, typer.Option(help="Catalog model or HF config.json [default: the profile's model].")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on (its scheduler and, where the profile has them, its host terms). [default: vllm-v1]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print rows and medians as JSON.")] = False,
 ) -> None:
     """Price every row of a measurements file with a profile (as `kvsim calibrate` does: a batch of
     B requests at t = 0) and print per-row and median errors."""
     from kvsim.profiles.calibrate import check_rows, check_rows_fit, price_all, read_measurements
-    from kvsim.profiles.lookup import check_profile_matches
+    from kvsim.profiles.lookup import check_profile_matches, load_named_profile
     from kvsim.simcore.catalog import get_gpu, get_model
-    from kvsim.simcore.latency import load_profile
 
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
+
+    version = engine_version or DEFAULT_ENGINE_VERSION
+    if version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     rows, _ = read_measurements(measurements)
     by_tp = {}
     for path in profile_paths:
-        p = load_profile(path)
+        p = load_named_profile(path)
         by_tp.setdefault(p.data["tensor_parallel_size"], p)
     first = next(iter(by_tp.values()))
     model_spec = get_model(model or first.data["model"])
     gpu_spec = get_gpu(first.data["gpu"])
     for t, p in by_tp.items():
         check_profile_matches(p, model_spec, t, gpu_spec)
-    check_rows_fit(rows, model_spec, measurements)
+    check_rows_fit(rows, model_spec, measurements, version)
     usable = [r for r in rows if r.tp in by_tp]
     skipped = len(rows) - len(usable)
     if not usable:
         raise ConfigError(f"{measurements}: no row has a TP of the profiles given ({', '.join(map(str, sorted(by_tp)))})")
     from kvsim.cli.calibrate_cmd import _progress
 
-    priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
+    priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report,
+                                                             version))
     table, medians = check_rows(usable, priced)
     if as_json:
         typer.echo(json.dumps({"rows": table, "median_abs_error": medians, "skipped_rows": skipped}, indent=2))

@@ -6,6 +6,8 @@ when the module is imported, they cost nothing per run.
 """
 
 import json
+import math
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +23,7 @@ from kvsim.cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineVersion,
     EngineCore,
     EngineCoreOpt,
     Goodput,
@@ -37,6 +40,7 @@ from kvsim.cli.options import (
     NumRequests,
     OutputLen,
     PipelineParallel,
+    Placement,
     PolicyName,
     Preemption,
     ProfilePath,
@@ -46,7 +50,9 @@ from kvsim.cli.options import (
     RouterOpt,
     SloTpotP95,
     SloTtftP95,
+    SpeculativeConfigOpt,
     SwapSpace,
+    KvOffloadingSize,
     ThinkTime,
     Workload,
     check_common,
@@ -55,6 +61,7 @@ from kvsim.cli.options import (
     check_slos,
     engine_options,
     parse_goodput,
+    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -79,6 +86,14 @@ from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
 
 
+SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
+
+
+class DatasetName(str, Enum):
+    random = "random"
+    sharegpt = "sharegpt"
+
+
 def run(
     ctx: typer.Context,
     model: Model = "llama3-8b",
@@ -86,6 +101,7 @@ def run(
     tp: Annotated[int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")] = 1,
     pp: PipelineParallel = 1,
     dp: Annotated[int, typer.Option("--dp", "--data-parallel-size", help="Engine replicas behind a router (GPUs = tp x pp x dp).")] = 1,
+    enable_expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="MoE models: shard the routed experts over all tp x dp GPUs (vLLM's flag); all-to-all dispatch/combine priced from DeepEP's measured bandwidths.")] = False,
     kv_cache_dtype: KvCacheDtypeOpt = KvCacheDtype.auto,
     quantization: QuantizationOpt = None,
     router: RouterOpt = None,
@@ -98,7 +114,10 @@ def run(
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
+    engine_version: EngineVersion = None,
+    error_bars: Annotated[bool, typer.Option("--error-bars/--no-error-bars", help="Also run with every step time at the 5th and 95th percentile of the profile's stated error (profiles/uncertainty.py) and print each headline metric's 90% band.")] = True,
     swap_space: SwapSpace = None,
+    kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -125,18 +144,65 @@ def run(
     as_json: AsJson = False,
     exact_steps: Annotated[bool, typer.Option("--exact-steps", help="One simulation event per engine step (the reference mode; slower, same results).")] = False,
     engine_core: EngineCoreOpt = EngineCore.auto,
+    autoscale: Annotated[bool, typer.Option("--autoscale", help="Start and drain replicas during the run (an HPA-like policy; simcore/autoscale.py); reports replicas over time, hourly SLO attainment, GPU-hours and $, against static fleets sized for the peak and the mean.")] = False,
+    min_replicas: Annotated[int | None, typer.Option(help="--autoscale: replicas always up (and at the start). [default: 1]")] = None,
+    max_replicas: Annotated[int | None, typer.Option(help="--autoscale: most replicas. [default: 4]")] = None,
+    provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds for a new replica's node to come up, before its model loads (weights / model_load_gbps) and warms up. [default: 120]")] = None,
+    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s, scale_down_cooldown_s, model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
+    speculative_config: SpeculativeConfigOpt = None,
+    compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
+    prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
+    prefill_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per prefill instance. [default: --tp]")] = None,
+    decode_replicas: Annotated[int | None, typer.Option(help="Disaggregated: decode instances (vLLM kv_consumer); with --prefill-replicas.")] = None,
+    decode_tp: Annotated[int | None, typer.Option(help="Disaggregated: GPUs per decode instance. [default: --tp]")] = None,
+    disagg_placement: Annotated[Placement | None, typer.Option(help="Disaggregated: where the pools sit, which prices the KV transfer (NVLink or one NIC per GPU). [default: same-node when all GPUs fit in one node]")] = None,
+    prefill_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the prefill pool's latency profile. [default: the committed one for its TP]")] = None,
+    decode_profile: Annotated[Path | None, typer.Option(help="Disaggregated: the decode pool's latency profile. [default: the committed one for its TP]")] = None,
+    prefill_max_num_batched_tokens: Annotated[int | None, typer.Option(help="Disaggregated: the prefill pool's step token budget. [default: --max-num-batched-tokens]")] = None,
+    decode_max_num_seqs: Annotated[int | None, typer.Option(help="Disaggregated: the decode pool's --max-num-seqs. [default: --max-num-seqs]")] = None,
+    dataset_name: Annotated[DatasetName | None, typer.Option("--dataset-name", help="vllm bench serve's datasets instead of --workload: random (uniform lengths, --random-*) or sharegpt (a ShareGPT JSON file, --dataset-path); every request at t=0 unless --request-rate / --max-concurrency, as vLLM's default --request-rate inf.", rich_help_panel="vllm bench serve")] = None,
+    dataset_path: Annotated[Path | None, typer.Option("--dataset-path", help="--dataset-name sharegpt: the ShareGPT JSON file (list of {conversations: [{from, value}, ...]}); token counts estimated at 4 characters per token (1 per CJK character).", rich_help_panel="vllm bench serve")] = None,
+    random_input_len: Annotated[int | None, typer.Option("--random-input-len", help="--dataset-name random: prompt length. [default: 1024]", rich_help_panel="vllm bench serve")] = None,
+    random_output_len: Annotated[int | None, typer.Option("--random-output-len", help="--dataset-name random: output length. [default: 128]", rich_help_panel="vllm bench serve")] = None,
+    random_range_ratio: Annotated[float | None, typer.Option("--random-range-ratio", help="--dataset-name random: lengths uniform in [L(1-r), L(1+r)], r in [0, 1). [default: 0]", rich_help_panel="vllm bench serve")] = None,
+    metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
+    percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
+    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
+    result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
+    result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
-    from kvsim.profiles import check_profile_matches, default_profile
-    from kvsim.simcore.latency import load_profile
+    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
     from kvsim.workloads import load_workload
 
+    disagg = {name: value for name, value in (
+        ("--prefill-replicas", prefill_replicas), ("--prefill-tp", prefill_tp), ("--decode-replicas", decode_replicas),
+        ("--decode-tp", decode_tp), ("--disagg-placement", disagg_placement), ("--prefill-profile", prefill_profile),
+        ("--decode-profile", decode_profile), ("--prefill-max-num-batched-tokens", prefill_max_num_batched_tokens),
+        ("--decode-max-num-seqs", decode_max_num_seqs)) if value is not None}
+    if disagg:
+        _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
+        if save_result:
+            raise ConfigError("--save-result does not apply to a disaggregated run yet")
+        if speculative_config is not None:
+            raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
+        if autoscale:
+            raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        kv_offloading_size, engine_version=engine_version,
     )
-    refuse_irrelevant(policy.value, fields.get("allocator"), given)
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
+    if spec is not None:
+        fields["speculative_config"] = spec
+    elif compare_no_spec:
+        raise ConfigError("--compare-no-spec applies only with --speculative-config")
+    refuse_irrelevant(policy.value, fields.get("allocator"), {**given, "--speculative-config": spec})
+    apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     from kvsim.reports.capacity import MIN_TOLERANCE
@@ -145,36 +211,69 @@ def run(
         raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
     if not find_max_rate and ctx.get_parameter_source("tolerance").name == "COMMANDLINE":
         raise ConfigError("--tolerance applies only with --find-max-rate")  # it would be ignored
+    from kvsim.cli.autoscale_out import parse_autoscale
+
+    scaling, scaling_extras = parse_autoscale(autoscale, min_replicas, max_replicas, provisioning_delay,
+                                              autoscale_config)
+    if scaling is not None and dp != 1:
+        raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1:
-        raise ConfigError("--router applies only with --data-parallel-size > 1")
+    if router is not None and dp == 1 and not disagg:
+        raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
+                          "disaggregated run)")
     if router is not None:
         fields["router"] = router.value
     config = EngineConfig(
         block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
         pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype.value,
-        quantization=quantization.value if quantization else None, policy=policy.value, **fields,
+        quantization=quantization.value if quantization else None, policy=policy.value,
+        enable_expert_parallel=enable_expert_parallel, **fields,
     )
     model_spec = config.resolve_model(model_spec)
-    check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
     from kvsim.simcore.config import resolve
 
-    resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
+    if not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
+        check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
+        resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
         beam_width=beam_width, think_time_s=think_time_s,
     )
-    wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec))
-    check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
-    if profile is not None:
-        prof = load_profile(profile)
-        check_profile_matches(prof, model_spec, tp, gpu_spec)
+    from kvsim.cli.bench_result import parse_metrics, parse_percentiles
+
+    percentiles, metrics = parse_percentiles(metric_percentiles), parse_metrics(percentile_metrics)
+    if not save_result and (result_dir is not None or result_filename is not None):
+        raise ConfigError("--result-dir / --result-filename apply only with --save-result")
+    if save_result and find_max_rate:
+        raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
+    base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
+                    workload, overrides, seed, config.resolved_max_model_len(model_spec))
+    wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
+    if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
+        check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
+    if find_max_rate and getattr(wl, "is_session", False):
+        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
+                          "their answers: sweep --rate instead")
+    result_file = None
+    if save_result:
+        result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
+    if disagg:
+        prof = None
+    elif profile is not None:
+        prof = load_named_profile(profile)
+        check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
-        prof = default_profile(gpu_spec, model_spec, tp)
+        prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
+    draft_prof = None
+    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
+        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
+    if draft_prof is not None and find_max_rate:
+        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
+                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
 
     from kvsim.reports.capacity import SLO
 
@@ -184,20 +283,26 @@ def run(
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
-    memory = resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else RUN_FILES
-    check_inputs_kept(out, [workload, profile, model], out_files)
+    memory = None if disagg else resolved.memory
+    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
+    check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         if engine_core is not EngineCore.auto:
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
         return
+    if disagg:  # (--find-max-rate was refused)
+        _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                    prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
+                    prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
+                    percentiles, metrics)
+        return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
 
         prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, exact_steps=exact_steps,
-                engine_core="c").choose_core()
+                engine_core="c", draft_profile=draft_prof).choose_core()
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
@@ -208,25 +313,273 @@ def run(
         layout = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
         say(f"Replicas: {dp} x {layout} ({config.num_gpus} GPUs), router {config.router}; "
             "KV cache is per replica")
+    if spec is not None:
+        say(f"Speculative decoding: {spec.method}, k={spec.num_speculative_tokens}, acceptance "
+            f"{', '.join(f'{r:.3f}' for r in spec.rates)} per position ({spec.source}); expected length "
+            f"{spec.mean_acceptance_length():.2f}; draft {memory.draft_weights_bytes_per_gpu / 2**30:.2f} GiB + "
+            f"{memory.draft_kv_bytes_per_token} B/token of KV per GPU")
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of TP {tp}, metric {scaling.metric} "
+            f"target {scaling.target:g}, every {scaling.interval_s:g} s; cold start {scaling.provisioning_s:g} s "
+            f"provisioning + {memory.weights_bytes_per_gpu / 1e9 / scaling.model_load_gbps:.0f} s load + "
+            f"{scaling.warmup_s:g} s warm-up")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
-        result = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core.value)
-        fatal = _report(result, wl, slo, seed, out, as_json, staging)
+        result, sim = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging,
+                                engine_core.value, keep_tokens=save_result, draft_prof=draft_prof, autoscale=scaling)
+        baseline = None
+        if compare_no_spec:  # the same requests and seed, without speculation
+            from dataclasses import replace
+
+            plain = resolve(model_spec, gpu_spec, replace(config, speculative_config=None))
+            baseline, _ = _simulate(model_spec, gpu_spec, plain, wl, prof, seed, exact_steps, None, engine_core.value)
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
+                           slo_ttft_p95_ms, slo_tpot_p95_ms)
+        bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
+                            result, percentiles, metrics, draft_prof, scaling) if error_bars else None
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
+                        metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
+                        fleet=fleet, bands=bands)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
 
-def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core):
-    from kvsim.simcore.simulate import simulate
+def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
+    """Refuse, before any work, what a disaggregated run cannot take."""
+    if prefill_replicas is None or decode_replicas is None:
+        raise ConfigError("a disaggregated run needs both --prefill-replicas and --decode-replicas "
+                          f"(given: {', '.join(given)})")
+    for flag, value in (("--prefill-replicas", prefill_replicas), ("--decode-replicas", decode_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    if dp != 1 or pp != 1:
+        raise ConfigError("--dp / --pp do not apply to a disaggregated run: size each pool with "
+                          "--prefill-replicas/--prefill-tp and --decode-replicas/--decode-tp")
+    if profile is not None:
+        raise ConfigError("--profile does not apply to a disaggregated run: use --prefill-profile / --decode-profile")
+    if find_max_rate:
+        raise ConfigError("--find-max-rate does not run disaggregated deployments yet")
+    if policy.value != "continuous":
+        raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
+
+
+def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
+                prefill_replicas, decode_replicas, prefill_tp, decode_tp, placement, prefill_profile,
+                decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs, percentiles=(95.0, 99.0),
+                metrics=("ttft", "tpot", "itl", "e2el")) -> None:
+    """`kvsim run --prefill-replicas N --decode-replicas M ...`: two pools behind vLLM's P/D proxy."""
+    from dataclasses import replace
+
+    from kvsim.cli.output import format_disagg
+    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.simcore.config import resolve
+    from kvsim.profiles import load_named_profile
+    from kvsim.simcore.disagg import prepare_disagg
+
+    pools = {}
+    for name, changes in (
+        ("prefill", {"tensor_parallel_size": prefill_tp, "data_parallel_size": prefill_replicas,
+                     **({"max_num_batched_tokens": prefill_max_num_batched_tokens}
+                        if prefill_max_num_batched_tokens is not None else {})}),
+        ("decode", {"tensor_parallel_size": decode_tp, "data_parallel_size": decode_replicas, "router": "least-loaded",
+                    **({"max_num_seqs": decode_max_num_seqs} if decode_max_num_seqs is not None else {})}),
+    ):
+        try:
+            pools[name] = replace(config, **changes)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc} (--{name}-* options)") from None
+    resolved, profiles = {}, {}
+    for name, cfg in pools.items():
+        try:
+            check_deployment(model_spec, gpu_spec, cfg)
+            resolved[name] = resolve(model_spec, gpu_spec, cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} pool: {exc}") from None
+        path = prefill_profile if name == "prefill" else decode_profile
+        if path is not None:
+            profiles[name] = load_named_profile(path)
+            check_profile_matches(profiles[name], model_spec, cfg.tensor_parallel_size, gpu_spec)
+        else:
+            profiles[name] = default_profile(gpu_spec, model_spec, cfg.tensor_parallel_size)
+    check_inputs_kept(out, [prefill_profile, decode_profile], RUN_FILES)
+    sim = prepare_disagg(model_spec, gpu_spec, resolved, wl, profiles, seed=seed,
+                         placement=placement.value if placement is not None else None,
+                         exact_steps=exact_steps, engine_core=engine_core.value)
+    sim.choose_core()  # --engine-core c: refused before any output
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    info = sim.record["disagg"]
+    import re
+
+    layout = (f"on {info['num_gpus']} x {gpu_spec.name} (prefill {prefill_replicas} x TP {prefill_tp}, "
+              f"decode {decode_replicas} x TP {decode_tp})")
+    say(re.sub(r"on \d+ x \S+ \(TP [^)]*\)", lambda _m: layout,
+               describe_run(wl.describe(), pools["decode"].to_dict(), model_spec, gpu_spec.name), count=1))
+    link = info["link"]
+    say(f"Disaggregated: prefill {prefill_replicas} x TP {prefill_tp} (kv_producer), decode {decode_replicas} x "
+        f"TP {decode_tp} (kv_consumer), {info['num_gpus']} GPUs; {link['connector']} {link['placement']}: "
+        f"{link['latency_us']:.1f} us + bytes / {link['bandwidth_gbps']:.1f} GB/s "
+        f"({info['kv_bytes_per_token']:,} B of KV per prompt token)")
+    for name in ("prefill", "decode"):
+        say(f"{name.capitalize()} pool: profile {profiles[name].label} sha256:{profiles[name].sha256[:12]}; "
+            + resolved[name].memory.describe().replace(chr(10), "; "))
+    with run_staging(out) as staging:
+        result = sim.run()
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, percentiles=percentiles, metrics=metrics,
+                        model_name=model_spec.name, extra=format_disagg)
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False,
+              draft_prof=None, autoscale=None):
+    """(result, the simulation); `keep_tokens` records every token's time (--save-result); `draft_prof`
+    prices a draft_model's own passes; `staging` None: nothing streams (a --compare-no-spec baseline)."""
+    from kvsim.simcore.simulate import prepare
 
     progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
     try:
-        return simulate(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
-                        exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core)
+        sim = prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
+                      exact_steps=exact_steps, stream=stream_tables(staging) if staging is not None else None,
+                      engine_core=engine_core, draft_profile=draft_prof, autoscale=autoscale)
+        if keep_tokens:
+            for engine in sim.replicas:
+                engine.lifecycle.token_times = {}
+        return sim.run(), sim
     finally:
         progress.stop()
 
 
-def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging) -> str | None:
+def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
+                percentiles, metrics, draft_prof=None, autoscale=None) -> dict:
+    """The run again with every step time at the low and high end of the profile's stated error
+    (profiles/uncertainty.py; a draft model's profile scaled alike): each headline metric's
+    [low, high] over the three runs (the throughputs, and mean / median / chosen percentiles of
+    the chosen latency metrics)."""
+    from statistics import NormalDist
+
+    from kvsim.cli.bench_result import metric_stats
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
+    from kvsim.simcore.simulate import prepare
+
+    err = profile_error(prof)
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    factors = (err.factor(-z), err.factor(z))
+    runs = [result]
+    for f in factors:
+        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
+        runs.append(prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
+                            exact_steps=exact_steps, engine_core=engine_core, draft_profile=draft,
+                            autoscale=autoscale).run())
+    values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
+    keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
+                                                          and k.split("_")[1] in metrics)]
+    return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+
+
+def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
+    """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
+    and its mean (rounded up) active replicas."""
+    from dataclasses import replace
+
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.config import resolve
+    from kvsim.simcore.simulate import simulate
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, gpu_spec.name)
+    gpus = resolved.engine.tensor_parallel_size * resolved.engine.pipeline_parallel_size
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        config = resolve(model_spec, gpu_spec, replace(resolved.engine, data_parallel_size=replicas))
+        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed)
+        rows.append({"sized_for": sized_for, **static_row(static, replicas, gpus, fleet["slo"]["ttft_ms"],
+                                                          fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
+                                                          fleet["hour_s"])})
+    fleet["static"] = rows
+    return fleet
+
+
+def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
+    """The workload `--dataset-name` builds (None without it); the flags it owns are taken out of
+    `overrides` (vLLM maps --input-len / --output-len onto the dataset's own flags)."""
+    from kvsim.workloads import datasets
+
+    random_flags = {"--random-input-len": input_len, "--random-output-len": output_len,
+                    "--random-range-ratio": range_ratio}
+    if name is None:
+        for flag, value in [*random_flags.items(), ("--dataset-path", path)]:
+            if value is not None:
+                raise ConfigError(f"{flag} applies only with --dataset-name")
+        return None
+    if workload is not None:
+        raise ConfigError("give either --workload or --dataset-name, not both")
+    num = overrides.pop("num_requests", None) or datasets.DEFAULT_NUM_PROMPTS
+    if name is DatasetName.random:
+        if path is not None:
+            raise ConfigError("--dataset-path is for --dataset-name sharegpt; random draws its lengths")
+        for flag, general, specific in (("input", overrides.get("input_len"), input_len),
+                                        ("output", overrides.get("output_len"), output_len)):
+            if general is not None and specific is not None:
+                raise ConfigError(f"give --{flag}-len or --random-{flag}-len, not both")
+        input_len = input_len if input_len is not None else overrides.pop("input_len", None)
+        output_len = output_len if output_len is not None else overrides.pop("output_len", None)
+        spec = datasets.random_dataset(
+            num, datasets.RANDOM_INPUT_LEN if input_len is None else _whole(input_len, "--random-input-len"),
+            datasets.RANDOM_OUTPUT_LEN if output_len is None else _whole(output_len, "--random-output-len"),
+            0.0 if range_ratio is None else range_ratio)
+        for flag, dist, room in (("--random-input-len", spec.prompt_len, "one output token"),
+                                 ("--random-output-len", spec.output_len, "a one-token prompt")):
+            shortest = getattr(dist, "low", getattr(dist, "value", 0))
+            if shortest >= max_model_len:  # every request would be clipped: not the dataset asked for
+                raise ConfigError(f"{flag}: {int(shortest)} tokens or more leave no room for {room} within "
+                                  f"max_model_len {max_model_len}")
+        return spec
+    for flag, value in random_flags.items():
+        if value is not None:
+            raise ConfigError(f"{flag} applies only with --dataset-name random")
+    if path is None:
+        raise ConfigError("--dataset-name sharegpt needs --dataset-path (a ShareGPT JSON file)")
+    if overrides.get("input_len") is not None:
+        raise ConfigError("--input-len does not apply to --dataset-name sharegpt (its prompts give the lengths)")
+    output = overrides.pop("output_len", None)
+    return datasets.sharegpt_dataset(path, num, seed, None if output is None else _whole(output, "--output-len"))
+
+
+def _whole(value, flag: str) -> int:
+    if isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{flag} must be a whole number of tokens, got {value}")
+    return int(value)
+
+
+def _result_target(wl, model_spec, result_dir, result_filename, dp):
+    """Where --save-result writes (vLLM's name pattern), checked before any work."""
+    from datetime import datetime
+
+    from kvsim.cli.bench_result import check_result_target, result_path
+
+    arrival = wl.arrival.describe()
+    concurrency = arrival.get("concurrency") if arrival.get("process") == "closed_loop" else None
+    rate = arrival.get("rate", "inf" if arrival.get("process") == "batch" else arrival.get("mean_rate", "trace"))
+    if any(tuple(getattr(getattr(wl, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
+        raise ConfigError("--save-result records one sequence per request; not with --n or --beam-width")
+    if int(wl.num_requests) > SAVE_RESULT_MAX_REQUESTS:  # every token's time is kept: 8 bytes a token
+        raise ConfigError(f"--save-result keeps every token's time in memory: at most {SAVE_RESULT_MAX_REQUESTS:,} "
+                          f"requests, got {int(wl.num_requests):,} (use --out for the per-request table)")
+    path = result_path(result_dir, result_filename, "kvsim", rate, concurrency, model_spec.name, datetime.now())
+    check_result_target(path)
+    return path
+
+
+def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
+            percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
+            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -251,19 +604,61 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
-    document = {"summary": summary, "record": result.record, "warnings": result.warnings}
+    if bands is not None:
+        summary["error_bars"] = bands
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        summary["speculation_vs_none"] = speedup_vs(result.summary, baseline.summary)
+    from kvsim.cli import bench_result
+
+    summary.update(bench_result.metric_stats(result, percentiles, metrics))
+    summary["max_concurrent_requests"] = bench_result.peak_concurrency(result)
+    times = bench_result.token_times(sim) if sim is not None else None
+    if times is not None and result.records.kept:
+        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result.per_request_rows(result))
+    load = configured_load(result.record["workload"])
+    vllm = bench_result.flat_result(summary, {
+        "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
+        "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
+        "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
+        "max_concurrency": load.get("max_concurrency"),
+        **{k: v for k, v in summary.items() if k.startswith(("mean_", "median_", "std_", "p")) and k.endswith("_ms")},
+        "max_output_tokens_per_s": summary.get("max_output_tokens_per_s"),
+        "max_concurrent_requests": summary["max_concurrent_requests"],
+    })
+    # vLLM's keys at the top level (jq .p99_ttft_ms), then kvsim's summary keys; "summary" keeps the
+    # nested form earlier versions wrote
+    document = {**vllm, **{k: v for k, v in summary.items() if k not in vllm},
+                "summary": summary, "record": result.record, "warnings": result.warnings}
+    if result_file is not None:
+        from datetime import datetime
+
+        bench_result.write_result(result_file, {
+            "date": datetime.now().strftime("%Y%m%d-%H%M%S"), "backend": "kvsim", "label": "kvsim",
+            "tokenizer_id": None, **document, **bench_result.per_request_arrays(result, times)})
+    files = {"requests.csv": lambda: request_columns(result), "steps.csv": lambda: step_columns(result),
+             "summary.json": document}
+    if fleet is not None:
+        from kvsim.cli.autoscale_out import format_fleet, write_figure
+
+        document["autoscale"] = fleet
+        files["autoscale.png"] = lambda path: write_figure(fleet, path)
     if out is not None:
-        write_outputs(out, {
-            "requests.csv": lambda: request_columns(result), "steps.csv": lambda: step_columns(result),
-            "summary.json": document,
-        }, staging)
+        write_outputs(out, files, staging)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
-        typer.echo(format_summary(summary))
+        typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics))
+        if extra is not None:
+            typer.echo(extra(summary))
+        if fleet is not None:
+            typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
             typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+        if result_file is not None:
+            typer.echo(f"Wrote {result_file}")
     return fatal
 
 
@@ -281,6 +676,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+        "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,

@@ -29,6 +29,7 @@ from kvsim.cli.options import (
     Burstiness,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineVersion,
     InputLen,
     MaxBatchSize,
     MaxModelLen,
@@ -41,7 +42,6 @@ from kvsim.cli.options import (
     Preemption,
     ProfilePath,
     Reservation,
-    RouterOpt,
     SwapSpace,
     ThinkTime,
     Workload,
@@ -50,6 +50,7 @@ from kvsim.cli.options import (
     check_sample_width,
     check_slos,
     engine_options,
+    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -95,6 +96,26 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
             lists[name] = parse_list(flag, text, kind)
     if quantization is not None:  # "none" is the unquantized checkpoint
         lists["quantization"] = [None if q.lower() == "none" else q for q in parse_list("--quantization", quantization, str)]
+    return lists
+
+
+def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str, list]:
+    """--router and --kv-offloading-size as swept lists ("0" or "none": no CPU tier)."""
+    from kvsim.reports.sweep import parse_list
+    from kvsim.simcore.specs import ROUTERS
+
+    lists: dict[str, list] = {}
+    if router is not None:
+        lists["router"] = parse_list("--router", router, str)
+        for value in lists["router"]:
+            if value not in ROUTERS:
+                raise ConfigError(f"--router: {value!r} is not one of {', '.join(ROUTERS)}")
+    if kv_offloading_size is not None:
+        sizes = parse_list("--kv-offloading-size", kv_offloading_size, str)
+        try:
+            lists["kv_offloading_size"] = [None if s.lower() in ("0", "none") else float(s) for s in sizes]
+        except ValueError:
+            raise ConfigError(f"--kv-offloading-size: give GiB numbers (or none), got {kv_offloading_size!r}") from None
     return lists
 
 
@@ -192,7 +213,7 @@ def sweep(
     pp: Annotated[str | None, typer.Option("--pp", "--pipeline-parallel-size", help=f"Pipeline stages per replica, each --tp GPUs. {LIST_HELP} [default: 1]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option("--kv-cache-dtype", help=f"KV cache storage: auto or fp8. {LIST_HELP} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option("--quantization", "-q", help=f"Weights: none or fp8 (FP8 needs H100/H200). {LIST_HELP} [default: none]")] = None,
-    router: RouterOpt = None,
+    router: Annotated[str | None, typer.Option("--router", help=f"How requests are spread over data-parallel replicas: round-robin, least-loaded, session-affinity, prefix-aware. {LIST_HELP} [default: least-loaded]")] = None,
     policy: Annotated[str | None, typer.Option(help=f"Batching policy: static, dynamic, continuous. {LIST_HELP} [default: continuous]")] = None,
     allocator: Allocator = None,
     reservation: Reservation = None,
@@ -202,7 +223,9 @@ def sweep(
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
+    engine_version: EngineVersion = None,
     swap_space: SwapSpace = None,
+    kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier of a replica in GiB (0 or none: no tier). {LIST_HELP} [default: none]")] = None,
     preemption_mode: Preemption = None,
     max_model_len: MaxModelLen = None,
     max_batch_size: MaxBatchSize = None,
@@ -225,12 +248,13 @@ def sweep(
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
-    out: Annotated[Path | None, typer.Option(help="CSV table that gets one row per point as each finishes (every option and metric).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Table that gets one row per point as each finishes (every option and metric): a .csv file, or .parquet (needs pyarrow; rows collect in a hidden .NAME.rows.csv beside it until the last point is in).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
-    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install 'kvsim[ray]').")] = ExecutorName.local,
+    executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np
@@ -250,10 +274,26 @@ def sweep(
                    pp, kv_cache_dtype, quantization)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching, engine_version=engine_version,
     )
+    if speculative_config is not None:
+        from kvsim.simcore.speculative import parse_speculative_configs
+
+        specs = parse_speculative_configs(speculative_config)
+        if any(s is not None and s.method == "draft_model" for s in specs):
+            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
+                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
+        if len(specs) > 1:
+            lists["speculative_config"] = specs
+        elif specs[0] is not None:
+            fields["speculative_config"] = specs[0]
+        given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
+    lists.update(_tier_lists(router, kv_offloading_size))
+    if kv_offloading_size is not None:  # refused by policies that have no paged prefix cache
+        given["--kv-offloading-size"] = kv_offloading_size
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
+        apply_engine_preset(fields, pol)  # every swept policy reads --engine-version (refused above otherwise)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if resume and out is None:
         raise ConfigError("--resume needs --out (the table to finish)")
@@ -273,8 +313,6 @@ def sweep(
     for model_spec in model_specs:
         check_common(seed, max_model_len, model_spec)
     seed_list = parse_seeds(seeds, repeats, seed)
-    if router is not None:
-        fields["router"] = router.value
     base = EngineConfig(**fields)
     from kvsim.simcore.config import check_numbers
 
@@ -365,7 +403,7 @@ def _run_locked(plan, table, done_ids: set[str], jobs: int | None, executor: str
 
     missing = [c for c in plan.swept if done_ids and c not in table.columns]
     if missing:  # the summary reads it from the earlier rows: refuse before running the rest
-        raise ConfigError(f"--resume: {table.path} has no {missing[0]!r} column (edited by hand?)")
+        raise ConfigError(f"--resume: {table.target} has no {missing[0]!r} column (edited by hand?)")
     todo = [p for p in plan.points if p.options["point_id"] not in done_ids]
     progress = _Progress(len(plan.points), len(plan.points) - len(todo))
 
@@ -383,7 +421,7 @@ def _run_locked(plan, table, done_ids: set[str], jobs: int | None, executor: str
         table.finish(list(ran) if ran is not None else None)
     if not done_ids:
         return new_rows
-    earlier = read_table(table.path)
+    earlier = read_table(table.target)
     earlier = earlier[earlier["point_id"].isin(done_ids)]
     return [{k: v for k, v in r.items() if not (not isinstance(v, str) and pd.isna(v))}
             for r in earlier.to_dict("records")] + new_rows
@@ -402,15 +440,14 @@ def _workload_loader(workload: str | None, overrides: dict[str, Any]):
 def _profiles(path: Path | None, num_pairs: int):
     """A loader per (model, GPU, TP, dtypes), each loaded once; --profile is one file for one
     model, GPU and TP."""
-    from kvsim.profiles import check_profile_matches, default_profile
-    from kvsim.simcore.latency import load_profile
+    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
 
     cache: dict[tuple[str, str, int, str, str], Any] = {}
     fixed = None
     if path is not None:
         if num_pairs > 1:
             raise ConfigError("--profile is one file for one model on one GPU; sweep --model and --gpu without --profile")
-        fixed = load_profile(path)
+        fixed = load_named_profile(path)
 
     def profile_for(gpu_spec, tp_: int, model):
         """`model` as the point resolves it (--quantization / --kv-cache-dtype applied)."""

@@ -86,6 +86,9 @@ def show(
     console.print("arrival: " + ", ".join(f"{k}={v}" for k, v in arrival.items() if k != "schedule"))
     console.print(f"requests: {int(spec.num_requests):,}"
                   + (f" (statistics below from the first {len(requests):,})" if sampled else ""))
+    if getattr(spec, "is_session", False):  # turns follow answers: only the session starts are planned
+        console.print("turns: sent when the previous answer is back plus the think time; prompts below "
+                      "grow with each turn (whole conversation resent)")
     if spec.is_closed_loop:
         console.print(f"rate: set by the engine (closed loop of {arrival['concurrency']} clients)")
     else:
@@ -98,7 +101,7 @@ def show(
     if not np.array_equal(max_tokens, output):
         table.add_row(*_length_row("max_tokens", max_tokens))
     console.print(table)
-    extras = {k: info[k] for k in ("n", "beam_width", "shared_prefix") if info[k] not in (1, None)}
+    extras = {k: info.get(k) for k in ("n", "beam_width", "shared_prefix", "sessions") if info.get(k) not in (1, None)}
     for key, value in extras.items():
         console.print(f"{key}: {value}", markup=False)
     for note in spec.notes(generation):

@@ -6,7 +6,9 @@ from kvsim.profiles.lookup import (
     check_profile_matches,
     default_profile,
     find_profile_path,
+    load_named_profile,
     profile_filename,
 )
 
-__all__ = ["PROFILE_DIR", "check_profile_matches", "default_profile", "find_profile_path", "profile_filename"]
+__all__ = ["PROFILE_DIR", "check_profile_matches", "default_profile", "find_profile_path", "load_named_profile",
+           "profile_filename"]

@@ -20,7 +20,7 @@ from kvsim.simcore.errors import ProfileError
 from kvsim.simcore.latency import SCHEMA, SCHEMA_VERSION
 from kvsim.simcore.specs import GPUSpec, ModelSpec
 
-INSTALL_HINT = "the profiling harness needs torch: pip install 'kvsim[profile]'"
+INSTALL_HINT = "the profiling harness needs torch: pip install '.[profile]' in kvsim's source folder"
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +292,9 @@ def _kv_budget_bytes(torch, cfg: HarnessConfig) -> float:
 def measure_profile(cfg: HarnessConfig, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Run every grid point and return the profile document. `progress(label, n)` is called
     after each point (n = points done)."""
+    if cfg.model.is_mla:  # refused before torch loads: the harness times GQA paged attention only
+        raise ProfileError(f"{cfg.model.name} uses multi-head latent attention, which the harness does not "
+                           "time (no MLA kernels here); its profile is the roofline (kvsim run prices it)")
     torch = require_torch()
     model, tp, grid, dev = cfg.model, cfg.tp, cfg.grid, cfg.device
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -416,7 +419,7 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
     from kvsim.profiles.host import host_overhead_block
 
     model = cfg.model
-    host, host_by_policy = host_overhead_block(model.num_layers, cfg.tp)
+    host, host_by_policy, host_by_engine = host_overhead_block(model.num_layers, cfg.tp)
     gpu_name = cfg.gpu.name if cfg.gpu else ("cpu" if cfg.device == "cpu" else _device_name(torch, "cuda"))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -429,6 +432,7 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
         "model_shape": model.to_dict(),
         "host_overhead": host,
         "host_overhead_by_policy": host_by_policy,
+        "host_overhead_by_engine": host_by_engine,
         "linear": linear,
         "prefill_attention": prefill,
         "decode_attention": decode,

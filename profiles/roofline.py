@@ -135,25 +135,59 @@ def elementwise_ms(gpu: GPUSpec, eff: Efficiency, kind: str, nbytes: float) -> f
     return eff.elementwise_floor_ms + 1e3 * nbytes / (gpu.hbm_tbps * 1e12 * eff.elementwise[kind])
 
 
-def linear_ops(model: ModelSpec, tp: int, tokens: int) -> list[tuple[str, str, float, float]]:
+def linear_ops(model: ModelSpec, tp: int, tokens: int, moe_layer: bool | None = None,
+               ep: int = 1) -> list[tuple[str, str, float, float]]:
     """One layer's linear work on one GPU: (operator, kind, flops, bytes). Kind is "gemm", "gemm8"
     (an FP8 GEMM) or an elementwise kind. Operator names follow the measured data (Vidur's
-    mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`)."""
+    mlp.csv); an MoE layer's MLP is the router and the experts (`moe_ops`); `moe_layer` False
+    gives a dense layer of an MoE model (DeepSeek's first_k_dense_replace layers)."""
     t, h, b = tokens, model.hidden_size, model.dtype_bytes
     q, kv, inter = model.q_size // tp, max(1, model.num_kv_heads // tp) * model.head_dim, model.intermediate_size // tp
     gemm = _gemm_maker(model, t)
-    ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
-           *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
-    if model.is_moe:
-        ops += moe_ops(model, tp, t)
+    if model.is_mla:
+        ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *mla_projection_ops(model, tp, t),
+               ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
+    else:
+        ops = [("input_layernorm", "norm", 0.0, 2.0 * t * h * b), *gemm("attn_pre_proj", h, q + 2 * kv),
+               *gemm("attn_post_proj", q, h), ("post_attention_layernorm", "norm", 0.0, 2.0 * t * h * b)]
+    if model.is_moe if moe_layer is None else moe_layer:
+        ops += moe_ops(model, tp, t) if ep <= 1 else ep_moe_ops(model, tp, t, ep)
     else:
         up = (2 if model.gated_mlp else 1) * inter
         ops += [*gemm("mlp_up_proj", h, up),
                 ("mlp_act", "act", 0.0, float(t * inter * (3 if model.gated_mlp else 2) * b)),
                 *gemm("mlp_down_proj", inter, h)]
     ops.append(("add", "add", 0.0, 3.0 * t * h * b))
-    if model.gated_mlp:  # Llama-style rotary embeddings; OPT has learned positions
+    if model.is_mla:  # rope on the rope parts only: each head's query slice and the one shared key
+        rope = model.qk_rope_head_dim
+        ops.insert(2, ("attn_rope", "rope", 0.0, 2.0 * t * (model.num_attention_heads // tp + 1) * rope * b))
+    elif model.gated_mlp:  # Llama-style rotary embeddings; OPT has learned positions
         ops.insert(1 + (2 if model.quantization == "fp8" else 1), ("attn_rope", "rope", 0.0, 2.0 * t * (q + kv) * b))
+    return ops
+
+
+def mla_projection_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, float]]:
+    """MLA's projections on one GPU, as vLLM shards them (vllm/model_executor/models/deepseek_v2.py):
+    q_a and kv_a replicated on every rank (ReplicatedLinear), q_b, kv_b column-parallel and o
+    row-parallel over the heads. kv_b up-projects the latent to per-head K_nope and V: prefill runs
+    it on the chunk's tokens; decode absorbs the same weights into the query and the output
+    (W_UK, W_UV batched matmuls: the same FLOPs and weight bytes per token), so one GEMM prices
+    both. The q_a / kv_a norms ride in elementwise `norm` ops."""
+    h, b = model.hidden_size, model.dtype_bytes
+    heads = max(1, model.num_attention_heads // tp)
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    gemm = _gemm_maker(model, t)
+    ops: list[tuple[str, str, float, float]] = []
+    if model.q_lora_rank:
+        ops += [*gemm("attn_q_a_proj", h, model.q_lora_rank),
+                ("attn_q_a_layernorm", "norm", 0.0, 2.0 * t * model.q_lora_rank * b),
+                *gemm("attn_q_b_proj", model.q_lora_rank, heads * qk)]
+    else:
+        ops += gemm("attn_q_proj", h, heads * qk)
+    ops += [*gemm("attn_kv_a_proj", h, model.mla_latent_dim),
+            ("attn_kv_a_layernorm", "norm", 0.0, 2.0 * t * model.kv_lora_rank * b),
+            *gemm("attn_kv_b_proj", model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim)),
+            *gemm("attn_post_proj", heads * model.v_head_dim, h)]
     return ops
 
 
@@ -195,6 +229,74 @@ def moe_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, fl
     return ops
 
 
+def ep_load_imbalance(pairs: float, ep: int) -> float:
+    """Busiest GPU's share of `pairs` token-expert assignments over `ep` GPUs, relative to the mean,
+    under uniform independent routing: the expected maximum of ep near-Poisson loads, mean +
+    sqrt(2 ln ep) standard deviations (the Gaussian extreme-value estimate). Real routers are
+    more skewed and vLLM's EPLB rebalances them; neither is modelled."""
+    mean = pairs / ep
+    if mean <= 0 or ep <= 1:
+        return 1.0
+    return min(float(ep), 1.0 + math.sqrt(2.0 * math.log(ep)) * math.sqrt((1.0 - 1.0 / ep) / mean))
+
+
+def ep_moe_ops(model: ModelSpec, tp: int, t: int, ep: int) -> list[tuple[str, str, float, float]]:
+    """An MoE layer's MLP on one GPU of an expert-parallel group of `ep` GPUs (vLLM's
+    --enable-expert-parallel: E/ep whole experts per GPU, not a 1/tp slice of every expert). The
+    group's ep/tp data-parallel ranks step together (vLLM runs DP+EP forward passes in lockstep,
+    idle ranks with dummy batches); kvsim assumes each brings the same `t` tokens, so one GPU
+    serves t x ep/tp x top-k / ep assignments on average, and the busiest GPU (ep_load_imbalance)
+    sets the layer's time. Shared experts stay tensor-parallel, as vLLM's DeepSeek model keeps
+    them."""
+    h, b, k, e = model.hidden_size, model.dtype_bytes, model.num_experts_per_tok, model.num_experts
+    inter, local = model.moe_intermediate_size, e / ep
+    group_tokens = t * (ep / tp)
+    pairs = group_tokens * k
+    busiest = pairs / ep * ep_load_imbalance(pairs, ep)
+    touched = local * (1.0 - (1.0 - k / e) ** group_tokens)
+    rows = touched * math.ceil(busiest / max(touched, 1e-9) / MOE_TILE_ROWS) * MOE_TILE_ROWS
+    gemm = _gemm_maker(model, t)
+    ops = [("moe_router", "gemm", 2.0 * t * h * e, float(h * e + t * h + t * e) * b),
+           ("moe_topk_align", "add", 0.0, float(t * e * 4 + t * k * 8)),
+           *gemm("moe_up_proj", h, 2 * inter, rows, touched),
+           ("moe_act", "act", 0.0, float(busiest * inter * 3 * b)),
+           *gemm("moe_down_proj", inter, h, rows, touched),
+           ("moe_sum", "add", 0.0, float(t * k * h * b + t * h * b))]
+    shared = model.shared_expert_intermediate_size // tp
+    if shared:
+        ops += [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
+                *gemm("shared_down_proj", shared, h)]
+    return ops
+
+
+# Expert-parallel all-to-all (MoE dispatch and combine), as DeepEP's normal kernels measure it
+# (github.com/deepseek-ai/DeepEP, legacy README, H800 with CX7 400 Gb/s, DeepSeek-V3 setting: 4,096
+# tokens, hidden 7,168, top-8, FP8 dispatch, BF16 combine): 153 / 158 GB/s over NVLink at EP 8
+# (H800 NVLink: 200 GB/s per direction, so 0.77 of it) and 43 GB/s over RDMA at EP 16 (0.86 of the
+# 50 GB/s NIC). Its low-latency kernels move 128 tokens in 77 us (dispatch) and 114 us (combine)
+# at EP 8: bandwidth-bound too, so one floor (the NCCL latency measured on the H100) suffices.
+EP_A2A_NVLINK_EFFICIENCY = 153.0 / 200.0
+EP_A2A_RDMA_EFFICIENCY = 43.0 / 50.0
+EP_A2A_FLOOR_MS = 0.030  # per dispatch or combine: the measured H100 NCCL latency floor (collectives_h100.json)
+
+
+def ep_all_to_all_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, ep: int) -> float:
+    """One MoE layer's dispatch + combine on one GPU of an `ep`-GPU group: each of its tokens
+    (its TP group splits them) goes to top-k experts, FP8 out when the weights are FP8 (DeepEP's
+    FP8 dispatch), the model dtype back; a GPU's own experts stay local (1/ep of them). Over NVLink
+    inside a node, over the NIC once the group spans nodes."""
+    if ep <= 1:
+        return 0.0
+    remote = (1.0 - 1.0 / ep) * tokens / tp * model.num_experts_per_tok * model.hidden_size
+    out_bytes = remote * (1 if model.quantization == "fp8" else model.dtype_bytes)
+    back_bytes = remote * model.dtype_bytes
+    if ep <= gpu.gpus_per_node:
+        bw = gpu.interconnect_gbps * 1e9 * EP_A2A_NVLINK_EFFICIENCY
+    else:
+        bw = gpu.internode_gbps * 1e9 * EP_A2A_RDMA_EFFICIENCY
+    return 2 * EP_A2A_FLOOR_MS + 1e3 * (out_bytes + back_bytes) / bw
+
+
 def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float) -> float:
     if kind == "gemm":
         return gemm_ms(gpu, eff, flops, nbytes)
@@ -203,13 +305,23 @@ def op_ms(gpu: GPUSpec, eff: Efficiency, kind: str, flops: float, nbytes: float)
     return elementwise_ms(gpu, eff, kind, nbytes)
 
 
-def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency) -> float:
-    """All linear work of one layer: the ops above, a second residual add, and the KV write."""
-    total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens))
-    kv = max(1, model.num_kv_heads // tp) * model.head_dim
+def linear_layer_ms(gpu: GPUSpec, model: ModelSpec, tp: int, tokens: int, eff: Efficiency, ep: int = 1) -> float:
+    """All linear work of one layer: the ops above, a second residual add, and the KV write. A model
+    whose first layers are dense (DeepSeek's first_k_dense_replace) gets the mean over its layers
+    (the latency model multiplies one layer's time by the layer count)."""
+    total = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens, ep=ep))
+    total += ep_all_to_all_ms(gpu, model, tp, tokens, ep)
+    dense = model.num_layers - model.num_moe_layers if model.is_moe else 0
+    if dense:
+        dense_ms = sum(op_ms(gpu, eff, kind, f, nb) for _, kind, f, nb in linear_ops(model, tp, tokens, False))
+        total = (total * model.num_moe_layers + dense_ms * dense) / model.num_layers
     total += elementwise_ms(gpu, eff, "add", 3.0 * tokens * model.hidden_size * model.dtype_bytes)
     kv_in_out = model.dtype_bytes + model.kv_dtype_bytes  # read the new K, V; write them to the cache
-    total += elementwise_ms(gpu, eff, "add", 2.0 * tokens * kv * kv_in_out)  # cache write
+    if model.is_mla:  # one latent + rope key per token, written on every rank
+        total += elementwise_ms(gpu, eff, "add", 1.0 * tokens * model.mla_latent_dim * kv_in_out)
+    else:
+        kv = max(1, model.num_kv_heads // tp) * model.head_dim
+        total += elementwise_ms(gpu, eff, "add", 2.0 * tokens * kv * kv_in_out)  # cache write
     return total
 
 
@@ -222,9 +334,18 @@ def prefill_attention_ms(gpu: GPUSpec, model: ModelSpec, tp: int, chunk: int, co
     """Causal attention of a `chunk` over `context` prior tokens plus itself, on a GPU that other
     chunks of the step keep full (no floor, no occupancy loss: the latency model adds both once per
     step from the profile's `occupancy`)."""
-    heads = model.num_attention_heads // tp
+    heads = max(1, model.num_attention_heads // tp)
     attended = chunk * (context + (chunk + 1) / 2)  # query-key pairs under the causal mask
-    flops = 4.0 * attended * heads * model.head_dim
+    if model.is_mla:
+        # vLLM's MLA prefill is plain attention over up-projected heads (qk dim nope+rope, v dim
+        # v_head_dim); the chunk's own K/V come from kv_b (a linear op), and a chunk with cached
+        # context first up-projects that context's latents (vllm/v1/attention/backends/mla/common.py,
+        # _compute_prefill_context): 2 x context x kv_lora_rank x heads x (nope + v) more FLOPs.
+        qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+        flops = 2.0 * attended * heads * (qk + v)
+        flops += 2.0 * context * model.kv_lora_rank * heads * (model.qk_nope_head_dim + v)
+    else:
+        flops = 4.0 * attended * heads * model.head_dim
     return 1e3 * flops / (gpu.bf16_tflops * 1e12 * flash_efficiency(context + chunk))
 
 
@@ -235,10 +356,19 @@ def decode_attention_ms(
     """Paged decode: each sequence reads whole blocks through its block table, the last one
     padded (a batch's lengths are ragged: on average (B-1)/2B of a block is padding), and each
     block costs PAGED_BLOCK_OVERHEAD_TOKENS rows more (see above)."""
-    heads, kv_heads = model.num_attention_heads // tp, max(1, model.num_kv_heads // tp)
+    heads, kv_heads = max(1, model.num_attention_heads // tp), max(1, model.num_kv_heads // tp)
     d, b, kvb = model.head_dim, model.dtype_bytes, model.kv_dtype_bytes  # FP8 KV: half the reads
     blocks = max(1.0, context / block_size + (block_size - 1) / (2 * block_size))
     rows = blocks * (block_size + PAGED_BLOCK_OVERHEAD_TOKENS)
+    if model.is_mla:
+        # Absorbed MLA decode (FlashMLA; vLLM's MLA decode backends): every head scores the query,
+        # moved into latent space, against the one shared latent + rope key (kv_lora_rank + rope
+        # wide) and sums values in the latent (kv_lora_rank wide): the cache is read once for all
+        # heads, so decode attention is far less memory-bound than GQA's.
+        latent = model.mla_latent_dim
+        flops = 2.0 * batch * context * heads * (latent + model.kv_lora_rank)
+        nbytes = batch * (rows * latent * kvb + heads * (latent + model.kv_lora_rank) * b) + batch * 4 * blocks
+        return gemm_ms(gpu, eff, flops, nbytes)
     flops = 4.0 * batch * context * heads * d
     nbytes = batch * (2.0 * rows * kv_heads * kvb + 2.0 * heads * b) * d + batch * 4 * blocks
     return gemm_ms(gpu, eff, flops, nbytes)
@@ -266,13 +396,15 @@ def build_roofline_profile(
     tp: int,
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
     efficiency: Efficiency | None = None,
+    ep: int = 1,
 ) -> dict[str, Any]:
-    """A schema-v2 profile document priced from the datasheet and the fitted efficiencies."""
+    """A schema-v2 profile document priced from the datasheet and the fitted efficiencies;
+    `ep` > 1: the MoE layers run expert-parallel over that many GPUs (ep_moe_ops)."""
     from kvsim.profiles.collectives import collectives_for
     from kvsim.profiles.host import host_overhead_block
 
     eff = efficiency or load_efficiency()
-    host, host_by_policy = host_overhead_block(model.num_layers, tp)
+    host, host_by_policy, host_by_engine = host_overhead_block(model.num_layers, tp)
     collectives = collectives_for(gpu, tp)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -285,9 +417,10 @@ def build_roofline_profile(
         "model_shape": model.to_dict(),
         "host_overhead": host,
         "host_overhead_by_policy": host_by_policy,
+        "host_overhead_by_engine": host_by_engine,
         "linear": {
             "num_tokens": NUM_TOKENS,
-            "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff)) for t in NUM_TOKENS],
+            "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff, ep)) for t in NUM_TOKENS],
         },
         "prefill_attention": {
             "chunk_tokens": CHUNK_TOKENS,
@@ -325,12 +458,20 @@ def build_roofline_profile(
             "efficiency_fitted_on": "H100 Llama-2-7B operator timings (profiles/efficiency_h100.json)",
             "prefill_attention": "FlashAttention-3 H100 efficiency curve + wave occupancy (profiles/README.md)",
             "decode_attention": f"paged: whole blocks + {PAGED_BLOCK_OVERHEAD_TOKENS:.2f} rows per block (vLLM paper)",
-            "host_overhead": "defaults per policy from public measurements (profiles/host.py, README)",
+            "host_overhead": "defaults per policy and engine version from public measurements (profiles/host.py, README)",
             "collective": collectives["source"] if collectives else "none (tp 1)",
         },
     }
     if collectives:
         doc["collectives"] = collectives
+    if ep > 1:
+        doc["expert_parallel_size"] = ep
+        if collectives:  # the MoE output needs no all-reduce: the combine all-to-all returns it
+            doc["collectives"] = {**collectives, "all_reduce_calls_per_layer": 1}
+        doc["provenance"]["expert_parallel"] = (
+            f"EP {ep}: {model.num_experts // ep} whole experts per GPU, ep/tp = {ep // tp} data-parallel ranks "
+            "assumed to bring equal batches, busiest GPU under uniform routing; dispatch/combine priced from "
+            "DeepEP's measured bandwidths (profiles/roofline.py)")
     if model.quantization == "fp8" or model.kv_dtype == "fp8":
         doc["weight_dtype"], doc["kv_cache_dtype"] = model.weight_dtype, model.kv_dtype
         doc["provenance"]["fp8"] = (

@@ -258,6 +258,9 @@ def validate_profile(cfg: ValidateConfig, progress: Callable[[str, int], None] |
     device, step_set, block_size, dtype_name, wanted = _resolve(cfg)
     profile, where = cfg.profile, cfg.profile.path or cfg.profile.label
     model, tp = model_of(profile), int(profile.data["tensor_parallel_size"])
+    if model.is_mla:
+        raise ProfileError(f"{where}: {model.name} uses multi-head latent attention, which validation does not "
+                           "run (no MLA kernels here)")
     steps, skipped = steps_for(step_set, model)
     if not steps:
         raise ProfileError(f"{where}: every {step_set} step exceeds the model's context limit")

@@ -121,7 +121,7 @@ class Bounds:
     """What no load can beat on one replica of a candidate."""
 
     ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
-    tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context
+    tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context (/ k + 1 speculating)
     rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
 
 
@@ -145,7 +145,10 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     ttft = np.array([ttft_by_len[p] for p in prompts.tolist()])
     decoding = outputs > 1
     ctx = prompts[decoding] if decoding.any() else prompts
-    tpot_by_ctx = {c: _step_s(latency, 0, 0, 1, c + 1, 1) for c in np.unique(ctx).tolist()}
+    # speculative decoding emits up to k + 1 tokens per step (its steps cost at least a decode step)
+    spec = config.speculative_config
+    burst = 1 + spec.num_speculative_tokens if spec is not None else 1
+    tpot_by_ctx = {c: _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(ctx).tolist()}
     tpot = np.array([tpot_by_ctx[c] for c in ctx.tolist()])
     sizes = [t for t in (256, 512, 1024, 2048, 4096, 8192, 16384) if t <= budget] or [budget]
     per_token = min(_step_s(latency, t, 0, 0, 0, 0) / t for t in sizes)
@@ -343,7 +346,7 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
         result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
-        summary = summary_with_goodput(result, slo)
+        summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
             return n, summary, []
@@ -387,7 +390,8 @@ def rows_for_target(
         if id(a) in checked:
             summary, reasons, extra = checked[id(a)]
             row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
-                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica")})
+                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica"),
+                        "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
@@ -401,9 +405,17 @@ def rows_for_target(
     return rows
 
 
+def _cell_value(name: str, value: Any) -> Any:
+    """A dimension's value as a table cell: a speculative config as its label, "off" for none."""
+    if name != "speculative_config":
+        return value
+    return "off" if value is None else value.label
+
+
 def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
     c = a.candidate
-    row: dict[str, Any] = {"target_rate": target, "model": c.model.name, **dict(c.values)}
+    row: dict[str, Any] = {"target_rate": target, "model": c.model.name,
+                           **{k: _cell_value(k, v) for k, v in c.values}}
     tp = c.gpus_per_replica
     if replicas is None:
         row.update({"replicas": None, "gpus": None, "usd_per_hour": None, "replica_max_rate": a.r1 or None,
@@ -412,14 +424,40 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
         row.update({
             "replicas": replicas, "gpus": replicas * tp, "usd_per_hour": a.cost_per_hour(replicas),
             "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
-            "status": "ok",
+            "status": "ok", "vllm_serve": _serve_line(c),
         })
     row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
                 # what priced its steps (none for a candidate pruned before pricing)
                 "profile_source": a.profile.source if a.profile is not None else None,
-                "profile_sha256": a.profile.sha256 if a.profile is not None else None})
+                "profile_sha256": a.profile.sha256 if a.profile is not None else None,
+                "engine_core": _engine_cores(a)})
     return row
+
+
+def _engine_cores(a: Assessment, confirmation: dict[str, Any] | None = None) -> str | None:
+    """The engine cores (simcore.cores) that ran the candidate's search and confirmation runs,
+    e.g. "c" or "c+python"; None where nothing ran."""
+    summaries = [p.summary for p in a.capacity.points] if a.capacity is not None else []
+    if confirmation is not None:
+        summaries.append(confirmation)
+    cores = sorted({s["engine_core"] for s in summaries if s.get("engine_core")})
+    return "+".join(cores) or None
+
+
+def _serve_line(c: Candidate) -> str:
+    """One replica's `vllm serve` command (reports.serve_command)."""
+    from kvsim.reports.serve_command import vllm_serve_command
+
+    return vllm_serve_command(c.model, c.gpu, c.config)
+
+
+# what each profile kind's step times are, for the answer line (profiles/README.md)
+PROFILE_KINDS = {
+    "roofline": "roofline profile: datasheet peaks with fitted efficiencies, not measured on this GPU",
+    "measured": "measured profile (kvsim profile on the GPU)",
+    "calibrated": "calibrated profile (fitted to measurements of your engine)",
+}
 
 
 def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
@@ -537,11 +575,12 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
             f"${best['usd_per_hour']:,.2f}/h, sustains {'at least ' if best.get('capped') else '~'}{best['max_rate']:.1f} req/s "
             f"({100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms)")
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
+            f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
 
 
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
-          "quantization", "pipeline_parallel_size")
+          "quantization", "pipeline_parallel_size", "speculative_config")
 
 
 def capacity_figure(result: PlanResult, path) -> None:

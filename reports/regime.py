@@ -75,6 +75,8 @@ def regime_of(result) -> Regime:
     every step (`StepTotals`: peak KV, KV-blocked time, preemptions)."""
     paged = result.record["policy"]["allocator"] == "paged"
     capacity = result.memory.num_gpu_tokens
+    if getattr(result, "step_labels", None) is not None:  # disaggregated: each pool against its own cache
+        return _pools_regime(result, paged)
     if any(r.coalesced for r in result.recorders):
         t = result.totals
         peak = t.kv_allocated_max / capacity if capacity > 0 else 0.0
@@ -82,3 +84,18 @@ def regime_of(result) -> Regime:
         bound = peak >= PEAK_KV_THRESHOLD or share >= BLOCKED_SHARE_THRESHOLD or t.num_preempted > 0
         return Regime(MEMORY_BOUND if bound else COMPUTE_BOUND, peak, share, t.num_preempted)
     return classify_regime(result.step_columns(), capacity, paged, result.memory.block_size)
+
+
+def _pools_regime(result, paged: bool) -> Regime:
+    """A disaggregated run (simcore.disagg): each pool's steps against its own KV capacity; the
+    deployment is memory-bound when either pool is, and its peak is the fuller pool's."""
+    regimes = []
+    for pool in ("prefill", "decode"):
+        memory = result.record["disagg"][pool]["memory"]
+        tables = [r.columns_kept() for r, (name, _) in zip(result.recorders, result.step_labels, strict=True)
+                  if name == pool]
+        steps = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]} if tables else {"kv_allocated": []}
+        regimes.append(classify_regime(steps, memory["num_gpu_tokens"], paged, memory["block_size"]))
+    worst = max(regimes, key=lambda r: (r.label == MEMORY_BOUND, r.peak_kv_use))
+    return Regime(worst.label, worst.peak_kv_use, max(r.kv_blocked_share for r in regimes),
+                  sum(r.num_preempted for r in regimes))

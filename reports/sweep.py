@@ -36,6 +36,9 @@ SWEEPABLE = {
     "block_size": ("--block-size", "block_size"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", "gpu_mem_util"),
     "max_num_seqs": ("--max-num-seqs", "max_num_seqs"),
+    "speculative_config": ("--speculative-config", "spec"),
+    "router": ("--router", "router"),
+    "kv_offloading_size": ("--kv-offloading-size", "cpu_kv_gib"),
     "rate": ("--rate", "rate"),
     "concurrency": ("--concurrency", "concurrency"),
 }
@@ -216,6 +219,9 @@ def plan_sweep(
         profile = None if reason else profile_for(gpu, config.tensor_parallel_size, config.resolve_model(model))
         options = {"point": index, "model": model.name, "gpu": gpu.name,
                    **workload_columns(workload.describe()), **config.to_dict(), **fixed}
+        if "speculative_config" in grid_lists or config.speculative_config is not None:
+            # one text cell (the point id keeps the whole config): "off" or method, k, acceptance
+            options["speculative_config"] = config.speculative_config.label if config.speculative_config else "off"
         for seed in seeds:
             points.append(Point(model, gpu, config, workload, profile, seed, options, reason, resolved))
     if points and all(p.does_not_fit for p in points):  # nothing would run: bad input, not a table

@@ -79,8 +79,8 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
-    row.update({"kvsim_version": record["kvsim_version"], "wall_s": time.perf_counter() - started,
-                "warnings": "; ".join(result.warnings)})
+    row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
+                "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
     return row
 
 
@@ -209,7 +209,7 @@ def _run_ray(points: Sequence[Point], jobs: int | None, address: str | None, don
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install '.[ray]' in kvsim's source folder") from None
     if not ray.is_initialized():
         _probe(address)
         try:
@@ -240,7 +240,7 @@ def check_executor(executor: str, address: str | None) -> None:
         try:
             import ray  # noqa: F401
         except ImportError:
-            raise ConfigError("--executor ray needs Ray: pip install 'kvsim[ray]'") from None
+            raise ConfigError("--executor ray needs Ray: pip install '.[ray]' in kvsim's source folder") from None
         _probe(address)
 
 

@@ -1,4 +1,7 @@
-"""The sweep's output table: a CSV that grows one row per finished point, and can be resumed.
+"""The sweep's output table: a CSV that grows one row per finished point, and can be resumed;
+or a Parquet file (`--out x.parquet`, needs pyarrow), whose rows grow in a hidden CSV journal beside
+it (`.x.parquet.rows.csv`, the same append-and-fsync file) and become the Parquet file, written
+atomically, once every point is in; `--resume` reads the journal, or the finished Parquet file.
 
 Each row is appended, flushed and fsynced as its point finishes, so a killed sweep keeps every
 point it finished (at most the row being written is cut short; resuming drops that tail). Rows
@@ -23,6 +26,7 @@ import hashlib
 import io
 import math
 import os
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,48 +55,71 @@ def _line(values: list[Any]) -> str:
     return buf.getvalue()
 
 
+def has_pyarrow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
+
+
 class SweepTable:
-    """Append-only CSV of sweep rows. `open()` first; then `append(row)` per finished point."""
+    """Append-only CSV of sweep rows. `open()` first; then `append(row)` per finished point.
+    `target` is the file the user named; `path` the CSV the rows are appended to (the same file,
+    or a Parquet target's journal)."""
 
     def __init__(self, path: Path) -> None:
-        if path.suffix.lower() != ".csv":
-            raise ConfigError(f"--out {path}: give a .csv file")
-        self.path = path
+        suffix = path.suffix.lower()
+        if suffix not in (".csv", ".parquet"):
+            raise ConfigError(f"--out {path}: give a .csv or .parquet file")
+        if suffix == ".parquet" and not has_pyarrow():
+            raise ConfigError(f"--out {path}: writing Parquet needs pyarrow (pip install pyarrow), or give a .csv file")
+        self.target = path
+        self.parquet = suffix == ".parquet"
+        self.path = path.with_name(f".{path.name}.rows.csv") if self.parquet else path
         self.columns: list[str] = []  # the header as written; grows (file rewritten) if a row adds keys
         self._lock_fd = -1
         self._lock_path = path.with_name(f".{path.name}.lock")
-        self._created: list[Path] = []  # what `open` made (folders, the table): removed if the sweep adds no row
+        self._created: list[Path] = []  # what `open` made (the table, folders): removed if the sweep adds no row
         self._rows = 0
 
     def open(self, sweep_id: str, resume: bool) -> set[str]:
         """Lock and start the table (or, with resume, check it and return the point ids it
         already holds). Call `close` when the sweep ends, however it ends."""
         try:
-            self._make_parents()
-            self._lock()
-            from kvsim.reports.files import remove_stale
-
-            remove_stale(self.path.parent, self.path.name)  # temporary files of a sweep killed mid-rewrite
-            exists = self.path.exists() and self.path.stat().st_size > 0
-            if exists and not resume:
-                raise ConfigError(f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
-            if not exists:
-                if not self.path.exists():
-                    self._created.insert(0, self.path)  # named first: an interrupt after the open still removes it
-                with open(self.path, "w"):
-                    pass
-                return set()
-            rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
-            self._drop_partial_line()
+            return self._open(sweep_id, resume)
         except OSError as exc:
             self.close()
             raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
         except BaseException:
             self.close()
             raise
+
+    def _open(self, sweep_id: str, resume: bool) -> set[str]:
+        self._make_parents()
+        self._lock()  # before the existence checks: they and the creation are one step for other sweeps
+        from kvsim.reports.files import remove_stale
+
+        remove_stale(self.path.parent, self.path.name)  # temporary files of a sweep killed mid-rewrite
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if self.parquet and self.target.exists():
+            if not resume:
+                raise ConfigError(f"--out {self.target} exists; add --resume to finish that sweep, or remove it")
+            if not exists:  # a finished sweep: its rows become the journal again
+                self._journal_from_parquet()
+                exists = True
+        if exists and not resume:
+            raise ConfigError(f"--out {self.target} exists (its rows so far: {self.path}); add --resume to finish "
+                              "that sweep, or remove it" if self.parquet else
+                              f"--out {self.path} exists; add --resume to finish that sweep, or remove it")
+        if not exists:
+            if not self.path.exists():
+                self._created.insert(0, self.path)  # named first: an interrupt after the open still removes it
+            with open(self.path, "w"):
+                pass
+            return set()
+        rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
+        self._drop_partial_line()
         other = {r.get("sweep_id") for r in rows} - {sweep_id}
         if other:
-            self.close()
             raise ConfigError(
                 f"--resume: {self.path} was made by a sweep with other options or another grid "
                 f"(sweep_id {sorted(o or '?' for o in other)[0]}, this sweep is {sweep_id}); "
@@ -122,7 +149,7 @@ class SweepTable:
                 self._lock_fd = -1
                 os.close(fd)
                 raise ConfigError(
-                    f"--out {self.path}: another kvsim sweep is writing this table now; wait for it to "
+                    f"--out {self.target}: another kvsim sweep is writing this table now; wait for it to "
                     "finish (then --resume), or give another --out"
                 ) from None
             try:  # the holder before us may have removed the file after we opened it: lock the one there now
@@ -154,6 +181,13 @@ class SweepTable:
         with contextlib.suppress(OSError):
             os.unlink(self._lock_path)  # while still holding it: a waiting opener sees a new file
         os.close(fd)
+
+    def _journal_from_parquet(self) -> None:
+        """Write a finished Parquet table's rows as the CSV journal (cells as `_cell` writes them)."""
+        frame = _read_parquet(self.target, "--resume: ")
+        columns = [str(c) for c in frame.columns]
+        self._replace_with(columns, ([None if _missing(v) else (v.item() if hasattr(v, "item") else v) for v in row]
+                                     for row in frame.itertuples(index=False, name=None)))
 
     def _drop_partial_line(self) -> None:
         """A kill mid-write leaves a last line without its newline: cut it off."""
@@ -212,9 +246,23 @@ class SweepTable:
                 body = list({r[at["point_id"]]: r for r in reversed(body)}.values())[::-1]  # the first of each
             body.sort(key=lambda r: (int(r[at["point"]]), int(r[at["seed"]])))
             self._replace_with(columns, ([r[at[c]] for c in columns] for r in body))
+            self.columns = columns
+            if self.parquet:
+                self._write_parquet()
         except OSError as exc:
-            raise KvsimError(f"cannot write to {self.path}: {exc.strerror or exc}") from None
-        self.columns = columns
+            raise KvsimError(f"cannot write to {self.target}: {exc.strerror or exc}") from None
+
+    def _write_parquet(self) -> None:
+        """The complete journal as the Parquet target (a temporary sibling renamed over it), then
+        the journal goes: the Parquet file now holds every row."""
+        frame = read_table(self.path)
+        tmp = self.target.with_name(f".{self.target.name}.kvsim-{os.getpid()}-{secrets.token_hex(6)}")
+        try:
+            frame.to_parquet(tmp, index=False)
+            os.replace(tmp, self.target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
     def _widen(self, columns: list[str]) -> None:
         """Rewrite the file under a wider header (rare: the first rows did not run, or resuming)."""
@@ -228,8 +276,6 @@ class SweepTable:
     def _replace_with(self, columns: list[str], rows: Iterable[list[Any]]) -> None:
         """Write header and rows to a temporary sibling, fsync, rename it over the table; on a
         failure the table is as it was and the sibling is removed."""
-        import secrets
-
         tmp = self.path.with_name(f".{self.path.name}.kvsim-{os.getpid()}-{secrets.token_hex(6)}")  # a unique name
         try:
             with open(tmp, "x", newline="") as f:
@@ -240,7 +286,7 @@ class SweepTable:
                 os.fsync(f.fileno())
             from kvsim.reports.files import give_mode
 
-            give_mode(tmp, self.path, 0o666)  # mkstemp's 0600 would make the table private
+            give_mode(tmp, self.path, 0o666)  # mkstemp-like 0600 would make the table private
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -283,8 +329,31 @@ def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str
                 raise ConfigError(f"{prefix}{path}, line {number}: {name} is {cell!r}, expected {kind}")
 
 
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _read_parquet(path: Path, prefix: str = "") -> pd.DataFrame:
+    if not has_pyarrow():
+        raise ConfigError(f"{prefix}{path}: reading Parquet needs pyarrow (pip install pyarrow)")
+    try:
+        frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{prefix}{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{prefix}{path}: cannot read the table ({exc.strerror or str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own errors for a file that is not Parquet
+        raise ConfigError(f"{prefix}{path}: not a readable Parquet table ({str(exc).splitlines()[0][:200]})") from None
+    if not {"point", "point_id", "seed", "sweep_id"} <= set(frame.columns):
+        raise ConfigError(f"{prefix}{path}: not a kvsim sweep table (no point / point_id / seed / sweep_id columns)")
+    return frame
+
+
 def read_table(path: Path) -> pd.DataFrame:
-    """A sweep table as a DataFrame in grid order (then by seed)."""
+    """A sweep table (CSV, or Parquet) as a DataFrame in grid order (then by seed)."""
+    if Path(path).suffix.lower() == ".parquet":
+        frame = _read_parquet(Path(path))
+        return frame.sort_values(["point", "seed"], kind="stable").reset_index(drop=True)
     from kvsim.simcore.userfiles import check_regular
 
     try:

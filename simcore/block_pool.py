@@ -464,6 +464,26 @@ class PagedAllocator:
             seq_of_row[row].table += taken[start:end]
             start = end
 
+    def truncate(self, seq_id: int, num_tokens: int) -> int:
+        """Shrink a GPU sequence to its first `num_tokens` written slots (speculative decoding:
+        the rejected drafts' slots); blocks past blocks_for(num_tokens) go back to the pool, the
+        last first. Returns the blocks freed.
+
+            written  t0 .. t15 | t16 t17 d1 d2 | d3 _ _ _     truncate to 18 -> 2 blocks, 1 freed
+        """
+        seq = self._seqs[seq_id]
+        assert not seq.on_cpu, "truncate a swapped-out sequence"
+        filled = self._nt[seq.idx]
+        assert 0 <= num_tokens <= filled, "truncate only drops written slots"
+        keep = self.blocks_for(num_tokens)
+        dropped = seq.table[keep:]
+        if dropped:
+            del seq.table[keep:]
+            self.gpu.decref_all(dropped[::-1])
+        self._nt[seq.idx] = num_tokens
+        self.num_gpu_tokens -= filled - num_tokens
+        return len(dropped)
+
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (parallel sampling, beam search)."""
         parent = self._seqs[parent_id]

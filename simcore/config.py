@@ -91,6 +91,16 @@ def check_numbers(config: EngineConfig) -> None:
             f"--swap-space {config.swap_space:g} GiB per GPU is more than vLLM allows on a "
             f"{HOST_MEMORY_GIB:g} GiB, 8-GPU host (70% of its memory: {MAX_SWAP_SPACE_GIB:g} GiB per GPU)"
         )
+    offload = config.kv_offloading_size
+    if offload is not None:
+        if not _is_number(offload) or offload <= 0:
+            raise ConfigError(f"--kv-offloading-size must be a finite number of GiB > 0, got {offload!r}")
+        per_gpu = offload / (config.tensor_parallel_size * config.pipeline_parallel_size)
+        if per_gpu + config.swap_space > MAX_SWAP_SPACE_GIB:
+            raise ConfigError(
+                f"--kv-offloading-size {offload:g} GiB is {per_gpu:g} GiB per GPU which, with --swap-space "
+                f"{config.swap_space:g}, is more host memory than a {HOST_MEMORY_GIB:g} GiB, 8-GPU host leaves "
+                f"a GPU (70%: {MAX_SWAP_SPACE_GIB:g} GiB)")
     for name in _INT_OPTIONS:
         value = getattr(config, name)
         if not _is_int(value) or value < 1:
@@ -138,11 +148,18 @@ def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
             f"--max-num-batched-tokens ({budget}) must be >= --max-num-seqs ({config.max_num_seqs}), "
             "as vLLM requires"
         )
+    if config.speculative_config is not None and not config.enable_chunked_prefill:
+        raise ConfigError("--speculative-config runs on vLLM V1's scheduler, which kvsim models with chunked "
+                          "prefill on; drop --no-enable-chunked-prefill")
     if not config.enable_chunked_prefill and budget < max_model_len:
         raise ConfigError(
             f"--max-num-batched-tokens ({budget}) is smaller than max_model_len ({max_model_len}) "
             "with chunked prefill off; enable chunked prefill or raise it"
         )
+    if config.kv_offloading_size is not None and not (config.enable_chunked_prefill and config.enable_prefix_caching):
+        raise ConfigError(
+            "--kv-offloading-size needs chunked prefill and prefix caching on (kvsim models vLLM V1's "
+            "offloading connector, which looks blocks up by their prefix-cache hashes)")
     return max_model_len, budget
 
 

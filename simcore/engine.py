@@ -44,6 +44,8 @@ from kvsim.simcore.step import StepPlan
 if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (simcore.simulate)
     import simpy
 
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+
 HOLD_WAITING = 65_536  # waiting requests past which an open-loop workload holds new arrivals back
 
 
@@ -58,6 +60,7 @@ class Engine:
         swap_block_s: float,
         progress: Callable[[int], None] | None = None,
         exact_steps: bool = False,
+        spec_cost: SpeculativeStepCost | None = None,
     ):
         self.env = env
         self.exact_steps = exact_steps  # one event per step, never a decode span
@@ -66,7 +69,9 @@ class Engine:
         self.swap_block_s = swap_block_s  # seconds to copy one block over PCIe
         self.lifecycle = Lifecycle(env, max_model_len, progress)
         self.policy: Policy | None = None  # set by attach()
-        self.recorder = StepRecorder(latency)  # records each step's kernels / collectives / host
+        # prices the steps of a speculative-decoding policy (plans with `spec`); None: none
+        self.spec_cost = spec_cost
+        self.recorder = StepRecorder(spec_cost or latency)  # records each step's kernels / collectives / host
         self._wakeup: simpy.Event | None = None
         self._drained: simpy.Event | None = None  # fires when a held-back workload may go on
         self.hold_at = HOLD_WAITING
@@ -92,6 +97,13 @@ class Engine:
             self._drained = self.env.event()
             self.num_holds += 1
         return self._drained
+
+    def wake(self) -> None:
+        """Let an idle step loop look again: something outside it changed what it may schedule
+        (disaggregated serving: a KV transfer into or out of this instance ended)."""
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.triggered:
+            wakeup.succeed()
 
     @property
     def load(self) -> int:
@@ -179,6 +191,9 @@ class Engine:
                     mem = policy.end_step(plan, [], life)
                     record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
                     continue
+            elif plan.spec is not None:  # speculative decoding: verify + draft, tokens in bursts
+                dt = self.spec_cost.step_time_s(plan) + plan.num_swap_blocks * self.swap_block_s
+                yield env.timeout(dt)
             else:
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
@@ -188,7 +203,10 @@ class Engine:
             times = None  # pipeline: each token (and finish) when its micro-batch leaves the last stage
             if emit_times is not None:
                 times = emit_times(start + plan.num_swap_blocks * self.swap_block_s, plan.num_scheduled)
-            finished = life.emit(plan, env.now, times)
+            if plan.spec is None:
+                finished = life.emit(plan, env.now, times)
+            else:
+                finished = life.emit_spec(plan, env.now)
             mem = policy.end_step(plan, finished, life)
             if finished:
                 life.finish(finished, env.now if times is None else None)

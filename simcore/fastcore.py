@@ -1,16 +1,20 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
-as the Python engine in --exact-steps mode, for the configurations it supports, in C.
+as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
+batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
+replica or several behind either router, open-loop arrivals or a workload file's closed loop.
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
 and serves everything the core does not support (`unsupported` says why).
 
-The C run is resumable: it stops whenever one of its output buffers (inter-token gaps, rows of
-requests that left, step rows, arrival stamps) may not hold the next event's output, or when it
-needs the next chunk of the workload; this module empties the buffers into the run's bounded
-stores (RequestRecords, Samples, StepRecorder) and resumes it, so memory stays flat in request
-count. Runs of decode steps that change nothing but the contexts come back as one step row
-(`num_steps` > 1), as the Python engine's decode spans do.
+The C run is resumable: it stops whenever one of its output buffers (rows of requests that
+left, step rows, arrival stamps) may not hold the next event's output, or when it needs the next
+chunk of the workload; this module empties the buffers into the run's bounded stores
+(RequestRecords, StepRecorder) and resumes it, so memory stays flat in request count. Runs of
+decode steps that change nothing but the contexts come back as one step row (`num_steps` > 1),
+as the Python engine's decode spans do. Inter-token gaps never cross: the core keeps them up to
+the ITL store's cap and bins them past it as the store would (simcore.records.Samples), and
+hands over the one or the other at the end.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import Any
 import numpy as np
 
 KV_REQ_ROW = 17  # engine.h
-KV_STEP_ROW = 25
+KV_STEP_ROW = 26
+KV_COUNTS = 5  # engine.h: longs per replica from kv_engine_counts
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
-_ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
-_ROWS_CAP = 1 << 14
+_ROWS_CAP = 1 << 14  # output buffers (rows)
+FOLD_STEPS = True  # step rows folded in C unless they must stream out (False: through Python; tests)
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
@@ -34,7 +39,12 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block",
+        "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double)]
+
+
+_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
+_NO_HOLD = 1 << 62  # a router has no hold_arrivals (simcore.router): the workload never holds
 
 
 _P = ctypes.POINTER(ctypes.c_double)
@@ -42,7 +52,6 @@ _P = ctypes.POINTER(ctypes.c_double)
 
 class _Outputs(ctypes.Structure):
     _fields_ = [
-        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long),
         ("req", _P), ("req_cap", ctypes.c_long), ("req_n", ctypes.c_long),
         ("step", _P), ("step_cap", ctypes.c_long), ("step_n", ctypes.c_long),
         ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
@@ -59,18 +68,20 @@ class CoreUnavailable(Exception):
     clean = True
 
 
-def _reset_stores(engine: Any) -> None:
+def _reset_stores(engines: list[Any]) -> None:
     from kvsim.simcore.metrics import StepRecorder
     from kvsim.simcore.records import RequestRecords, Samples
 
-    life, old = engine.lifecycle, engine.lifecycle.records
-    records = RequestRecords(old.cap)
+    old = engines[0].lifecycle.records
+    records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
-    life.records, life.itl = records, Samples()
-    rec = engine.recorder
-    fresh = StepRecorder(engine.latency, rec.cap)
-    fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
-    engine.recorder = fresh
+    for engine in engines:
+        life = engine.lifecycle
+        life.records, life.itl = records, Samples()
+        rec = engine.recorder
+        fresh = StepRecorder(engine.latency, rec.cap)
+        fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
+        engine.recorder = fresh
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -82,9 +93,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_free.restype = None
     lib.kv_engine_free.argtypes = [ctypes.c_void_p]
     lib.kv_engine_feed.restype = ctypes.c_int
-    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, ctypes.c_int]
+    lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, _P, lp, lp, ctypes.c_int]
     lib.kv_engine_run.restype = ctypes.c_int
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
+    lib.kv_engine_counts.restype = None
+    lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_steps.restype = ctypes.c_long
+    lib.kv_engine_steps.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P, _P]
+    lib.kv_engine_itl.restype = ctypes.c_long
+    lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -94,19 +111,45 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
-    if len(sim.replicas) != 1:
-        return "data parallelism (replicas behind a router)"
-    engine = sim.replicas[0]
-    if type(engine) is not Engine or engine.lifecycle.num_arrived or (sim._env is not None and sim._env.now):
+    if getattr(sim.workload, "is_session", False):
+        return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
+    if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
+        return "the CPU KV tier (--kv-offloading-size)"
+    if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
+            "prefix-aware", "session-affinity"):
+        return f"--router {sim.config.engine.router}"
+    if getattr(sim, "autoscaler", None) is not None:
+        return "autoscaling (replicas started and drained during the run)"
+    engine_config = getattr(sim.config, "engine", None)
+    if (getattr(engine_config, "speculative_config", None) is not None
+            or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
+        return "speculative decoding"
+    if getattr(sim, "disagg", None) is not None:
+        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    from kvsim.simcore.router import Router
+
+    engines = sim.replicas
+    if len(engines) > 1 and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
+                                 and sim.sink.engines == engines):
+        return "data parallelism behind a router the C core does not have"
+    engine = engines[0]
+    if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
     if type(sim.latency).__name__ != "StepLatencyModel":
         return "pipeline parallelism"
+    if engine.lifecycle.token_times is not None:
+        return "per-request token times (--save-result)"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
+    if any(type(e.policy) is not type(policy) for e in engines):
+        return "replicas with different policies"
     workload = sim.workload
-    if not hasattr(workload, "iter_arrays") or getattr(workload, "is_closed_loop", True):
-        return "a closed-loop workload, or one that does not give its requests as arrays"
+    if not hasattr(workload, "iter_arrays"):
+        return "a workload that does not give its requests as arrays"
+    if getattr(workload, "is_closed_loop", True) and getattr(getattr(workload, "arrival", None), "kind", "") != "closed_loop":
+        # (simcore imports no workloads: the loop's kind, concurrency and per-request think_s, by name)
+        return "a closed loop other than a workload file's clients (workloads.arrivals.ClosedLoop)"
     # what a workload file says of every request (a chunk that breaks it anyway stops the run)
     if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
         return "parallel sampling or beam search"
@@ -114,9 +157,6 @@ def unsupported(sim: Any) -> str:
     extras = getattr(trace, "extras", {}) if trace is not None else {}
     if "n" in extras or "beam_width" in extras:
         return "parallel sampling or beam search"
-    if policy.enable_prefix_caching and (getattr(workload, "shared_prefix", None) is not None
-                                         or "prefix_id" in extras or "num_prefix_tokens" in extras):
-        return "requests sharing a prefix with prefix caching on"
     if LONG_BYTES != 8:  # e.g. Windows: _feed's int64 arrays would be read as 32-bit longs
         return f"a C long of {LONG_BYTES * 8} bits on this platform (the core counts in 64-bit longs)"
     from kvsim.simcore import ccore
@@ -127,21 +167,29 @@ def unsupported(sim: Any) -> str:
 
 
 def run(sim: Any, progress=None) -> Any:
-    """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engine's
-    records, ITL samples, step recorder and extrapolation counter; returns the workload
+    """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engines'
+    records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
+    from kvsim.simcore import metrics as metrics_module
+    from kvsim.simcore import records as records_module
 
     lib = ccore.library()
     _declare(lib)
-    engine = sim.replicas[0]
-    policy, life, recorder, latency = engine.policy, engine.lifecycle, engine.recorder, sim.latency
+    engines = sim.replicas
+    engine = engines[0]
+    policy, recorder, latency = engine.policy, engine.recorder, sim.latency
     alloc = policy.allocator
+    dp = len(engines)
+    clients = _clients(sim.workload)
+    fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap), alloc.cpu.num_blocks,
-        engine.swap_block_s,
+        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
+        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -151,32 +199,41 @@ def run(sim: Any, progress=None) -> Any:
     try:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
-        return _drive(lib, handle, sim, engine, life, recorder, latency, progress)
+        return _drive(lib, handle, sim, engines, latency, progress, fold)
     except CoreUnavailable as exc:
-        exc.clean = life.records.kept and not recorder.streaming  # nothing went out to the caller yet
+        # nothing went out to the caller yet
+        exc.clean = engine.lifecycle.records.kept and not any(e.recorder.streaming for e in engines)
         if exc.clean:  # fresh stores, as prepare made them, so the Python engine can run it from the start
-            _reset_stores(engine)
+            _reset_stores(engines)
         raise
     finally:
         lib.kv_engine_free(handle)
         lib.kv_pricing_free(pricing)
 
 
-def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
+def _clients(workload: Any) -> int:
+    """The closed loop's clients (those that get a request), or 0 for an open loop."""
+    if not getattr(workload, "is_closed_loop", False):
+        return 0
+    return min(int(workload.arrival.concurrency), int(workload.num_requests))
+
+
+def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
+    engine = engines[0]
+    dp = len(engines)
     m = engine.policy.max_num_seqs + 2
-    itl = np.empty(max(_ITL_CAP, 4 * m))
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
-    step = np.empty((max(_ROWS_CAP, 4), KV_STEP_ROW))
+    step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
     out = _Outputs()
-    out.itl, out.itl_cap = itl.ctypes.data_as(_P), len(itl)
     out.req, out.req_cap = req.ctypes.data_as(_P), len(req)
     out.step, out.step_cap = step.ctypes.data_as(_P), len(step)
     out.arr, out.arr_cap = arr.ctypes.data_as(_P), len(arr)
-    records = life.records
+    records = engine.lifecycle.records
     pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
     state = {"fed": records.num_arrived}
     chunks = sim.workload.iter_arrays(sim.workload_seed)
+    closed = bool(_clients(sim.workload))
     stats = None
 
     def arrive_upto(count: int) -> None:
@@ -197,16 +254,12 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
         if out.arr_n:
             pending_arrivals.append(arr[:out.arr_n].copy())
             out.arr_n = 0
-        if out.itl_n:
-            life.itl.extend(itl[:out.itl_n])
-            out.itl_n = 0
         if out.req_n:
             rows = req[:out.req_n]
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
                 rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
-            life.itl.settle()
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
                 before = out.num_done - out.req_n
                 for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
@@ -214,7 +267,13 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
             out.req_n = 0
         if out.step_n:
             rows = step[:out.step_n]
-            recorder.record_rows(rows[:, :21], rows[:, 21:][:, [3, 0, 1, 2]])
+            if dp == 1:
+                engine.recorder.record_rows(rows[:, :21], rows[:, 21:25][:, [3, 0, 1, 2]])
+            else:
+                for index, e in enumerate(engines):
+                    mine = rows[rows[:, 25] == index]
+                    if len(mine):
+                        e.recorder.record_rows(mine[:, :21], mine[:, 21:25][:, [3, 0, 1, 2]])
             out.step_n = 0
 
     while True:
@@ -224,9 +283,9 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
                 chunk = next(chunks)
             except StopIteration as stop:
                 stats = stop.value
-                lib.kv_engine_feed(handle, 0, arr.ctypes.data_as(_P), *([None] * 4), 1)
+                lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, None, None, 1)
                 continue
-            _feed(lib, handle, chunk, engine.policy.enable_prefix_caching)
+            _feed(lib, handle, chunk, closed)
             continue
         flush()
         if rc == _FULL:
@@ -239,28 +298,78 @@ def _drive(lib, handle, sim, engine, life, recorder, latency, progress) -> Any:
         if count:
             latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
     latency.extrapolated.steps += out.extrap[0]
-    life.num_arrived, life.num_done = out.num_arrived, out.num_done
-    engine.num_holds = out.num_holds
+    counts = (ctypes.c_long * (KV_COUNTS * dp))()
+    lib.kv_engine_counts(handle, counts)
+    for index, e in enumerate(engines):
+        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
+         e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    _collect_itls(lib, handle, engines)
+    if fold:
+        _collect_steps(lib, handle, engines)
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
 
 
-def _feed(lib, handle, chunk, prefix_caching: bool) -> None:
+def _collect_steps(lib, handle, engines) -> None:
+    """Each replica's step table as the core folded it (simcore.metrics.StepRecorder's totals,
+    kept rows and coalescing, in C): no step row crossed to Python during the run."""
+    from kvsim.simcore.metrics import KV_KINDS, StepTotals
+
+    ints = (ctypes.c_long * 8)()
+    sums = (ctypes.c_double * (3 + len(KV_KINDS)))()
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_steps(handle, index, ints, sums, None)
+        rows = np.empty((n, 21))
+        lib.kv_engine_steps(handle, index, ints, sums, rows.ctypes.data_as(_P))
+        totals = StepTotals(num_steps=ints[0], duration_s=sums[0], seq_steps=ints[1], running_s=sums[1],
+                            max_running=ints[2], kv_allocated_max=ints[3], kv_blocked_s=sums[2], num_preempted=ints[4],
+                            kv_slot_s=dict(zip(KV_KINDS, sums[3:], strict=True)))
+        engine.recorder.load_folded(rows, totals, ints[5], bool(ints[6]), bool(ints[7]))
+
+
+def _collect_itls(lib, handle, engines) -> None:
+    """Each replica's inter-token gaps into its ITL store (simcore.records.Samples): every gap,
+    in emission order, while there are at most the store's cap; past it the core kept none and
+    binned every one as the store would, and the store becomes those bins. So a run of any length
+    keeps a histogram, not its gaps, and Python never touches a gap one by one."""
+    from kvsim.simcore.records import Samples
+
+    stats = (ctypes.c_double * 5)()
+    key0 = ctypes.c_long()
+    for index, engine in enumerate(engines):
+        life = engine.lifecycle
+        n = lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, None)
+        count = int(stats[0])
+        if count <= life.itl.cap:
+            values = np.empty(count)
+            lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, values.ctypes.data_as(_P))
+            life.itl.extend(values)
+            continue
+        counts = np.zeros(n, dtype=np.int64)
+        lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
+        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+
+
+def _feed(lib, handle, chunk, closed: bool) -> None:
     """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
     n = len(chunk.num_prompt_tokens)
     if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
         raise CoreUnavailable("parallel sampling or beam search")
-    if prefix_caching and (chunk.prefix_id >= 0).any():
-        raise CoreUnavailable("requests sharing a prefix with prefix caching on")
-    at = np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
+    at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
+    think = np.ascontiguousarray(chunk.think_s, dtype=np.float64) if closed else None
     ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
     prompt = np.ascontiguousarray(chunk.num_prompt_tokens, dtype=np.int64)
     output = np.ascontiguousarray(chunk.num_output_tokens, dtype=np.int64)
     max_tokens = np.where(chunk.max_tokens > 0, chunk.max_tokens, chunk.num_output_tokens).astype(np.int64)
+    prefix_id = np.ascontiguousarray(chunk.prefix_id, dtype=np.int64)  # -1: none (Request.prefix_id None)
+    prefix_tokens = np.ascontiguousarray(chunk.num_prefix_tokens, dtype=np.int64)
     lp = ctypes.POINTER(ctypes.c_long)
-    rc = lib.kv_engine_feed(handle, n, at.ctypes.data_as(_P), *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)), 0)
+    rc = lib.kv_engine_feed(handle, n, None if at is None else at.ctypes.data_as(_P),
+                            *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)),
+                            None if think is None else think.ctypes.data_as(_P),
+                            *(a.ctypes.data_as(lp) for a in (prefix_id, prefix_tokens)), 0)
     if rc:
         raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
 

@@ -19,6 +19,8 @@ few array operations, and a decode span (many steps as one event) a few more.
 
 from __future__ import annotations
 
+from array import array
+
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -70,10 +72,16 @@ class Lifecycle:
         # every gap between consecutive tokens, pooled: `_add_itls(array)` once per step;
         # exact up to a cap, then a histogram (simcore.records)
         self.itl = Samples()
+        # request id -> the times of its tokens, when asked for (`vllm bench serve --save-result`'s
+        # per-request ITLs and its peak output tokens per second); None: not kept (the default)
+        self.token_times: dict[int, array] | None = None  # float64 arrays: 8 bytes a token
         self.store = SlotStore()  # counters of queued and running requests, by slot
         self._run_slots = np.zeros(64, dtype=np.int64)  # running[i].slot at i < len(running)
         self._run_slots_mv = memoryview(self._run_slots)  # the same, for scalar writes and shifts
         self.num_done = 0  # finished + rejected
+        # False where the deployment's front end counts client arrivals itself (simcore.disagg: a
+        # decode instance receives requests that arrived at the proxy earlier)
+        self.count_arrivals = True
         self._progress = progress
 
     @property
@@ -99,7 +107,8 @@ class Lifecycle:
         now = request.arrival_s = self.env.now if arrival_s is None else arrival_s
         st = ReqState(request, done, self.max_model_len)
         self.num_arrived += 1
-        self.records.arrive(now)
+        if self.count_arrivals:
+            self.records.arrive(now)
         return st
 
     def enqueue(self, st: ReqState) -> None:
@@ -215,6 +224,8 @@ class Lifecycle:
                 remaining = remaining_mv[slot]
                 generated = store.target_mv[slot] - remaining
                 if computed == st.num_prompt_tokens + generated:  # == num_tokens: a token out
+                    if self.token_times is not None:
+                        self.token_times.setdefault(st.request_id, array("d")).append(t)
                     if generated:
                         gaps.append(t - last_mv[slot])
                     else:
@@ -239,6 +250,46 @@ class Lifecycle:
             self._add_itls(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
         return finished
 
+    def emit_spec(self, plan: StepPlan, now: float) -> list[ReqState]:
+        """`emit` for a speculative-decoding step (plans with `spec`, single requests only): a
+        verifying request keeps its accepted drafts (computed + 1 + accepted) and emits
+        accepted + 1 tokens at once, stamped `now`; everything else as `emit`. One inter-token
+        gap per burst, as `vllm bench serve` counts ITL (one per streamed chunk, whatever it
+        holds: vllm/benchmarks/lib/endpoint_request_func.py), so ITL exceeds TPOT."""
+        verify = plan.spec.verify
+        store = self.store
+        computed_mv, remaining_mv, last_mv = store.computed_mv, store.remaining_mv, store.last_token_mv
+        finished: list[ReqState] = []
+        gaps: list[float] = []
+        for part in plan.parts:
+            assert type(part) is tuple, "a speculative plan schedules single requests"
+            st, num_new = part
+            slot = st.slot
+            remaining = remaining_mv[slot]
+            generated = store.target_mv[slot] - remaining
+            hit = verify.get(slot)
+            if hit is None:
+                computed_mv[slot] = computed = computed_mv[slot] + num_new
+                emitted = 1 if computed == st.num_prompt_tokens + generated else 0
+            else:
+                computed_mv[slot] = computed_mv[slot] + 1 + hit[1]
+                emitted = 1 + hit[1]
+            if emitted:
+                if self.token_times is not None:  # every token, the burst's sharing one time
+                    self.token_times.setdefault(st.request_id, array("d")).extend([now] * emitted)
+                if generated:
+                    gaps.append(now - last_mv[slot])
+                else:
+                    st.first_token_s = now
+                last_mv[slot] = now
+                remaining_mv[slot] = remaining = remaining - emitted
+                if remaining <= 0:
+                    finished.append(st)
+            store.mark(st)
+        if gaps:
+            self._add_itls(np.array(gaps))
+        return finished
+
     def _emit_run(self, run: DecodeRun, ts: float | np.ndarray, finished: list[ReqState]) -> np.ndarray:
         """One token for every request of a run of plain decodes (num_tokens == num_computed_tokens
         + 1), stamped `ts`; appends those that emitted their last token to `finished` and returns
@@ -248,6 +299,8 @@ class Lifecycle:
         slots = run.slots
         last = store.last_token
         ts = np.asarray(ts)
+        if self.token_times is not None:
+            self._log_tokens(slots, np.broadcast_to(ts, slots.shape))
         gaps = ts - last[slots]
         last[slots] = ts
         store.computed[slots] = run.computed + _ONE
@@ -276,6 +329,9 @@ class Lifecycle:
         num_seqs = len(slots)
         last = store.last_token
         # every request's gap in step 1 is ends_s[0] - its last token; in step k > 1, ends_s[k-1] - ends_s[k-2]
+        if self.token_times is not None:
+            for slot in slots.tolist():
+                self.token_times.setdefault(int(store.rid[slot]), array("d")).extend(ends_s.tolist())
         gaps = np.empty(num_seqs * num_steps)
         np.subtract(ends_s[0], last[slots], out=gaps[:num_seqs])
         if num_steps > 1:
@@ -288,6 +344,12 @@ class Lifecycle:
         remaining -= steps
         store.remaining[slots] = remaining
         last[slots] = ends_s[-1]
+
+    def _log_tokens(self, slots: np.ndarray, times: np.ndarray) -> None:
+        """One token each for the requests in `slots`, at `times` (only with `token_times` on)."""
+        log, rid = self.token_times, self.store.rid
+        for slot, t in zip(slots.tolist(), times.tolist(), strict=True):
+            log.setdefault(int(rid[slot]), array("d")).append(t)
 
     def _add_itls(self, values: np.ndarray) -> None:
         """Pool one step's (or span's) inter-token gaps, float64, in emission order."""
@@ -323,8 +385,8 @@ class Lifecycle:
     def _leave(self, st: ReqState) -> None:
         """The request's row goes to the records; nothing here keeps the object. (The caller
         settles the pooled ITLs once, so their buffer stays bounded.)"""
-        if st.done is not None:
-            st.done.succeed()
+        if st.done is not None:  # its value is the request's state (a session reads its first-token time)
+            st.done.succeed(st)
         self.records.leave(st, self.replica)
         self.num_done += 1
         if self._progress is not None and self.num_done % _PROGRESS_EVERY == 0:

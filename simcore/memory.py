@@ -39,6 +39,9 @@ class MemoryPlan:
     layers_per_stage: tuple[int, ...] = ()  # pipeline stages' layer counts (one entry: no PP)
     weight_dtype: str = "bfloat16"  # linear-layer weights as stored: bfloat16 | float32 | fp8
     kv_cache_dtype: str = "bfloat16"  # KV cache as stored
+    num_offload_blocks: int = 0  # CPU KV tier (--kv-offloading-size), blocks of one replica
+    draft_weights_bytes_per_gpu: int = 0  # speculative decoding: the draft's weights (in weights_bytes_per_gpu)
+    draft_kv_bytes_per_token: int = 0  # ... and its KV per token (in kv_bytes_per_token)
 
     @property
     def num_gpu_tokens(self) -> int:
@@ -71,6 +74,9 @@ class MemoryPlan:
             "layers_per_stage": list(self.layers_per_stage),
             "weight_dtype": self.weight_dtype,
             "kv_cache_dtype": self.kv_cache_dtype,
+            **({"draft_weights_gib_per_gpu": self.draft_weights_bytes_per_gpu / GIB,
+                "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token}
+               if self.draft_weights_bytes_per_gpu or self.draft_kv_bytes_per_token else {}),
         }
 
 
@@ -109,6 +115,9 @@ def _stages(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> list[_Stage
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     usable = gpu.memory_bytes * config.gpu_memory_utilization
     parts = layer_partition(model.num_layers, pp)
+    spec = config.speculative_config  # its draft shares the GPUs and the block table (pp == 1)
+    draft_weights = spec.weight_bytes_per_gpu(model, tp) if spec is not None else 0
+    draft_kv = spec.kv_bytes_per_token(model, tp) if spec is not None else 0
     stages = []
     for s, n in enumerate(parts):
         last = s == pp - 1
@@ -119,10 +128,16 @@ def _stages(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> list[_Stage
             weights += model.hidden_size * model.dtype_bytes
             if pp > 1 or not model.tie_word_embeddings:
                 weights += model.embedding_bytes
-        weights //= tp
+        ep = config.expert_parallel_size
+        if ep > tp:  # routed experts over the TP x DP expert-parallel group, the rest over TP
+            experts = int(n * model.routed_expert_bytes_per_layer)
+            weights = (weights - experts) // tp + experts // ep
+        else:
+            weights //= tp
+        weights += draft_weights
         reserve = activation_reserve_bytes(model, config, last_stage=last)
         stages.append(_Stage(n, weights, reserve, int(usable - weights - reserve),
-                             model.kv_bytes_per_token(tp, n)))
+                             model.kv_bytes_per_token(tp, n) + draft_kv))
     return stages
 
 
@@ -152,9 +167,12 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
         raise ConfigError(
             f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
         )
+    if config.speculative_config is not None:
+        config.speculative_config.check_with(model, tp, pp)
     check_deployment(model, gpu, config)
     max_model_len = config.resolved_max_model_len(model)
     stages = _stages(model, gpu, config)
+    spec = config.speculative_config
     worst = min(stages, key=lambda st: st.kv_budget_bytes)
     if worst.kv_budget_bytes <= 0:
         usable = gpu.memory_bytes * config.gpu_memory_utilization
@@ -171,6 +189,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
     block_bytes = binding.kv_bytes_per_token * config.block_size
     num_gpu_blocks = config.num_gpu_blocks_override or min(blocks)
     num_cpu_blocks = int(config.swap_space * GIB) // block_bytes
+    # --kv-offloading-size is the replica's buffer over all its GPUs; each holds its share of a block
+    offload_gib = config.kv_offloading_size or 0.0
+    num_offload_blocks = int(offload_gib * GIB / (tp * pp)) // block_bytes
     plan = MemoryPlan(
         weights_bytes_per_gpu=max(st.weights_bytes for st in stages),
         activation_reserve_bytes=binding.reserve_bytes,
@@ -183,6 +204,9 @@ def plan_memory(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> MemoryP
         layers_per_stage=tuple(st.num_layers for st in stages),
         weight_dtype=model.weight_dtype,
         kv_cache_dtype=model.kv_dtype,
+        num_offload_blocks=num_offload_blocks,
+        draft_weights_bytes_per_gpu=spec.weight_bytes_per_gpu(model, tp) if spec else 0,
+        draft_kv_bytes_per_token=spec.kv_bytes_per_token(model, tp) if spec else 0,
     )
     if plan.num_gpu_tokens < max_model_len:
         raise DoesNotFitError(

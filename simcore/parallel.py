@@ -51,6 +51,15 @@ def check_deployment(model: ModelSpec, gpu: GPUSpec, config: EngineConfig) -> No
             "price --quantization fp8 there (vLLM's weight-only FP8 Marlin fallback is not "
             "modelled); use an H100 or H200, or serve the model unquantized"
         )
+    if config.enable_expert_parallel:
+        ep = config.expert_parallel_size
+        if not model.is_moe:
+            raise ConfigError(f"--enable-expert-parallel needs a mixture-of-experts model; {model.name} is dense")
+        if model.num_experts % ep:
+            raise ConfigError(f"--enable-expert-parallel: {model.name}'s {model.num_experts} experts do not divide "
+                              f"over tp x dp = {ep} GPUs")
+        if pp > 1:
+            raise ConfigError("--enable-expert-parallel with --pp is not modelled (vLLM runs EP with TP and DP)")
     layer_partition(model.num_layers, pp)
 
 

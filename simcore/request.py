@@ -26,6 +26,18 @@ class Request:
     beam_width: int = 1  # beam search width; 1 means no beam search
     prefix_id: int | None = None  # requests with the same id share their first prefix tokens
     num_prefix_tokens: int = 0  # length of that shared prefix (<= num_prompt_tokens)
+    # a conversation's turn (workloads.sessions): the synthetic token stream its prompt and
+    # answer are read from (simcore.prefix_hash.TokenStream), so its blocks are hashed as vLLM
+    # hashes them and a later turn finds them in the prefix cache; None for a lone request
+    tokens: Any = None
+    session_id: int = -1  # the conversation, -1 for none
+    turn: int = 0  # 1-based turn within the conversation, 0 for none
+    # disaggregated prefill/decode (simcore.disagg): a decode instance loads the KV of the
+    # request's first `remote_prefill_tokens` tokens from a prefill instance instead of computing
+    # them; a prefill instance keeps the KV of a `hold_kv` request after it finishes, until the
+    # transfer has read it (vLLM's NixlConnector: kv_consumer / kv_producer)
+    remote_prefill_tokens: int = 0
+    hold_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:

@@ -18,7 +18,7 @@ from kvsim.simcore.memory import MemoryPlan
 from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
 from kvsim.simcore.pipeline import PipelineLatency
 from kvsim.simcore.policies import make_policy
-from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
+from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
 from kvsim.simcore.request import Workload
 from kvsim.simcore.router import Router
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -45,6 +45,9 @@ class Result:
     totals: StepTotals  # exact sums over every step of every replica
     wall_s: float = 0.0  # simulator wall time (not part of the deterministic result)
     warnings: list[str] = field(default_factory=list)
+    # a disaggregated run (simcore.disagg): each recorder's (pool, instance), and the KV transfers
+    step_labels: list[tuple[str, int]] | None = None
+    transfers: Any = None
     _frames: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -74,16 +77,20 @@ class Result:
     def steps(self):
         """One row per step or decode span (`num_steps`), replica by replica."""
         if "steps" not in self._frames:
-            self._frames["steps"] = steps_frame(self.recorders)
+            self._frames["steps"] = steps_frame(self.recorders, self.step_labels)
         return self._frames["steps"]
 
 
-def steps_frame(recorders: list[StepRecorder]):
-    """The step tables of the replicas, one after the other, with `replica` first when > 1."""
+def steps_frame(recorders: list[StepRecorder], labels: list[tuple[str, int]] | None = None):
+    """The step tables of the replicas, one after the other, with `replica` first when > 1
+    (with `labels`, a disaggregated run's: `pool` and `instance` first instead)."""
     frames = []
     for index, recorder in enumerate(recorders):
         steps = recorder.frame()
-        if len(recorders) > 1:
+        if labels is not None:
+            steps.insert(0, "instance", labels[index][1])
+            steps.insert(0, "pool", labels[index][0])
+        elif len(recorders) > 1:
             steps.insert(0, "replica", index)
         frames.append(steps)
     if len(frames) == 1:
@@ -110,6 +117,7 @@ class Simulation:
     engine_core: str = "auto"  # which engine runs it: auto, c (the compiled core) or python
     workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
     progress: Callable[[int], None] | None = None
+    autoscaler: Any = None  # simcore.autoscale.AutoscalingRouter (also the sink) when replicas come and go
     _env: simpy.Environment | None = None
     _arrivals: simpy.Process | None = None
 
@@ -126,6 +134,9 @@ class Simulation:
                 engine.env = engine.lifecycle.env = env
                 env.process(engine.run())
             self._arrivals = env.process(self.workload.process(env, self.sink, self.workload_seed))
+            if self.autoscaler is not None:  # after the workload: its decisions see the arrivals of their instant
+                self.autoscaler.arrivals = self._arrivals
+                env.process(self.autoscaler.process(env))
             self._env = env
         return self._env
 
@@ -148,45 +159,49 @@ class Simulation:
         return self.engines[0]
 
     def choose_core(self) -> tuple[str, str]:
-        """("c" or "python", why python): the compiled core when it supports this run and
-        `engine_core` allows it (--exact-steps always means the Python reference)."""
-        if self.engine_core == "python":
-            return "python", "--engine-core python"
+        """(the core that runs it, why not the compiled one): the first registered core that
+        supports this run (simcore.cores), or the one `engine_core` names (--exact-steps always
+        means the Python reference)."""
+        from kvsim.simcore import cores
+
+        if self.engine_core == cores.PYTHON:
+            return cores.PYTHON, "--engine-core python"
         if self.record["resolved"]["exact_steps"] and self.config.engine.pipeline_parallel_size == 1:
-            if self.engine_core == "c":
-                raise ConfigError("--engine-core c runs no --exact-steps: that is the Python engine, the reference")
-            return "python", "--exact-steps"
-        from kvsim.simcore import fastcore
+            if self.engine_core != "auto":
+                raise ConfigError(f"--engine-core {self.engine_core} runs no --exact-steps: that is the "
+                                  "Python engine, the reference")
+            return cores.PYTHON, "--exact-steps"
+        return cores.choose(self, self.engine_core, AUTO_C)
 
-        reason = fastcore.unsupported(self)
-        if reason and self.engine_core == "c":
-            raise ConfigError(f"--engine-core c cannot run this simulation: {reason}")
-        if not reason and self.engine_core == "auto" and not AUTO_C:
-            reason = "--engine-core auto runs the Python engine (the C core is opt-in: --engine-core c)"
-        return ("python", reason) if reason else ("c", "")
+    def run(self, watch: tuple[int, Callable[[RequestRecords], Any]] | None = None) -> Result:
+        """Run to the last request and collect the tables; raises if any request stalled.
+        `watch`: (every, check) on the request records (`RequestRecords.watch`): a check that
+        returns a value stops the run with `records.RunStopped` (its `engine_core` says which
+        core ran), whichever core runs it, after the same requests."""
+        from kvsim.simcore import cores
 
-    def run(self) -> Result:
-        """Run to the last request and collect the tables; raises if any request stalled."""
         engines, latency = self.replicas, self.latency
         core, why = self.choose_core()
+        hooks = cores.Hooks(self.progress, watch)
         stats = None
-        if core == "c":
-            from kvsim.simcore import fastcore
-
-            try:
-                stats = fastcore.run(self, self.progress)
-            except fastcore.CoreUnavailable as exc:
-                if self.engine_core == "c":
-                    raise ConfigError(f"--engine-core c cannot run this simulation: {exc}") from None
-                if not exc.clean:
-                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
-                                      "run it with --engine-core python") from None
-                core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
-        if core == "python":
-            if self.engine_core == "auto":
-                _say_python_core_once(why)
-            self.env.run()
-            stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
+        try:
+            if core != cores.PYTHON:
+                try:
+                    stats = cores.get(core).run(self, hooks)
+                except cores.CoreUnavailable as exc:
+                    if self.engine_core == core:
+                        raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
+                    if not exc.clean:
+                        raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                          "run it with --engine-core python") from None
+                    core, why = cores.PYTHON, str(exc)  # nothing was recorded yet: the Python engine runs it
+            if core == cores.PYTHON:
+                if self.engine_core == "auto":
+                    _say_python_core_once(why)
+                stats = cores.get(core).run(self, hooks)
+        except RunStopped as stop:
+            stop.engine_core = core
+            raise
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
@@ -206,6 +221,25 @@ class Simulation:
                 counters[name] = counters.get(name, 0) + value
         if counters.get("prefix_query_tokens"):  # vLLM's "prefix cache hit rate", over prompts sharing a prefix
             summary["prefix_cache_hit_rate"] = counters["prefix_hit_tokens"] / counters["prefix_query_tokens"]
+            if "offload_hit_tokens" in counters:  # the CPU tier's share: tokens loaded instead of recomputed
+                summary["cpu_prefix_cache_hit_rate"] = counters["offload_hit_tokens"] / counters["prefix_query_tokens"]
+            summary["prefix_cache_recomputed_tokens"] = (counters["prefix_query_tokens"] - counters["prefix_hit_tokens"]
+                                                         - counters.get("offload_hit_tokens", 0))
+            if len(engines) > 1:
+                summary["prefix_cache_hit_rate_by_replica"] = [
+                    round(c["prefix_hit_tokens"] / c["prefix_query_tokens"], 4) if c.get("prefix_query_tokens") else None
+                    for c in (e.policy.counters() for e in engines)]
+        for name in ("offload_loaded_blocks", "offload_stored_blocks", "offload_evicted_blocks"):
+            if name in counters:
+                summary[name] = counters[name]
+        if "offload_stored_blocks" in counters:  # host-link traffic of the CPU tier, over every GPU of the run
+            e = self.config.engine
+            block_gib = (self.memory.kv_bytes_per_token * e.block_size * e.tensor_parallel_size
+                         * e.pipeline_parallel_size) / 2**30
+            summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
+            summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
+        if engines[0].spec_cost is not None:
+            summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
         if latency.extrapolated.steps:
             warnings.append(
@@ -213,6 +247,9 @@ class Simulation:
                 f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
+        turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
+        if turn_summary is not None:
+            summary.update(turn_summary(stats))
         record = {**self.record, "workload": described, "resolution": {
             "itl": itl.resolution,
             "requests": "exact" if records.kept else (
@@ -227,11 +264,40 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
+        if self.autoscaler is not None:
+            end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
+            record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
         record["engine_core"] = core
         if why:
             record["engine_core_reason"] = why
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
+
+
+def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:
+    """vLLM's spec-decode metrics (`vllm/v1/spec_decode/metrics.py`): mean acceptance length =
+    1 + accepted / drafts, draft acceptance rate = accepted / draft tokens, acceptance per
+    position; plus the share of engine time spent drafting and in the target's passes, over
+    every replica's pricer."""
+    drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
+    accepted = counters.get("spec_num_accepted_tokens", 0)
+    per_position = []
+    i = 0
+    while f"spec_drafted_at_{i}" in counters:
+        n = counters[f"spec_drafted_at_{i}"]
+        per_position.append(counters[f"spec_accepted_at_{i}"] / n if n else None)
+        i += 1
+    draft_ms = sum(c.draft_ms for c in costs)
+    verify_ms = sum(c.verify_ms for c in costs)
+    busy = verify_ms + draft_ms
+    return {
+        "spec_num_drafts": drafts, "spec_num_draft_tokens": tokens, "spec_num_accepted_tokens": accepted,
+        "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "spec_draft_acceptance_rate": accepted / tokens if tokens else None,
+        "spec_acceptance_per_position": per_position,
+        "spec_draft_time_share": draft_ms / busy if busy else None,
+        "spec_verify_time_share": verify_ms / busy if busy else None,
+    }
 
 
 _SAID_PYTHON_CORE = False
@@ -261,12 +327,15 @@ def prepare(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
     (the reference mode) instead of pricing unchanged decode spans as one event. `stream(table,
     columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
-    (past the caps of simcore.records / simcore.metrics), so a caller can write them out."""
+    (past the caps of simcore.records / simcore.metrics), so a caller can write them out.
+    `draft_profile`: the draft model's profile (speculative decoding with method draft_model)."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -279,7 +348,9 @@ def prepare(
     else:
         cfg = resolve(model, gpu, config)
     config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
-    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead)  # built once per run
+    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead,
+                                    engine_version=config.engine_version)  # built once per run
+    host_source, host_terms = latency.host_source, latency.host.to_dict()
     warnings = []
     if not latency.set_block_size(config.block_size):
         warnings.append(
@@ -290,9 +361,14 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    if config.data_parallel_size > 1 and config.router == "prefix-aware":
+        # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
+        # only when it ends, so the router would see another state than step-by-step runs do
+        exact_steps = True
+    spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     swap_block_s = cfg.swap_block_s
-    dp = config.data_parallel_size
+    dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
     done_by_replica = [0] * dp
 
@@ -312,7 +388,9 @@ def prepare(
         records.spill = lambda columns: stream("requests", columns)
     engines = []
     for index in range(dp):
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps)
+        # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
+        cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
+        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, cost)
         engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
@@ -321,7 +399,17 @@ def prepare(
         if stream is not None:
             recorder.spill = _step_spill(stream, index if dp > 1 else None)
         engines.append(engine)
-    sink = engines[0] if dp == 1 else Router(engines, config.router)
+    autoscaler = None
+    if autoscale is not None:  # max_replicas engines; the autoscaler decides which serve (simcore.autoscale)
+        from kvsim.simcore.autoscale import AutoscalingRouter
+
+        if config.data_parallel_size != 1:
+            raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
+        autoscaler = AutoscalingRouter(engines, autoscale, autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+                                       config.tensor_parallel_size * config.pipeline_parallel_size)
+        sink = autoscaler
+    else:
+        sink = engines[0] if dp == 1 else Router(engines, config.router)
     record = {
         "kvsim_version": KVSIM_VERSION,
         "seed": seed,
@@ -337,10 +425,33 @@ def prepare(
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,
         },
+        # which vLLM version the steps are priced and scheduled as, and the host terms used
+        "engine": {"version": config.engine_version, "host_overhead_from": host_source,
+                   "host_overhead_ms": host_terms},
         "memory": memory.to_dict(),
     }
+    if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:
+        record["draft_profile"] = {"path": draft_profile.path, "sha256": draft_profile.sha256,
+                                   "source": draft_profile.source, "label": draft_profile.label}
     return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
-                      engine_core, workload_seed, progress)
+                      engine_core, workload_seed, progress, autoscaler)
+
+
+def _speculative_cost(cfg: ResolvedConfig, latency, draft_profile: Profile | None):
+    """The pricer of a speculative engine's steps (None without --speculative-config)."""
+    spec = cfg.engine.speculative_config
+    if spec is None:
+        return None
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+
+    draft = None
+    if spec.method == "draft_model":
+        if draft_profile is None:
+            raise ConfigError(f"--speculative-config method draft_model needs a profile of {spec.model} "
+                              "(the draft is priced from its own profile)")
+        draft = draft_profile.latency_model(draft_profile.path or "draft profile", policy=cfg.policy.overhead)
+        draft.set_block_size(cfg.engine.block_size)
+    return SpeculativeStepCost(latency, spec, cfg.model, draft)
 
 
 def _step_spill(stream: Callable[[str, dict[str, np.ndarray]], None], replica: int | None):
@@ -360,9 +471,12 @@ def simulate(
     exact_steps: bool = False,
     stream: Callable[[str, dict[str, np.ndarray]], None] | None = None,
     engine_core: str = "auto",
+    draft_profile: Profile | None = None,
+    autoscale: Any = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
-    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core).run()
+    return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
+                   draft_profile, autoscale).run()

@@ -7,9 +7,12 @@ can read a kvsim config without a glossary.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.simcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvsim.simcore.speculative import SpeculativeConfig
 
 GIB = 1024**3
 
@@ -85,6 +88,17 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0  # total width of always-on shared experts
     quantization: str | None = None  # weight format: None (dtype_bytes) or "fp8" (vLLM's names)
     kv_cache_dtype: str = "auto"  # KV cache: "auto" (dtype_bytes) or an fp8 variant (1 byte)
+    # Multi-head latent attention (DeepSeek-V2/V3; `kv_lora_rank > 0`): the cache holds one
+    # compressed latent of kv_lora_rank plus one rope key of qk_rope_head_dim per token per layer,
+    # shared by all heads (so not split by TP); queries go through a q_lora_rank bottleneck
+    # (0: a plain projection), heads use qk_nope_head_dim + qk_rope_head_dim for scores and
+    # v_head_dim for values. Field names are DeepSeek's config.json's.
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    q_lora_rank: int = 0
+    first_k_dense_replace: int = 0  # MoE models: the first k layers have a dense MLP (DeepSeek)
 
     def __post_init__(self) -> None:
         _positive(
@@ -104,6 +118,13 @@ class ModelSpec:
                     f"model {self.name}: num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                     f"num_experts ({self.num_experts})"
                 )
+        if self.kv_lora_rank:
+            _positive(self, "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        if self.first_k_dense_replace and not (self.num_experts and self.first_k_dense_replace < self.num_layers):
+            raise ConfigError(
+                f"model {self.name}: first_k_dense_replace ({self.first_k_dense_replace}) needs an MoE model with "
+                f"more layers than that ({self.num_layers})"
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"model {self.name}: quantization {self.quantization!r} is not supported; "
@@ -149,22 +170,61 @@ class ModelSpec:
         return 3 * self.hidden_size * self.moe_intermediate_size
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def mla_latent_dim(self) -> int:
+        """What an MLA cache holds per token per layer: the latent and the rope key (vLLM's MLA
+        backends: head size kv_lora_rank + qk_rope_head_dim, one KV head)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Attention projections. MLA (DeepSeek-V3's modelling code): q_a (h x q_lora_rank) and
+        q_b (q_lora_rank x heads*(nope+rope)), or one q_proj without a q bottleneck; kv_a
+        (h x kv_lora_rank+rope), kv_b (kv_lora_rank x heads*(nope+v)), o (heads*v x h)."""
+        h = self.hidden_size
+        if not self.is_mla:
+            return h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        heads, qk = self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = (h * self.q_lora_rank + self.q_lora_rank * heads * qk) if self.q_lora_rank else h * heads * qk
+        kv = h * self.mla_latent_dim + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + heads * self.v_head_dim * h
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_replace if self.is_moe else 0
+
+    @property
+    def routed_expert_bytes_per_layer(self) -> float:
+        """One MoE layer's routed experts (what expert parallelism shards), averaged over all
+        layers as layer_weight_bytes is."""
+        return self.num_moe_layers * self.num_experts * self.expert_params * self.weight_dtype_bytes / self.num_layers
+
+    @property
+    def dense_mlp_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+
+    @property
+    def moe_mlp_params(self) -> int:
+        return self.num_experts * self.expert_params + 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
     def linear_params_per_layer(self) -> int:
         """The weights `--quantization fp8` stores in FP8 (vLLM's Fp8LinearMethod and
         Fp8MoEMethod): attention projections, MLP or experts. Norms, the MoE router, the
-        embedding and the LM head stay in the model dtype."""
-        h = self.hidden_size
-        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
-        if self.is_moe:
-            mlp = self.num_experts * self.expert_params + 3 * h * self.shared_expert_intermediate_size
-        else:
-            mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        return attn + mlp
+        embedding and the LM head stay in the model dtype. A model whose first layers are dense
+        (first_k_dense_replace) gets the mean over its layers (memory is priced per layer)."""
+        mlp = (self.num_moe_layers * self.moe_mlp_params
+               + (self.num_layers - self.num_moe_layers) * self.dense_mlp_params) // self.num_layers
+        return self.attention_params_per_layer + mlp
 
     @property
     def other_params_per_layer(self) -> int:
-        """Two norms, plus the router for an MoE layer."""
-        return 2 * self.hidden_size + self.hidden_size * self.num_experts
+        """Two norms (MLA: plus its q_a and kv_a norms), plus the router of an MoE layer."""
+        norms = 2 * self.hidden_size + (self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0)
+        return norms + self.hidden_size * self.num_experts * self.num_moe_layers // max(1, self.num_layers)
 
     @property
     def params_per_layer(self) -> int:
@@ -185,7 +245,7 @@ class ModelSpec:
         if not self.is_moe:
             return self.num_params
         idle = (self.num_experts - self.num_experts_per_tok) * self.expert_params
-        return self.num_params - self.num_layers * idle
+        return self.num_params - self.num_moe_layers * idle
 
     @property
     def layer_weight_bytes(self) -> int:
@@ -206,8 +266,10 @@ class ModelSpec:
         """K and V of every layer (or of `num_layers`, one pipeline stage's) for one token, on
         one GPU (KV heads are split by TP, and replicated when TP exceeds the number of KV
         heads, as vLLM does), in the KV cache dtype."""
-        kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
         layers = self.num_layers if num_layers is None else num_layers
+        if self.is_mla:  # one latent per token, every TP rank holds all of it (vLLM: 1 KV head)
+            return layers * self.mla_latent_dim * self.kv_dtype_bytes
+        kv_heads_per_gpu = max(1, self.num_kv_heads // tensor_parallel_size)
         return 2 * layers * kv_heads_per_gpu * self.head_dim * self.kv_dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,15 +284,27 @@ class ModelSpec:
 
 _OPTIONAL_FIELDS = (
     "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "quantization", "kv_cache_dtype",
+    "shared_expert_intermediate_size", "quantization", "kv_cache_dtype", "kv_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "first_k_dense_replace",
 )
 _DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 _DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 
 PREEMPTION_MODES = ("recompute", "swap")
+# vLLM versions a continuous-batching run can be priced and scheduled as (profiles/host.py says
+# what each one's host cost is, and why). A preset's scheduler defaults apply to the options the
+# user did not set: V0 and 0.6 schedule prefill-first without chunked prefill and without prefix
+# caching (their defaults; vLLM V0 `SchedulerConfig`), V1 chunks prompts and caches prefixes.
+ENGINE_VERSIONS = ("vllm-v0", "vllm-0.6", "vllm-v1")
+DEFAULT_ENGINE_VERSION = "vllm-v1"
+ENGINE_PRESETS = {
+    "vllm-v0": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
+    "vllm-0.6": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
+    "vllm-v1": {"enable_chunked_prefill": True, "enable_prefix_caching": True},
+}
 RESERVATIONS = ("max", "pow2", "oracle")
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity")
 
 
 # vLLM's largest KV block (`BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]`, vllm/config/cache.py).
@@ -253,6 +327,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True  # split long prompts across steps
     enable_prefix_caching: bool = True  # reuse KV blocks of shared prompt prefixes (vLLM V1 default)
     swap_space: float = 4.0  # CPU swap pool per GPU (GiB)
+    # vLLM's CPU KV offloading buffer of a replica, summed over its GPUs (GiB); None: no CPU tier
+    kv_offloading_size: float | None = None
     preemption_mode: str = "recompute"  # recompute | swap
     max_model_len: int | None = None  # longest prompt + output a request may have
     tensor_parallel_size: int = 1  # GPUs one replica is sharded over
@@ -267,8 +343,16 @@ class EngineConfig:
     pipeline_parallel_size: int = 1  # pipeline stages, each `tensor_parallel_size` GPUs
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | fp8 | fp8_e4m3 | fp8_e5m2
     quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
+    enable_expert_parallel: bool = False  # MoE: experts sharded over all tp x dp GPUs (vLLM's flag)
+    speculative_config: SpeculativeConfig | None = None  # vLLM's --speculative-config (simcore.speculative)
+    engine_version: str = DEFAULT_ENGINE_VERSION  # the vLLM version a continuous step's host cost models
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            from kvsim.simcore.speculative import SpeculativeConfig
+
+            if not isinstance(self.speculative_config, SpeculativeConfig):
+                raise ConfigError("--speculative-config must be parsed by simcore.speculative.parse_speculative_config")
         bs = self.block_size
         if not isinstance(bs, int) or bs <= 0 or bs & (bs - 1) or bs > MAX_BLOCK_SIZE:
             raise ConfigError(f"--block-size must be a power of two from 1 to {MAX_BLOCK_SIZE}, got {bs}")
@@ -287,6 +371,10 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        if self.engine_version not in ENGINE_VERSIONS:
+            raise ConfigError(
+                f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {self.engine_version!r}"
             )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
@@ -312,6 +400,12 @@ class EngineConfig:
                 raise ConfigError(
                     f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
                 )
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """GPUs one MoE layer's routed experts are spread over: TP x DP with --enable-expert-parallel
+        (vLLM: the EP group spans the data-parallel ranks' tensor-parallel groups), else 1."""
+        return self.tensor_parallel_size * self.data_parallel_size if self.enable_expert_parallel else 1
 
     @property
     def num_gpus(self) -> int:
@@ -345,7 +439,14 @@ class EngineConfig:
         return max(self.resolved_max_model_len(model), 2048)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; `speculative_config` only when set (as its dict), so a run without it
+        records what it always did."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        spec = d.pop("speculative_config")
+        if spec is not None:
+            d["speculative_config"] = spec.to_dict()
+        return d
 
 
-__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS"]
+__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ENGINE_VERSIONS",
+           "DEFAULT_ENGINE_VERSION", "ENGINE_PRESETS"]

@@ -32,6 +32,23 @@ class DecodeRun:
 
 
 @dataclass(slots=True)
+class SpecStep:
+    """The speculative part of a step (simcore.policies.speculative), written by the policy
+    that plans it. Each verifying request computes its last sampled token plus `num_drafts`
+    draft tokens (a chunk of 1 + num_drafts query tokens over its computed context); the plan
+    counts it as one decode sequence, and the draft tokens only here. `accepted` (sampled when
+    the step is planned, from the policy's seeded stream) is what the target will keep: the
+    request then emits accepted + 1 tokens at once, and its rejected tail is freed."""
+
+    verify: dict[int, tuple[int, int]] = field(default_factory=dict)  # slot -> (num_drafts, accepted)
+    verify_chunks: list[tuple[int, int]] = field(default_factory=list)  # (1 + num_drafts, context before it)
+    verify_context_tokens: int = 0  # sum over verifying requests of (computed + 1), in decode_context_tokens
+    num_draft_tokens: int = 0  # sum of num_drafts: query tokens beyond the plan's num_tokens
+    num_drafting: int = 0  # sequences that sample a token this step and draft for the next
+    drafting_context_tokens: int = 0  # their contexts after this step's tokens, summed
+
+
+@dataclass(slots=True)
 class StepPlan:
     """One engine step: the transitions it starts with, who computes how many tokens, and what
     the step costs to run. Written by the policy that builds it; read-only afterwards.
@@ -52,6 +69,7 @@ class StepPlan:
     preempted: list[tuple[ReqState, bool]] = field(default_factory=list)  # (running request, by swap), newest first
     swapped_in: list[ReqState] = field(default_factory=list)  # from the head of `swapped`, in order
     admitted: list[tuple[ReqState, int, int]] = field(default_factory=list)  # (waiting request, cached tokens, output cap or 0)
+    spec: SpecStep | None = None  # a speculative-decoding step's drafts and verifies (None: none)
 
     @property
     def scheduled(self) -> list[tuple[ReqState, int]]:

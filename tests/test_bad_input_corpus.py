@@ -126,6 +126,10 @@ NUMERIC_FLAGS: dict[str, list[tuple[str, str, dict[str, str]]]] = {
         ("--seed", "int", {}), ("--jobs", "int", {}), ("--input-len", "int", {}), ("--output-len", "int", {}),
         ("--burstiness", "float", {"zero": "0"}), ("--slo-ttft-p95-ms", "float", {"zero": "0"}),
     ],
+    "run --dataset-name random": [
+        ("--random-input-len", "int", {"huge": "100000000"}), ("--random-output-len", "int", {"huge": "100000000"}),
+        ("--random-range-ratio", "float", {"one": "1"}),
+    ],
     "report seed-table": [("--num-requests", "int", {}), ("--seed", "int", {})],
     "workloads show": [("--num-requests", "int", {}), ("--max-model-len", "int", {"one": "1"}), ("--seed", "int", {})],
     "profile": [("--tp", "int", {"not-dividing": "8"}), ("--repeats", "int", {}), ("--warmup", "int", {}),
@@ -133,10 +137,10 @@ NUMERIC_FLAGS: dict[str, list[tuple[str, str, dict[str, str]]]] = {
     "profile validate": [("--repeats", "int", {}), ("--warmup", "int", {}), ("--block-size", "int", {"not-pow2": "24"}),
                          ("--seed", "int", {})],
 }
-BASES = {"run": RUN, "sweep": SWEEP, "plan": PLAN, "report seed-table": SEED_TABLE,
+BASES = {"run": RUN, "run --dataset-name random": [*RUN, "--dataset-name", "random"], "sweep": SWEEP, "plan": PLAN, "report seed-table": SEED_TABLE,
          "workloads show": [*SHOW, "sharegpt"], "profile": PROFILE_CMD,
          "profile validate": [*VALIDATE, "--profile", str(TINY_PROFILE)]}
-ZERO_OK = {"--seed", "--warmup", "--swap-space"}  # zero is a valid value of these
+ZERO_OK = {"--seed", "--warmup", "--swap-space", "--random-range-ratio"}  # zero is a valid value of these
 # Messages may name a flag by its long form.
 FLAG_NAMES = {"--tp": "--tp|--tensor-parallel-size", "--pp": "--pp|--pipeline-parallel-size",
               "--dp": "--dp|--data-parallel-size"}

@@ -89,4 +89,4 @@ def test_missing_torch_is_one_clear_line(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     result = CliRunner().invoke(app, ["profile", "--device", "cpu", "--model", "tiny", "--quick"])
     assert result.exit_code == 2
-    assert "pip install 'kvsim[profile]'" in result.output
+    assert "pip install '.[profile]'" in result.output

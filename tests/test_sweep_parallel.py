@@ -138,7 +138,7 @@ def test_mean_ci95_uses_student_t():
 
 
 def test_ray_executor_gives_the_local_rows(tmp_path: Path):
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kvsim[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
     # gpu_memory_utilization 0.15 does not fit llama3-8b: rows of another shape, which Ray may finish first
     grid = ["--block-size", "8,16", "--rate", "5,20", "--num-requests", "20", "--seeds", "0,1",
             "--gpu-memory-utilization", "0.15,0.9"]
@@ -166,4 +166,4 @@ def test_bad_sweep_options_exit_2_before_anything_runs(tmp_path: Path):
         assert not out.exists()
     if importlib.util.find_spec("ray") is None:
         r = invoke("--num-requests", "5", "--executor", "ray", "--out", str(out))
-        assert r.exit_code == 2 and "kvsim[ray]" in r.stderr and not out.exists()
+        assert r.exit_code == 2 and "pip install '.[ray]'" in r.stderr and not out.exists()

@@ -245,7 +245,10 @@ def test_same_seed_same_requests(name):
     first = spec.sample_requests(seed)
     assert first == spec.sample_requests(np.random.SeedSequence(42))
     assert first == spec.sample_requests(seed)  # the seed is not consumed
-    assert len(first) == 300 and [r.request_id for r in first] == list(range(300))
+    if getattr(spec, "is_session", False):  # --num-requests counts sessions; each sends its turns
+        assert len({r.session_id for r in first}) == 300 and [r.request_id for r in first] == list(range(len(first)))
+    else:
+        assert len(first) == 300 and [r.request_id for r in first] == list(range(300))
     other = spec.sample_requests(np.random.SeedSequence(43))
     random_lengths = any(getattr(d, "kind", "") != "fixed" for d in (spec.prompt_len, spec.output_len))
     if spec.trace is None and random_lengths:  # fixed-batch: identical requests whatever the seed

@@ -30,6 +30,7 @@ from kvsim.workloads.arrivals import (
     diurnal_schedule,
 )
 from kvsim.workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
+from kvsim.workloads.sessions import SessionTrace, SessionWorkload
 from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
 from kvsim.workloads.traces import MAX_INTEGER, Trace, TraceOptions, read_trace, window_rows
 
@@ -41,8 +42,9 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 TOP_FIELDS = (
     "name", "description", "num_requests", "arrival", "prompt_len", "output_len",
-    "max_tokens", "n", "beam_width", "shared_prefix", "trace",
+    "max_tokens", "n", "beam_width", "shared_prefix", "trace", "sessions", "first_prompt_len",
 )  # fmt: skip
+SESSION_FIELDS = ("num_sessions", "turns", "think_time_s", "think_time_dist")
 ARRIVAL_FIELDS = {
     "poisson": ("rate",),
     "gamma": ("rate", "burstiness"),
@@ -282,10 +284,77 @@ def _trace_section(file: str, base: Path, data: Any) -> tuple[Trace, TraceOption
     return trace, options
 
 
-def parse_workload(path: Path, data: Any) -> WorkloadSpec:
+def _prefix(file: str, data: Any) -> SharedPrefix | None:
+    if data.get("shared_prefix") is None:
+        return None
+    p = _Fields(file, "shared_prefix", data["shared_prefix"], PREFIX_FIELDS)
+    return SharedPrefix(
+        p.number("num_groups", integer=True, minimum=1),
+        p.number("prefix_len", integer=True, minimum=1),
+        p.number("fraction", 1.0),
+    )
+
+
+def parse_sessions(path: Path, data: Any) -> SessionWorkload:
+    """A multi-turn session workload (a file with a `sessions:` section)."""
+    file = str(path)
+    f = _Fields(file, "", data, TOP_FIELDS)
+    for key in ("num_requests", "max_tokens", "n", "beam_width"):
+        if data.get(key) is not None:
+            raise f.error(key, "does not apply to a session workload (sessions.num_sessions counts its sessions)")
+    s = _Fields(file, "sessions", data["sessions"], SESSION_FIELDS)
+    base = path.parent
+    trace = None
+    if data.get("trace") is not None:
+        t = _Fields(file, "trace", data["trace"], ("path",))
+        trace = session_trace(read_trace(_find_data(file, base, "trace.path", t.text("path"))))
+    arrival = _arrival(file, f.raw("arrival"))
+    if not isinstance(arrival, (GammaArrivals, ClosedLoop, TraceArrivals)):
+        raise f.error("arrival.process", "of a session workload must be poisson, gamma, closed_loop or trace "
+                      "(it starts sessions; turns follow answers)")
+    def dist(key: str) -> Any:
+        return _length(file, base, key, f.raw(key)) if data.get(key) is not None or trace is None else None
+    num_sessions = s.number("num_sessions", None, integer=True, minimum=1)
+    if num_sessions is None:
+        if trace is None:
+            raise s.error("sessions.num_sessions", "is required (unless a session trace gives the sessions)")
+        num_sessions = len(trace.sessions())
+    return SessionWorkload(
+        name=f.text("name", path.stem),
+        description=f.text("description", ""),
+        num_sessions=num_sessions,
+        arrival=arrival,
+        turns=_length(file, base, "sessions.turns", s.raw("turns")) if trace is None else None,
+        prompt_len=dist("prompt_len"),
+        first_prompt_len=_length(file, base, "first_prompt_len", data["first_prompt_len"])
+        if data.get("first_prompt_len") is not None else None,
+        output_len=dist("output_len"),
+        think_time_s=s.number("think_time_s", 0.0),
+        think_time_dist=s.text("think_time_dist", "exponential", ("fixed", "exponential")),
+        shared_prefix=_prefix(file, data),
+        trace=trace,
+        source=file,
+    )
+
+
+def session_trace(trace: Trace) -> SessionTrace:
+    """A kvsim trace with a session_id column, read as turns of sessions."""
+    ids = trace.extras.get("session_id")
+    if ids is None:
+        raise WorkloadError(f"trace file {trace.source}: a session workload needs a session_id column")
+    if (ids < 0).any():
+        raise WorkloadError(f"trace file {trace.source}: every row of a session trace needs a session_id")
+    return SessionTrace(trace.source, ids, trace.arrival_s, trace.num_prompt_tokens, trace.num_output_tokens)
+
+
+def parse_workload(path: Path, data: Any) -> WorkloadSpec | SessionWorkload:
     """Build a WorkloadSpec from a parsed YAML mapping; errors name `path` and the field."""
     file = str(path)
     f = _Fields(file, "", data, TOP_FIELDS)
+    if data.get("sessions") is not None:
+        return parse_sessions(path, data)
+    if data.get("first_prompt_len") is not None:
+        raise f.error("first_prompt_len", "applies only to a session workload (a `sessions:` section)")
     base = path.parent
     trace, options = _trace_section(file, base, data["trace"]) if data.get("trace") is not None else (None, TraceOptions())
     if trace is not None and ("prompt_len" in data or "output_len" in data):
@@ -301,14 +370,9 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec:
             raise f.error("num_requests", "is required (unless a trace gives the requests)")
         first, last = window_rows(trace, options)
         num_requests = last - first
-    prefix = None
-    if data.get("shared_prefix") is not None:
-        p = _Fields(file, "shared_prefix", data["shared_prefix"], PREFIX_FIELDS)
-        prefix = SharedPrefix(
-            p.number("num_groups", integer=True, minimum=1),
-            p.number("prefix_len", integer=True, minimum=1),
-            p.number("fraction", 1.0),
-        )
+    prefix = _prefix(file, data)
+    if trace is not None and "session_id" in trace.extras:
+        raise f.error("trace", "has a session_id column: replay it as sessions (add a `sessions:` section)")
     return WorkloadSpec(
         name=f.text("name", path.stem),
         description=f.text("description", ""),
@@ -353,6 +417,12 @@ def load_file(path: Path) -> WorkloadSpec:
     try:
         if path.suffix.lower() in TRACE_SUFFIXES:
             trace = read_trace(path)
+            if "session_id" in trace.extras:  # turns of conversations, replayed as sessions
+                sessions = session_trace(trace)
+                return SessionWorkload(
+                    name=path.stem, num_sessions=len(sessions.sessions()), arrival=TraceArrivals(), turns=None,
+                    prompt_len=None, output_len=None, trace=sessions,
+                    description=f"session replay of {path.name}", source=str(path))
             return WorkloadSpec(
                 name=path.stem, num_requests=len(trace), arrival=TraceArrivals(), trace=trace,
                 description=f"replay of {path.name}", source=str(path),
@@ -414,6 +484,8 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
         _check_override(key, value)
     if "rate" in given and "concurrency" in given:
         raise WorkloadError("give either --rate (open loop) or --concurrency (closed loop), not both")
+    if isinstance(spec, SessionWorkload):
+        return _session_overrides(spec, given)
     if "burstiness" in given and "concurrency" in given:  # it would be dropped without a word
         raise WorkloadError("--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none")
     changes: dict[str, Any] = {}
@@ -462,6 +534,37 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
     return dataclasses.replace(spec, **changes)
 
 
+def _session_overrides(spec: SessionWorkload, given: dict[str, Any]) -> SessionWorkload:
+    """Overrides of a session workload: --num-requests counts sessions, --rate / --burstiness start
+    them, --concurrency runs that many at once, --think-time-s is the think time between turns,
+    --input-len / --output-len the mean new user tokens and answer tokens of a turn."""
+    for key in ("max_tokens", "n", "beam_width"):
+        if key in given:
+            raise WorkloadError(f"--{key.replace('_', '-')} does not apply to a session workload")
+    changes: dict[str, Any] = {}
+    arrival = spec.arrival
+    if "rate" in given or "burstiness" in given:
+        rate = given.get("rate", getattr(arrival, "rate", None))
+        if rate is None:
+            raise WorkloadError(f"--burstiness shapes session starts; workload {spec.name} needs a --rate too")
+        keep = arrival.burstiness if isinstance(arrival, GammaArrivals) else 1.0
+        arrival = GammaArrivals(float(rate), float(given.get("burstiness", keep)))
+    if "concurrency" in given:
+        arrival = ClosedLoop(int(given["concurrency"]))
+    changes["arrival"] = arrival
+    if "num_requests" in given:
+        changes["num_sessions"] = int(given["num_requests"])
+    if "think_time_s" in given:
+        changes["think_time_s"] = float(given["think_time_s"])
+    for key, name in (("input_len", "prompt_len"), ("output_len", "output_len")):
+        if key in given:
+            dist = getattr(spec, name)
+            if dist is None:
+                raise WorkloadError(f"--{key.replace('_', '-')} does not rescale a session trace")
+            changes[name] = dist.with_mean(float(given[key]))
+    return dataclasses.replace(spec, **changes)
+
+
 # CLI override -> (integer?, lowest allowed, lowest excluded?); each is the flag `--key-with-dashes`.
 _OVERRIDE_RANGES = {
     "num_requests": (True, 1, False), "rate": (False, 0, True), "concurrency": (True, 1, False),
@@ -496,12 +599,14 @@ def _check_override(key: str, value: Any) -> None:
 
 
 def load_workload(
-    name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None
+    name_or_path: str | None, overrides: dict[str, Any] | None = None, max_model_len: int | None = None,
+    base: WorkloadSpec | None = None,
 ) -> WorkloadSpec:
-    """The workload `kvsim run --workload` means: a catalog name or a file, CLI overrides, then clipping."""
+    """The workload `kvsim run --workload` means: a catalog name or a file (or `base`, one built in
+    code such as a `--dataset-name`), CLI overrides, then clipping."""
     if name_or_path is not None and not name_or_path.strip():  # not silently the default workload
         raise WorkloadError("--workload is empty; give a named workload (see `kvsim workloads`) or a file")
-    spec = load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
+    spec = base if base is not None else load_file(resolve(name_or_path or DEFAULT_WORKLOAD))
     spec = apply_overrides(spec, overrides)
     if max_model_len is not None:
         for key, room in (("input_len", "one output token"), ("output_len", "a one-token prompt")):

@@ -27,9 +27,12 @@ from kvsim.simcore.userfiles import CAPS, is_special, read_bytes
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 KVSIM_COLUMNS = ("arrival_s", "num_prompt_tokens", "num_output_tokens")
 MAX_INTEGER = 2**53  # cells are parsed as float64, which holds integers exactly up to here
-KVSIM_OPTIONAL = ("max_tokens", "n", "beam_width", "prefix_id", "num_prefix_tokens")
-_MIN_VALUE = {"max_tokens": 1, "n": 1, "beam_width": 1, "prefix_id": 0, "num_prefix_tokens": 0}
-_BLANK = {"max_tokens": 0, "n": 1, "beam_width": 1, "prefix_id": -1, "num_prefix_tokens": 0}  # 0 = the output
+# session_id: the rows are turns of conversations (workloads.sessions), num_prompt_tokens then
+# counting each turn's new user tokens only
+KVSIM_OPTIONAL = ("max_tokens", "n", "beam_width", "prefix_id", "num_prefix_tokens", "session_id")
+_MIN_VALUE = {"max_tokens": 1, "n": 1, "beam_width": 1, "prefix_id": 0, "num_prefix_tokens": 0, "session_id": 0}
+_BLANK = {"max_tokens": 0, "n": 1, "beam_width": 1, "prefix_id": -1, "num_prefix_tokens": 0,
+          "session_id": -1}  # max_tokens 0 = the output
 
 
 @dataclass(frozen=True, slots=True)

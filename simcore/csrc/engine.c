@@ -1,13 +1,18 @@
-/* One replica's step loop (see engine.h). The Python it mirrors, line for line in effect:
+/* Replicas' step loops (see engine.h). The Python they mirror, line for line in effect:
  *   simcore/engine.py Engine.run / _accept          the loop, arrivals, rejection
+ *   simcore/router.py Router._pick                  round-robin, least-loaded (lowest index)
  *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark
  *   simcore/policies/continuous.py                  _schedule_running (preempt from the tail),
  *                                                   _admit_waiting (V1, chunked), end_step's KV
+ *   simcore/block_pool.py                           prefix caching: hashed blocks, LRU eviction
  *   simcore/lifecycle.py                            begin_step, emit, finish (what is stamped when)
  *   workloads/arrivals.py open_loop_process         one timeout per distinct planned time
+ *                         closed_loop_process       clients: submit, wait, think, next
  * SimPy processes events by (time, priority, creation order); every event here is a NORMAL
- * timeout or a triggered wakeup, so two at one instant go in the order they were created
- * (`seq`). Only counts of KV blocks matter without prefix sharing, not which blocks. */
+ * timeout or a triggered event (a wakeup, a request's done), so two at one instant go in the
+ * order they were created (`seq`, one counter for the whole run, one heap). The URGENT process
+ * starts at time 0 come first: the engines idle, then the workload (a closed loop's clients, in
+ * order). Without prefix caching only counts of KV blocks matter, not which blocks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +21,11 @@
 typedef struct {
     long id, prompt, target, max_tokens;
     long computed, generated, ntok, nblk, preemptions;
+    long client;  /* closed loop: the client waiting for it; -1: nobody waits */
+    /* prefix caching: its prefix group (-1: none) and tokens, the full blocks of the prefix
+       (npb: the content keys (g, 0..npb-1)), the handles of its first npb blocks (kv_blk), the
+       tokens adopted from the cache when admitted this step */
+    long g, npt, npb, adm_cached; long *pt;
     double arrival, first_sched, first_token, last_token;
 } kv_req;
 
@@ -23,12 +33,28 @@ enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
 /* where the workload's process stands (workloads/arrivals.py open_loop_process): at the top of
    its loop, about to send (past the timeout, before the hold check), or held (sends late) */
 enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
+/* events in the heap: a replica's wakeup or step end (arg: the replica), the open loop's next
+   timeout, the held workload's drained event, a closed-loop client's request done or its think
+   time over (arg: the client) */
+enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4 };
 
-struct kv_engine {
+/* Prefix caching (simcore/block_pool.py): only blocks that are or may become cached need an
+   identity, those at a request's first npb positions; a handle stands for one. Uncached free
+   blocks are interchangeable (a count); cached free ones are evictable, least recently freed
+   first (`prev` / `next` links of the LRU list). */
+typedef struct { long g, i, ref, prev, next; } kv_blk;  /* g < 0: not cached */
+typedef struct { long *h; long n; } kv_group;           /* content key (g, i) -> handle, -1: none */
+
+typedef struct { double t; unsigned long seq; int kind; long arg; } kv_event;
+
+typedef struct kv_rep kv_rep;
+
+/* One replica (one simcore.engine.Engine and its Lifecycle and policy) */
+struct kv_rep {
+    kv_engine *S;
     kv_engine_config c;
     const kv_pricing *pricing;
-    double now;
-    unsigned long seq;
+    long index;
     /* requests in the system, by slot */
     kv_req *reqs; long cap_reqs; long *free_slots; long num_free_slots;
     /* waiting: a ring of slots; running: slots in admission order */
@@ -37,8 +63,8 @@ struct kv_engine {
     long *run; long run_len, run_cap;
     /* KV */
     long free_blocks, gpu_tokens, cpu_free;
-    /* engine state */
-    int eng; double eng_t; unsigned long eng_seq;
+    /* engine state: idle, or its one event (wakeup or step end) is in the heap */
+    int eng;
     /* the plan of the step in flight */
     long *part_slot, *part_new; long num_parts;
     long *chunk_tokens, *chunk_ctx; long num_chunks;
@@ -48,27 +74,106 @@ struct kv_engine {
     long num_tokens, num_decode_seqs, decode_ctx, num_sampled;
     double step_start, step_dt, parts_ms[4];
     long *finished;
-    /* arrivals */
-    double *in_at; long *in_id, *in_prompt, *in_output, *in_max; long in_n, in_pos; int in_last;
-    int arr_pending; double arr_t; unsigned long arr_seq; double previous;
-    int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
-    int arr_stage, late;
-    /* Engine.hold_arrivals: `held` while the workload waits for the queue to drain; the drained
-       event, once triggered, at (drain_t, drain_seq) */
-    int held, drain_pending; double drain_t; unsigned long drain_seq;
-    int started;
+    long *filling; long num_filling;  /* planned requests writing shared-prefix blocks */
+    /* prefix caching: free GPU blocks = uncached_free + the evictable (LRU list) */
+    int pc; kv_blk *blk; long blk_n, blk_cap; long *hfree; long hfree_n, hfree_cap;
+    long uncached_free, lru_head, lru_tail, num_cached; kv_group *groups; long ngroups;
+    long prefix_query_tokens, prefix_hit_tokens;
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
+    long num_arrived, num_done, num_holds;
+    /* inter-token gaps (simcore.records.Samples past its cap): every one binned here */
+    long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
+    long *hist, hist_key0, hist_n;
+    double *itl_vals; long itl_vals_cap;  /* every gap while at most itl_cap; dropped past it */
+    double itl_last; long itl_last_key;   /* the last gap binned and its key (-1: zero): a decode
+                                             step's gaps mostly repeat the one before */
+    /* folded step rows (simcore.metrics.StepRecorder): rows not sealed yet, the kept table,
+       how often it was halved; the totals (StepTotals) */
+    double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
+    long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
+    int itl_done;  /* the last partial block is in the sum */
+};
+
+struct kv_engine {
+    kv_engine_config c;
+    const kv_pricing *pricing;
+    double now;
+    unsigned long seq;
+    kv_rep *reps; long nrep; long rr_next;
+    kv_event *heap; long heap_n, heap_cap;
+    /* arrivals */
+    double *in_at, *in_think; long *in_id, *in_prompt, *in_output, *in_max, *in_pid, *in_npt;
+    long in_n, in_pos; int in_last;
+    /* prefix ids -> dense groups (open addressing; keys + 1, 0: empty) */
+    long *pid_keys, *pid_vals; long pid_cap, pid_n;
+    double previous;
+    int arr_resume;  /* 1: the arrival process runs now (at `arr_stage`) */
+    int arr_stage, late;
+    /* Engine.hold_arrivals (one replica): `held` while the workload waits for the queue to drain */
+    int held;
+    /* closed loop: clients still to start (time 0), the client that takes the next request now,
+       each client's think time after its request in flight */
+    long clients_to_start, next_client, taking; double *client_think;
+    int started;
+    int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
 };
 
-static long blocks_for(const kv_engine *e, long n) { return (n + e->c.block_size - 1) / e->c.block_size; }
+/* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
+static int ev_before(const kv_event *a, const kv_event *b) {
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
 
-kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing) {
-    kv_engine *e = calloc(1, sizeof *e);
-    if (!e) return NULL;
-    e->c = *cfg;
-    e->pricing = pricing;
+static int ev_push(kv_engine *S, double t, int kind, long arg) {
+    if (S->heap_n == S->heap_cap) {
+        long nc = S->heap_cap ? 2 * S->heap_cap : 16;
+        kv_event *h = realloc(S->heap, sizeof(kv_event) * nc);
+        if (!h) return KV_NOMEM;
+        S->heap = h; S->heap_cap = nc;
+    }
+    kv_event ev = { t, S->seq++, kind, arg };
+    long i = S->heap_n++;
+    while (i > 0) {
+        long p = (i - 1) / 2;
+        if (!ev_before(&ev, &S->heap[p])) break;
+        S->heap[i] = S->heap[p]; i = p;
+    }
+    S->heap[i] = ev;
+    return 0;
+}
+
+static kv_event ev_pop(kv_engine *S) {
+    kv_event top = S->heap[0], last = S->heap[--S->heap_n];
+    long n = S->heap_n, i = 0;
+    for (;;) {
+        long l = 2 * i + 1, m = i;
+        if (l >= n) break;
+        m = (l + 1 < n && ev_before(&S->heap[l + 1], &S->heap[l])) ? l + 1 : l;
+        if (!ev_before(&S->heap[m], &last)) break;
+        S->heap[i] = S->heap[m]; i = m;
+    }
+    if (n) S->heap[i] = last;
+    return top;
+}
+
+static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 1) / e->c.block_size; }
+
+static void rep_free(kv_rep *e) {
+    if (e->reqs)
+        for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
+    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals); free(e->chunk); free(e->kept);
+    if (e->groups)
+        for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
+    free(e->groups);
+    free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
+    free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
+    free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
+}
+
+static int rep_init(kv_rep *e, kv_engine *S, long index) {
+    const kv_engine_config *cfg = &S->c;
+    e->S = S; e->c = *cfg; e->pricing = S->pricing; e->index = index;
     e->free_blocks = cfg->num_gpu_blocks;
     e->cpu_free = cfg->num_cpu_blocks;
     long m = cfg->max_num_seqs + 2;
@@ -78,42 +183,95 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
     e->finished = malloc(sizeof(long) * m);
     e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
-    if (!e->part_slot || !e->part_new || !e->chunk_tokens || !e->chunk_ctx || !e->preempted || !e->admitted
-        || !e->finished || !e->run || !e->swapped_in || !e->by_swap) { kv_engine_free(e); return NULL; }
-    e->eng = ENG_IDLE;
-    e->arr_resume = 1;
-    return e;
-}
-
-void kv_engine_free(kv_engine *e) {
-    if (!e) return;
-    free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
-    free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
-    free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
-    free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
-    free(e);
-}
-
-int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
-                   const long *output, const long *max_tokens, int last) {
-    free(e->in_at); free(e->in_id); free(e->in_prompt); free(e->in_output); free(e->in_max);
-    e->in_n = e->in_pos = 0;  /* nothing to read until the copy below is whole */
-    if (n < 0) n = 0;
-    e->in_at = malloc(sizeof(double) * (n ? n : 1)); e->in_id = malloc(sizeof(long) * (n ? n : 1));
-    e->in_prompt = malloc(sizeof(long) * (n ? n : 1)); e->in_output = malloc(sizeof(long) * (n ? n : 1));
-    e->in_max = malloc(sizeof(long) * (n ? n : 1));
-    if (!e->in_at || !e->in_id || !e->in_prompt || !e->in_output || !e->in_max) return KV_NOMEM;
-    if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
-        memcpy(e->in_at, at, sizeof(double) * n); memcpy(e->in_id, ids, sizeof(long) * n);
-        memcpy(e->in_prompt, prompt, sizeof(long) * n); memcpy(e->in_output, output, sizeof(long) * n);
-        memcpy(e->in_max, max_tokens, sizeof(long) * n);
+    e->filling = malloc(sizeof(long) * m);
+    if (e->c.itl_block < 1) e->c.itl_block = 1 << 16;
+    e->itl_blk = malloc(sizeof(double) * (size_t)e->c.itl_block);
+    e->itl_min = 1.0 / 0.0; e->itl_max = -1.0 / 0.0;
+    if (e->c.fold_steps) {
+        if (e->c.step_chunk < 1) e->c.step_chunk = 1 << 14;
+        if (e->c.step_cap < 1) e->c.step_cap = 1 << 17;
+        e->chunk = malloc(sizeof(double) * KV_STEP_COLUMNS * (size_t)e->c.step_chunk);
+        if (!e->chunk) return 0;
     }
-    e->in_n = n; e->in_pos = 0; e->in_last = last;
+    e->eng = ENG_IDLE;
+    e->pc = cfg->prefix_caching != 0;
+    e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
+    return e->itl_blk && e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
+           && e->finished && e->run && e->swapped_in && e->by_swap;
+}
+
+kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing) {
+    if (cfg->num_replicas < 0 || cfg->clients < 0) return NULL;
+    kv_engine *S = calloc(1, sizeof *S);
+    if (!S) return NULL;
+    S->c = *cfg;
+    S->pricing = pricing;
+    S->nrep = cfg->num_replicas ? cfg->num_replicas : 1;
+    S->reps = calloc((size_t)S->nrep, sizeof(kv_rep));
+    if (cfg->clients) S->client_think = calloc((size_t)cfg->clients, sizeof(double));
+    if (!S->reps || (cfg->clients && !S->client_think)) { kv_engine_free(S); return NULL; }
+    for (long i = 0; i < S->nrep; i++)
+        if (!rep_init(&S->reps[i], S, i)) { kv_engine_free(S); return NULL; }
+    S->arr_resume = 1;
+    S->taking = -1;
+    return S;
+}
+
+static void free_input(kv_engine *S) {
+    free(S->in_at); free(S->in_think); free(S->in_id); free(S->in_prompt); free(S->in_output); free(S->in_max);
+    free(S->in_pid); free(S->in_npt);
+    S->in_at = S->in_think = NULL;
+    S->in_id = S->in_prompt = S->in_output = S->in_max = S->in_pid = S->in_npt = NULL;
+}
+
+void kv_engine_free(kv_engine *S) {
+    if (!S) return;
+    if (S->reps)
+        for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
+    free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
+    free_input(S);
+    free(S);
+}
+
+void kv_engine_counts(const kv_engine *S, long *out) {
+    for (long i = 0; i < S->nrep; i++) {
+        const kv_rep *e = &S->reps[i];
+        long *o = out + KV_COUNTS * i;
+        o[0] = e->num_arrived; o[1] = e->num_done; o[2] = e->num_holds;
+        o[3] = e->prefix_query_tokens; o[4] = e->prefix_hit_tokens;
+    }
+}
+
+int kv_engine_feed(kv_engine *S, long n, const double *at, const long *ids, const long *prompt,
+                   const long *output, const long *max_tokens, const double *think,
+                   const long *prefix_id, const long *prefix_tokens, int last) {
+    free_input(S);
+    S->in_n = S->in_pos = 0;  /* nothing to read until the copy below is whole */
+    if (n < 0) n = 0;
+    size_t k = (size_t)(n ? n : 1);
+    S->in_at = malloc(sizeof(double) * k); S->in_think = malloc(sizeof(double) * k);
+    S->in_id = malloc(sizeof(long) * k); S->in_prompt = malloc(sizeof(long) * k);
+    S->in_output = malloc(sizeof(long) * k); S->in_max = malloc(sizeof(long) * k);
+    S->in_pid = malloc(sizeof(long) * k); S->in_npt = malloc(sizeof(long) * k);
+    if (!S->in_at || !S->in_think || !S->in_id || !S->in_prompt || !S->in_output || !S->in_max || !S->in_pid
+        || !S->in_npt) return KV_NOMEM;
+    if (n) {  /* the last, empty feed passes NULL arrays: memcpy from NULL is undefined even for 0 bytes */
+        if (at) memcpy(S->in_at, at, sizeof(double) * n); else memset(S->in_at, 0, sizeof(double) * n);
+        if (think) memcpy(S->in_think, think, sizeof(double) * n); else memset(S->in_think, 0, sizeof(double) * n);
+        memcpy(S->in_id, ids, sizeof(long) * n);
+        memcpy(S->in_prompt, prompt, sizeof(long) * n); memcpy(S->in_output, output, sizeof(long) * n);
+        memcpy(S->in_max, max_tokens, sizeof(long) * n);
+        for (long i = 0; i < n; i++) {
+            S->in_pid[i] = prefix_id ? prefix_id[i] : -1;
+            S->in_npt[i] = prefix_tokens && prefix_id && prefix_id[i] >= 0 ? prefix_tokens[i] : 0;
+        }
+    }
+    S->in_n = n; S->in_pos = 0; S->in_last = last;
     return 0;
 }
 
 /* -- queues ------------------------------------------------------------------------------- */
-static int wq_reserve(kv_engine *e) {
+static int wq_reserve(kv_rep *e) {
     if (e->wq_len < e->wq_cap) return 1;
     long nc = e->wq_cap ? 2 * e->wq_cap : 256;
     long *q = malloc(sizeof(long) * nc);
@@ -122,16 +280,16 @@ static int wq_reserve(kv_engine *e) {
     free(e->wq); e->wq = q; e->wq_cap = nc; e->wq_head = 0;
     return 1;
 }
-static long wq_at(const kv_engine *e, long i) { return e->wq[(e->wq_head + i) % e->wq_cap]; }
-static void wq_push_back(kv_engine *e, long s) { e->wq[(e->wq_head + e->wq_len++) % e->wq_cap] = s; }
-static void wq_push_front(kv_engine *e, long s) {
+static long wq_at(const kv_rep *e, long i) { return e->wq[(e->wq_head + i) % e->wq_cap]; }
+static void wq_push_back(kv_rep *e, long s) { e->wq[(e->wq_head + e->wq_len++) % e->wq_cap] = s; }
+static void wq_push_front(kv_rep *e, long s) {
     e->wq_head = (e->wq_head + e->wq_cap - 1) % e->wq_cap; e->wq[e->wq_head] = s; e->wq_len++;
 }
-static long wq_pop_front(kv_engine *e) {
+static long wq_pop_front(kv_rep *e) {
     long s = e->wq[e->wq_head]; e->wq_head = (e->wq_head + 1) % e->wq_cap; e->wq_len--; return s;
 }
 
-static int sq_push_back(kv_engine *e, long s) {
+static int sq_push_back(kv_rep *e, long s) {
     if (e->sq_len == e->sq_cap) {
         long nc = e->sq_cap ? 2 * e->sq_cap : 64;
         long *q = malloc(sizeof(long) * nc);
@@ -142,104 +300,425 @@ static int sq_push_back(kv_engine *e, long s) {
     e->sq[(e->sq_head + e->sq_len++) % e->sq_cap] = s;
     return 1;
 }
-static long sq_at(const kv_engine *e, long i) { return e->sq[(e->sq_head + i) % e->sq_cap]; }
+static long sq_at(const kv_rep *e, long i) { return e->sq[(e->sq_head + i) % e->sq_cap]; }
 
-static long new_slot(kv_engine *e) {
+static long new_slot(kv_rep *e) {
     if (!e->num_free_slots) {
         long old = e->cap_reqs, nc = old ? 2 * old : 256;
         kv_req *r = realloc(e->reqs, sizeof(kv_req) * nc);
         long *f = realloc(e->free_slots, sizeof(long) * nc);
         if (!r || !f) { if (r) e->reqs = r; if (f) e->free_slots = f; return -1; }
+        memset(r + old, 0, sizeof(kv_req) * (nc - old));  /* rep_free frees every slot's `pt` */
         e->reqs = r; e->free_slots = f; e->cap_reqs = nc;
         for (long s = nc - 1; s >= old; s--) e->free_slots[e->num_free_slots++] = s;
     }
     return e->free_slots[--e->num_free_slots];
 }
 
-/* -- outputs ------------------------------------------------------------------------------ */
-static void put_req(kv_engine *e, const kv_req *r, int rejected, long kind, long output) {
-    double *row = e->out->req + KV_REQ_ROW * e->out->req_n++;
-    row[0] = (double)r->id; row[1] = 0; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
-    row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
-    row[7] = rejected ? -1.0 : e->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
-    row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
-    row[14] = (double)kind; row[15] = (double)output; row[16] = (double)e->out->num_arrived;
-    e->out->num_done++;
+/* -- prefix caching (simcore/block_pool.py BlockPool, PagedAllocator) ----------------------- */
+static long h_new(kv_rep *e) {
+    long h;
+    if (e->hfree_n) h = e->hfree[--e->hfree_n];
+    else {
+        if (e->blk_n == e->blk_cap) {
+            long nc = e->blk_cap ? 2 * e->blk_cap : 256;
+            kv_blk *b = realloc(e->blk, sizeof(kv_blk) * nc);
+            if (!b) return -1;
+            e->blk = b; e->blk_cap = nc;
+        }
+        h = e->blk_n++;
+    }
+    e->blk[h].g = -1; e->blk[h].i = -1; e->blk[h].ref = 1; e->blk[h].prev = e->blk[h].next = -1;
+    return h;
 }
 
-/* -- arrival (Engine._accept) --------------------------------------------------------------- */
-static int send(kv_engine *e, long i, double stamp) {
+static int h_drop(kv_rep *e, long h) {
+    if (e->hfree_n == e->hfree_cap) {
+        long nc = e->hfree_cap ? 2 * e->hfree_cap : 256;
+        long *f = realloc(e->hfree, sizeof(long) * nc);
+        if (!f) return 0;
+        e->hfree = f; e->hfree_cap = nc;
+    }
+    e->hfree[e->hfree_n++] = h;
+    return 1;
+}
+
+static void lru_push(kv_rep *e, long h) {  /* freed last: evicted last */
+    e->blk[h].prev = e->lru_tail; e->blk[h].next = -1;
+    if (e->lru_tail >= 0) e->blk[e->lru_tail].next = h; else e->lru_head = h;
+    e->lru_tail = h;
+}
+
+static void lru_remove(kv_rep *e, long h) {
+    long p = e->blk[h].prev, n = e->blk[h].next;
+    if (p >= 0) e->blk[p].next = n; else e->lru_head = n;
+    if (n >= 0) e->blk[n].prev = p; else e->lru_tail = p;
+}
+
+static long g_get(const kv_rep *e, long g, long i) {
+    return g < e->ngroups && i < e->groups[g].n ? e->groups[g].h[i] : -1;
+}
+
+static int g_set(kv_rep *e, long g, long i, long h) {
+    if (g >= e->ngroups) {
+        long nc = g + 1 > 2 * e->ngroups ? g + 1 : 2 * e->ngroups;
+        kv_group *gr = realloc(e->groups, sizeof(kv_group) * nc);
+        if (!gr) return 0;
+        for (long k = e->ngroups; k < nc; k++) { gr[k].h = NULL; gr[k].n = 0; }
+        e->groups = gr; e->ngroups = nc;
+    }
+    kv_group *gr = &e->groups[g];
+    if (i >= gr->n) {
+        long nc = i + 1 > 2 * gr->n ? i + 1 : 2 * gr->n;
+        long *a = realloc(gr->h, sizeof(long) * nc);
+        if (!a) return 0;
+        for (long k = gr->n; k < nc; k++) a[k] = -1;
+        gr->h = a; gr->n = nc;
+    }
+    gr->h[i] = h;
+    return 1;
+}
+
+/* BlockPool.take_many: `n` blocks for positions pos0.. of r's table: uncached free ones first,
+   then the least recently freed cached ones, evicted (their content forgotten) */
+static int pc_take(kv_rep *e, kv_req *r, long pos0, long n) {
+    e->free_blocks -= n;
+    for (long k = 0; k < n; k++) {
+        long pos = pos0 + k, h = -1;
+        if (e->uncached_free) e->uncached_free--;
+        else {
+            h = e->lru_head;
+            if (h < 0) return KV_STALL;  /* the free count said a block was left: never */
+            lru_remove(e, h);
+            e->groups[e->blk[h].g].h[e->blk[h].i] = -1;
+            e->blk[h].g = -1; e->blk[h].ref = 1; e->num_cached--;
+        }
+        if (pos < r->npb) {
+            if (h < 0 && (h = h_new(e)) < 0) return KV_NOMEM;
+            r->pt[pos] = h;
+        } else if (h >= 0 && !h_drop(e, h)) return KV_NOMEM;
+    }
+    return 0;
+}
+
+/* BlockPool.decref of the block at position `pos` of r's table */
+static int pc_decref(kv_rep *e, kv_req *r, long pos) {
+    if (pos >= r->npb) { e->uncached_free++; e->free_blocks++; return 0; }
+    long h = r->pt[pos];
+    if (--e->blk[h].ref) return 0;  /* still held by another table */
+    e->free_blocks++;
+    if (e->blk[h].g >= 0) { lru_push(e, h); return 0; }
+    e->uncached_free++;
+    return h_drop(e, h) ? 0 : KV_NOMEM;
+}
+
+/* PagedAllocator.free: the table's blocks back, last first */
+static int pc_release(kv_rep *e, kv_req *r) {
+    for (long pos = r->nblk - 1; pos >= 0; pos--) {
+        int rc = pc_decref(e, r, pos);
+        if (rc) return rc;
+    }
+    e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
+    return 0;
+}
+
+/* the cached leading blocks of r's prefix it may adopt (at least one token is still computed) */
+static long pc_hits(const kv_rep *e, const kv_req *r) {
+    long hits = 0;
+    while (hits < r->npb && g_get(e, r->g, hits) >= 0) hits++;
+    long most = (r->prompt + r->generated - 1) / e->c.block_size;
+    return hits < most ? hits : most;
+}
+
+/* PagedAllocator.num_blocks_to_allocate: the free blocks an admission with `hit` cached blocks
+   and `num_new` tokens after them takes (the evictable hits it revives included) */
+static long pc_need(const kv_rep *e, const kv_req *r, long hit, long num_new) {
+    long revived = 0;
+    for (long i = 0; i < hit; i++) revived += e->blk[g_get(e, r->g, i)].ref == 0;
+    return revived + blocks_for(e, hit * e->c.block_size + num_new) - hit;
+}
+
+/* PagedAllocator.allocate_slots: adopt the `hit` cached blocks (touched: revived if evictable),
+   then new blocks for `num_new` tokens after them; the caller checked that they fit */
+static int pc_admit(kv_rep *e, kv_req *r, long hit, long num_new) {
+    for (long i = 0; i < hit; i++) {
+        long h = g_get(e, r->g, i);
+        if (!e->blk[h].ref) { lru_remove(e, h); e->free_blocks--; }
+        e->blk[h].ref++;
+        r->pt[i] = h;
+    }
+    long total = blocks_for(e, hit * e->c.block_size + num_new);
+    int rc = pc_take(e, r, hit, total - hit);
+    r->nblk = total; r->ntok = hit * e->c.block_size + num_new; e->gpu_tokens += r->ntok;
+    return rc;
+}
+
+/* PagedAllocator.cache_full_blocks: r's full prefix blocks registered under their content
+   (the first block with a content wins) */
+static int pc_cache_full(kv_rep *e, kv_req *r) {
+    long full = r->ntok / e->c.block_size;
+    if (full > r->npb) full = r->npb;
+    if (full > r->nblk) full = r->nblk;
+    for (long i = 0; i < full; i++) {
+        long h = r->pt[i];
+        if (e->blk[h].g >= 0 || g_get(e, r->g, i) >= 0) continue;
+        if (!g_set(e, r->g, i, h)) return KV_NOMEM;
+        e->blk[h].g = r->g; e->blk[h].i = i; e->num_cached++;
+    }
+    return 0;
+}
+
+/* dense group of a prefix id (S-wide: every replica keys its cache the same) */
+static long pid_group(kv_engine *S, long pid) {
+    if (2 * (S->pid_n + 1) > S->pid_cap) {
+        long nc = S->pid_cap ? 2 * S->pid_cap : 64;
+        long *k = calloc((size_t)nc, sizeof(long)), *v = calloc((size_t)nc, sizeof(long));
+        if (!k || !v) { free(k); free(v); return -1; }
+        for (long j = 0; j < S->pid_cap; j++) {
+            if (!S->pid_keys[j]) continue;
+            unsigned long x = (unsigned long)S->pid_keys[j] * 0x9E3779B97F4A7C15UL;
+            long p = (long)(x % (unsigned long)nc);
+            while (k[p]) p = (p + 1) % nc;
+            k[p] = S->pid_keys[j]; v[p] = S->pid_vals[j];
+        }
+        free(S->pid_keys); free(S->pid_vals); S->pid_keys = k; S->pid_vals = v; S->pid_cap = nc;
+    }
+    long key = pid + 1;  /* ids are >= 0 */
+    unsigned long x = (unsigned long)key * 0x9E3779B97F4A7C15UL;
+    long p = (long)(x % (unsigned long)S->pid_cap);
+    while (S->pid_keys[p] && S->pid_keys[p] != key) p = (p + 1) % S->pid_cap;
+    if (!S->pid_keys[p]) { S->pid_keys[p] = key; S->pid_vals[p] = S->pid_n++; }
+    return S->pid_vals[p];
+}
+
+static void fail(kv_rep *e, int rc) {
+    if (rc && !e->S->err) e->S->err = rc;
+}
+
+/* -- inter-token gaps (simcore.records.Samples) -------------------------------------------- */
+double kv_pairwise_sum(const double *a, long n) {  /* numpy's pairwise_sum for float64 */
+    if (n < 8) {
+        double res = 0.;
+        for (long i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8], res;
+        long i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    long n2 = n / 2;
+    n2 -= n2 % 8;
+    return kv_pairwise_sum(a, n2) + kv_pairwise_sum(a + n2, n - n2);
+}
+
+static int hist_add(kv_rep *e, long key) {
+    if (!e->hist_n || key < e->hist_key0 || key >= e->hist_key0 + e->hist_n) {
+        long lo = e->hist_n && e->hist_key0 < key ? e->hist_key0 : key - 4096;
+        long hi = e->hist_n && e->hist_key0 + e->hist_n > key + 1 ? e->hist_key0 + e->hist_n : key + 4096;
+        long *h = calloc((size_t)(hi - lo), sizeof(long));
+        if (!h) return KV_NOMEM;
+        if (e->hist_n) memcpy(h + (e->hist_key0 - lo), e->hist, sizeof(long) * (size_t)e->hist_n);
+        free(e->hist); e->hist = h; e->hist_key0 = lo; e->hist_n = hi - lo;
+    }
+    e->hist[key - e->hist_key0]++;
+    return 0;
+}
+
+/* One gap: kept while the replica's count is at most the cap (then they are dropped: the
+   store will be the bins), binned always (min, max, zeros, key counts), summed a block at a
+   time (Samples._bin_values: the same float sum) */
+static void itl_put(kv_rep *e, double v) {
+    if (e->itl_count < e->c.itl_cap) {
+        if (e->itl_count == e->itl_vals_cap) {
+            long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
+            if (nc > e->c.itl_cap) nc = e->c.itl_cap;
+            double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
+            if (!v2) { fail(e, KV_NOMEM); return; }
+            e->itl_vals = v2; e->itl_vals_cap = nc;
+        }
+        e->itl_vals[e->itl_count] = v;
+    } else if (e->itl_vals) {
+        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
+    }
+    e->itl_count++;
+    if (v == e->itl_last && e->itl_count > 1) {  /* the same bin as the last one */
+        if (e->itl_last_key < 0) e->itl_zeros++;
+        else e->hist[e->itl_last_key - e->hist_key0]++;
+    } else {
+        if (v < e->itl_min) e->itl_min = v;
+        if (v > e->itl_max) e->itl_max = v;
+        e->itl_last = v; e->itl_last_key = -1;
+        if (v == 0.0) e->itl_zeros++;
+        else {
+            long bits;
+            memcpy(&bits, &v, sizeof bits);
+            e->itl_last_key = bits >> KV_HIST_SHIFT;
+            fail(e, hist_add(e, e->itl_last_key));
+        }
+    }
+    e->itl_blk[e->itl_blk_n++] = v;
+    if (e->itl_blk_n == e->c.itl_block) {
+        e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+        e->itl_blk_n = 0;
+    }
+}
+
+long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist, double *values) {
+    const kv_rep *e = &S->reps[replica];
+    stats[0] = (double)e->itl_count; stats[1] = e->itl_total; stats[2] = e->itl_min; stats[3] = e->itl_max;
+    stats[4] = (double)e->itl_zeros;
+    long lo = 0, hi = e->hist_n;  /* trimmed to the keys in use */
+    while (lo < hi && !e->hist[lo]) lo++;
+    while (hi > lo && !e->hist[hi - 1]) hi--;
+    *key0 = e->hist_key0 + lo;
+    if (hist && hi > lo) memcpy(hist, e->hist + lo, sizeof(long) * (size_t)(hi - lo));
+    if (values && e->itl_count && e->itl_count <= e->c.itl_cap)
+        memcpy(values, e->itl_vals, sizeof(double) * (size_t)e->itl_count);
+    return hi - lo;
+}
+
+/* -- outputs ------------------------------------------------------------------------------ */
+/* A request leaves (Lifecycle._leave): its row, and the done event its closed-loop client waits on */
+static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long output) {
+    kv_engine *S = e->S;
+    kv_outputs *o = S->out;
+    double *row = o->req + KV_REQ_ROW * o->req_n++;
+    row[0] = (double)r->id; row[1] = (double)e->index; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
+    row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
+    row[7] = rejected ? -1.0 : S->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
+    row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
+    row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
+    o->num_done++;
+    e->num_done++;
+    if (r->client >= 0) return ev_push(S, S->now, EV_DONE, r->client);
+    return 0;
+}
+
+/* -- arrival (Router._pick, Engine._accept) ------------------------------------------------ */
+static kv_rep *pick(kv_engine *S) {
+    if (S->nrep == 1) return S->reps;
+    if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
+        kv_rep *e = &S->reps[S->rr_next];
+        S->rr_next = (S->rr_next + 1) % S->nrep;
+        return e;
+    }
+    kv_rep *best = S->reps;  /* the fewest waiting, running or swapped; ties: the lowest index */
+    long least = best->wq_len + best->run_len + best->sq_len;
+    for (long i = 1; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        long load = e->wq_len + e->run_len + e->sq_len;
+        if (load < least) { least = load; best = e; }
+    }
+    return best;
+}
+
+static int send(kv_engine *S, long i, double stamp, long client) {
+    kv_rep *e = pick(S);
     kv_req r;
     memset(&r, 0, sizeof r);
-    r.id = e->in_id[i]; r.prompt = e->in_prompt[i]; r.max_tokens = e->in_max[i];
-    long room = e->c.max_model_len - r.prompt, out = e->in_output[i];
+    r.id = S->in_id[i]; r.prompt = S->in_prompt[i]; r.max_tokens = S->in_max[i]; r.client = client; r.g = -1;
+    long room = e->c.max_model_len - r.prompt, out = S->in_output[i];
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
     r.arrival = stamp; r.first_sched = r.first_token = r.last_token = -1.0;
-    e->out->arr[e->out->arr_n++] = stamp;
-    e->out->num_arrived++;
+    S->out->arr[S->out->arr_n++] = stamp;
+    S->out->num_arrived++;
+    e->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
-    if (kind) { put_req(e, &r, 1, kind, out); return 0; }
+    if (kind) return put_req(e, &r, 1, kind, out);
+    if (e->pc && S->in_pid[i] >= 0) {  /* ContinuousPagedPolicy._prefix_hashes: (g, 0..npb-1) */
+        r.g = pid_group(S, S->in_pid[i]);
+        r.npt = S->in_npt[i]; r.npb = r.npt / e->c.block_size;
+        if (r.g < 0) return KV_NOMEM;
+        if (r.npb && !(r.pt = malloc(sizeof(long) * r.npb))) return KV_NOMEM;
+    }
     long s = new_slot(e);
     if (s < 0 || !wq_reserve(e)) return KV_NOMEM;
     e->reqs[s] = r;
     wq_push_back(e, s);
-    if (e->eng == ENG_IDLE) { e->eng = ENG_WAKE; e->eng_t = e->now; e->eng_seq = e->seq++; }
+    if (e->eng == ENG_IDLE) {  /* its wakeup succeeds */
+        e->eng = ENG_WAKE;
+        return ev_push(S, S->now, EV_ENGINE, e->index);
+    }
     return 0;
 }
 
-/* The arrival process, from where it stands: send the requests planned at the same time, then
-   wait (one timeout) for the next planned time; while the queue is past the hold threshold, wait
-   for it to drain, then send what was held with its planned time. Returns 0 (it waits),
-   KV_NEED_INPUT or KV_FULL (resumed where it stopped), or an error. */
-static int arrivals_continue(kv_engine *e) {
-    kv_outputs *o = e->out;
+/* The open-loop arrival process, from where it stands: send the requests planned at the same
+   time, then wait (one timeout) for the next planned time; while the queue is past the hold
+   threshold, wait for it to drain, then send what was held with its planned time. Returns 0 (it
+   waits), KV_NEED_INPUT or KV_FULL (resumed where it stopped), or an error. */
+static int arrivals_continue(kv_engine *S) {
+    kv_outputs *o = S->out;
     for (;;) {
-        if (e->arr_stage == ARR_LOOK) {
-            if (e->in_pos >= e->in_n) {
-                if (e->in_last) { e->arr_pending = 0; e->arr_resume = 0; return 0; }
+        if (S->arr_stage == ARR_LOOK) {
+            if (S->in_pos >= S->in_n) {
+                if (S->in_last) { S->arr_resume = 0; return 0; }
                 return KV_NEED_INPUT;
             }
-            double at = 0.0 + e->in_at[e->in_pos];
-            if (at > e->previous) {
-                if (!(e->late && at <= e->now)) {
-                    e->late = 0;
-                    double delay = at - e->now;
+            double at = 0.0 + S->in_at[S->in_pos];
+            if (at > S->previous) {
+                if (!(S->late && at <= S->now)) {
+                    S->late = 0;
+                    double delay = at - S->now;
                     if (delay < 0.0) delay = 0.0;
-                    e->arr_pending = 1; e->arr_t = e->now + delay; e->arr_seq = e->seq++;
-                    e->previous = at; e->arr_stage = ARR_SEND; e->arr_resume = 0;
-                    return 0;
+                    S->previous = at; S->arr_stage = ARR_SEND; S->arr_resume = 0;
+                    return ev_push(S, S->now + delay, EV_ARRIVAL, 0);
                 }
-                e->previous = at;
+                S->previous = at;
             }
-            e->arr_stage = ARR_SEND;
+            S->arr_stage = ARR_SEND;
         }
-        if (e->arr_stage == ARR_SEND && e->wq_len >= e->c.hold_at) {
-            e->held = 1; o->num_holds++;
-            e->arr_stage = ARR_SEND_LATE; e->arr_resume = 0;
+        /* Engine.hold_arrivals: one replica only (a router has none) */
+        if (S->arr_stage == ARR_SEND && S->nrep == 1 && S->reps[0].wq_len >= S->c.hold_at) {
+            S->held = 1; S->reps[0].num_holds++; o->num_holds++;
+            S->arr_stage = ARR_SEND_LATE; S->arr_resume = 0;
             return 0;
         }
         if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
-        int rc = send(e, e->in_pos, e->late ? 0.0 + e->in_at[e->in_pos] : e->now);
+        int rc = send(S, S->in_pos, S->late ? 0.0 + S->in_at[S->in_pos] : S->now, -1);
         if (rc) return rc;
-        e->in_pos++;
-        e->arr_stage = ARR_LOOK;
+        S->in_pos++;
+        S->arr_stage = ARR_LOOK;
     }
 }
 
+/* A closed-loop client (workloads/arrivals.py closed_loop_process) takes the next request of the
+   shared stream and submits it now; with none left it ends. Returns 0, KV_NEED_INPUT or KV_FULL
+   (`taking` stays set: resumed there) or an error. */
+static int client_take(kv_engine *S) {
+    kv_outputs *o = S->out;
+    long k = S->taking;
+    if (S->in_pos >= S->in_n) {
+        if (!S->in_last) return KV_NEED_INPUT;
+        S->taking = -1;
+        return 0;
+    }
+    if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
+    long i = S->in_pos++;
+    S->client_think[k] = S->in_think[i];
+    S->taking = -1;
+    return send(S, i, S->now, k);
+}
+
 /* -- scheduling ----------------------------------------------------------------------------- */
-static void plan_reset(kv_engine *e) {
-    e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = 0;
+static void plan_reset(kv_rep *e) {
+    e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
-static void plan_add(kv_engine *e, long s, long num_new, long computed) {
+static void plan_add(kv_rep *e, long s, long num_new, long computed) {
     const kv_req *r = &e->reqs[s];
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
@@ -248,23 +727,28 @@ static void plan_add(kv_engine *e, long s, long num_new, long computed) {
         e->num_tokens += num_new;
         e->chunk_tokens[e->num_chunks] = num_new; e->chunk_ctx[e->num_chunks++] = computed;
         if (computed + num_new == r->prompt + r->generated) e->num_sampled += 1;
+        if (e->pc && computed < r->npt && r->npb) e->filling[e->num_filling++] = s;
     }
 }
 
-static void release(kv_engine *e, kv_req *r) {
+static void release(kv_rep *e, kv_req *r) {
+    if (e->pc) { fail(e, pc_release(e, r)); return; }
     e->free_blocks += r->nblk; e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
 }
 
-/* append_slots: all or nothing */
-static int grow_seq(kv_engine *e, kv_req *r, long num_new) {
+/* append_slots: all or nothing (no copy-on-write: a request's last block is never shared, a
+   shared block being a full cached one) */
+static int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     long need = blocks_for(e, r->ntok + num_new) - r->nblk;
     if (need > e->free_blocks) return 0;
-    e->free_blocks -= need; r->nblk += need; r->ntok += num_new; e->gpu_tokens += num_new;
+    if (e->pc) fail(e, pc_take(e, r, r->nblk, need));
+    else e->free_blocks -= need;
+    r->nblk += need; r->ntok += num_new; e->gpu_tokens += num_new;
     return 1;
 }
 
 /* _schedule_running over a copy of `running` (its length `*n` shrinks as the tail is preempted) */
-static long schedule_running(kv_engine *e, long *n, long budget) {
+static long schedule_running(kv_rep *e, long *n, long budget) {
     long i = 0;
     while (i < *n && budget > 0) {
         long s = e->run[i];
@@ -276,7 +760,10 @@ static long schedule_running(kv_engine *e, long *n, long budget) {
             long v = e->run[--*n];
             kv_req *vr = &e->reqs[v];
             int swap = e->c.swap && vr->nblk <= e->cpu_free;
-            if (swap) {
+            if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
+                e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok; e->num_swap_blocks += vr->nblk;
+                for (long pos = 0; pos < vr->nblk; pos++) fail(e, pc_decref(e, vr, pos));
+            } else if (swap) {
                 e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
                 e->num_swap_blocks += vr->nblk;
             } else {
@@ -295,18 +782,27 @@ static long schedule_running(kv_engine *e, long *n, long budget) {
     return budget;
 }
 
-static long admit_one(kv_engine *e, long s, long num_new) {
+/* allocate_slots + _take_admitted: `hit` cached prefix blocks adopted, `num_new` tokens after them */
+static long admit_one(kv_rep *e, long s, long num_new, long hit) {
     kv_req *r = &e->reqs[s];
-    long need = blocks_for(e, num_new);
-    e->free_blocks -= need; r->nblk = need; r->ntok = num_new; e->gpu_tokens += num_new;
+    long cached = hit * e->c.block_size;
+    if (e->pc) {
+        fail(e, pc_admit(e, r, hit, num_new));
+        if (r->npb) e->prefix_query_tokens += r->prompt + r->generated;
+        e->prefix_hit_tokens += cached;
+    } else {
+        long need = blocks_for(e, num_new);
+        e->free_blocks -= need; r->nblk = need; r->ntok = num_new; e->gpu_tokens += num_new;
+    }
+    r->adm_cached = cached;
     e->admitted[e->num_admitted++] = s;
-    plan_add(e, s, num_new, 0);
+    plan_add(e, s, num_new, cached);
     return num_new;
 }
 
 /* ContinuousPagedPolicy._swap_in: the head of the swapped queue back while it fits (its blocks
    and the step's new tokens), appended to the running set (length *n) */
-static long swap_in(kv_engine *e, long *n, long budget) {
+static long swap_in(kv_rep *e, long *n, long budget) {
     long j = 0;
     while (j < e->sq_len && budget > 0 && *n < e->c.max_num_seqs) {
         long s = sq_at(e, j);
@@ -314,7 +810,9 @@ static long swap_in(kv_engine *e, long *n, long budget) {
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
         if (e->free_blocks < blocks_for(e, r->computed + num_new) || 1 > budget) break;
-        e->cpu_free += r->nblk; e->free_blocks -= r->nblk; e->gpu_tokens += r->ntok;
+        e->cpu_free += r->nblk; e->gpu_tokens += r->ntok;
+        if (e->pc) fail(e, pc_take(e, r, 0, r->nblk));  /* new GPU blocks, one by one (may evict) */
+        else e->free_blocks -= r->nblk;
         e->num_swap_blocks += r->nblk;
         e->swapped_in[e->num_swapped_in++] = s;
         e->run[(*n)++] = s;
@@ -327,7 +825,7 @@ static long swap_in(kv_engine *e, long *n, long budget) {
 }
 
 /* returns 1 when a step is planned */
-static int schedule(kv_engine *e) {
+static int schedule(kv_rep *e) {
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
@@ -338,8 +836,10 @@ static int schedule(kv_engine *e) {
                 const kv_req *r = &e->reqs[s];
                 long num_tokens = r->prompt + r->generated;
                 if (num_tokens > budget || num_seqs + 1 > e->c.max_num_seqs) break;
-                if (e->free_blocks - blocks_for(e, num_tokens) < e->c.watermark_blocks) break;
-                admit_one(e, s, num_tokens);
+                long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
+                long need = hit ? pc_need(e, r, hit, num_tokens - hit * e->c.block_size) : blocks_for(e, num_tokens);
+                if (e->free_blocks - need < e->c.watermark_blocks) break;
+                admit_one(e, s, num_tokens - hit * e->c.block_size, hit);
                 num_seqs += 1;
                 budget -= num_tokens;
             }
@@ -364,10 +864,11 @@ static int schedule(kv_engine *e) {
         long s = wq_at(e, j);
         const kv_req *r = &e->reqs[s];
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
-        long num_new = r->prompt + r->generated;
+        long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
+        long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
-        if (blocks_for(e, num_new) > e->free_blocks) break;
-        admit_one(e, s, num_new);
+        if ((hit ? pc_need(e, r, hit, num_new) : blocks_for(e, num_new)) > e->free_blocks) break;
+        admit_one(e, s, num_new, hit);
         num_seqs += 1;
         budget -= num_new;
     }
@@ -375,7 +876,7 @@ static int schedule(kv_engine *e) {
 }
 
 /* Lifecycle.begin_step: preemptions (to the front of waiting, newest first), then admissions */
-static int begin_step(kv_engine *e) {
+static int begin_step(kv_rep *e) {
     for (long k = 0; k < e->num_preempted; k++) {
         kv_req *r = &e->reqs[e->preempted[k]];
         r->preemptions++;
@@ -393,59 +894,168 @@ static int begin_step(kv_engine *e) {
     for (long k = 0; k < e->num_admitted; k++) {
         long s = wq_pop_front(e);
         kv_req *r = &e->reqs[s];
-        r->computed = 0;
-        if (r->first_sched < 0) r->first_sched = e->now;
+        r->computed = r->adm_cached;
+        if (r->first_sched < 0) r->first_sched = e->S->now;
         e->run[e->run_len++] = s;
     }
     return 0;
 }
 
-static void start_step(kv_engine *e) {
+static int start_step(kv_rep *e) {
+    kv_engine *S = e->S;
     long prefill_out = 0;
     int mask = kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
                              e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
-    long *x = e->out->extrap;
+    long *x = S->out->extrap;
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
     if (mask & KV_OUT_DECODE) x[3]++;
     if (mask || prefill_out) x[0]++;
     double *p = e->parts_ms;
-    e->step_start = e->now;
+    e->step_start = S->now;
     e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
-    e->eng = ENG_STEP; e->eng_t = e->now + e->step_dt; e->eng_seq = e->seq++;
+    e->eng = ENG_STEP;
+    return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
 
-static void flush_span(kv_engine *e) {
+/* -- step rows folded (simcore.metrics.StepRecorder: _fold, _seal, _coalesce_pairs) ---------- */
+enum { C_START = 0, C_DT = 1, C_STEPS = 2, C_SEQS = 3, C_RUNNING = 6, C_WAITING = 7, C_SWAPPED = 8,
+       C_PREEMPTED = 9, C_KV = 11, C_EXTERNAL = 16, C_COSTS = 18 };  /* metrics._COLUMNS */
+enum { K_ALLOCATED = 0, K_LIVE = 1, K_INTERNAL = 3, K_UNSHARED = 6 };  /* metrics.KV_KINDS */
+
+/* _coalesce_pairs on n rows in place: rows 2i and 2i+1 become row i (an odd last row stays) */
+static long coalesce(double *rows, long n) {
+    long even = n - n % 2, w = 0;
+    for (long i = 0; i < even; i += 2, w++) {
+        const double *a = rows + KV_STEP_COLUMNS * i, *b = a + KV_STEP_COLUMNS;
+        double o[KV_STEP_COLUMNS];
+        double steps = a[C_STEPS] + b[C_STEPS], dt = a[C_DT] + b[C_DT];
+        o[C_START] = a[C_START]; o[C_DT] = dt; o[C_STEPS] = steps;
+        for (int c = C_SEQS; c < C_KV; c++)  /* _PER_STEP: weighted by num_steps */
+            o[c] = (a[c] * a[C_STEPS] + b[c] * b[C_STEPS]) / steps;
+        for (int c = C_KV; c < C_KV + KV_STEP_KINDS; c++)  /* KV: weighted by duration */
+            o[c] = dt > 0 ? (a[c] * a[C_DT] + b[c] * b[C_DT]) / dt : 0.5 * (a[c] + b[c]);
+        for (int c = C_COSTS; c < KV_STEP_COLUMNS; c++) o[c] = a[c] + b[c];
+        memcpy(rows + KV_STEP_COLUMNS * w, o, sizeof o);
+    }
+    if (n % 2) memmove(rows + KV_STEP_COLUMNS * w++, rows + KV_STEP_COLUMNS * (n - 1), sizeof(double) * KV_STEP_COLUMNS);
+    return w;
+}
+
+/* _seal: the pending rows at the kept table's grain, appended; past the cap, the table halved
+   until it holds at most half the cap */
+static int seal(kv_rep *e) {
+    long n = e->chunk_n;
+    e->chunk_n = 0;
+    if (!n) return 0;
+    for (long h = 0; h < e->halvings; h++) n = coalesce(e->chunk, n);
+    if (e->kept_n + n > e->kept_cap) {
+        long nc = e->kept_cap ? 2 * e->kept_cap : e->c.step_chunk;
+        while (nc < e->kept_n + n) nc *= 2;
+        double *k = realloc(e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)nc);
+        if (!k) return KV_NOMEM;
+        e->kept = k; e->kept_cap = nc;
+    }
+    memcpy(e->kept + KV_STEP_COLUMNS * e->kept_n, e->chunk, sizeof(double) * KV_STEP_COLUMNS * (size_t)n);
+    e->kept_n += n;
+    if (e->kept_n <= e->c.step_cap) return 0;
+    e->streaming = 1;
+    while (e->kept_n > e->c.step_cap / 2 && e->kept_n > 1) {
+        e->kept_n = coalesce(e->kept, e->kept_n);
+        e->halvings++;
+    }
+    e->coalesced = 1;
+    return 0;
+}
+
+/* One row (KV_STEP_ROW doubles) into the totals (_fold: its addends, added in row order) and
+   the pending rows */
+static void fold_row(kv_rep *e, const double *row) {
+    double dt = row[C_DT], steps = row[C_STEPS];
+    e->t_steps += (long)steps;
+    e->t_seq_steps += (long)row[C_SEQS] * (long)steps;
+    if ((long)row[C_RUNNING] > e->t_max_running) e->t_max_running = (long)row[C_RUNNING];
+    if ((long)row[C_KV] > e->t_kv_max) e->t_kv_max = (long)row[C_KV];
+    e->t_preempted += (long)row[C_PREEMPTED];
+    double add[3 + KV_STEP_KINDS];
+    add[0] = dt;
+    add[1] = row[C_RUNNING] * dt;
+    add[2] = 0.0;
+    if (e->c.kv_capacity && (row[C_WAITING] > 0 || row[C_SWAPPED] > 0)
+        && (row[C_PREEMPTED] > 0 || (double)e->c.kv_capacity - row[C_KV] - row[C_EXTERNAL] < (double)e->c.kv_unit))
+        add[2] = dt;
+    for (int k = 0; k < KV_STEP_KINDS; k++) add[3 + k] = row[C_KV + k] * dt;
+    if (row[24] != 0) {  /* a span row: its own steps' sums */
+        add[2] = row[23];
+        add[3 + K_ALLOCATED] = row[21];
+        add[3 + K_LIVE] = row[21] - row[22];
+        add[3 + K_INTERNAL] = row[22];
+        add[3 + K_UNSHARED] = row[21];
+    }
+    for (int k = 0; k < 3 + KV_STEP_KINDS; k++) e->t_sums[k] += add[k];
+    memcpy(e->chunk + KV_STEP_COLUMNS * e->chunk_n++, row, sizeof(double) * KV_STEP_COLUMNS);
+    if (e->chunk_n == e->c.step_chunk) fail(e, seal(e));
+}
+
+long kv_engine_steps(const kv_engine *S, long replica, long *ints, double *sums, double *rows) {
+    const kv_rep *e = &S->reps[replica];
+    ints[0] = e->t_steps; ints[1] = e->t_seq_steps; ints[2] = e->t_max_running; ints[3] = e->t_kv_max;
+    ints[4] = e->t_preempted; ints[5] = e->halvings; ints[6] = e->coalesced; ints[7] = e->streaming;
+    memcpy(sums, e->t_sums, sizeof e->t_sums);
+    if (rows && e->kept_n) memcpy(rows, e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)e->kept_n);
+    return e->kept_n;
+}
+
+/* a finished row: folded here, or handed out */
+static void put_row(kv_rep *e, const double *row) {
+    if (e->c.fold_steps) { fold_row(e, row); return; }
+    kv_outputs *o = e->S->out;
+    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof(double) * KV_STEP_ROW);
+}
+
+static void flush_span(kv_rep *e) {
     if (!e->span_open) return;
-    memcpy(e->out->step + KV_STEP_ROW * e->out->step_n++, e->span_row, sizeof e->span_row);
+    put_row(e, e->span_row);
     e->span_open = 0;
 }
 
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
-static void end_step(kv_engine *e) {
-    kv_outputs *o = e->out;
-    double t = e->now;
+static int end_step(kv_rep *e) {
+    kv_outputs *o = e->S->out;
+    double t = e->S->now;
     long nf = 0;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
         r->computed += e->part_new[k];
         if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
-            if (r->generated) o->itl[o->itl_n++] = t - r->last_token;
+            if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
             r->generated++;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
     }
-    /* end_step's snapshot, before the finished let go: nothing shared, so the unfilled
-       slots are the allocated ones less the written ones */
+    for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
+        int rc = pc_cache_full(e, &e->reqs[e->filling[k]]);
+        if (rc) return rc;
+    }
+    /* end_step's snapshot, before the finished let go: with nothing cached nothing is shared, so
+       the unfilled slots are the allocated ones less the written ones; else the running
+       requests' last blocks' (a shared block is a full cached one) */
     long allocated = (e->c.num_gpu_blocks - e->free_blocks) * e->c.block_size;
     long internal = allocated - e->gpu_tokens;
+    if (e->num_cached) {
+        long bs = e->c.block_size;
+        internal = 0;
+        for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
+    }
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         release(e, r);
-        put_req(e, r, 0, KV_REJECT_NONE, 0);
+        free(r->pt); r->pt = NULL;
+        int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
+        if (rc) return rc;
         e->free_slots[e->num_free_slots++] = e->finished[k];
         r->id = -1;  /* finished: dropped from running below */
     }
@@ -467,6 +1077,7 @@ static void end_step(kv_engine *e) {
         (double)e->num_preempted, (double)e->num_swap_blocks,
         (double)allocated, (double)(allocated - internal), 0, (double)internal, 0, 0, (double)allocated,
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
+        (double)e->index,
     };
     int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
     if (e->c.aggregate && decode_only) {
@@ -478,73 +1089,104 @@ static void end_step(kv_engine *e) {
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
             s[21] += row[21]; s[22] += row[22]; s[23] += row[23]; s[24] = 1;
-            return;
+            return 0;
         }
         flush_span(e);
         memcpy(s, row, sizeof row);
         e->span_open = 1; e->span_blocked = blocked;
-        return;
+        return 0;
     }
     flush_span(e);
-    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof row);
+    put_row(e, row);
+    return 0;
 }
 
-static int has_room(const kv_engine *e) {
-    const kv_outputs *o = e->out;
-    long m = e->c.max_num_seqs + 1;
-    return o->itl_cap - o->itl_n >= m && o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
+static int has_room(const kv_engine *S) {
+    const kv_outputs *o = S->out;
+    long m = S->c.max_num_seqs + 1;
+    return o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
            && o->arr_cap - o->arr_n >= 1;
 }
 
-int kv_engine_run(kv_engine *e, kv_outputs *out) {
-    e->out = out;
-    if (!e->started) {  /* time 0: the engine finds nothing to do; the workload starts */
-        e->started = 1; e->now = 0.0; e->previous = 0.0; e->eng = ENG_IDLE; e->arr_resume = 1;
-        e->arr_stage = ARR_LOOK;
+/* A replica's event: its wakeup or the end of its step; then it plans the next step, or idles */
+static int engine_event(kv_rep *e) {
+    kv_engine *S = e->S;
+    if (e->eng == ENG_STEP) {
+        int rc = end_step(e);
+        if (rc) return rc;
+    }
+    if (schedule(e)) {
+        int rc = begin_step(e);
+        if (rc) return rc;
+        if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
+            S->held = 0;
+            rc = ev_push(S, S->now, EV_DRAIN, 0);
+            if (rc) return rc;
+        }
+        return start_step(e);
+    }
+    if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    e->eng = ENG_IDLE;
+    return 0;
+}
+
+int kv_engine_run(kv_engine *S, kv_outputs *out) {
+    S->out = out;
+    if (!S->started) {  /* time 0: the engines find nothing to do; the workload starts */
+        S->started = 1; S->now = 0.0; S->previous = 0.0;
+        S->arr_stage = ARR_LOOK;
+        if (S->c.clients) { S->arr_resume = 0; S->clients_to_start = S->c.clients; S->next_client = 0; }
+        else S->arr_resume = 1;
     }
     for (;;) {
-        if (!has_room(e))
-            return out->itl_n || out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
-        if (e->arr_resume) {
-            int rc = arrivals_continue(e);
+        if (!has_room(S))
+            return out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
+        if (S->arr_resume) {
+            int rc = arrivals_continue(S);
             if (rc) return rc;
             continue;
         }
-        /* the next event: SimPy's order, by time and then creation */
-        int which = 0;  /* 1 engine, 2 arrival, 3 drained */
-        double t = 0.0; unsigned long q = 0;
-        if (e->eng != ENG_IDLE) { which = 1; t = e->eng_t; q = e->eng_seq; }
-        if (e->arr_pending && (!which || e->arr_t < t || (e->arr_t == t && e->arr_seq < q))) {
-            which = 2; t = e->arr_t; q = e->arr_seq;
-        }
-        if (e->drain_pending && (!which || e->drain_t < t || (e->drain_t == t && e->drain_seq < q))) {
-            which = 3; t = e->drain_t; q = e->drain_seq;
-        }
-        if (!which) {
-            if (e->run_len || e->wq_len || e->sq_len || e->held) return KV_STALL;
-            flush_span(e);
-            return KV_DONE;
-        }
-        if (which == 2) {
-            e->now = e->arr_t; e->arr_pending = 0; e->arr_resume = 1;
-            continue;
-        }
-        if (which == 3) {
-            e->now = e->drain_t; e->drain_pending = 0; e->late = 1; e->arr_resume = 1;
-            continue;
-        }
-        e->now = e->eng_t;
-        if (e->eng == ENG_STEP) end_step(e);
-        if (schedule(e)) {
-            int rc = begin_step(e);
+        if (S->taking >= 0) {
+            int rc = client_take(S);
             if (rc) return rc;
-            if (e->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
-                e->held = 0; e->drain_pending = 1; e->drain_t = e->now; e->drain_seq = e->seq++;
+            continue;
+        }
+        if (S->clients_to_start) {  /* each client's process starts (URGENT, before any event at 0) */
+            S->clients_to_start--;
+            S->taking = S->next_client++;
+            continue;
+        }
+        if (!S->heap_n) {
+            for (long i = 0; i < S->nrep; i++) {
+                kv_rep *e = &S->reps[i];
+                if (e->run_len || e->wq_len || e->sq_len) return KV_STALL;
             }
-            start_step(e);
-        } else {
-            if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
-            e->eng = ENG_IDLE;
+            if (S->held) return KV_STALL;
+            if (out->step_cap - out->step_n < S->nrep) return out->step_n ? KV_FULL : KV_NOROOM;
+            for (long i = 0; i < S->nrep; i++) {
+                kv_rep *e = &S->reps[i];
+                flush_span(e);
+                if (e->c.fold_steps && !e->itl_done) fail(e, seal(e));
+                if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+                e->itl_done = 1;
+            }
+            return S->err ? S->err : KV_DONE;
         }
+        kv_event ev = ev_pop(S);
+        S->now = ev.t;
+        int rc = 0;
+        if (S->err) return S->err;
+        switch (ev.kind) {
+        case EV_ENGINE: rc = engine_event(&S->reps[ev.arg]); break;
+        case EV_ARRIVAL: S->arr_resume = 1; break;
+        case EV_DRAIN: S->late = 1; S->arr_resume = 1; break;
+        case EV_DONE:  /* the client's request left: it thinks, or takes the next one now */
+            if (S->client_think[ev.arg] > 0) rc = ev_push(S, S->now + S->client_think[ev.arg], EV_THINK, ev.arg);
+            else S->taking = ev.arg;
+            break;
+        case EV_THINK: S->taking = ev.arg; break;
+        }
+        if (rc) return rc;
+        if (S->err) return S->err;
     }
 }

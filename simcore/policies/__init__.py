@@ -65,11 +65,24 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     e = cfg.engine
+    if e.speculative_config is not None:  # V1's scheduler with draft tokens (config.resolve checked chunking)
+        from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
+
+        return SpeculativePagedPolicy(
+            paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens, e.preemption_mode,
+            e.speculative_config, rng, enable_prefix_caching=e.enable_prefix_caching,
+        )
     cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
-    return cls(
+    policy = cls(
         paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
         e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
     )
+    if cfg.memory.num_offload_blocks:  # the CPU KV tier (simcore.kv_tier); V1 only (config refuses V0)
+        from kvsim.simcore.kv_tier import HostKVTier
+
+        policy.host_tier = HostKVTier(cfg.memory.num_offload_blocks)
+        policy.load_block_s = cfg.swap_block_s  # one block over each GPU's host link, in parallel
+    return policy
 
 
 def _orca(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
@@ -97,7 +110,20 @@ def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     return StaticPolicy(contiguous_allocator(cfg), cfg.max_model_len, e.max_batch_size, e.batch_timeout_s)
 
 
-_CONTINUOUS = {"allocator", "enable_chunked_prefill"}
+_CONTINUOUS = {"allocator", "enable_chunked_prefill", "engine_version"}  # steps priced as a vLLM version
+# Every EngineConfig field the compiled core (simcore/csrc/engine.c through simcore.fastcore) honours
+# for vLLM's continuous batching over the paged allocator, each checked against the Python engine by
+# tests/test_fastcore_equivalence.py. Fields that only shape the memory plan or the step prices
+# (resolved before either core runs: gpu_memory_utilization, kv_cache_dtype, quantization,
+# tensor_parallel_size, enable_expert_parallel) are honoured by both. pipeline_parallel_size is not
+# here, so pipelined runs go to the Python core. Listing a field is a claim backed by an equivalence test.
+C_CORE_CONTINUOUS_PAGED = frozenset({
+    "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override",
+    "kv_cache_dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+    "preemption_mode", "swap_space", "data_parallel_size", "router",
+    "engine_version",  # only selects the profile's host terms, which the core reads from the pricing blob
+})
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
     _static, frozenset({"max_batch_size", "batch_timeout_s"}), overhead="static",
@@ -109,7 +135,9 @@ register(PolicySpec(
 register(PolicySpec(
     "continuous", "paged", "vLLM: iteration-level scheduling over a paged KV cache",
     _continuous,
-    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching"}),
+    frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching", "speculative_config",
+                             "kv_offloading_size"}),
+    cores=(("c", C_CORE_CONTINUOUS_PAGED),),
 ))
 register(PolicySpec(
     "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",

@@ -13,6 +13,16 @@ Requests with `n > 1` or beam search fork after their prefill and share blocks
 With prefix caching on, a waiting request first adopts the cached full blocks of its shared
 prefix (simcore.block_pool) and computes only the rest of its prompt.
 
+Disaggregated prefill/decode (simcore.disagg), as vLLM V1's scheduler runs a KV connector
+(vllm/v1/core/sched/scheduler.py with NixlConnector): on a decode instance, a waiting request
+whose prompt KV lives on a prefill instance (`remote_prefill_tokens`) gets blocks for all of it
+when it reaches its turn and room exists (else the queue stops there, as for any admission), and
+the load starts (`remote_loader`); it then waits without running (WAITING_FOR_REMOTE_KVS, skipped
+by the admission loop) until the transfer is done, and is admitted with every prompt token but
+the last computed (vLLM recomputes the last one to sample the first token). On a prefill
+instance, a finished `hold_kv` request keeps its blocks until `release_held` (NixlConnector's
+delay_free_blocks: the producer frees them when the consumer has read them).
+
 Without chunked prefill the registry builds `continuous_v0.VllmV0PagedPolicy` instead (vLLM
 V0's prefill-first scheduler); this class then only serves direct construction.
 
@@ -28,6 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvsim.simcore.block_pool import AllocStatus, PagedAllocator
+from kvsim.simcore.kv_tier import HostKVTier
 from kvsim.simcore.policies.base import Queues
 from kvsim.simcore.sampling import SequenceGroups, group_width
 from kvsim.simcore.span import MIN_SPAN_STEPS, SpanShape, block_residues, span_shape
@@ -47,8 +58,19 @@ class ContinuousPagedPolicy:
         preemption_mode: str,
         rng: np.random.Generator | None = None,
         enable_prefix_caching: bool = False,
+        host_tier: HostKVTier | None = None,
+        load_block_s: float = 0.0,
     ):
         self.enable_prefix_caching = enable_prefix_caching
+        # the CPU KV tier (--kv-offloading-size; simcore.kv_tier) and the seconds to load one
+        # block from it over the host link
+        self.host_tier = host_tier
+        self.load_block_s = load_block_s
+        self._offloads: dict[int, tuple[float, int, int]] = {}  # request id -> (ready at, cached, of them loaded)
+        self._offload_tokens = 0  # slots written by sequences still loading from the CPU tier (not running)
+        self._link_free_s = 0.0  # when the replica's host link finishes its last queued load
+        self.offload_hit_tokens = 0  # prompt tokens loaded from the CPU tier instead of recomputed
+        self.offload_loaded_blocks = 0
         self._filling_prefix: list[ReqState] = []  # planned requests writing shared-prefix blocks
         self.prefix_query_tokens = 0  # prompt tokens of admitted requests that share a prefix
         self.prefix_hit_tokens = 0  # of those, tokens adopted from the prefix cache
@@ -62,6 +84,12 @@ class ContinuousPagedPolicy:
         # by lifecycle slot: the allocator row (`seq_index`) of the request's one sequence
         self._seq_index = np.zeros(256, dtype=np.int64)
         self._decode_all_rows: tuple[StepPlan, np.ndarray] | None = None  # the last _decode_all's rows
+        # disaggregated serving (module docstring): sequences on the GPU that do not run
+        self.remote_loader = None  # called with a request whose remote KV now has blocks here
+        self._loading: dict[int, int] = {}  # request id -> prompt tokens being loaded
+        self._loaded: set[int] = set()  # loaded, waiting for admission
+        self._held: dict[int, int] = {}  # finished hold_kv request id -> tokens its blocks keep
+        self.parked_tokens = 0  # KV slots written by those sequences (loading, loaded or held)
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -89,10 +117,17 @@ class ContinuousPagedPolicy:
         return ""
 
     def idle_timeout(self, queues: Queues, now: float) -> float | None:
-        return None
+        """An idle engine wakes when the next KV load from the CPU tier completes (a loaded request
+        still waiting for blocks waits, like any other, for a step to free them)."""
+        pending = [ready for ready, _, _ in self._offloads.values() if ready > now]
+        return min(pending) - now if pending else None
 
     def counters(self) -> dict[str, int]:
-        return {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
+        out = {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
+        if self.host_tier is not None:
+            out.update(offload_hit_tokens=self.offload_hit_tokens, offload_loaded_blocks=self.offload_loaded_blocks,
+                       offload_stored_blocks=self.host_tier.num_stored, offload_evicted_blocks=self.host_tier.num_evicted)
+        return out
 
     # -- scheduling ------------------------------------------------------------------------
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
@@ -105,7 +140,7 @@ class ContinuousPagedPolicy:
             budget = self._swap_in(queues, plan, running, budget)
             if len(plan.swapped_in) < len(queues.swapped):
                 return plan if plan.num_scheduled else None
-        self._admit_waiting(queues, plan, self._num_seqs(queues.running if running is None else running), budget)
+        self._admit_waiting(queues, plan, self._num_seqs(queues.running if running is None else running), budget, now)
         return plan if plan.num_scheduled else None
 
     def _plan_running(self, plan: StepPlan, queues: Queues, budget: int) -> tuple[list[ReqState] | None, int]:
@@ -143,7 +178,8 @@ class ContinuousPagedPolicy:
         if len(full) > alloc.num_free_blocks:
             return False
         rows = self._seq_index[slots]
-        context_tokens = alloc.num_gpu_tokens + num  # each attends to computed + 1
+        # each attends to computed + 1 (sequences still loading KV, remote or from the CPU tier, are not running)
+        context_tokens = alloc.num_gpu_tokens - self.parked_tokens - self._offload_tokens + num
         alloc.append_decodes(rows, rows[full].tolist() if len(full) else [])
         plan.add_decode_run(slots.copy(), store, computed, context_tokens)
         self._decode_all_rows = plan, rows  # a decode span of this plan appends to these rows
@@ -235,18 +271,38 @@ class ContinuousPagedPolicy:
             plan.add_decode(st, k)
         else:
             plan.add_prefill(st, num_new, computed)
-            if self.enable_prefix_caching and computed < st.request.num_prefix_tokens:
+            if self.enable_prefix_caching and (computed < st.request.num_prefix_tokens or st.request.tokens is not None):
                 self._filling_prefix.append(st)
         if group_width(st) > 1 and computed + num_new == st.num_tokens:
             self._emitting_groups.append(st)
 
-    def _prefix_hashes(self, st: ReqState) -> list[tuple[int, int]]:
-        """Content keys of the request's full blocks inside its shared prefix (none if caching
-        is off or the request shares nothing): block i of prefix p is (p, i)."""
+    def _prefix_hashes(self, st: ReqState) -> list:
+        """Content keys of the request's full blocks that may be cached (none if caching is off or
+        the request shares nothing): a conversation turn's every full block, chained as vLLM
+        hashes them (simcore.prefix_hash); else the blocks inside a declared shared prefix,
+        block i of prefix p being (p, i)."""
         req = st.request
-        if not self.enable_prefix_caching or req.prefix_id is None or self.groups.is_forked(st):
+        if not self.enable_prefix_caching or self.groups.is_forked(st):
+            return []
+        if req.tokens is not None:
+            return req.tokens.block_hashes(self.allocator.block_size, st.num_tokens // self.allocator.block_size)
+        if req.prefix_id is None:
             return []
         return [(req.prefix_id, i) for i in range(req.num_prefix_tokens // self.allocator.block_size)]
+
+    def _cache_blocks(self, st: ReqState) -> None:
+        """Register the request's computed full blocks in the GPU prefix cache, and write them
+        through to the CPU tier when there is one (vLLM caches and offloads every full block
+        a step computes, output blocks included)."""
+        if self.groups.is_forked(st):
+            return
+        hashes = self._prefix_hashes(st)
+        if not hashes:
+            return
+        alloc = self.allocator
+        alloc.cache_full_blocks(st.request_id, hashes)
+        if self.host_tier is not None:
+            self.host_tier.store(hashes[:alloc.num_tokens(st.request_id) // alloc.block_size])
 
     def _num_seqs(self, running: Sequence[ReqState]) -> int:
         return len(running) + self.groups.num_extra_seqs()
@@ -278,19 +334,55 @@ class ContinuousPagedPolicy:
             budget -= num_new * k
         return budget
 
-    def _admit_waiting(self, queues: Queues, plan: StepPlan, num_seqs: int, budget: int) -> None:
+    def _admit_waiting(self, queues: Queues, plan: StepPlan, num_seqs: int, budget: int, now: float = 0.0) -> None:
         """Waiting requests in order while the budget, `max_num_seqs` (`num_seqs` already
-        scheduled or running) and the blocks allow; chunked when the budget ends in a prompt."""
+        scheduled or running) and the blocks allow; chunked when the budget ends in a prompt.
+        A request whose prefix continues in the CPU tier starts loading it instead and is
+        passed over until the load is done, as vLLM skips requests waiting for remote KV."""
         if not queues.waiting:
             return
         alloc = self.allocator
         for st in queues.waiting:
             if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
                 break
+            if st.request_id in self._offloads:
+                ready_s, num_cached, num_loaded = self._offloads[st.request_id]
+                if ready_s > now:
+                    continue
+                num_new = st.num_tokens - num_cached
+                if num_new > budget:
+                    if not self.enable_chunked_prefill:
+                        break
+                    num_new = budget
+                if not alloc.append_slots(st.request_id, num_new):
+                    break
+                del self._offloads[st.request_id]
+                self._offload_tokens -= num_cached
+                num_seqs += self._take_admitted(plan, st, num_new, num_cached, True, num_loaded)
+                budget -= num_new
+                continue
+            remote = st.request.remote_prefill_tokens
+            if remote:  # its prompt's KV comes from a prefill instance (module docstring)
+                rid = st.request_id
+                if rid in self._loading:
+                    continue  # WAITING_FOR_REMOTE_KVS: skipped
+                if rid in self._loaded:
+                    self._admit_loaded(plan, st, remote)
+                    num_seqs += 1
+                    budget -= 1
+                    continue
+                if not alloc.allocate_slots(rid, remote):
+                    break
+                self._loading[rid] = remote
+                self.parked_tokens += remote
+                self.remote_loader(st)
+                continue
             hashes = self._prefix_hashes(st)
             hit_blocks = 0
             if hashes:  # look up the cached prefix; at least one prompt token is still computed
                 hit_blocks = min(alloc.num_cached_prefix_blocks(hashes), (st.num_tokens - 1) // alloc.block_size)
+                if self.host_tier is not None and self._start_load(st, hashes, hit_blocks, now):
+                    continue
             num_cached = hit_blocks * alloc.block_size
             num_new = st.num_tokens - num_cached
             if num_new > budget:
@@ -299,14 +391,71 @@ class ContinuousPagedPolicy:
                 num_new = budget
             if not alloc.allocate_slots(st.request_id, num_new, hashes[:hit_blocks]):
                 break
-            num_seqs += self._take_admitted(plan, st, num_new, num_cached, bool(hashes))
+            num_seqs += self._take_admitted(plan, st, num_new, num_cached, bool(hashes) or (st.request.tokens is not None
+                                                                             and self.enable_prefix_caching))
             budget -= num_new
 
-    def _take_admitted(self, plan: StepPlan, st: ReqState, num_new: int, num_cached: int, shares_prefix: bool) -> int:
-        """Count its prefix-cache hit, admit and schedule a request whose slots are allocated;
-        returns the sequences it adds to the step."""
+    def _start_load(self, st: ReqState, hashes: list, hit_blocks: int, now: float) -> bool:
+        """If the request's prefix continues in the CPU tier after its `hit_blocks` GPU hits, take
+        GPU blocks for the GPU hits and the loaded blocks and queue the load on the host link;
+        True when a load started (the request then waits for it)."""
+        alloc, tier = self.allocator, self.host_tier
+        tier.touch(hashes)  # vLLM's get_num_new_matched_tokens touches the request's blocks
+        num_loaded = min(tier.num_hits(hashes, hit_blocks), (st.num_tokens - 1) // alloc.block_size - hit_blocks)
+        if num_loaded <= 0:
+            return False
+        bs = alloc.block_size
+        if alloc.num_blocks_to_allocate(st.num_tokens - hit_blocks * bs, hashes[:hit_blocks]) > alloc.num_free_blocks:
+            return False  # its whole prompt does not fit now: it waits, as without the tier, and looks again
+        if not alloc.allocate_slots(st.request_id, num_loaded * bs, hashes[:hit_blocks]):
+            return False
+        # (the loaded blocks are registered in the GPU cache once the request runs, as vLLM delays
+        # caching blocks that are still loading)
+        ready_s = max(now, self._link_free_s) + num_loaded * self.load_block_s
+        self._link_free_s = ready_s
+        num_cached = (hit_blocks + num_loaded) * bs
+        self._offloads[st.request_id] = (ready_s, num_cached, num_loaded * bs)
+        self._offload_tokens += num_cached
+        self.offload_loaded_blocks += num_loaded
+        return True
+
+    def remote_loaded(self, request_id: int) -> None:
+        """The transfer into this instance's blocks is done: admissible at the next step."""
+        self._loaded.add(request_id)
+        del self._loading[request_id]
+
+    def _admit_loaded(self, plan: StepPlan, st: ReqState, num_remote: int) -> None:
+        """Admit a request whose prompt KV arrived: its blocks hold every prompt token; it
+        computes the last one again (vLLM's scheduler: `num_computed_tokens -= 1` on a full hit)
+        to sample its first token. From here on it is a local request (a recompute preemption
+        prefills its whole prompt here)."""
+        self._loaded.discard(st.request_id)
+        self.parked_tokens -= num_remote
+        st.request.remote_prefill_tokens = 0
+        if st.slot >= len(self._seq_index):
+            self._seq_index = np.concatenate([self._seq_index, np.zeros(st.slot + 1, dtype=np.int64)])
+        self._seq_index[st.slot] = self.allocator.seq_index(st.request_id)
+        plan.admit(st, num_remote - 1)
+        plan.add_prefill(st, 1, num_remote - 1)
+
+    def release_held(self, request_id: int) -> None:
+        """The consumer has read a finished request's KV: its blocks go back (NixlConnector)."""
+        self.parked_tokens -= self._held.pop(request_id)
+        self.allocator.free(request_id)
+
+    @property
+    def num_held(self) -> int:
+        """Finished requests whose KV this (prefill) instance still keeps for a transfer."""
+        return len(self._held)
+
+    def _take_admitted(self, plan: StepPlan, st: ReqState, num_new: int, num_cached: int, shares_prefix: bool,
+                       num_loaded: int = 0) -> int:
+        """Count its prefix-cache hit (`num_loaded` of the cached tokens came from the CPU tier),
+        admit and schedule a request whose slots are allocated; returns the sequences it adds
+        to the step."""
         self.prefix_query_tokens += st.num_tokens if shares_prefix else 0
-        self.prefix_hit_tokens += num_cached
+        self.prefix_hit_tokens += num_cached - num_loaded
+        self.offload_hit_tokens += num_loaded
         if st.slot >= len(self._seq_index):
             self._seq_index = np.concatenate([self._seq_index, np.zeros(st.slot + 1, dtype=np.int64)])
         self._seq_index[st.slot] = self.allocator.seq_index(st.request_id)
@@ -321,6 +470,8 @@ class ContinuousPagedPolicy:
             plan.num_swap_blocks += alloc.swap_out(seq_ids)
             plan.preempt(st, by_swap=True)
         else:
+            if st.request.tokens is not None and self.enable_prefix_caching:
+                self._cache_blocks(st)  # its computed blocks stay cached when freed (vLLM)
             self._release(st)
             plan.preempt(st, by_swap=False)
 
@@ -334,13 +485,16 @@ class ContinuousPagedPolicy:
         batch grows (budget, max_num_seqs, blocks). Not with forked requests, swapped ones, or
         a head that could adopt cached prefix blocks (evictions change what it needs)."""
         if (plan.prefill_chunks or plan.num_preempted or plan.swapped_in or plan.admitted
-                or self.groups.active or self._emitting_groups or queues.swapped):
+                or self.groups.active or self._emitting_groups or queues.swapped
+                or self._loading or self._loaded or self._held):  # a transfer ends between steps
             return None
         num_running = len(queues.running)
         if not num_running or plan.num_decode_seqs != num_running:
             return None
         waiting = queues.waiting
         if waiting and self.enable_prefix_caching and self._prefix_hashes(waiting[0]):
+            return None
+        if self._offloads:  # a load from the CPU tier that completes lets a request in
             return None
         parts = plan.parts
         if len(parts) == 1 and type(parts[0]) is not tuple:  # one DecodeRun (the all-decode step): its slots and computed tokens
@@ -399,8 +553,10 @@ class ContinuousPagedPolicy:
             elif st.request.beam_width > 1:
                 groups.reselect_beams(st)
         for st in self._filling_prefix:
-            if not groups.is_forked(st):
-                alloc.cache_full_blocks(st.request_id, self._prefix_hashes(st))
+            self._cache_blocks(st)
+        for st in finished:  # a turn's answer blocks are cached for the conversation's next turn
+            if st.request.tokens is not None and self.enable_prefix_caching:
+                self._cache_blocks(st)
         bs = alloc.block_size
         allocated = alloc.num_used_blocks * bs
         # Only last blocks can be partly filled, and those are never shared across requests,
@@ -416,5 +572,10 @@ class ContinuousPagedPolicy:
             internal, saved = allocated - alloc.num_gpu_tokens, 0
         mem = MemorySnapshot(allocated, allocated - internal, internal=internal, unshared=allocated + saved)
         for st in finished:
+            if st.request.hold_kv and not groups.is_forked(st):  # kept for the decode instance to read
+                tokens = self.allocator.num_tokens(st.request_id)
+                self._held[st.request_id] = tokens
+                self.parked_tokens += tokens
+                continue
             self._release(st)
         return mem

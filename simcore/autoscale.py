@@ -1,0 +1,270 @@
+"""Autoscaling: replicas started and stopped during a run by a policy, with priced cold starts.
+
+An operator's fleet follows its traffic through the day: a Kubernetes HPA (or KEDA, or Dynamo's
+planner) reads a per-replica metric every `interval_s` and asks for
+
+    desired = ceil(active x metric / target)            (the HPA algorithm, kubernetes.io docs,
+                                                          "Horizontal Pod Autoscaling")
+
+replicas, ignored while within `tolerance` (HPA's default 0.1) of the target, bounded by
+[min_replicas, max_replicas]. Scale-down waits `scale_down_cooldown_s` since the last change (HPA's
+default stabilization window is 300 s); scale-up waits `scale_up_cooldown_s` (HPA: 0).
+
+A replica's life: off -> starting (provisioning delay: a node to come up, then the model to load:
+weights / storage bandwidth, plus warm-up: torch.compile and CUDA graph capture) -> active (the
+router sends it requests) -> draining (no new requests; it finishes what it holds) -> off. It is
+paid from the moment it starts until it is off again. The run begins with `min_replicas` active.
+
+Metrics: `inflight` (requests waiting, running or swapped per active replica: vLLM's
+num_requests_waiting + num_requests_running, what KEDA scalers on vLLM read) or `kv` (KV cache use,
+vLLM's gpu_cache_usage_perc, as a percentage).
+
+The simulation holds `max_replicas` engines from the start; an off replica receives nothing and
+takes no steps, so it costs no simulated time. Runs only in the Python core (simcore.fastcore
+refuses it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvsim.simcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    import simpy
+
+    from kvsim.simcore.engine import Engine
+    from kvsim.simcore.request import Request
+
+METRICS = ("inflight", "kv")
+OFF, STARTING, ACTIVE, DRAINING = "off", "starting", "active", "draining"
+
+# Cold-start defaults (stated, overridable):
+# - provisioning: a GPU node from a cloud pool. Cluster autoscalers document node start-up in
+#   minutes; 120 s is a middle value for a VM with GPU drivers preinstalled.
+# - model load: the weights one GPU holds over 2 GB/s (a local NVMe SSD's sequential read; network
+#   storage is slower, an in-memory cache faster): `--model-load-gbps`.
+# - warm-up: vLLM's torch.compile and CUDA graph capture before it serves; its start-up logs report
+#   graph capture of tens of seconds on large models: 30 s.
+DEFAULT_PROVISIONING_S = 120.0
+DEFAULT_MODEL_LOAD_GBPS = 2.0
+DEFAULT_WARMUP_S = 30.0
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    """The policy and its cold start (see the module docstring)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 4
+    metric: str = "inflight"
+    target: float = 32.0  # inflight: requests per replica; kv: percent of the KV cache
+    interval_s: float = 15.0  # HPA's default sync period
+    tolerance: float = 0.1
+    scale_up_cooldown_s: float = 0.0
+    scale_down_cooldown_s: float = 300.0
+    provisioning_s: float = DEFAULT_PROVISIONING_S
+    model_load_gbps: float = DEFAULT_MODEL_LOAD_GBPS
+    warmup_s: float = DEFAULT_WARMUP_S
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_replicas, int) and isinstance(self.max_replicas, int)) or self.min_replicas < 1:
+            raise ConfigError(f"--min-replicas must be an integer >= 1, got {self.min_replicas!r}")
+        if self.max_replicas < self.min_replicas or self.max_replicas > 1024:
+            raise ConfigError(f"--max-replicas must be from --min-replicas ({self.min_replicas}) to 1024, "
+                              f"got {self.max_replicas}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"--autoscale-metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        for name, low in (("target", 0.0), ("interval_s", 0.0), ("model_load_gbps", 0.0)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > low):
+                raise ConfigError(f"--autoscale-{name.replace('_', '-')} must be a finite number > {low:g}, got {value!r}")
+        if self.metric == "kv" and self.target > 100:
+            raise ConfigError(f"--autoscale-target for kv is a percentage (0, 100], got {self.target}")
+        for name in ("tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s", "provisioning_s", "warmup_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+
+    def cold_start_s(self, weights_bytes_per_gpu: int) -> float:
+        """Seconds from the decision to start a replica to its first request."""
+        return self.provisioning_s + weights_bytes_per_gpu / (self.model_load_gbps * 1e9) + self.warmup_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Replica:
+    index: int
+    state: str = OFF
+    paid_since: float | None = None  # when it started (cold start included)
+    paid_s: float = 0.0
+
+
+@dataclass
+class Timeline:
+    """What the fleet did: one row per change (t, active, starting, draining) and decisions made."""
+
+    rows: list[tuple[float, int, int, int]] = field(default_factory=list)
+    decisions: int = 0
+
+
+class AutoscalingRouter:
+    """A RequestSink over `max_replicas` engines that routes (least-loaded) to the active ones only,
+    and the autoscaler's process that starts and drains them."""
+
+    def __init__(self, engines: list[Engine], config: AutoscaleConfig, cold_start_s: float, gpus_per_replica: int):
+        assert len(engines) == config.max_replicas
+        if config.metric == "kv" and not hasattr(engines[0].policy.allocator, "num_used_blocks"):
+            raise ConfigError("--autoscale-metric kv needs the paged KV cache (its block use is the metric)")
+        self.engines, self.config, self.cold_start_s = engines, config, cold_start_s
+        self.gpus_per_replica = gpus_per_replica
+        self.replicas = [Replica(i) for i in range(len(engines))]
+        self.timeline = Timeline()
+        self._last_change = -math.inf
+        for replica in self.replicas[: config.min_replicas]:
+            replica.state, replica.paid_since = ACTIVE, 0.0
+        self._record(0.0)
+
+    # -- RequestSink ---------------------------------------------------------------------
+    def _pick(self) -> Engine:
+        active = [self.engines[r.index] for r in self.replicas if r.state == ACTIVE]
+        return min(active, key=lambda e: e.load)  # ties: the lowest index, as simcore.router
+
+    def submit(self, request: Request) -> simpy.Event:
+        return self._pick().submit(request)
+
+    def send(self, request: Request) -> None:
+        self._pick().send(request)
+
+    # -- the policy ----------------------------------------------------------------------
+    def _count(self, state: str) -> int:
+        return sum(r.state == state for r in self.replicas)
+
+    def _record(self, now: float) -> None:
+        row = (now, self._count(ACTIVE), self._count(STARTING), self._count(DRAINING))
+        if not self.timeline.rows or self.timeline.rows[-1][1:] != row[1:]:
+            self.timeline.rows.append(row)
+
+    def metric(self) -> float:
+        """The per-active-replica metric the policy compares with its target."""
+        active = [self.engines[r.index] for r in self.replicas if r.state == ACTIVE]
+        if self.config.metric == "inflight":
+            return sum(e.load for e in active) / len(active)
+        return 100.0 * sum(e.policy.allocator.num_used_blocks / e.policy.allocator.num_gpu_blocks
+                           for e in active) / len(active)
+
+    def desired(self) -> int:
+        cfg = self.config
+        active = self._count(ACTIVE)
+        ratio = self.metric() / cfg.target
+        if abs(ratio - 1.0) <= cfg.tolerance:
+            want = active
+        else:
+            want = math.ceil(active * ratio)
+        return max(cfg.min_replicas, min(cfg.max_replicas, want))
+
+    def process(self, env: simpy.Environment):
+        """The autoscaler's loop (a SimPy process): decide every interval; replicas that drain are
+        stopped by their own watcher process once empty."""
+        cfg = self.config
+        while True:
+            yield env.timeout(cfg.interval_s)
+            want = self.desired()
+            self.timeline.decisions += 1
+            serving = self._count(ACTIVE) + self._count(STARTING)
+            now = env.now
+            if want > serving and now - self._last_change >= cfg.scale_up_cooldown_s:
+                for replica in self.replicas:
+                    if serving >= want:
+                        break
+                    if replica.state == DRAINING:  # take it back: it is warm
+                        replica.state = ACTIVE
+                        serving += 1
+                    elif replica.state == OFF:
+                        replica.state, replica.paid_since = STARTING, now
+                        env.process(self._start(env, replica))
+                        serving += 1
+                self._last_change = now
+            elif want < self._count(ACTIVE) and now - self._last_change >= cfg.scale_down_cooldown_s \
+                    and self._count(STARTING) == 0:
+                for replica in reversed(self.replicas):
+                    if self._count(ACTIVE) <= want:
+                        break
+                    if replica.state == ACTIVE:
+                        replica.state = DRAINING
+                        env.process(self._drain(env, replica))
+                self._last_change = now
+            self._record(now)
+            if self._done():
+                return
+
+    def _start(self, env: simpy.Environment, replica: Replica):
+        yield env.timeout(self.cold_start_s)
+        if replica.state == STARTING:
+            replica.state = ACTIVE
+            self._record(env.now)
+
+    def _drain(self, env: simpy.Environment, replica: Replica):
+        engine = self.engines[replica.index]
+        while replica.state == DRAINING and engine.load:
+            yield env.timeout(1.0)  # checked each simulated second: the bill rounds to that
+        if replica.state == DRAINING:
+            replica.state = OFF
+            replica.paid_s += env.now - replica.paid_since
+            replica.paid_since = None
+            self._record(env.now)
+
+    arrivals: Any = None  # the workload's SimPy process (Simulation.env sets it)
+
+    def _done(self) -> bool:
+        """The workload has sent everything and the fleet holds nothing: stop deciding, so the
+        simulation can end (its duration is its requests', not this loop's)."""
+        return self.arrivals is not None and self.arrivals.processed and not any(e.load for e in self.engines)
+
+    # -- results -------------------------------------------------------------------------
+    def finish(self, end_s: float) -> dict[str, Any]:
+        """Bill the replicas still up at the end of the run and summarise the fleet."""
+        for replica in self.replicas:
+            if replica.paid_since is not None:
+                replica.paid_s += max(0.0, end_s - replica.paid_since)
+                replica.paid_since = None
+        self._record(end_s)
+        gpu_s = sum(r.paid_s for r in self.replicas) * self.gpus_per_replica
+        rows = self.timeline.rows
+        ends = [r[0] for r in rows[1:]] + [max(end_s, rows[-1][0])]
+        active_s = sum((b - a[0]) * a[1] for a, b in zip(rows, ends, strict=True))
+        return {
+            "gpu_hours": gpu_s / 3600.0,
+            "mean_active_replicas": active_s / end_s if end_s > 0 else float(rows[0][1]),
+            "peak_active_replicas": max(r[1] for r in rows),
+            "peak_paid_replicas": max(r[1] + r[2] + r[3] for r in rows),
+            "cold_start_s": self.cold_start_s,
+            "decisions": self.timeline.decisions,
+            "timeline": [list(r) for r in rows],
+        }
+
+
+def hourly_attainment(arrival_s, ttft_s, tpot_s, ttft_slo_ms: float, tpot_slo_ms: float | None,
+                      hour_s: float = 3600.0) -> list[dict[str, Any]]:
+    """Per hour of arrival: requests, and the share meeting the TTFT SLO (and TPOT where given;
+    a one-token answer has no TPOT and meets it). Rejected requests (no TTFT) miss."""
+    import numpy as np
+
+    arrival, ttft, tpot = (np.asarray(a, dtype=float) for a in (arrival_s, ttft_s, tpot_s))
+    ok = np.nan_to_num(ttft, nan=np.inf) <= ttft_slo_ms / 1e3
+    if tpot_slo_ms is not None:
+        ok &= np.nan_to_num(tpot, nan=0.0) <= tpot_slo_ms / 1e3
+    hours = np.floor(arrival / hour_s).astype(np.int64)
+    out = []
+    for h in range(int(hours.max()) + 1 if len(hours) else 0):
+        sel = hours == h
+        n = int(sel.sum())
+        out.append({"hour": h, "requests": n, "attainment": float(ok[sel].mean()) if n else None})
+    return out
+
+
+__all__ = ["AutoscaleConfig", "AutoscalingRouter", "METRICS", "hourly_attainment"]

@@ -1,0 +1,167 @@
+"""Autoscaling (simcore/autoscale.py, `kvsim run --autoscale`): replicas follow a diurnal load,
+cold starts are paid and cost SLO attainment around the ramps, draining loses no request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli.main import app
+from kvsim.profiles import default_profile
+from kvsim.simcore.autoscale import AutoscaleConfig, hourly_attainment
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.records import derived_latencies
+from kvsim.simcore.simulate import prepare
+from kvsim.simcore.specs import EngineConfig
+
+DIURNAL = """name: diurnal-small
+num_requests: 3000
+arrival: {process: diurnal, mean_rate: 12.0, peak_to_trough: 4.0, period_s: 250, steps: 10}
+prompt_len: {dist: lognormal, mean: 161, cv: 1.0}
+output_len: {dist: lognormal, mean: 338, cv: 1.0}
+"""
+FAST = {"target": 24.0, "interval_s": 5.0, "warmup_s": 0.0, "model_load_gbps": 100.0, "scale_down_cooldown_s": 30.0}
+
+
+@pytest.fixture(scope="module")
+def workload_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wl") / "diurnal-small.yaml"
+    path.write_text(DIURNAL)
+    return path
+
+
+def _run(workload_file, provisioning_s: float):
+    from kvsim.workloads import load_workload
+
+    model, gpu = get_model("llama3-8b"), get_gpu("H100")
+    wl = load_workload(str(workload_file), {}, max_model_len=8192)
+    scaling = AutoscaleConfig(min_replicas=1, max_replicas=4, provisioning_s=provisioning_s, **FAST)
+    sim = prepare(model, gpu, EngineConfig(), wl, default_profile(gpu, model, 1), seed=3, autoscale=scaling)
+    return sim, sim.run()
+
+
+def _attainment(result) -> float:
+    cols = result.records.columns()
+    ttft, _, tpot = derived_latencies(cols)
+    hours = hourly_attainment(cols["arrival_s"], ttft, tpot, 200.0, 15.0, 25.0)
+    return sum(h["requests"] * h["attainment"] for h in hours) / sum(h["requests"] for h in hours)
+
+
+@pytest.fixture(scope="module")
+def quick_and_slow(workload_file):
+    return _run(workload_file, 0.0), _run(workload_file, 150.0)
+
+
+def test_replicas_follow_the_load_within_bounds_and_lose_no_request(quick_and_slow):
+    (sim, result), _ = quick_and_slow
+    fleet = result.record["autoscale"]
+    assert result.summary["completed"] == 3000  # draining replicas finished what they held
+    assert all(1 <= active <= 4 and active + starting + draining <= 4 for _, active, starting, draining in fleet["timeline"])
+    assert fleet["peak_active_replicas"] > 1  # it scaled up for the peak ...
+    assert fleet["timeline"][-1][1] < fleet["peak_active_replicas"]  # ... and back down after it
+    assert 1.0 <= fleet["mean_active_replicas"] <= fleet["peak_active_replicas"]
+    duration = result.summary["duration_s"]
+    assert duration / 3600 <= fleet["gpu_hours"] <= 4 * duration / 3600 + 1e-9
+    assert result.record["engine_core"] == "python"
+    assert "autoscaling" in result.record["engine_core_reason"]
+
+
+def test_a_longer_cold_start_lowers_attainment_around_the_ramp(quick_and_slow):
+    (_, quick), (_, slow) = quick_and_slow
+    assert slow.record["autoscale"]["cold_start_s"] > quick.record["autoscale"]["cold_start_s"] + 149
+    assert _attainment(slow) < _attainment(quick) - 0.1
+
+
+def test_the_same_seed_gives_the_same_fleet(workload_file, quick_and_slow):
+    (_, first), _ = quick_and_slow
+    _, again = _run(workload_file, 0.0)
+    assert again.record["autoscale"]["timeline"] == first.record["autoscale"]["timeline"]
+    assert again.summary == first.summary
+
+
+def test_the_hpa_rule():
+    """desired = ceil(active x metric / target), unchanged within the tolerance, clamped."""
+    from kvsim.simcore.autoscale import AutoscalingRouter
+
+    class Fake:
+        def __init__(self, load):
+            self.load = load
+
+    def router(loads, **kw):
+        r = AutoscalingRouter.__new__(AutoscalingRouter)
+        r.engines = [Fake(x) for x in loads]
+        r.config = AutoscaleConfig(min_replicas=1, max_replicas=8, target=10.0, **kw)
+        from kvsim.simcore.autoscale import ACTIVE, Replica
+
+        r.replicas = [Replica(i, ACTIVE) for i in range(len(loads))]
+        return r
+
+    assert router([30, 30]).desired() == 6
+    assert router([10.5, 10.5]).desired() == 2  # within 10%: stay
+    assert router([0, 0]).desired() == 1
+    assert router([200, 200]).desired() == 8
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--min-replicas", "2"], "applies only with --autoscale"),
+    (["--autoscale", "--dp", "2"], "not --dp"),
+    (["--autoscale", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas"),
+    (["--autoscale", "--autoscale-config", "{bad"], "not JSON"),
+    (["--autoscale", "--autoscale-config", '{"colour": 1}'], "unknown key 'colour'"),
+    (["--autoscale", "--autoscale-config", '{"metric": "gpu"}'], "--autoscale-metric"),
+    (["--autoscale", "--provisioning-delay", "-1"], "--provisioning-s"),
+])
+def test_bad_autoscale_flags_are_one_line(args, words):
+    result = CliRunner().invoke(app, ["run", "--num-requests", "10", *args])
+    assert result.exit_code != 0 and result.stderr.startswith("kvsim: error: ") and words in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_autoscale_config_validates():
+    with pytest.raises(ConfigError):
+        AutoscaleConfig(target=0)
+    with pytest.raises(ConfigError):
+        AutoscaleConfig(metric="kv", target=150)
+
+
+def test_the_cli_reports_the_fleet_against_static_ones(workload_file, tmp_path):
+    out = tmp_path / "as"
+    config = json.dumps({**FAST, "ttft_slo_ms": 200, "tpot_slo_ms": 15, "price_usd_per_gpu_hour": 2.0})
+    result = CliRunner().invoke(app, ["run", "--workload", str(workload_file), "--num-requests", "1200", "--autoscale",
+                                      "--max-replicas", "3", "--provisioning-delay", "0", "--autoscale-config", config,
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "Autoscaling" in result.stdout and "Static fleet, the peak" in result.stdout
+    doc = json.loads((out / "summary.json").read_text())
+    fleet = doc["autoscale"]
+    assert fleet["hour_s"] == 25.0 and len(fleet["hourly"]) >= 4
+    assert [row["sized_for"] for row in fleet["static"]] == ["the peak", "the mean"]
+    assert fleet["usd"] == pytest.approx(2.0 * fleet["gpu_hours"])
+    assert (out / "autoscale.png").stat().st_size > 5000
+
+
+def test_plan_autoscale_finds_a_policy_no_dearer_than_the_static_fleet(tmp_path):
+    """`kvsim plan --autoscale`: the answer meets the attainment goal and costs no more GPU-hours than the
+    smallest static fleet that meets it (which is always a candidate)."""
+    path = tmp_path / "day.yaml"
+    path.write_text(DIURNAL.replace("num_requests: 3000", "num_requests: 900").replace("period_s: 250", "period_s: 80"))
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100", "--tp", "1",
+                                      "--workload", str(path), "--slo-ttft-p95-ms", "200", "--slo-tpot-p95-ms", "15",
+                                      "--attainment", "0.9", "--max-replicas", "3", "--provisioning-delay", "0",
+                                      "--json"])
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    answer, static = plan["answer"], plan["static"]
+    assert answer["attainment"] >= 0.9 and static["attainment"] >= 0.9
+    assert answer["gpu_hours"] <= static["gpu_hours"] + 1e-12
+    assert {row["kind"] for row in plan["tried"]} == {"static", "autoscale"}
+
+
+def test_plan_autoscale_needs_one_deployment():
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--gpu", "H100,H200", "--tp", "1"])
+    assert result.exit_code != 0 and "exactly one --gpu" in result.stderr
+    result = CliRunner().invoke(app, ["plan", "--attainment", "0.9", "--rate", "2"])
+    assert result.exit_code != 0 and "applies only with --autoscale" in result.stderr
