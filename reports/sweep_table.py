@@ -336,7 +336,10 @@ def _missing(value: Any) -> bool:
 def _read_parquet(path: Path, prefix: str = "") -> pd.DataFrame:
     if not has_pyarrow():
         raise ConfigError(f"{prefix}{path}: reading Parquet needs pyarrow (pip install pyarrow)")
+    from kvsim.simcore.userfiles import check_regular
+
     try:
+        check_regular(path, "sweep table")  # a FIFO or /dev/zero: refused before pyarrow reads it
         frame = pd.read_parquet(path)
     except FileNotFoundError:
         raise ConfigError(f"{prefix}{path}: no such file") from None

@@ -173,16 +173,18 @@ def get_gpu(name: str) -> GPUSpec:
 def get_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, or a Hugging Face `config.json` (or a folder holding one).
 
-    A catalog name wins over a same-named folder of the current directory (`./llama3-8b/`
-    must not change what a plain `kvsim run` means) unless the path is explicit: it contains a
-    slash (`./llama3-8b`, `x/config.json`) or names a .json file."""
-    path = Path(name_or_path)
-    explicit = "/" in name_or_path or os.sep in name_or_path or name_or_path.endswith(".json")
+    A catalog name (or alias, Hugging Face repo ids included) wins over a same-named folder of
+    the current directory (`./llama3-8b/` must not change what a plain `kvsim run` means) unless
+    the path is explicit: it starts with `./`, `../`, `/` or `~`, or names a .json file
+    (`x/config.json`). Anything else with a slash that is no catalog name is a path."""
+    path = Path(name_or_path).expanduser()
+    explicit = name_or_path.startswith(("./", "../", "/", "~", f".{os.sep}", f"..{os.sep}")) or \
+        name_or_path.endswith(".json") or name_or_path in (".", "..")
     if not explicit:
         try:
             return _lookup(name_or_path, MODELS, "model")
         except ConfigError:
-            if not path.is_dir():
+            if not ("/" in name_or_path or os.sep in name_or_path or path.is_dir()):
                 raise
     return model_from_hf_config(path)
 

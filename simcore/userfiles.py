@@ -24,6 +24,7 @@ CAPS = {
     "measurements": 16 * MiB,  # profiles/calibrate.py reads at most 10,000 rows
     "trace": 1024 * MiB,  # ~25M rows of arrival, prompt and output lengths
     "sweep table": 256 * MiB,
+    "dataset": 2048 * MiB,  # --dataset-path: the ShareGPT JSON vllm bench serve reads is several hundred MB
 }
 _KINDS = {
     stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device",

@@ -115,10 +115,14 @@ def sharegpt_dataset(path: str | Path, num_prompts: int, seed: int, output_len: 
 
 def _read_pairs(path: Path) -> list[tuple[str, str]]:
     """(first turn, second turn) of every entry with at least two turns; errors name the file."""
+    from kvsim.simcore.userfiles import is_special, read_text
+
+    if is_special(path):  # a FIFO or /dev/zero: it exists, and is no file to read
+        raise WorkloadError(f"--dataset-path {path}: not a regular file")
     if not path.is_file():
         raise WorkloadError(f"--dataset-path {path}: no such file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
+        data = json.loads(read_text(path, "dataset", encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise WorkloadError(f"--dataset-path {path}: not a readable JSON file ({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(data, list):
