@@ -13,7 +13,7 @@ from typer.exceptions import Abort
 from kvsim.cli.coercion import install
 from kvsim.cli.main import INTERRUPTED_EXIT, interrupted
 from kvsim.simcore.errors import KvsimError
-from kvsim.simcore.userfiles import RefusedFile
+from kvsim.simcore.userfiles import RefusedFile, RefusedFolder
 
 # A path given on the command line or in a file that the OS refuses to look at: a user error.
 _BAD_PATH = (errno.ENAMETOOLONG, errno.ELOOP)
@@ -81,8 +81,8 @@ class OneLineErrorsGroup(TyperGroup):
             fail(f"out of memory{': ' + detail if detail else ''} (fewer requests, or a machine with more memory)", 1)
         except BrokenPipeError:
             sys.exit(1)
-        except RefusedFile as exc:  # a reader that did not word it: the file and the reason
-            fail(f"{exc.filename}: {exc.reason}")
+        except (RefusedFile, RefusedFolder) as exc:  # a reader that did not word it: the file and the reason
+            fail(f"{exc.filename}: {exc}")
         except OSError as exc:
             if exc.errno in _BAD_PATH:
                 fail(f"{exc.filename}: {exc.strerror}")  # a path the user gave cannot even be looked at

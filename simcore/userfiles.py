@@ -32,6 +32,16 @@ _KINDS = {
 }
 
 
+class RefusedFolder(IsADirectoryError):
+    """A folder where a file is read: an IsADirectoryError whose text is the reason alone."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(errno.EISDIR, "is a folder, not a file", os.fspath(path))
+
+    def __str__(self) -> str:
+        return "is a folder, not a file"
+
+
 class RefusedFile(OSError):
     """A path that exists but is no file kvsim may read (not a regular file, or past its cap).
     An OSError, so each reader's `except OSError` words it with its own file and field; its text
@@ -59,7 +69,7 @@ def read_bytes(path: str | os.PathLike[str], kind: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             what = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
             if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", os.fspath(path))
+                raise RefusedFolder(path)
             raise RefusedFile(path, f"not a regular file: {what}")
         if st.st_size > cap:
             raise RefusedFile(path, f"{_mib(st.st_size)} is larger than the {_mib(cap)} kvsim reads from a {kind}")
@@ -84,7 +94,7 @@ def check_regular(path: str | os.PathLike[str], kind: str) -> os.stat_result:
     for readers that hand the path to a library (pandas)."""
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", os.fspath(path))
+        raise RefusedFolder(path)
     if not stat.S_ISREG(st.st_mode):
         raise RefusedFile(path, f"not a regular file: {_KINDS.get(stat.S_IFMT(st.st_mode), 'a special file')}")
     if st.st_size > CAPS[kind]:
@@ -101,4 +111,4 @@ def is_special(path: str | os.PathLike[str]) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-__all__ = ["CAPS", "RefusedFile", "check_regular", "is_special", "read_bytes", "read_text"]
+__all__ = ["CAPS", "RefusedFile", "RefusedFolder", "check_regular", "is_special", "read_bytes", "read_text"]
