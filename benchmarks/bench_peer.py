@@ -34,6 +34,7 @@ PEER_ARGS = [
     "--workload", str(WORKLOAD), "--rate", "4",
     "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
     "--no-enable-chunked-prefill", "--no-enable-prefix-caching", "--json",
+    "--no-error-bars",  # one simulation, as the peer runs (kvsim run's default 90% band adds two)
 ]
 
 

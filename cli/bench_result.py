@@ -62,7 +62,7 @@ def p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def _per_request(result: Any) -> dict[str, np.ndarray] | None:
+def per_request_rows(result: Any) -> dict[str, np.ndarray] | None:
     """Every request's raw columns and derived latencies (None past the rows kept in memory)."""
     if not result.records.kept:
         return None
@@ -79,7 +79,7 @@ def metric_stats(result: Any, qs: tuple[float, ...], metrics: tuple[str, ...]) -
     from kvsim.simcore import quantiles
 
     out: dict[str, Any] = {}
-    rows = _per_request(result)
+    rows = per_request_rows(result)
     for metric in metrics:
         keys = [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", *(f"p{p_word(q)}_{metric}_ms" for q in qs)]
         samples = result.itl if metric == "itl" else (None if rows is not None else getattr(result.records.bounded, metric))
@@ -107,7 +107,7 @@ def metric_stats(result: Any, qs: tuple[float, ...], metrics: tuple[str, ...]) -
 
 def peak_concurrency(result: Any) -> int | None:
     """The most successful requests in flight at once (vLLM's sweep over [start, end))."""
-    rows = _per_request(result)
+    rows = per_request_rows(result)
     if rows is None:
         return None
     start = np.sort(rows["arrival_s"][rows["done"]])
@@ -142,7 +142,7 @@ def peak_output_throughput(times: dict[int, list[float]], rows: dict[str, np.nda
     return float(np.bincount(buckets[buckets >= 0]).max())
 
 
-def flat_result(summary: dict[str, Any], result: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def flat_result(summary: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """vLLM's flat result keys (what `--json` and `--save-result` put at the top level), from a
     kvsim summary plus `extra` (percentile stats, peaks, the run's settings)."""
     out = {
@@ -159,7 +159,7 @@ def flat_result(summary: dict[str, Any], result: Any, extra: dict[str, Any]) -> 
 def per_request_arrays(result: Any, times: dict[int, list[float]] | None) -> dict[str, list]:
     """vLLM's per-request arrays, in request order: input_lens, output_lens, ttfts, itls (seconds
     between a request's tokens), latencies, start_times, errors ("" for a success)."""
-    rows = _per_request(result)
+    rows = per_request_rows(result)
     if rows is None:
         raise ConfigError("--save-result needs every request row in memory")
     order = np.argsort(rows["request_id"], kind="stable")

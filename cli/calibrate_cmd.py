@@ -44,15 +44,19 @@ def calibrate(
     gpu: Annotated[str, typer.Option(help="Catalog GPU the measurements were taken on.")],
     out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json).")],
     tp: Annotated[str | None, typer.Option(help="TPs to write profiles for, e.g. 2,4,8 [default: the TPs in the data].")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on: vllm-v0, vllm-0.6 or vllm-v1; its scheduler prices the rows and its default host terms are the fit's prior. [default: vllm-v1]")] = None,
+    free: Annotated[str | None, typer.Option(help="Scalars to fit as well, e.g. s_gemm,s_attn,s_coll [default: none: kernels and collectives are measured, so they stay at 1].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit as JSON.")] = False,
 ) -> None:
-    """Fit host/engine terms and kernel, attention and collective scalars to measured batch runs;
-    print in-sample and leave-one-out error per TP; write one calibrated profile per TP."""
+    """Fit host/engine terms (and, with --free, kernel, attention and collective scalars) to measured
+    batch runs; say which terms the rows identify; print in-sample and leave-one-out error per TP;
+    write one calibrated profile per TP."""
     from kvsim.cli.output import check_out_folder, write_outputs
     from kvsim.profiles import default_profile, profile_filename
     from kvsim.profiles.calibrate import (
         PARAMS,
         calibrated_profile,
+        check_free_scalars,
         check_rows_fit,
         fit_rows,
         price_all,
@@ -63,6 +67,14 @@ def calibrate(
 
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     out_tps = _tps(tp)
+    from kvsim.profiles.calibrate import MeasurementError
+
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
+
+    version = engine_version or DEFAULT_ENGINE_VERSION
+    if version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
+    free_scalars = check_free_scalars([t.strip() for t in free.split(",")] if free is not None else [])
     rows, sha = read_measurements(measurements)
     check_rows_fit(rows, model_spec, measurements)
     data_tps = sorted({r.tp for r in rows})
@@ -76,32 +88,56 @@ def calibrate(
     from kvsim.simcore.memory import plan_memory
 
     for t in sorted(set(out_tps) | set(data_tps)):  # a TP the model does not fit: refused before work
-        plan_memory(model_spec, gpu_spec, batch_config(t, 1))
+        plan_memory(model_spec, gpu_spec, batch_config(t, 1, version))
+    from kvsim.profiles.calibrate import check_enough_points
+
+    try:
+        check_enough_points(rows, free_scalars)  # before any row is priced
+    except MeasurementError as exc:
+        raise MeasurementError(f"{measurements}: {exc}") from None
     bases = {t: default_profile(gpu_spec, model_spec, t) for t in sorted(set(out_tps) | set(data_tps))}
-    priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report))
-    prior = profile_params(bases[max(data_tps, key=lambda t: sum(r.tp == t for r in rows))], data_tps[0])
-    fit = fit_rows(rows, priced, prior)
+    priced = _progress(len(rows))(lambda report: price_all(model_spec, gpu_spec, rows, bases.__getitem__, report,
+                                                                             version))
+    base_tp = max(data_tps, key=lambda t: sum(r.tp == t for r in rows))  # the prior: the most measured TP's
+    prior = profile_params(bases[base_tp], base_tp, version)
+    try:
+        fit = fit_rows(rows, priced, prior, free_scalars)
+    except MeasurementError as exc:
+        raise MeasurementError(f"{measurements}: {exc}") from None
     from kvsim.simcore.simulate import KVSIM_VERSION
 
     provenance = {
         "calibration": {
             "kvsim_version": KVSIM_VERSION,
-            "input": str(measurements), "input_sha256": sha, "rows": len(rows), "data_tps": data_tps,
+            "input": str(measurements), "input_sha256": sha, "engine_version": version, "rows": len(rows), "data_tps": data_tps,
             "fitted": fit.params, "prior": dict(zip(PARAMS, map(float, prior), strict=True)),
             "errors_by_tp": {str(k): v for k, v in fit.by_tp.items()}, "residuals": fit.rows,
+            "fitted_terms": fit.fitted, "pinned_scalars": fit.pinned,
+            "not_identifiable": fit.unidentified, "on_bound": fit.on_bound,
+            "loo_median_abs_error": fit.loo_median_abs_error,
             "pricing": "each row as kvsim run --workload fixed-batch --num-requests B --input-len P "
-                       "--output-len O --max-num-seqs max(256,B): mean TTFT, mean TPOT, makespan",
+                       "--output-len O --max-num-seqs max(256,B): prefill_ms = the last first token "
+                       "(the whole batch's prefill), decode_ms = mean TPOT, latency_ms = makespan",
             "method": "profiles/calibrate.py: non-negative least squares on relative error",
         },
     }
     docs = {name: calibrated_profile(bases[t], fit.params, t, provenance) for name, t in zip(names, out_tps, strict=True)}
     write_outputs(out, docs)
+    for line in fit.warnings():
+        typer.echo(f"kvsim: warning: {line}", err=True)
     if as_json:
-        typer.echo(json.dumps({"fitted": fit.params, "errors_by_tp": fit.by_tp,
+        typer.echo(json.dumps({"fitted": fit.params, "errors_by_tp": fit.by_tp, "fitted_terms": fit.fitted,
+                               "pinned_scalars": fit.pinned, "not_identifiable": fit.unidentified,
+                               "on_bound": fit.on_bound, "loo_median_abs_error": fit.loo_median_abs_error,
                                "written": [str(out / n) for n in names]}, indent=2))
         return
     typer.echo(f"Calibrated {model_spec.name} on {gpu_spec.name} from {len(rows)} rows of {measurements}")
-    typer.echo("Fitted terms: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.params.items()))
+    typer.echo("Terms: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.params.items()))
+    typer.echo(f"Fitted (identified by the rows): {', '.join(fit.fitted) or 'none'}")
+    if fit.pinned:
+        typer.echo(f"Pinned at 1 (measured kernels / collectives; free with --free): {', '.join(fit.pinned)}")
+    if fit.unidentified:
+        typer.echo(f"Not identifiable from these rows (kept at the default): {', '.join(fit.unidentified)}")
     typer.echo(f"{'TP':>4} {'points':>7} {'in-sample median |err|':>24} {'leave-one-out median |err|':>28}")
     for t, e in fit.by_tp.items():
         typer.echo(f"{t:>4} {e['points']:>7} {e['in_sample_median_abs_error']:>24.1%} "

@@ -67,6 +67,7 @@ Reservation = Annotated[ReservationName | None, typer.Option(help="Orca reservat
 MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")]
 EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
 EnablePrefixCaching = Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes (vLLM V1's automatic prefix caching). [default: on]")]
+EngineVersion = Annotated[str | None, typer.Option(help="vLLM version the engine's host cost and scheduler defaults model: vllm-v0 (Ray workers, synchronous output processing, no chunked prefill), vllm-0.6 (multi-step scheduling, 10 steps), vllm-v1. [default: vllm-v1]")]
 SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
 KvOffloadingSize = Annotated[float | None, typer.Option("--kv-offloading-size", help="CPU KV tier of a replica in GiB, summed over its GPUs (vLLM's native KV offloading): prefix-cache blocks are written through to host memory (LRU) and loaded back over PCIe on a hit. [default: none]")]
 Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
@@ -110,9 +111,16 @@ def engine_options(
     swap_space: float | None, preemption_mode: PreemptionMode | None, max_model_len: int | None,
     max_batch_size: int | None, batch_timeout_s: float | None, enable_prefix_caching: bool | None,
     kv_offloading_size: float | None = None,
+    engine_version: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, object]]:
-    """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`)."""
-    fields = {
+    """(EngineConfig fields that were given, flag -> value for `refuse_irrelevant`). With
+    --engine-version, the version's scheduler defaults (simcore.specs.ENGINE_PRESETS) fill the
+    options not given; an option given on the command line wins."""
+    from kvsim.simcore.specs import ENGINE_VERSIONS
+
+    if engine_version is not None and engine_version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
+    fields = {"engine_version": engine_version,
         "enable_prefix_caching": enable_prefix_caching,
         "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
         "enable_chunked_prefill": enable_chunked_prefill, "swap_space": swap_space,
@@ -127,8 +135,24 @@ def engine_options(
         "--allocator": allocator, "--preemption-mode": preemption_mode, "--swap-space": swap_space,
         "--enable-chunked-prefill": enable_chunked_prefill, "--reservation": reservation,
         "--enable-prefix-caching": enable_prefix_caching, "--kv-offloading-size": kv_offloading_size,
+        "--engine-version": engine_version,
     }
     return {k: v for k, v in fields.items() if v is not None}, given
+
+
+def apply_engine_preset(fields: dict[str, Any], policy: str) -> None:
+    """Fill the options `policy` reads and the user left unset with --engine-version's
+    scheduler defaults (simcore.specs.ENGINE_PRESETS); nothing without --engine-version."""
+    from kvsim.simcore.policies.registry import select
+    from kvsim.simcore.specs import ENGINE_PRESETS
+
+    version = fields.get("engine_version")
+    if version is None:
+        return
+    spec = select(policy, fields.get("allocator"))
+    for name, value in ENGINE_PRESETS[version].items():
+        if name in spec.options:
+            fields.setdefault(name, value)
 
 
 def workload_overrides(

@@ -145,8 +145,34 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
         lines.append(_row("KV saved by block sharing (%):", 100 * s["kv_sharing_saved"]))
     if "spec_num_drafts" in s:
         lines += _speculation_lines(s)
+    if s.get("error_bars"):
+        lines += _error_bar_lines(s["error_bars"], percentiles, metrics)
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metrics: tuple[str, ...]) -> list[str]:
+    """The band of each headline metric under the profile's stated step-time error: the mean and
+    one percentile (the first chosen >= 90, else the last) of the chosen TTFT / TPOT / E2EL, and
+    the output throughput."""
+    lo, hi = bars["step_time_factors"]
+    lines = [_section(f"Model error ({100 * bars['interval']:.0f}% band)"),
+             _row("Profile kind / median step error:", f"{bars['kind']} / {100 * bars['median_abs_error']:.1f}%"),
+             _row("Step times scaled by:", f"x{lo:.2f} .. x{hi:.2f}")]
+    p = next((q for q in percentiles if q >= 90), percentiles[-1]) if percentiles else None
+    word = None if p is None else (str(int(p)) if int(p) == p else str(p))
+    keys = []
+    for metric, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL")):
+        if metric in metrics:
+            keys.append((f"mean_{metric}_ms", f"Mean {name} (ms):"))
+            if word is not None:
+                keys.append((f"p{word}_{metric}_ms", f"P{word} {name} (ms):"))
+    keys.append(("output_throughput", "Output token throughput (tok/s):"))
+    for key, label in keys:
+        low, high = bars["metrics"].get(key, (None, None))
+        if low is not None:
+            lines.append(_row(label, f"{low:,.2f} .. {high:,.2f}"))
+    return lines
 
 
 def configured_load(workload: dict[str, Any]) -> dict[str, Any]:

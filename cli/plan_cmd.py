@@ -16,6 +16,7 @@ import typer
 from kvsim.cli.options import (
     AsJson,
     Burstiness,
+    EngineVersion,
     Goodput,
     InputLen,
     OutputLen,
@@ -80,6 +81,8 @@ def plan(
     confirm_top: Annotated[int, typer.Option(help="How many of the cheapest candidates to confirm with a full multi-replica run.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for every run (every candidate serves the same requests).")] = 0,
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
+    confidence: Annotated[float, typer.Option(help="Plan so that the SLO holds with this probability under the profile's stated step-time error (profiles/uncertainty.py): step times are scaled by its quantile, x1 at 0.5.")] = 0.5,
+    engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
     speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
@@ -132,6 +135,14 @@ def plan(
         raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
+    if not 0 < confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1), got {confidence:g}")
+    if confidence != 0.5 and disagg != "off":  # its candidates are priced by reports.plan_disagg's own runs
+        raise ConfigError("--confidence applies to aggregated candidates only, not with --disagg on or auto")
+    from kvsim.simcore.specs import ENGINE_PRESETS, ENGINE_VERSIONS
+
+    if engine_version is not None and engine_version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     if disagg not in ("off", "on", "auto"):
         raise ConfigError(f"--disagg must be off, on or auto, got {disagg!r}")
     if disagg == "off" and (disagg_ratios is not None or disagg_placement is not None):
@@ -162,7 +173,8 @@ def plan(
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
         raise ConfigError(f"the plan has {size:,} candidates (models x GPUs x the lists' lengths); at most "
                           f"{MAX_CANDIDATES:,}: narrow the lists")
-    base = EngineConfig()
+    base = EngineConfig() if engine_version is None else EngineConfig(engine_version=engine_version,
+                                                                         **ENGINE_PRESETS[engine_version])
     for d in dims[1:]:
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
@@ -194,11 +206,17 @@ def plan(
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
-                           batch=jobs)
+                           batch=jobs, profile_for=_profiles_at(confidence))
     finally:
         progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
+
+    result.context["confidence"] = confidence
+    result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
+        kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
+        for kind, m in MEDIAN_ABS_ERROR.items()}
     if disagg == "auto":
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                      confirm_requests, disagg_placement, kv_cache_dtype, quantization, result, out, as_json, started)
@@ -207,6 +225,16 @@ def plan(
     _emit(result, slo, prices, out, as_json, wall)
 
 
+def _profiles_at(confidence: float):
+    """Each candidate's default profile with its step times at this confidence of its stated error."""
+    from kvsim.profiles import default_profile
+    from kvsim.profiles.uncertainty import profile_error, scaled_profile
+
+    def profile_for(c):
+        prof = default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
+        return scaled_profile(prof, profile_error(prof).factor_at_confidence(confidence))
+
+    return profile_for
 def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                  confirm_requests, placement, kv_cache_dtype, quantization, agg, out, as_json, started) -> None:
     """The disaggregated half of a plan (reports.plan_disagg), after the aggregated one (`agg`, or
@@ -395,8 +423,12 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
     table = result.table
+    conf = result.context.get("confidence", 0.5)
+    factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
+    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+            "roofline profiles]")
     doc = {
-        "answers": [{**a, "line": answer_line(a, slo)} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": _records(table), "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
@@ -412,8 +444,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
         typer.echo(_text_table(_records(part)))
     typer.echo("")
-    for answer in result.answers:
-        typer.echo("Answer: " + answer_line(answer, slo))
+    for answer, shown in zip(result.answers, doc["answers"], strict=True):
+        typer.echo("Answer: " + shown["line"])
         best = answer["best"]
         if best is not None and best.get("vllm_serve"):
             typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"

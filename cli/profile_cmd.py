@@ -299,6 +299,7 @@ def check_cmd(
     measurements: Annotated[Path, typer.Argument(help="CSV: tp, batch_size, input_len, output_len and prefill_ms / decode_ms / latency_ms.")],
     profile_paths: Annotated[list[Path], typer.Option("--profile", help="Profile: a JSON file or a name from `kvsim list profiles` (repeat for several TPs); rows go to the profile of their TP.")],
     model: Annotated[str | None, typer.Option(help="Catalog model or HF config.json [default: the profile's model].")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on (its scheduler and, where the profile has them, its host terms). [default: vllm-v1]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print rows and medians as JSON.")] = False,
 ) -> None:
     """Price every row of a measurements file with a profile (as `kvsim calibrate` does: a batch of
@@ -307,6 +308,11 @@ def check_cmd(
     from kvsim.profiles.lookup import check_profile_matches, load_named_profile
     from kvsim.simcore.catalog import get_gpu, get_model
 
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
+
+    version = engine_version or DEFAULT_ENGINE_VERSION
+    if version not in ENGINE_VERSIONS:
+        raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     rows, _ = read_measurements(measurements)
     by_tp = {}
     for path in profile_paths:
@@ -324,7 +330,8 @@ def check_cmd(
         raise ConfigError(f"{measurements}: no row has a TP of the profiles given ({', '.join(map(str, sorted(by_tp)))})")
     from kvsim.cli.calibrate_cmd import _progress
 
-    priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report))
+    priced = _progress(len(usable))(lambda report: price_all(model_spec, gpu_spec, usable, by_tp.__getitem__, report,
+                                                             version))
     table, medians = check_rows(usable, priced)
     if as_json:
         typer.echo(json.dumps({"rows": table, "median_abs_error": medians, "skipped_rows": skipped}, indent=2))

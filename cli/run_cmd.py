@@ -23,6 +23,7 @@ from kvsim.cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineVersion,
     EngineCore,
     EngineCoreOpt,
     Goodput,
@@ -59,6 +60,7 @@ from kvsim.cli.options import (
     check_slos,
     engine_options,
     parse_goodput,
+    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -111,6 +113,8 @@ def run(
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
+    engine_version: EngineVersion = None,
+    error_bars: Annotated[bool, typer.Option("--error-bars/--no-error-bars", help="Also run with every step time at the 5th and 95th percentile of the profile's stated error (profiles/uncertainty.py) and print each headline metric's 90% band.")] = True,
     swap_space: SwapSpace = None,
     kv_offloading_size: KvOffloadingSize = None,
     preemption_mode: Preemption = None,
@@ -187,7 +191,7 @@ def run(
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
-        kv_offloading_size,
+        kv_offloading_size, engine_version=engine_version,
     )
     from kvsim.simcore.speculative import parse_speculative_config
 
@@ -197,6 +201,7 @@ def run(
     elif compare_no_spec:
         raise ConfigError("--compare-no-spec applies only with --speculative-config")
     refuse_irrelevant(policy.value, fields.get("allocator"), {**given, "--speculative-config": spec})
+    apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if not 0 < tolerance < 1:
@@ -331,9 +336,11 @@ def run(
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
                            slo_ttft_p95_ms, slo_tpot_p95_ms)
+        bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
+                            result, percentiles, metrics, draft_prof, scaling) if error_bars else None
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
-                        fleet=fleet)
+                        fleet=fleet, bands=bands)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -443,6 +450,34 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
         progress.stop()
 
 
+def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
+                percentiles, metrics, draft_prof=None, autoscale=None) -> dict:
+    """The run again with every step time at the low and high end of the profile's stated error
+    (profiles/uncertainty.py; a draft model's profile scaled alike): each headline metric's
+    [low, high] over the three runs (the throughputs, and mean / median / chosen percentiles of
+    the chosen latency metrics)."""
+    from statistics import NormalDist
+
+    from kvsim.cli.bench_result import metric_stats
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
+    from kvsim.simcore.simulate import prepare
+
+    err = profile_error(prof)
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    factors = (err.factor(-z), err.factor(z))
+    runs = [result]
+    for f in factors:
+        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
+        runs.append(prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
+                            exact_steps=exact_steps, engine_core=engine_core, draft_profile=draft,
+                            autoscale=autoscale).run())
+    values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
+    keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
+                                                          and k.split("_")[1] in metrics)]
+    return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+
+
 def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
     """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
     and its mean (rounded up) active replicas."""
@@ -539,7 +574,7 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "", extra=None, baseline=None, fleet=None) -> str | None:
+            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -564,6 +599,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if bands is not None:
+        summary["error_bars"] = bands
     if baseline is not None:
         from kvsim.reports.speculation import speedup_vs
 
@@ -574,9 +611,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     summary["max_concurrent_requests"] = bench_result.peak_concurrency(result)
     times = bench_result.token_times(sim) if sim is not None else None
     if times is not None and result.records.kept:
-        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result._per_request(result))
+        summary["max_output_tokens_per_s"] = bench_result.peak_output_throughput(times, bench_result.per_request_rows(result))
     load = configured_load(result.record["workload"])
-    vllm = bench_result.flat_result(summary, result, {
+    vllm = bench_result.flat_result(summary, {
         "num_prompts": result.record["workload"]["num_requests"], "model_id": model_name,
         "request_rate": load.get("request_rate", "inf"),  # vLLM writes "inf" when no rate paced the requests
         "burstiness": result.record["workload"]["arrival"].get("burstiness", 1.0),
@@ -634,6 +671,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
+        "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,

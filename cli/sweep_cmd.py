@@ -29,6 +29,7 @@ from kvsim.cli.options import (
     Burstiness,
     EnableChunkedPrefill,
     EnablePrefixCaching,
+    EngineVersion,
     InputLen,
     MaxBatchSize,
     MaxModelLen,
@@ -48,6 +49,7 @@ from kvsim.cli.options import (
     check_inputs_kept,
     check_slos,
     engine_options,
+    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -220,6 +222,7 @@ def sweep(
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
+    engine_version: EngineVersion = None,
     swap_space: SwapSpace = None,
     kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier of a replica in GiB (0 or none: no tier). {LIST_HELP} [default: none]")] = None,
     preemption_mode: Preemption = None,
@@ -270,7 +273,7 @@ def sweep(
                    pp, kv_cache_dtype, quantization)
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
-        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
+        preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching, engine_version=engine_version,
     )
     if speculative_config is not None:
         from kvsim.simcore.speculative import parse_speculative_configs
@@ -289,6 +292,7 @@ def sweep(
         given["--kv-offloading-size"] = kv_offloading_size
     for pol in lists.get("policy", ["continuous"]):
         refuse_irrelevant(pol, fields.get("allocator"), given)
+        apply_engine_preset(fields, pol)  # every swept policy reads --engine-version (refused above otherwise)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     if resume and out is None:
         raise ConfigError("--resume needs --out (the table to finish)")

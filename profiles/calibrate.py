@@ -2,14 +2,16 @@
 (`kvsim profile check`).
 
 A measurements file has one row per batch run: `tp, batch_size, input_len, output_len` and at least one
-of `prefill_ms` (the batch's time to first token), `decode_ms` (mean time per output token after the
+of `prefill_ms` (the whole batch's prefill: until the last of its requests has its first token, what
+`vllm bench latency --output-len 1` reports), `decode_ms` (mean time per output token after the
 first), `latency_ms` (the whole batch, as `vllm bench latency` reports). kvsim prices a row exactly as
 
     kvsim run --workload fixed-batch --num-requests B --input-len P --output-len O \
         --max-num-seqs max(256, B) --tp N --profile PROFILE
 
 would: B identical requests arrive at t = 0 and the engine schedules them (chunked prefill under the
-default token budget); prefill_ms = mean TTFT, decode_ms = mean TPOT, latency_ms = the makespan.
+default token budget); prefill_ms = the last first token (max TTFT), decode_ms = mean TPOT,
+latency_ms = the makespan.
 
 Because every request arrives at once, the schedule does not depend on step times, so each step's time is
 linear in the calibrated parameters
@@ -19,10 +21,18 @@ linear in the calibrated parameters
               + host_prefill_step * [prefill] + host_prefill_token * prefill_tokens
 
 and so is every row's prefill / decode / latency (sums of step times). The fit is least squares on relative
-error with non-negative parameters and a faint pull (1e-8, relative) towards the profile's own values, so a term the
-data cannot see (e.g. prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP) stays
-at the profile's value. With one TP in the data, host_rank stays 0: the stack's host terms carry over to
-other TPs while kernels and collectives are re-derived for each TP.
+error with non-negative parameters and a faint pull (1e-8, relative) towards the profile's own values.
+
+What the rows cannot identify is not fitted. The three scalars are pinned at 1 unless freed
+(`free_scalars`): kernels and collectives have independent evidence (the roofline is fitted to
+measured operator timings, the collectives are measured NCCL tables), and freeing them against a few
+end-to-end rows trades them off against the host terms (issue 27: fitted on one TP, the collectives
+scalar fell to its floor while 24 us per prompt token moved into "host"). A term whose column is
+zero in every row (prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP)
+or that the rows cannot separate from the others (the design matrix loses no rank without it) stays
+at the profile's value and is reported as not identifiable; a file with fewer distinct points
+(tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
+configuration, so repeated rows cannot vouch for each other.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import numpy as np
 
 from kvsim.simcore.errors import KvsimError
 from kvsim.simcore.latency import Profile, StepLatencyModel, parse_profile
-from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_PRESETS, EngineConfig, GPUSpec, ModelSpec
 
 QUANTITIES = ("prefill_ms", "decode_ms", "latency_ms")
 KEYS = ("tp", "batch_size", "input_len", "output_len")
@@ -53,6 +63,10 @@ TYPICAL = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 0.1, 1.0, 1e-3])
 # host terms >= 0.
 LOWER = np.array([0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0])
 MAX_ROWS = 10_000
+SCALARS = ("s_gemm", "s_attn", "s_coll")  # pinned at 1 unless freed: they have measured evidence
+# A free term is identifiable when dropping its (unit-norm) column lowers the rank of the relative
+# design matrix; singular values below this share of the largest count as zero.
+RANK_TOL = 1e-7
 
 
 class MeasurementError(KvsimError):
@@ -155,16 +169,20 @@ class RowPricing:
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def batch_config(tp: int, batch_size: int) -> EngineConfig:
-    return EngineConfig(tensor_parallel_size=tp, max_num_seqs=max(256, batch_size))
+def batch_config(tp: int, batch_size: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> EngineConfig:
+    """The engine a row ran on: the version's scheduler (V0 and 0.6 prefill a batch without
+    chunking; simcore.specs.ENGINE_PRESETS) and its host terms where the profile has them."""
+    return EngineConfig(tensor_parallel_size=tp, max_num_seqs=max(256, batch_size), engine_version=engine_version,
+                        **ENGINE_PRESETS[engine_version])
 
 
-def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement) -> RowPricing:
-    """Simulate the row's batch with `profile`; record each step's linear features."""
+def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement,
+              engine_version: str = DEFAULT_ENGINE_VERSION) -> RowPricing:
+    """Simulate the row's batch with `profile` on that engine version; record each step's linear features."""
     from kvsim.simcore.simulate import prepare
     from kvsim.workloads import load_workload
 
-    config = batch_config(row.tp, row.batch_size)
+    config = batch_config(row.tp, row.batch_size, engine_version)
     overrides = {"num_requests": row.batch_size, "input_len": row.input_len, "output_len": row.output_len}
     workload = load_workload("fixed-batch", overrides, max_model_len=config.resolved_max_model_len(model))
     sim = prepare(model, gpu, config, workload, profile, exact_steps=True)  # one step-table row per step
@@ -203,10 +221,10 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
     first = np.searchsorted(ends, done["first_token_s"].to_numpy() - 1e-12)
     last = np.searchsorted(ends, done["finish_s"].to_numpy() - 1e-12)
     out = RowPricing(simulated={
-        "prefill_ms": 1e3 * float(done["ttft_s"].mean()),
+        "prefill_ms": 1e3 * float((done["first_token_s"] - done["arrival_s"]).max()),
         "latency_ms": 1e3 * float(done["finish_s"].max() - done["arrival_s"].min()),
     })
-    out.features["prefill_ms"] = cum[first].mean(axis=0)
+    out.features["prefill_ms"] = cum[first.max()]  # the batch's prefill ends with its last first token
     out.features["latency_ms"] = cum[last.max()]
     if row.output_len >= 2:
         out.simulated["decode_ms"] = 1e3 * float(done["tpot_s"].mean())
@@ -214,22 +232,40 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
     return out
 
 
-def profile_params(profile: Profile, tp: int) -> np.ndarray:
-    """The parameters that reproduce `profile` itself (scales 1, its continuous host terms)."""
-    host = StepLatencyModel(profile.data, policy="continuous").host
-    return np.array([1.0, 1.0, 1.0, host.per_step_ms, 0.0, host.per_seq_ms, host.per_prefill_step_ms,
-                     host.per_prefill_token_ms])
+def default_rank_ms() -> float:
+    """host_rank's prior: the default engine version's per-step cost per extra TP rank, the mean
+    slope of profiles/host.py's model from TP 2 to TP 8 (the workers' synchronisation). With rows
+    at one TP it cannot be fitted, and a stack's host cost then carries over to other TPs with the
+    default's growth rather than none."""
+    from kvsim.profiles.host import engine_host
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION
+
+    return (engine_host(DEFAULT_ENGINE_VERSION, 8)[0] - engine_host(DEFAULT_ENGINE_VERSION, 2)[0]) / 6
+
+
+def profile_params(profile: Profile, tp: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> np.ndarray:
+    """The parameters that reproduce `profile` itself at this TP (scales 1, its continuous host
+    terms for the engine version, with host_rank at its prior and host_step what remains of the
+    per-step term)."""
+    host = StepLatencyModel(profile.data, policy="continuous", engine_version=engine_version).host
+    rank = default_rank_ms()
+    return np.array([1.0, 1.0, 1.0, max(host.per_step_ms - rank * (tp - 1), 0.0), rank, host.per_seq_ms,
+                     host.per_prefill_step_ms, host.per_prefill_token_ms])
+
+
+def _check_possible(x: np.ndarray, y: np.ndarray) -> None:
+    if (y - x @ LOWER <= 0).any():
+        raise MeasurementError(
+            "a measured time is below what the GPU's datasheet allows for its kernels alone "
+            "(under half the roofline); check the rows, --model, --gpu and the TP column"
+        )
 
 
 def _solve(x: np.ndarray, y: np.ndarray, prior: np.ndarray, free: np.ndarray) -> np.ndarray:
     """Least squares on relative error with every parameter >= its LOWER bound and a faint pull
     towards `prior`; parameters where `free` is False stay at the prior."""
+    _check_possible(x, y)
     y = y - x @ LOWER  # theta = LOWER + phi, phi >= 0
-    if (y <= 0).any():
-        raise MeasurementError(
-            "a measured time is below what the GPU's datasheet allows for its kernels alone "
-            "(under half the roofline); check the rows, --model, --gpu and the TP column"
-        )
     return LOWER + _nnls(x, y, np.maximum(prior - LOWER, 0.0), free)
 
 
@@ -259,6 +295,18 @@ class Fit:
     params: dict[str, float]
     rows: list[dict[str, Any]]  # per row and quantity: measured, fitted, loo, errors
     by_tp: dict[int, dict[str, float]]  # in-sample and leave-one-out median |error| per TP
+    fitted: list[str] = field(default_factory=list)  # free terms the rows identify (fitted)
+    pinned: list[str] = field(default_factory=list)  # scalars kept at 1 (measured evidence)
+    unidentified: dict[str, str] = field(default_factory=dict)  # term -> why it kept the default
+    on_bound: list[str] = field(default_factory=list)  # fitted terms that ended on their lower bound
+    loo_median_abs_error: float = 0.0  # over every point: the calibrated profile's expected error
+
+    def warnings(self) -> list[str]:
+        out = [f"{name} is not identifiable from these rows ({why}); kept at the default profile's value"
+               for name, why in self.unidentified.items()]
+        out += [f"{name} sits on its lower bound ({LOWER[PARAMS.index(name)]:g}); the rows push it further"
+                for name in self.on_bound]
+        return out
 
 
 def _design(rows: list[Measurement], priced: list[RowPricing]) -> tuple[np.ndarray, np.ndarray, list]:
@@ -271,20 +319,89 @@ def _design(rows: list[Measurement], priced: list[RowPricing]) -> tuple[np.ndarr
     return np.asarray(xs), np.asarray(ys), index
 
 
-def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarray) -> Fit:
-    x, y, index = _design(rows, priced)
-    free = np.ones(len(PARAMS), dtype=bool)
+def _key(r: Measurement) -> tuple[int, int, int, int]:
+    return r.tp, r.batch_size, r.input_len, r.output_len
+
+
+def check_free_scalars(names: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    bad = [n for n in names if n not in SCALARS]
+    if bad:
+        raise MeasurementError(f"--free: {bad[0]!r} is not a scalar kvsim can free; choose from {', '.join(SCALARS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def free_terms(rows: list[Measurement], free_scalars: tuple[str, ...] = ()) -> np.ndarray:
+    """Which parameters the fit may move: the host terms (host_rank only with two TPs or more) and
+    the scalars the user freed."""
+    free = np.array([name not in SCALARS or name in free_scalars for name in PARAMS])
     free[PARAMS.index("host_rank")] = len({r.tp for r in rows}) > 1
-    theta = _solve(x, y, prior, free)
+    return free
+
+
+def check_enough_points(rows: list[Measurement], free_scalars: tuple[str, ...] = ()) -> np.ndarray:
+    """The free terms; MeasurementError when fewer distinct points (tp, batch, lengths, quantity)
+    than free terms were measured (one row, or the same row repeated, cannot fit a line)."""
+    free = free_terms(rows, free_scalars)
+    points = len({(_key(r), q) for r in rows for q in r.measured})
+    if points < int(free.sum()):
+        configs = len({_key(r) for r in rows})
+        raise MeasurementError(
+            f"{points} distinct measured point{'s' if points != 1 else ''} ({configs} distinct "
+            f"tp/batch_size/input_len/output_len row{'s' if configs != 1 else ''}) cannot fit "
+            f"{int(free.sum())} terms ({', '.join(n for n, f in zip(PARAMS, free, strict=True) if f)}); "
+            "measure more batch sizes or lengths"
+        )
+    return free
+
+
+def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray) -> dict[str, str]:
+    """term -> why not, for every free term the rows cannot pin down: a column of zeros, or one
+    the others already span (dropping it leaves the relative design's rank unchanged)."""
+    a = x / y[:, None]
+    why: dict[str, str] = {}
+    cols = [j for j in np.flatnonzero(free)]
+    for j in cols:
+        if not np.any(a[:, j]):
+            why[PARAMS[j]] = "no row depends on it"
+    live = [j for j in cols if PARAMS[j] not in why]
+    if not live:
+        return why
+    unit = a[:, live] / np.linalg.norm(a[:, live], axis=0)
+
+    def rank(m: np.ndarray) -> int:
+        if m.shape[1] == 0:
+            return 0
+        sv = np.linalg.svd(m, compute_uv=False)
+        return int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+
+    full = rank(unit)
+    for k, j in enumerate(live):
+        if rank(np.delete(unit, k, axis=1)) == full:
+            why[PARAMS[j]] = "the rows cannot separate it from the other terms"
+    return why
+
+
+def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarray,
+             free_scalars: tuple[str, ...] = ()) -> Fit:
+    """Fit the free, identifiable terms (see the module docstring); refuse too few distinct points."""
+    x, y, index = _design(rows, priced)
+    _check_possible(x, y)
+    free = check_enough_points(rows, free_scalars)
+    unidentified = identifiable(x, y, free)
+    fit_free = free & np.array([name not in unidentified for name in PARAMS])
+    theta = _solve(x, y, prior, fit_free)
     fitted = x @ theta
     loo = np.empty_like(fitted)
-    for r in rows:  # leave one measured row (all its quantities) out
-        out = np.array([ri is r for ri, _ in index])
+    for key in dict.fromkeys(_key(r) for r, _ in index):  # leave one configuration (all its rows) out
+        out = np.array([_key(ri) == key for ri, _ in index])
+        held = [ri for ri in rows if _key(ri) != key]
         if out.all():
             loo[out] = fitted[out]
             continue
-        held_free = free.copy()
-        held_free[PARAMS.index("host_rank")] = free[PARAMS.index("host_rank")] and len({ri.tp for ri in rows if ri is not r}) > 1
+        held_free = fit_free.copy()
+        if len({ri.tp for ri in held}) < 2:
+            held_free[PARAMS.index("host_rank")] = False
+        held_free &= np.array([name not in identifiable(x[~out], y[~out], held_free) for name in PARAMS])
         t = _solve(x[~out], y[~out], prior, held_free)
         loo[out] = x[out] @ t
     table = []
@@ -299,7 +416,12 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
         by_tp[tp] = {"points": len(sub),
                      "in_sample_median_abs_error": float(np.median([abs(t["error"]) for t in sub])),
                      "loo_median_abs_error": float(np.median([abs(t["loo_error"]) for t in sub]))}
-    return Fit({k: float(v) for k, v in zip(PARAMS, theta, strict=True)}, table, by_tp)
+    on_bound = [PARAMS[j] for j in np.flatnonzero(fit_free) if theta[j] <= LOWER[j] + 1e-12]
+    return Fit({k: float(v) for k, v in zip(PARAMS, theta, strict=True)}, table, by_tp,
+               fitted=[PARAMS[j] for j in np.flatnonzero(fit_free)],
+               pinned=[n for n in SCALARS if n not in free_scalars], unidentified=unidentified,
+               on_bound=on_bound,
+               loo_median_abs_error=float(np.median([abs(t["loo_error"]) for t in table])))
 
 
 def _scale(table: dict | None, factor: float, keys=("time_ms",)) -> None:
@@ -329,6 +451,7 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
     doc.pop("step_overhead_ms", None)
     doc.pop("step_overhead_ms_by_policy", None)
     doc.pop("host_overhead_by_policy", None)
+    doc.pop("host_overhead_by_engine", None)  # the fitted terms describe the measured stack, whatever its version
     doc["host_overhead"] = {
         "per_step_ms": params["host_step"] + params["host_rank"] * (tp - 1),
         "per_seq_ms": params["host_seq"],
@@ -342,11 +465,12 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
     return doc
 
 
-def price_all(model: ModelSpec, gpu: GPUSpec, rows: list[Measurement], profile_for, progress=None) -> list[RowPricing]:
-    """Price every row with `profile_for(tp)`; `progress(label, n)` after each row."""
+def price_all(model: ModelSpec, gpu: GPUSpec, rows: list[Measurement], profile_for, progress=None,
+              engine_version: str = DEFAULT_ENGINE_VERSION) -> list[RowPricing]:
+    """Price every row with `profile_for(tp)` on that engine version; `progress(label, n)` after each row."""
     out = []
     for n, row in enumerate(rows, start=1):
-        out.append(price_row(model, gpu, profile_for(row.tp), row))
+        out.append(price_row(model, gpu, profile_for(row.tp), row, engine_version))
         if progress is not None:
             progress(f"line {row.line}: B={row.batch_size} P={row.input_len} O={row.output_len} TP {row.tp}", n)
     return out

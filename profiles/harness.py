@@ -419,7 +419,7 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
     from kvsim.profiles.host import host_overhead_block
 
     model = cfg.model
-    host, host_by_policy = host_overhead_block(model.num_layers, cfg.tp)
+    host, host_by_policy, host_by_engine = host_overhead_block(model.num_layers, cfg.tp)
     gpu_name = cfg.gpu.name if cfg.gpu else ("cpu" if cfg.device == "cpu" else _device_name(torch, "cuda"))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -432,6 +432,7 @@ def _document(torch, cfg, grid, dtype_name, backend, tried, linear, prefill, dec
         "model_shape": model.to_dict(),
         "host_overhead": host,
         "host_overhead_by_policy": host_by_policy,
+        "host_overhead_by_engine": host_by_engine,
         "linear": linear,
         "prefill_attention": prefill,
         "decode_attention": decode,

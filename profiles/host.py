@@ -1,22 +1,55 @@
-"""Default host/engine overhead per batching policy: the CPU time on each step's critical path.
+"""Default host/engine overhead per batching policy and engine version: the CPU time on each step's
+critical path, and how it grows with the tensor-parallel ranks the engine drives.
 
 Terms (ms) follow `simcore.latency.HostOverhead`: per step, per scheduled sequence, per step with a
-prefill, per prefill token. Every default is derived from a public measurement; profiles/README.md
-gives the derivation term by term. Main source: Vidur's published vLLM CPU-overhead profile
-(microsoft/vidur `data/profiling/a100/cpu_overheads.csv`, MIT licence; vLLM V0 on A100 hosts, medians
-per step by batch size 8..64 and TP 1/2/4), fitted as intercept + slope per sequence at batch 8 and 64.
+prefill, per prefill token. Every default is derived from one public measurement; profiles/README.md
+gives the derivation term by term. Source: Vidur's published CPU-overhead profile of its vLLM-style
+engine (microsoft/vidur `data/profiling/a100/cpu_overheads.csv` at commit 0633efa, MIT licence;
+Sarathi with `scheduler_type="vllm"`, TP workers as Ray actors, A100 hosts; median ms per step of
+each engine phase, decode batches 8..64, Llama-2-7B at TP 1/2/4). Each phase's (intercept, slope
+per sequence) is the line through its batch-8 and batch-64 medians at that TP (intercept rounded to
+0.01 ms, slope to 0.001 ms as before). At TP > 1 a phase that grows with the ranks (a remote call
+per worker, one more process to wait for) is taken as linear in the worker count `tp - 1` through
+the TP 2 and TP 4 lines; TP 8 is an extrapolation of that line (no TP 8 row was published).
+
+Which phases sit on the step's critical path is what distinguishes the engine versions:
+
+* `vllm-v0`  vLLM V0 up to 0.5 as Vidur models it (vidur/entities/execution_time.py
+             `_get_cpu_overhead`: schedule + sampler + prepare inputs + output processing + Ray
+             driver-to-worker calls): output processing is synchronous, TP workers are Ray actors
+             called once per step each. V0's prefill-first scheduler, no chunked prefill.
+* `vllm-0.6` vLLM 0.6 with multi-step scheduling (`--num-scheduler-steps 10`, the setting of the
+             v0.6.0 benchmarks, blog.vllm.ai 2024-09-05) and the async output processor (PR #7049):
+             schedule, prepare inputs, sampler bookkeeping and the workers' synchronisation happen
+             once per 10 steps; output processing overlaps the GPU; single-node TP uses the
+             multiprocessing executor with a shared-memory broadcast instead of Ray.
+* `vllm-v1`  vLLM V1 (the default): scheduler, input preparation and sampling still once per step,
+             output processing in another process (overlapped), the scheduler output broadcast to
+             the workers over shared memory, each worker preparing its own inputs; the first
+             collective of the step then waits for the slowest rank, which Vidur's
+             POST_PREPARE_INPUTS_BARRIER measures (its excess over TP 1, where there is no one to
+             wait for). Persistent batches make V1's input preparation cheaper than V0's, so the
+             per-sequence term is an upper bound there.
 """
 
 from __future__ import annotations
 
 from kvsim.simcore.latency import HostOverhead
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
-# Vidur cpu_overheads.csv medians (ms), Llama-2-7B, at batch 8 and 64: (TP 1, TP 4).
-# schedule + prepare_inputs + sampler_e2e = 1.346 / 3.485 (TP 1), 1.723 / 4.481 (TP 4)
-SCHED_PREP_SAMPLE_TP1 = (1.04, 0.038)  # (intercept, per sequence) from (1.346, 3.485) at batch 8, 64
-SCHED_PREP_SAMPLE_TPN = (1.33, 0.049)  # the same at TP 2..4 (driver broadcasts to workers): (1.723, 4.481)
-# process_model_outputs (detokenise, build outputs): 0.624 / 4.108 at batch 8 / 64, TP 1.
-OUTPUT_PROCESSING = (0.126, 0.062)
+# Vidur cpu_overheads.csv, Llama-2-7B, median ms per step at batch 8 and batch 64, per TP degree.
+VIDUR_BATCHES = (8, 64)
+VIDUR_MEDIANS = {  # phase -> TP -> (batch 8, batch 64)
+    "schedule": {1: (0.165, 0.952), 2: (0.179, 1.147), 4: (0.183, 1.225)},
+    "prepare_inputs_e2e": {1: (0.293, 1.163), 2: (0.381, 1.232), 4: (0.375, 1.296)},
+    "sampler_e2e": {1: (0.888, 1.370), 2: (1.156, 1.774), 4: (1.165, 1.960)},
+    "process_model_outputs": {1: (0.624, 4.108), 2: (0.679, 4.495), 4: (0.791, 4.669)},
+    "post_prepare_inputs_barrier": {1: (0.078, 0.073), 2: (0.141, 0.150), 4: (0.622, 1.791)},
+    "ray_comm_time": {1: (0.156, 0.455), 2: (3.063, 6.490), 4: (3.125, 8.342)},
+}
+LOOP = ("schedule", "prepare_inputs_e2e", "sampler_e2e")  # the engine loop's own work
+# vLLM 0.6.0 benchmarks ran multi-step scheduling with --num-scheduler-steps 10 (blog.vllm.ai 2024-09-05).
+MULTI_STEP = 10
 # Eager PyTorch launches one kernel at a time from Python: ~12 kernels per decoder layer (2 norms,
 # QKV, rotary, attention, out-proj, 2 adds, gate/up, act, down, KV write) at ~5 us each (PyTorch
 # "Accelerating PyTorch with CUDA Graphs", 2021: launch overhead of a few microseconds per kernel).
@@ -26,23 +59,78 @@ EAGER_LAUNCH_MS_PER_LAYER = 12 * 0.005
 HF_GENERATE_STEP_MS = 0.82
 
 
+def _line(points: tuple[float, float]) -> tuple[float, float]:
+    """(intercept, slope per sequence) through the batch-8 and batch-64 medians, unrounded."""
+    (b0, b1), (y0, y1) = VIDUR_BATCHES, points
+    slope = (y1 - y0) / (b1 - b0)
+    return y0 - b0 * slope, slope
+
+
+def phase_line(phase: str, tp: int) -> tuple[float, float]:
+    """A phase's (intercept, slope) at this TP: measured at TP 1, 2, 4; elsewhere linear in the
+    worker count tp - 1 through TP 2 and TP 4 (TP 8: an extrapolation)."""
+    by_tp = VIDUR_MEDIANS[phase]
+    if tp in by_tp:
+        return _line(by_tp[tp])
+    (a2, s2), (a4, s4) = _line(by_tp[2]), _line(by_tp[4])
+    w = tp - 1  # workers besides the driver; TP 2 has 1, TP 4 has 3
+    return a2 + (a4 - a2) * (w - 1) / 2, s2 + (s4 - s2) * (w - 1) / 2
+
+
+def _sum(phases: tuple[str, ...], tp: int) -> tuple[float, float]:
+    lines = [phase_line(p, tp) for p in phases]
+    return sum(a for a, _ in lines), sum(s for _, s in lines)
+
+
+def _excess_over_tp1(phase: str, tp: int) -> tuple[float, float]:
+    """What a phase costs beyond its TP 1 value (the timer's own cost where nothing is waited for)."""
+    if tp <= 1:
+        return 0.0, 0.0
+    (a, s), (a1, s1) = phase_line(phase, tp), phase_line(phase, 1)
+    return max(a - a1, 0.0), max(s - s1, 0.0)
+
+
+def _rounded(intercept: float, slope: float) -> tuple[float, float]:
+    return round(intercept, 2), round(slope, 3)
+
+
+def engine_host(engine_version: str, tp: int) -> tuple[float, float]:
+    """(per_step_ms, per_seq_ms) of a continuous-batching vLLM step of this version at this TP."""
+    loop_a, loop_s = _sum(LOOP, tp)
+    if engine_version == "vllm-v1":
+        sync_a, sync_s = _excess_over_tp1("post_prepare_inputs_barrier", tp)
+        return _rounded(loop_a + sync_a, loop_s + sync_s)
+    if engine_version == "vllm-v0":
+        out_a, out_s = phase_line("process_model_outputs", tp)
+        ray_a, ray_s = phase_line("ray_comm_time", tp) if tp > 1 else (0.0, 0.0)  # no Ray workers at TP 1
+        return _rounded(loop_a + out_a + ray_a, loop_s + out_s + ray_s)
+    if engine_version == "vllm-0.6":
+        sync_a, sync_s = _excess_over_tp1("post_prepare_inputs_barrier", tp)
+        return _rounded((loop_a + sync_a) / MULTI_STEP, (loop_s + sync_s) / MULTI_STEP)
+    raise ValueError(f"unknown engine version {engine_version!r}; known: {', '.join(ENGINE_VERSIONS)}")
+
+
 def _engine_loop(tp: int) -> tuple[float, float]:
-    return SCHED_PREP_SAMPLE_TP1 if tp <= 1 else SCHED_PREP_SAMPLE_TPN
+    """The early-TGI (`dynamic`) loop keeps the TP 1 line at TP 1 and the TP 4 one elsewhere, as
+    before engine versions existed (TGI's own multi-rank costs are not measured anywhere we know)."""
+    return _rounded(*_sum(LOOP, 1 if tp <= 1 else 4))
 
 
-def default_host_overhead(policy: str, num_layers: int, tp: int) -> HostOverhead:
-    """The default host model for the engine `policy` models, at this layer count and TP."""
-    base, per_seq = _engine_loop(tp)
+def default_host_overhead(policy: str, num_layers: int, tp: int,
+                          engine_version: str = DEFAULT_ENGINE_VERSION) -> HostOverhead:
+    """The default host model for the engine `policy` models, at this layer count and TP;
+    `engine_version` selects the vLLM version a `continuous` step is priced as."""
     if policy == "continuous":
-        # vLLM: scheduler, input preparation and sampling stay on the engine loop's critical path;
-        # output processing/detokenisation overlaps the GPU (v0.6.0 async output processor; V1 moves
-        # it to another process) and CUDA graphs remove per-kernel launches in decode.
-        return HostOverhead(per_step_ms=base, per_seq_ms=per_seq)
+        per_step, per_seq = engine_host(engine_version, tp)
+        return HostOverhead(per_step_ms=per_step, per_seq_ms=per_seq)
+    base, per_seq = _engine_loop(tp)
+    out_a, out_s = phase_line("process_model_outputs", 1)
+    out = round(out_a, 3), round(out_s, 3)  # 0.126 + 0.062 per sequence, as before engine versions
     if policy == "dynamic":
         # early TGI: the same loop work, plus output building on the critical path and eager launches
         return HostOverhead(
-            per_step_ms=base + OUTPUT_PROCESSING[0] + EAGER_LAUNCH_MS_PER_LAYER * num_layers,
-            per_seq_ms=per_seq + OUTPUT_PROCESSING[1],
+            per_step_ms=base + out[0] + EAGER_LAUNCH_MS_PER_LAYER * num_layers,
+            per_seq_ms=per_seq + out[1],
         )
     if policy == "static":
         # HF generate / FasterTransformer-style loop: one padded batch tensor, no scheduler
@@ -50,10 +138,13 @@ def default_host_overhead(policy: str, num_layers: int, tp: int) -> HostOverhead
     raise ValueError(f"unknown policy {policy!r}")
 
 
-def host_overhead_block(num_layers: int, tp: int) -> tuple[dict, dict]:
-    """(host_overhead, host_overhead_by_policy) for a profile document."""
-    by_policy = {
-        p: {k: round(v, 4) for k, v in default_host_overhead(p, num_layers, tp).to_dict().items()}
-        for p in ("static", "dynamic", "continuous")
-    }
-    return dict(by_policy["continuous"]), by_policy
+def _terms(h: HostOverhead) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in h.to_dict().items()}
+
+
+def host_overhead_block(num_layers: int, tp: int) -> tuple[dict, dict, dict]:
+    """(host_overhead, host_overhead_by_policy, host_overhead_by_engine) for a profile document;
+    `continuous` and `host_overhead` are the default engine version's."""
+    by_policy = {p: _terms(default_host_overhead(p, num_layers, tp)) for p in ("static", "dynamic", "continuous")}
+    by_engine = {v: _terms(default_host_overhead("continuous", num_layers, tp, v)) for v in ENGINE_VERSIONS}
+    return dict(by_policy["continuous"]), by_policy, by_engine

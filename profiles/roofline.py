@@ -404,7 +404,7 @@ def build_roofline_profile(
     from kvsim.profiles.host import host_overhead_block
 
     eff = efficiency or load_efficiency()
-    host, host_by_policy = host_overhead_block(model.num_layers, tp)
+    host, host_by_policy, host_by_engine = host_overhead_block(model.num_layers, tp)
     collectives = collectives_for(gpu, tp)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -417,6 +417,7 @@ def build_roofline_profile(
         "model_shape": model.to_dict(),
         "host_overhead": host,
         "host_overhead_by_policy": host_by_policy,
+        "host_overhead_by_engine": host_by_engine,
         "linear": {
             "num_tokens": NUM_TOKENS,
             "time_ms": [_r(linear_layer_ms(gpu, model, tp, t, eff, ep)) for t in NUM_TOKENS],
@@ -457,7 +458,7 @@ def build_roofline_profile(
             "efficiency_fitted_on": "H100 Llama-2-7B operator timings (profiles/efficiency_h100.json)",
             "prefill_attention": "FlashAttention-3 H100 efficiency curve + wave occupancy (profiles/README.md)",
             "decode_attention": f"paged: whole blocks + {PAGED_BLOCK_OVERHEAD_TOKENS:.2f} rows per block (vLLM paper)",
-            "host_overhead": "defaults per policy from public measurements (profiles/host.py, README)",
+            "host_overhead": "defaults per policy and engine version from public measurements (profiles/host.py, README)",
             "collective": collectives["source"] if collectives else "none (tp 1)",
         },
     }

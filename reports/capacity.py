@@ -418,52 +418,35 @@ CHECKS_PER_RUN = 40  # a run is tested each time 1/40 of its requests (at least 
 
 
 def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, early_stop: bool = False) -> dict[str, Any]:
-    """One run's summary (with goodput) for the rate search. With `early_stop` the run ends as
-    soon as the requests that already left prove a target missed: numpy's p95 of N values
-    exceeds a limit once N - floor(0.95 (N - 1)) of them do (and that count only grows with N,
-    so the run's own request count bounds it), and the goodput share falls short once more
-    requests missed a per-request SLO than the attainment allows. A stopped run's summary has
+    """One run's summary (with goodput, and `engine_core`: the core that ran it) for the rate
+    search. With `early_stop` the run ends as soon as the requests that already left prove a
+    target missed: numpy's p95 of N values exceeds a limit once N - floor(0.95 (N - 1)) of them
+    do (and that count only grows with N, so the run's own request count bounds it), and the
+    goodput share falls short once more requests missed a per-request SLO than the attainment
+    allows. The test runs each time 1/CHECKS_PER_RUN of the requests (at least 10) have left,
+    as a watch on the request records that either engine core honours (simcore.cores), so a
+    run stops after the same requests whichever core runs it. A stopped run's summary has
     `early_stop` (why) and lower bounds for the p95s it proved too high; a run that is not
-    stopped is the very run `simulate()` makes (the watcher only reads the records)."""
+    stopped is the very run `simulate()` makes (the watch only reads the records)."""
+    from kvsim.simcore.records import RunStopped
     from kvsim.simcore.simulate import prepare
 
     sim = prepare(model, gpu, config, workload, profile, seed=seed)
     total = int(workload.num_requests)
-    records = sim.engine.lifecycle.records
+    records = sim.replicas[0].lifecycle.records
     if early_stop and slo.ttft_p95_ms is None and slo.tpot_p95_ms is None and not slo.goodput_ms:
         early_stop = False
-    rate = getattr(workload, "rate", None)  # a ScaledWorkload: its requests arrive over total / rate s
-    if not early_stop or total > records.cap or not rate:
-        return summary_with_goodput(sim.run(), slo)
-    stop = sim.env.event()
-    sim.env.process(_watch(sim.env, records, total, total / rate / (2 * CHECKS_PER_RUN), slo, stop))
-    sim.env.run(until=stop)
-    if stop.value:
-        return stop.value
-    return summary_with_goodput(sim.run(), slo)
+    watch = None
+    if early_stop and total <= records.cap:
+        def check(records) -> dict[str, Any] | None:
+            return None if records.num_left >= total else _proven_failure(records, total, slo)
 
-
-def _watch(env, records, total: int, tick_s: float, slo: SLO, stop):
-    """A SimPy process: every `tick_s` simulated seconds, once enough more requests have left,
-    test whether the run already fails; succeed `stop` with the failing summary, or with None
-    once every request left or nothing has left for a long while (then `Simulation.run`
-    finishes the run as usual, stall check included). It only reads the records."""
-    every = max(10, total // CHECKS_PER_RUN)
-    checked = last = idle = 0
-    while True:
-        yield env.timeout(tick_s)
-        left = records.num_left
-        idle = idle + 1 if left == last and records.num_arrived >= total else 0
-        last = left
-        if left >= total or idle > 4 * CHECKS_PER_RUN:
-            stop.succeed(None)
-            return
-        if left - checked >= every:
-            checked = left
-            failed = _proven_failure(records, total, slo)
-            if failed is not None:
-                stop.succeed(failed)
-                return
+        watch = (max(10, total // CHECKS_PER_RUN), check)
+    try:
+        result = sim.run(watch)
+    except RunStopped as stop:
+        return {**stop.value, "engine_core": stop.engine_core}
+    return {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
 
 
 def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:

@@ -340,7 +340,7 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
         result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
-        summary = summary_with_goodput(result, slo)
+        summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
             return n, summary, []
@@ -384,7 +384,8 @@ def rows_for_target(
         if id(a) in checked:
             summary, reasons, extra = checked[id(a)]
             row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
-                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica")})
+                        "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica"),
+                        "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
@@ -423,8 +424,19 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
                 # what priced its steps (none for a candidate pruned before pricing)
                 "profile_source": a.profile.source if a.profile is not None else None,
-                "profile_sha256": a.profile.sha256 if a.profile is not None else None})
+                "profile_sha256": a.profile.sha256 if a.profile is not None else None,
+                "engine_core": _engine_cores(a)})
     return row
+
+
+def _engine_cores(a: Assessment, confirmation: dict[str, Any] | None = None) -> str | None:
+    """The engine cores (simcore.cores) that ran the candidate's search and confirmation runs,
+    e.g. "c" or "c+python"; None where nothing ran."""
+    summaries = [p.summary for p in a.capacity.points] if a.capacity is not None else []
+    if confirmation is not None:
+        summaries.append(confirmation)
+    cores = sorted({s["engine_core"] for s in summaries if s.get("engine_core")})
+    return "+".join(cores) or None
 
 
 def _serve_line(c: Candidate) -> str:

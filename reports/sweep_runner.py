@@ -79,8 +79,8 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
-    row.update({"kvsim_version": record["kvsim_version"], "wall_s": time.perf_counter() - started,
-                "warnings": "; ".join(result.warnings)})
+    row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
+                "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
     return row
 
 

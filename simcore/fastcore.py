@@ -7,12 +7,14 @@ Why: the Python engine spends ~100 us of interpreter time per step; a planner ru
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
 and serves everything the core does not support (`unsupported` says why).
 
-The C run is resumable: it stops whenever one of its output buffers (inter-token gaps, rows of
-requests that left, step rows, arrival stamps) may not hold the next event's output, or when it
-needs the next chunk of the workload; this module empties the buffers into the run's bounded
-stores (RequestRecords, Samples, StepRecorder) and resumes it, so memory stays flat in request
-count. Runs of decode steps that change nothing but the contexts come back as one step row
-(`num_steps` > 1), as the Python engine's decode spans do.
+The C run is resumable: it stops whenever one of its output buffers (rows of requests that
+left, step rows, arrival stamps) may not hold the next event's output, or when it needs the next
+chunk of the workload; this module empties the buffers into the run's bounded stores
+(RequestRecords, StepRecorder) and resumes it, so memory stays flat in request count. Runs of
+decode steps that change nothing but the contexts come back as one step row (`num_steps` > 1),
+as the Python engine's decode spans do. Inter-token gaps never cross: the core keeps them up to
+the ITL store's cap and bins them past it as the store would (simcore.records.Samples), and
+hands over the one or the other at the end.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ KV_STEP_ROW = 26
 KV_COUNTS = 5  # engine.h: longs per replica from kv_engine_counts
 _DONE, _FULL, _NEED_INPUT = 0, 1, 2  # kv_engine_run's answers (negative: errors)
 _REJECT_MODEL_LEN = 1
-_ITL_CAP = 1 << 18  # output buffers (doubles per value / row)
-_ROWS_CAP = 1 << 14
+_ROWS_CAP = 1 << 14  # output buffers (rows)
+FOLD_STEPS = True  # step rows folded in C unless they must stream out (False: through Python; tests)
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
@@ -37,7 +39,8 @@ class _Config(ctypes.Structure):
     _fields_ = [(name, ctypes.c_long) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
-        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching")] + [("swap_block_s", ctypes.c_double)]
+        "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block",
+        "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double)]
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
@@ -49,7 +52,6 @@ _P = ctypes.POINTER(ctypes.c_double)
 
 class _Outputs(ctypes.Structure):
     _fields_ = [
-        ("itl", _P), ("itl_cap", ctypes.c_long), ("itl_n", ctypes.c_long), ("itl_rep", ctypes.POINTER(ctypes.c_int)),
         ("req", _P), ("req_cap", ctypes.c_long), ("req_n", ctypes.c_long),
         ("step", _P), ("step_cap", ctypes.c_long), ("step_n", ctypes.c_long),
         ("arr", _P), ("arr_cap", ctypes.c_long), ("arr_n", ctypes.c_long),
@@ -96,6 +98,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
     lib.kv_engine_counts.restype = None
     lib.kv_engine_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_steps.restype = ctypes.c_long
+    lib.kv_engine_steps.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P, _P]
+    lib.kv_engine_itl.restype = ctypes.c_long
+    lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -165,6 +171,8 @@ def run(sim: Any, progress=None) -> Any:
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
+    from kvsim.simcore import metrics as metrics_module
+    from kvsim.simcore import records as records_module
 
     lib = ccore.library()
     _declare(lib)
@@ -174,12 +182,14 @@ def run(sim: Any, progress=None) -> Any:
     alloc = policy.allocator
     dp = len(engines)
     clients = _clients(sim.workload)
+    fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
         engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
         alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
-        int(policy.enable_prefix_caching), engine.swap_block_s,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
     )
     blob = ccore.pricing_blob(latency)
     pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
@@ -189,7 +199,7 @@ def run(sim: Any, progress=None) -> Any:
     try:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
-        return _drive(lib, handle, sim, engines, latency, progress)
+        return _drive(lib, handle, sim, engines, latency, progress, fold)
     except CoreUnavailable as exc:
         # nothing went out to the caller yet
         exc.clean = engine.lifecycle.records.kept and not any(e.recorder.streaming for e in engines)
@@ -208,24 +218,18 @@ def _clients(workload: Any) -> int:
     return min(int(workload.arrival.concurrency), int(workload.num_requests))
 
 
-def _drive(lib, handle, sim, engines, latency, progress) -> Any:
+def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     engine = engines[0]
     dp = len(engines)
     m = engine.policy.max_num_seqs + 2
-    itl = np.empty(max(_ITL_CAP, 4 * m))
-    itl_rep = np.zeros(len(itl), dtype=np.intc) if dp > 1 else None
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
     step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
     out = _Outputs()
-    out.itl, out.itl_cap = itl.ctypes.data_as(_P), len(itl)
-    if itl_rep is not None:
-        out.itl_rep = itl_rep.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
     out.req, out.req_cap = req.ctypes.data_as(_P), len(req)
     out.step, out.step_cap = step.ctypes.data_as(_P), len(step)
     out.arr, out.arr_cap = arr.ctypes.data_as(_P), len(arr)
     records = engine.lifecycle.records
-    lives = [e.lifecycle for e in engines]
     pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
     state = {"fed": records.num_arrived}
     chunks = sim.workload.iter_arrays(sim.workload_seed)
@@ -250,22 +254,12 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
         if out.arr_n:
             pending_arrivals.append(arr[:out.arr_n].copy())
             out.arr_n = 0
-        if out.itl_n:
-            if dp == 1:
-                lives[0].itl.extend(itl[:out.itl_n])
-            else:  # each replica's own store, in emission order (Result pools them replica by replica)
-                tags = itl_rep[:out.itl_n]
-                for index, life in enumerate(lives):
-                    life.itl.extend(itl[:out.itl_n][tags == index])
-            out.itl_n = 0
         if out.req_n:
             rows = req[:out.req_n]
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
                 rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
-            for life in lives:
-                life.itl.settle()
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
                 before = out.num_done - out.req_n
                 for count in range((before // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY, out.num_done + 1, _PROGRESS_EVERY):
@@ -309,10 +303,53 @@ def _drive(lib, handle, sim, engines, latency, progress) -> Any:
     for index, e in enumerate(engines):
         (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
          e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    _collect_itls(lib, handle, engines)
+    if fold:
+        _collect_steps(lib, handle, engines)
     if stats is None:  # the generator ended without a final NEED_INPUT (never: kept for safety)
         for _ in chunks:
             pass
     return stats
+
+
+def _collect_steps(lib, handle, engines) -> None:
+    """Each replica's step table as the core folded it (simcore.metrics.StepRecorder's totals,
+    kept rows and coalescing, in C): no step row crossed to Python during the run."""
+    from kvsim.simcore.metrics import KV_KINDS, StepTotals
+
+    ints = (ctypes.c_long * 8)()
+    sums = (ctypes.c_double * (3 + len(KV_KINDS)))()
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_steps(handle, index, ints, sums, None)
+        rows = np.empty((n, 21))
+        lib.kv_engine_steps(handle, index, ints, sums, rows.ctypes.data_as(_P))
+        totals = StepTotals(num_steps=ints[0], duration_s=sums[0], seq_steps=ints[1], running_s=sums[1],
+                            max_running=ints[2], kv_allocated_max=ints[3], kv_blocked_s=sums[2], num_preempted=ints[4],
+                            kv_slot_s=dict(zip(KV_KINDS, sums[3:], strict=True)))
+        engine.recorder.load_folded(rows, totals, ints[5], bool(ints[6]), bool(ints[7]))
+
+
+def _collect_itls(lib, handle, engines) -> None:
+    """Each replica's inter-token gaps into its ITL store (simcore.records.Samples): every gap,
+    in emission order, while there are at most the store's cap; past it the core kept none and
+    binned every one as the store would, and the store becomes those bins. So a run of any length
+    keeps a histogram, not its gaps, and Python never touches a gap one by one."""
+    from kvsim.simcore.records import Samples
+
+    stats = (ctypes.c_double * 5)()
+    key0 = ctypes.c_long()
+    for index, engine in enumerate(engines):
+        life = engine.lifecycle
+        n = lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, None)
+        count = int(stats[0])
+        if count <= life.itl.cap:
+            values = np.empty(count)
+            lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), None, values.ctypes.data_as(_P))
+            life.itl.extend(values)
+            continue
+        counts = np.zeros(n, dtype=np.int64)
+        lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
+        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
 
 
 def _feed(lib, handle, chunk, closed: bool) -> None:

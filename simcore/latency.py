@@ -49,6 +49,7 @@ import numpy as np
 
 import kvsim.simcore.userjson as userjson
 from kvsim.simcore.errors import ProfileError
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
 SCHEMA = "kvsim-profile"
 SCHEMA_VERSION = 2
@@ -241,12 +242,14 @@ class Profile:
     # tables twice; later calls build their own. Not compared, printed or pickled.
     _unused_model: StepLatencyModel | None = field(default=None, init=False, repr=False, compare=False)
 
-    def latency_model(self, where: str = "profile", policy: str = "continuous") -> StepLatencyModel:
-        """A fresh StepLatencyModel of this profile for one simulation."""
+    def latency_model(self, where: str = "profile", policy: str = "continuous",
+                      engine_version: str = DEFAULT_ENGINE_VERSION) -> StepLatencyModel:
+        """A fresh StepLatencyModel of this profile for one simulation (its steps priced as
+        `engine_version` where the profile has that version's host terms)."""
         model, self._unused_model = self._unused_model, None
-        if model is not None and model.policy == policy:
+        if model is not None and model.policy == policy and model.engine_version == engine_version:
             return model
-        return StepLatencyModel(self.data, where, policy=policy)
+        return StepLatencyModel(self.data, where, policy=policy, engine_version=engine_version)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_unused_model": None}
@@ -422,9 +425,17 @@ def _host_terms(value: Any, where: str) -> HostOverhead:
     return HostOverhead(**terms)
 
 
-def host_overhead(data: dict, where: str, policy: str) -> HostOverhead:
-    """The host model for `policy`: its entry in host_overhead_by_policy if the profile has one,
-    else host_overhead (v1: step_overhead_ms[_by_policy] as the per-step term alone)."""
+def host_overhead(data: dict, where: str, policy: str, engine_version: str | None = None) -> HostOverhead:
+    """The host model for `policy`: for `continuous` run as `engine_version`, its entry in
+    host_overhead_by_engine when the profile has one; else the policy's entry in
+    host_overhead_by_policy if any, else host_overhead (v1: step_overhead_ms[_by_policy] as the
+    per-step term alone). A measured or calibrated profile without per-engine terms keeps its own."""
+    return host_overhead_source(data, where, policy, engine_version)[0]
+
+
+def host_overhead_source(data: dict, where: str, policy: str,
+                         engine_version: str | None = None) -> tuple[HostOverhead, str]:
+    """host_overhead and the profile field it came from (what a run records)."""
     if policy not in POLICIES:
         raise ProfileError(f"{where}: unknown batching policy {policy!r}; known: {', '.join(POLICIES)}")
     v1 = data.get("schema_version") == 1
@@ -433,19 +444,29 @@ def host_overhead(data: dict, where: str, policy: str) -> HostOverhead:
     )
     wrap = (lambda v: {"per_step_ms": v}) if v1 else (lambda v: v)
     default = _host_terms(wrap(_need(data, base_key, where)), f"{where}.{base_key}")
+    chosen, source = default, base_key
     by_policy = data.get(by_key)
-    if by_policy is None:
-        return default
-    if not isinstance(by_policy, dict):
-        raise ProfileError(f"{where}.{by_key}: expected an object keyed by policy")
-    chosen = default
-    for key, value in by_policy.items():
-        if key not in POLICIES:
-            raise ProfileError(f"{where}.{by_key}: unknown policy {key!r}; known: {', '.join(POLICIES)}")
-        terms = _host_terms(wrap(value), f"{where}.{by_key}.{key}")
-        if key == policy:
-            chosen = terms
-    return chosen
+    if by_policy is not None:
+        if not isinstance(by_policy, dict):
+            raise ProfileError(f"{where}.{by_key}: expected an object keyed by policy")
+        for key, value in by_policy.items():
+            if key not in POLICIES:
+                raise ProfileError(f"{where}.{by_key}: unknown policy {key!r}; known: {', '.join(POLICIES)}")
+            terms = _host_terms(wrap(value), f"{where}.{by_key}.{key}")
+            if key == policy:
+                chosen, source = terms, f"{by_key}.{key}"
+    by_engine = data.get("host_overhead_by_engine")
+    if by_engine is not None and not v1:
+        if not isinstance(by_engine, dict):
+            raise ProfileError(f"{where}.host_overhead_by_engine: expected an object keyed by engine version")
+        for key, value in by_engine.items():
+            if key not in ENGINE_VERSIONS:
+                raise ProfileError(f"{where}.host_overhead_by_engine: unknown engine version {key!r}; "
+                                   f"known: {', '.join(ENGINE_VERSIONS)}")
+            terms = _host_terms(value, f"{where}.host_overhead_by_engine.{key}")
+            if policy == "continuous" and key == engine_version:
+                chosen, source = terms, f"host_overhead_by_engine.{key}"
+    return chosen, source
 
 
 @dataclass
@@ -490,14 +511,15 @@ class PrefillOccupancy:
 class StepLatencyModel:
     """Prices one engine step from a profile; the engine never knows how it was measured."""
 
-    def __init__(self, data: dict[str, Any], where: str = "profile", policy: str = "continuous"):
+    def __init__(self, data: dict[str, Any], where: str = "profile", policy: str = "continuous",
+                 engine_version: str = DEFAULT_ENGINE_VERSION):
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object")
         shape = _need(data, "model_shape", where)
         layers = _need(shape, "num_layers", f"{where}.model_shape")
         self.num_layers = int(_numbers([layers], f"{where}.model_shape.num_layers")[0])
-        self.policy = policy
-        self.host = host_overhead(data, where, policy)
+        self.policy, self.engine_version = policy, engine_version
+        self.host, self.host_source = host_overhead_source(data, where, policy, engine_version)
         self.step_overhead_ms = self.host.per_step_ms  # v1 name, kept for readers of the old field
         for key in ("linear", "prefill_attention", "lm_head"):
             _check_table_values(data.get(key), f"{where}.{key}")

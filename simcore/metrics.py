@@ -230,6 +230,18 @@ class StepRecorder:
                 self._seal()
             start = end
 
+    def load_folded(self, rows: np.ndarray, totals: StepTotals, halvings: int, coalesced: bool,
+                    streaming: bool) -> None:
+        """Take the state of a fresh recorder's run that was folded elsewhere (the compiled core
+        does `record_rows`, `_fold`, `_seal` and `_coalesce_pairs` on its rows in C, to the
+        same floats): the kept rows (n, 21) in `_COLUMNS` order, at their grain, and the totals."""
+        assert not self._num_rows and not self._kept and self.spill is None, "a fresh recorder, nothing spilled"
+        if len(rows):
+            rows = np.ascontiguousarray(rows, dtype=np.float64)
+            self._kept = [{name: rows[:, i].copy() for i, name in enumerate(_COLUMNS)}]
+        self._num_kept = len(rows)
+        self._totals, self._halvings, self.coalesced, self.streaming = totals, halvings, coalesced, streaming
+
     def _fold(self) -> None:
         """Add the pending rows not yet in `_totals` to it: what `record` / `record_span` once
         summed on every call, in the same order (so the same floats)."""

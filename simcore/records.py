@@ -130,6 +130,19 @@ class Samples:
         self._hist += np.bincount(keys - self._key0, weights, minlength=len(self._hist)).astype(np.int64)
 
     @classmethod
+    def from_bins(cls, cap: int, count: int, total: float, lo: float, hi: float, zeros: int, key0: int,
+                  counts: np.ndarray) -> Samples:
+        """A store past its cap whose values were binned elsewhere (the compiled core bins them
+        as `_bin_values` does: the same keys, block sums and extremes): `counts` by key from
+        `key0`. As `settle(force=True)` leaves a store: every value binned."""
+        out = cls(cap)
+        out._binned = True
+        out.count, out.total, out.min, out.max, out._zeros = count, total, lo, hi, zeros
+        if len(counts):
+            out._hist, out._key0 = np.asarray(counts, dtype=np.int64), key0
+        return out
+
+    @classmethod
     def merged(cls, stores: list[Samples]) -> Samples:
         """One store holding the values of several (replicas), in their order."""
         if len(stores) == 1:
@@ -245,6 +258,17 @@ REQUEST_COLUMNS = (
 )
 
 
+class RunStopped(Exception):
+    """A records watch stopped the run (`RequestRecords.watch`); `value` is what its check
+    returned. (Built from its args alone: SimPy re-raises a process's exception as a copy.)"""
+
+    engine_core = ""  # which core ran, set by the simulation (simcore.simulate)
+
+    @property
+    def value(self) -> Any:
+        return self.args[0]
+
+
 def derived_latencies(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ttft_s, e2el_s, tpot_s) of each row; NaN where not defined (rejected, one token)."""
     done = cols["status"] == FINISHED
@@ -281,6 +305,23 @@ class RequestRecords:
         self._block_start = array("d")  # arrival time of every SATURATION_BLOCK-th arrival
         self.bounded: Bounded | None = None  # the running sums, once rows stop being kept
         self.num_replicas = 1  # set by the simulation; > 1 adds the `replica` column
+        self._watch: Callable[[RequestRecords], Any] | None = None
+        self._watch_every = 0
+        self._watch_at = 0  # num_left at which the watch runs next (0: never, as num_left >= 1 there)
+
+    def watch(self, every: int, check: Callable[[RequestRecords], Any]) -> None:
+        """Run `check(self)` each time `every` more requests have left (the `every`-th, the
+        2`every`-th, ... row, counted from now); a value other than None stops the run: it is
+        raised as RunStopped(value) out of the `leave` that added the row. Both engine cores add
+        the same rows in the same order, so a check sees the same rows whichever core runs."""
+        assert every >= 1
+        self._watch, self._watch_every, self._watch_at = check, every, self.num_left + every
+
+    def _watched(self) -> None:
+        self._watch_at += self._watch_every
+        value = self._watch(self)
+        if value is not None:
+            raise RunStopped(value)
 
     # -- fed by the lifecycle (once per request) -------------------------------------------
     def arrive(self, now: float) -> None:
@@ -323,12 +364,18 @@ class RequestRecords:
         while start < count:
             room = (self._seal_len - len(self._rows)) // _RAW_WIDTH
             end = min(count, start + room)
+            if self._watch_at > self.num_left:  # stop at the watched row, as one by one does
+                end = min(end, start + self._watch_at - self.num_left)
             self._rows.frombytes(np.ascontiguousarray(rows[start:end], dtype=np.float64).tobytes())
             self.num_left += end - start
             if len(self._rows) >= self._seal_len:
                 if before_seal is not None:
                     before_seal(end - 1)
                 self._seal()
+            if self.num_left == self._watch_at:
+                if before_seal is not None:
+                    before_seal(end - 1)  # the arrivals up to this row, as one by one
+                self._watched()
             start = end
 
     def leave(self, st: Any, replica: int) -> None:
@@ -346,6 +393,8 @@ class RequestRecords:
         self.num_left += 1
         if len(self._rows) >= self._seal_len:
             self._seal()
+        if self.num_left == self._watch_at:
+            self._watched()
 
     def finalize(self) -> None:
         """Seal the last partial chunk (the end of the run)."""

@@ -18,7 +18,7 @@ from kvsim.simcore.memory import MemoryPlan
 from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
 from kvsim.simcore.pipeline import PipelineLatency
 from kvsim.simcore.policies import make_policy
-from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, Samples
+from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
 from kvsim.simcore.request import Workload
 from kvsim.simcore.router import Router
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -159,45 +159,49 @@ class Simulation:
         return self.engines[0]
 
     def choose_core(self) -> tuple[str, str]:
-        """("c" or "python", why python): the compiled core when it supports this run and
-        `engine_core` allows it (--exact-steps always means the Python reference)."""
-        if self.engine_core == "python":
-            return "python", "--engine-core python"
+        """(the core that runs it, why not the compiled one): the first registered core that
+        supports this run (simcore.cores), or the one `engine_core` names (--exact-steps always
+        means the Python reference)."""
+        from kvsim.simcore import cores
+
+        if self.engine_core == cores.PYTHON:
+            return cores.PYTHON, "--engine-core python"
         if self.record["resolved"]["exact_steps"] and self.config.engine.pipeline_parallel_size == 1:
-            if self.engine_core == "c":
-                raise ConfigError("--engine-core c runs no --exact-steps: that is the Python engine, the reference")
-            return "python", "--exact-steps"
-        from kvsim.simcore import fastcore
+            if self.engine_core != "auto":
+                raise ConfigError(f"--engine-core {self.engine_core} runs no --exact-steps: that is the "
+                                  "Python engine, the reference")
+            return cores.PYTHON, "--exact-steps"
+        return cores.choose(self, self.engine_core, AUTO_C)
 
-        reason = fastcore.unsupported(self)
-        if reason and self.engine_core == "c":
-            raise ConfigError(f"--engine-core c cannot run this simulation: {reason}")
-        if not reason and self.engine_core == "auto" and not AUTO_C:
-            reason = "--engine-core auto runs the Python engine (the C core is opt-in: --engine-core c)"
-        return ("python", reason) if reason else ("c", "")
+    def run(self, watch: tuple[int, Callable[[RequestRecords], Any]] | None = None) -> Result:
+        """Run to the last request and collect the tables; raises if any request stalled.
+        `watch`: (every, check) on the request records (`RequestRecords.watch`): a check that
+        returns a value stops the run with `records.RunStopped` (its `engine_core` says which
+        core ran), whichever core runs it, after the same requests."""
+        from kvsim.simcore import cores
 
-    def run(self) -> Result:
-        """Run to the last request and collect the tables; raises if any request stalled."""
         engines, latency = self.replicas, self.latency
         core, why = self.choose_core()
+        hooks = cores.Hooks(self.progress, watch)
         stats = None
-        if core == "c":
-            from kvsim.simcore import fastcore
-
-            try:
-                stats = fastcore.run(self, self.progress)
-            except fastcore.CoreUnavailable as exc:
-                if self.engine_core == "c":
-                    raise ConfigError(f"--engine-core c cannot run this simulation: {exc}") from None
-                if not exc.clean:
-                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
-                                      "run it with --engine-core python") from None
-                core, why = "python", str(exc)  # nothing was recorded yet: the Python engine runs it
-        if core == "python":
-            if self.engine_core == "auto":
-                _say_python_core_once(why)
-            self.env.run()
-            stats = self.arrivals.value  # what the workload's generation counted (None: it counts nothing)
+        try:
+            if core != cores.PYTHON:
+                try:
+                    stats = cores.get(core).run(self, hooks)
+                except cores.CoreUnavailable as exc:
+                    if self.engine_core == core:
+                        raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
+                    if not exc.clean:
+                        raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                          "run it with --engine-core python") from None
+                    core, why = cores.PYTHON, str(exc)  # nothing was recorded yet: the Python engine runs it
+            if core == cores.PYTHON:
+                if self.engine_core == "auto":
+                    _say_python_core_once(why)
+                stats = cores.get(core).run(self, hooks)
+        except RunStopped as stop:
+            stop.engine_core = core
+            raise
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:  # a scheduling bug, never a user error: fail loudly rather than under-report
             raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
@@ -344,7 +348,9 @@ def prepare(
     else:
         cfg = resolve(model, gpu, config)
     config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
-    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead)  # built once per run
+    latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead,
+                                    engine_version=config.engine_version)  # built once per run
+    host_source, host_terms = latency.host_source, latency.host.to_dict()
     warnings = []
     if not latency.set_block_size(config.block_size):
         warnings.append(
@@ -419,6 +425,9 @@ def prepare(
             "path": profile.path, "sha256": profile.sha256, "source": profile.source,
             "label": profile.label,
         },
+        # which vLLM version the steps are priced and scheduled as, and the host terms used
+        "engine": {"version": config.engine_version, "host_overhead_from": host_source,
+                   "host_overhead_ms": host_terms},
         "memory": memory.to_dict(),
     }
     if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:

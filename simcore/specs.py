@@ -292,6 +292,17 @@ _DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 
 PREEMPTION_MODES = ("recompute", "swap")
+# vLLM versions a continuous-batching run can be priced and scheduled as (profiles/host.py says
+# what each one's host cost is, and why). A preset's scheduler defaults apply to the options the
+# user did not set: V0 and 0.6 schedule prefill-first without chunked prefill and without prefix
+# caching (their defaults; vLLM V0 `SchedulerConfig`), V1 chunks prompts and caches prefixes.
+ENGINE_VERSIONS = ("vllm-v0", "vllm-0.6", "vllm-v1")
+DEFAULT_ENGINE_VERSION = "vllm-v1"
+ENGINE_PRESETS = {
+    "vllm-v0": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
+    "vllm-0.6": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
+    "vllm-v1": {"enable_chunked_prefill": True, "enable_prefix_caching": True},
+}
 RESERVATIONS = ("max", "pow2", "oracle")
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity")
 
@@ -334,6 +345,7 @@ class EngineConfig:
     quantization: str | None = None  # weights: None (the checkpoint's own) | fp8
     enable_expert_parallel: bool = False  # MoE: experts sharded over all tp x dp GPUs (vLLM's flag)
     speculative_config: SpeculativeConfig | None = None  # vLLM's --speculative-config (simcore.speculative)
+    engine_version: str = DEFAULT_ENGINE_VERSION  # the vLLM version a continuous step's host cost models
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
@@ -359,6 +371,10 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        if self.engine_version not in ENGINE_VERSIONS:
+            raise ConfigError(
+                f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {self.engine_version!r}"
             )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
@@ -432,4 +448,5 @@ class EngineConfig:
         return d
 
 
-__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS"]
+__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ENGINE_VERSIONS",
+           "DEFAULT_ENGINE_VERSION", "ENGINE_PRESETS"]

@@ -407,7 +407,7 @@ def test_running_out_of_memory_is_one_line_and_leaves_no_output(tmp_path, monkey
     def out_of_memory(*args, **kwargs):
         raise MemoryError("kvsim: the C engine core could not allocate its state")
 
-    monkeypatch.setattr(simulate_module, "simulate", out_of_memory)
+    monkeypatch.setattr(simulate_module.Simulation, "run", out_of_memory)  # whichever path kvsim run takes to it
     result = invoke("run", "--num-requests", "5", "--out", str(tmp_path / "run"))
     assert result.exit_code == 1, (result.stdout, result.stderr)
     assert result.stderr == ("kvsim: error: out of memory: the C engine core could not allocate its state "

@@ -86,7 +86,7 @@ def _models() -> dict[str, StepLatencyModel]:
     terms = copy.deepcopy(doc)  # every host term at work (the committed profiles leave prefill's at 0)
     terms["host_overhead"] = {"per_step_ms": 1.37, "per_seq_ms": 0.0491, "per_prefill_step_ms": 0.731,
                               "per_prefill_token_ms": 0.00117}
-    del terms["host_overhead_by_policy"]
+    del terms["host_overhead_by_policy"], terms["host_overhead_by_engine"]
     models["host-terms"] = parse_profile(terms).latency_model()
     for policy in ("static", "dynamic"):
         models[f"policy-{policy}"] = StepLatencyModel(doc, policy=policy)

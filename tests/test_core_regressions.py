@@ -56,8 +56,8 @@ def test_output_buffers_too_small_for_one_event_are_an_error_not_a_spin():
     handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
     try:
         bufs = {name: np.zeros(width * 64) for name, width in
-                (("itl", 1), ("req", fastcore.KV_REQ_ROW), ("step", fastcore.KV_STEP_ROW), ("arr", 1))}
-        caps = {"itl": 4, "req": 64, "step": 64, "arr": 64}  # room for 4 gaps: fewer than max_num_seqs + 1
+                (("req", fastcore.KV_REQ_ROW), ("step", fastcore.KV_STEP_ROW), ("arr", 1))}
+        caps = {"req": 4, "step": 64, "arr": 64}  # room for 4 request rows: fewer than max_num_seqs + 1
         out = fastcore._Outputs()
         for name, buf in bufs.items():
             setattr(out, name, buf.ctypes.data_as(fastcore._P))

@@ -21,6 +21,7 @@ from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.simulate import prepare, simulate
 from kvsim.simcore.specs import EngineConfig
 from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
+from kvsim.workloads import load_workload
 from kvsim.workloads.arrivals import open_loop_process
 
 TINY = MODELS["tiny"]
@@ -334,16 +335,50 @@ def test_rescaled_workloads_of_the_rate_search(monkeypatch):
     config = EngineConfig(max_model_len=128, max_num_seqs=6, block_size=4, num_gpu_blocks_override=60)
     slo = SLO(ttft_p95_ms=50.0)
     scaler = RateScaler(spec)
+    stopped = 0
     for rate in (20.0, 80.0, 400.0):
-        core = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo)
-        monkeypatch.setattr(simulate_module, "AUTO_C", False)
-        python = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo)
-        monkeypatch.setattr(simulate_module, "AUTO_C", True)
-        assert core.keys() == python.keys()
-        for key in core:
-            assert_same_value(core[key], python[key], key, f"rate {rate}")
+        for early_stop in (False, True):  # the early-stop watch stops both cores after the same request
+            core = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo, early_stop=early_stop)
+            monkeypatch.setattr(simulate_module, "AUTO_C", False)
+            python = run_against(TINY, H100, config, scaler.at(rate), _profile(), 2, slo, early_stop=early_stop)
+            monkeypatch.setattr(simulate_module, "AUTO_C", True)
+            assert (core.pop("engine_core"), python.pop("engine_core")) == ("c", "python")
+            assert core.keys() == python.keys()
+            for key in core:
+                assert_same_value(core[key], python[key], key, f"rate {rate}")
+            stopped += "early_stop" in core
+    assert stopped, "some run should have stopped early"
     sim = prepare(TINY, H100, config, scaler.at(50.0), _profile(), seed=2)
     assert sim.choose_core() == ("c", "")
+
+
+def test_max_tokens_of_a_workload_file_reach_the_core():
+    """`offline-batch` caps max_tokens at 1024 for outputs drawn around 338 tokens: each request's
+    max_tokens (a column of the request table) is what the workload says, not its output length,
+    in both engines."""
+    workload = load_workload("offline-batch", {"num_requests": 60})
+    config = EngineConfig(max_model_len=2048, max_num_seqs=32)
+    core, exact = _compare(config, workload, seed=0, context="offline-batch")
+    requests = core.requests
+    assert (requests["max_tokens"] == 1024).all() and (requests["num_output_tokens"] != 1024).sum() > 50
+
+
+def test_v0_watermark_on_a_cache_where_it_binds():
+    """vLLM V0 keeps 1% of the blocks free at admission (continuous_v0.WATERMARK): on a cache of
+    hundreds of blocks that is a few blocks, which decide admission whenever the cache is nearly
+    full, and refuse on arrival a request that would need more than the rest. (The random cases
+    above have caches under 100 blocks, where 1% rounds down to none.)"""
+    rng = np.random.default_rng(11)
+    num = 60
+    prompt, output = rng.integers(40, 200, size=num), rng.integers(20, 120, size=num)
+    prompt[7], output[7] = 900, 99  # needs all 250 blocks: past the watermark's 248, refused on arrival
+    arrivals = np.sort(rng.uniform(0.0, 0.05, size=num))
+    config = EngineConfig(block_size=4, max_model_len=1000, max_num_seqs=16, max_num_batched_tokens=1000,
+                          enable_chunked_prefill=False, enable_prefix_caching=False, num_gpu_blocks_override=250)
+    core, exact = _compare(config, ArraysWorkload(arrivals, prompt, output), seed=0, context="v0 watermark")
+    reasons = exact.requests["reject_reason"]
+    assert reasons[7].startswith("needs 250 KV blocks but admission keeps a watermark of 2") and (reasons == "").sum() == num - 1
+    assert exact.totals.kv_allocated_max >= 240 and exact.totals.num_preempted  # the cache filled up
 
 
 @pytest.mark.parametrize("dp,router", [(2, "round-robin"), (2, "least-loaded"), (4, "round-robin"),
@@ -416,6 +451,19 @@ def test_seed_table_runs_in_the_core():
     assert core.summary["completed"] == 200
 
 
+def test_expert_parallel_replicas_match():
+    """--enable-expert-parallel changes the memory plan and the step prices (an EP roofline),
+    both resolved before either engine runs: the C core runs it, with the reference's results
+    (simcore.policies lists the option among those the C core honours)."""
+    import dataclasses
+
+    moe = MODELS["tiny-moe"]
+    config, workload = _random_case(np.random.default_rng(5))
+    config = dataclasses.replace(config, data_parallel_size=2, enable_expert_parallel=True)
+    _compare(config, workload, seed=5, context="expert parallel", model=moe,
+             profile=default_profile(H100, moe, 1, 2))
+
+
 @pytest.mark.parametrize("dp", [1, 2])
 def test_prefix_caching_with_shared_prefixes_matches(dp):
     """Prefix caching with requests sharing system prompts (simcore.block_pool): hashed full
@@ -459,3 +507,93 @@ def test_shared_prefix_workload_file_matches():
         core, _ = _compare(config, workload, seed=3, context=f"shared-prefix chunked={chunked}", model=model,
                            profile=default_profile(H100, model, 1))
         assert core.summary["prefix_cache_hit_rate"] > 0.5
+
+
+def test_pairwise_sum_is_numpys():
+    """The core sums inter-token gaps a block at a time as numpy's add.reduce does (pairwise,
+    eight accumulators), so a binned store's mean is the Python store's to the bit."""
+    import ctypes
+
+    lib = ccore.library()
+    lib.kv_pairwise_sum.restype = ctypes.c_double
+    lib.kv_pairwise_sum.argtypes = [ctypes.POINTER(ctypes.c_double), ctypes.c_long]
+    rng = np.random.default_rng(9)
+    for n in [*range(0, 140), 255, 256, 1000, 4097, 65536, 70001]:
+        values = rng.exponential(0.02, size=n) * rng.choice([1e-3, 1.0, 1e3])
+        assert lib.kv_pairwise_sum(values.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), n) == float(values.sum()), n
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_itls_past_the_cap_are_binned_in_the_core(dp, monkeypatch):
+    """Past the ITL store's cap the core hands out no more gaps: it bins every one (keys, block
+    sums, extremes, zeros) as simcore.records.Samples does, and the run's store is those bins,
+    identical to the Python engine's (memory flat in request count)."""
+    import dataclasses
+
+    import kvsim.simcore.records as records
+
+    monkeypatch.setattr(records, "ITL_EXACT_CAP", 500)
+    monkeypatch.setattr(records, "_FLUSH", 64)
+    for case in range(4):
+        rng = np.random.default_rng(800 + case)
+        config, _ = _random_case(rng)
+        config = dataclasses.replace(config, data_parallel_size=dp)
+        num = 150
+        mml = config.max_model_len
+        workload = ArraysWorkload(_bursty_arrivals(rng, num, mean_gap_s=0.002, zero_share=0.2),
+                                  rng.integers(1, mml // 2, size=num), rng.integers(mml // 4, mml, size=num))
+        core, exact = (simulate(TINY, H100, config, workload, _profile(), seed=case, engine_core=c, exact_steps=c == "python")
+                       for c in ("c", "python"))
+        a, b = core.itl, exact.itl
+        assert not b.exact and len(a) == len(b) > 500, case
+        a.settle(force=True)
+        b.settle(force=True)
+        assert (a.count, a.total, a.min, a.max, a._zeros) == (b.count, b.total, b.min, b.max, b._zeros), case
+        ka, kb = np.flatnonzero(a._hist) + a._key0, np.flatnonzero(b._hist) + b._key0
+        assert (ka == kb).all() and (a._hist[ka - a._key0] == b._hist[kb - b._key0]).all(), case
+        for key in (k for k in core.summary if "itl" in k):  # mean, median, p95, p99: to the bit
+            assert core.summary[key] == exact.summary[key], (case, key)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_step_rows_folded_in_the_core(dp, monkeypatch):
+    """The core folds its step rows as simcore.metrics.StepRecorder does (the totals' sums row by
+    row, chunks sealed, the kept table halved past its cap): its step table and totals are, to
+    the bit, those of the same rows folded in Python (fastcore.FOLD_STEPS off), small caps so
+    that the table is coalesced several times."""
+    import dataclasses
+
+    import kvsim.simcore.metrics as metrics
+    from kvsim.simcore import fastcore
+
+    monkeypatch.setattr(metrics, "STEP_ROWS_CAP", 40)
+    monkeypatch.setattr(metrics, "_STEP_CHUNK", 16)
+    coalesced = 0
+    for case in range(6):
+        rng = np.random.default_rng(900 + case)
+        config, workload = _random_case(rng)
+        config = dataclasses.replace(config, data_parallel_size=dp)
+        runs = []
+        for fold in (True, False):
+            monkeypatch.setattr(fastcore, "FOLD_STEPS", fold)
+            runs.append(simulate(TINY, H100, config, workload, _profile(), seed=case, engine_core="c"))
+        a, b = runs
+        assert a.totals == b.totals, case
+        ca, cb = a.step_columns(), b.step_columns()
+        assert ca.keys() == cb.keys() and all(np.array_equal(ca[k], cb[k]) for k in ca), case
+        assert a.record == b.record and a.summary == b.summary, case
+        coalesced += any(r.coalesced for r in a.recorders)
+    assert coalesced, "some cases should pass the cap"
+
+
+@pytest.mark.parametrize("version", ["vllm-v0", "vllm-0.6"])
+def test_engine_versions_match(version):
+    """--engine-version selects the profile's host terms for the version (simcore.latency); the C core
+    prices them from its pricing blob, with the reference's results (simcore.policies lists the
+    option among those the core honours)."""
+    import dataclasses
+
+    config, workload = _random_case(np.random.default_rng(11))
+    config = dataclasses.replace(config, engine_version=version)
+    core, _ = _compare(config, workload, seed=11, context=version)
+    assert core.record["engine"]["host_overhead_from"] == f"host_overhead_by_engine.{version}"

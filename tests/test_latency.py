@@ -67,6 +67,24 @@ def test_host_overhead_by_policy_and_fallback():
     assert StepLatencyModel(doc, policy="static").host.to_dict() == pytest.approx(DOC["host_overhead"])
 
 
+def test_host_overhead_by_engine_prices_continuous_steps_as_that_version():
+    by = DOC["host_overhead_by_engine"]
+    assert set(by) == {"vllm-v0", "vllm-0.6", "vllm-v1"}
+    for version, terms in by.items():
+        m = StepLatencyModel(DOC, policy="continuous", engine_version=version)
+        assert m.host.to_dict() == pytest.approx(terms)
+        assert m.host_source == f"host_overhead_by_engine.{version}"
+    # other policies keep their own engine's terms whatever the version
+    m = StepLatencyModel(DOC, policy="static", engine_version="vllm-v0")
+    assert m.host.to_dict() == pytest.approx(DOC["host_overhead_by_policy"]["static"])
+    # V0 pays Ray calls and synchronous output processing: dearer per step and per sequence than V1,
+    # and multi-step scheduling (0.6) spreads the loop over 10 steps
+    assert by["vllm-v0"]["per_step_ms"] > by["vllm-v1"]["per_step_ms"] > by["vllm-0.6"]["per_step_ms"]
+    assert by["vllm-v0"]["per_seq_ms"] > by["vllm-v1"]["per_seq_ms"] > by["vllm-0.6"]["per_seq_ms"]
+    with pytest.raises(ProfileError, match="unknown engine version 'vllm-v9'"):
+        parse_profile({**DOC, "host_overhead_by_engine": {"vllm-v9": {}}}, "p.json")
+
+
 def test_v1_profile_still_reads_with_step_overhead_as_per_step_term():
     doc = copy.deepcopy(DOC)
     doc["schema_version"] = 1
@@ -85,7 +103,7 @@ def test_host_model_terms_enter_the_step_as_stated():
     doc = copy.deepcopy(DOC)
     doc["host_overhead"] = {"per_step_ms": 1.0, "per_seq_ms": 0.5, "per_prefill_step_ms": 3.0,
                             "per_prefill_token_ms": 0.01}
-    del doc["host_overhead_by_policy"]
+    del doc["host_overhead_by_policy"], doc["host_overhead_by_engine"]
     m = StepLatencyModel(doc)
     assert m.step_breakdown_ms(8, [], 8, 800, 8)[2] == pytest.approx(1.0 + 8 * 0.5)
     assert m.step_breakdown_ms(108, [(100, 0)], 8, 800, 9)[2] == pytest.approx(1.0 + 9 * 0.5 + 3.0 + 100 * 0.01)
@@ -489,3 +507,28 @@ def test_short_rows_on_python_floats_equal_numpy_rows_bit_for_bit(bs, a):
         assert python_row.tobytes() == numpy_row.tobytes() == _plain_row(t, a, bs).tobytes()
         if len(bs) <= latency.SHORT_ROW:
             assert t.row(a, bs).tobytes() == python_row.tobytes()
+
+
+def test_rows_through_grid_points_take_the_segment_above_as_the_scalar_pricing_does():
+    """A context exactly on a grid point belongs to the segment that starts there (bisect_right,
+    as Table2D.__call__ and csrc/pricing.c price single steps): a decode span's row must break the
+    tie the same way, on Python floats (short rows) and with numpy (long ones), as the plain
+    formula (side="right") does, bit for bit. Hypothesis' random contexts never land on a grid point."""
+    import numpy as np
+
+    import kvsim.simcore.latency as latency
+
+    dec = DOC["decode_attention"]["16"]
+    pre = DOC["prefill_attention"]
+    grids = [(dec["batch_size"], dec["context_tokens"], dec["time_ms"]),
+             (pre["chunk_tokens"], pre["context_tokens"], pre["time_ms"])]
+    for a_grid, b_grid, z in grids:
+        t = Table2D(a_grid, b_grid, z)
+        for a in [*a_grid, *(x + 1.0 for x in a_grid)]:
+            for g in b_grid[1:-1]:  # inner points: where one segment ends and the next begins
+                short = np.array([g - 1.0, g, g + 1.0])  # a span's contexts, climbing through g
+                assert t.row(a, short).tobytes() == _plain_row(t, a, short).tobytes(), (a, g)
+            long = np.array([b + d for b in b_grid[1:-1] for d in (-1.0, 0.0, 1.0)])
+            assert len(long) > latency.SHORT_ROW
+            assert t.row(a, long).tobytes() == _plain_row(t, a, long).tobytes(), a
+            assert np.allclose(t.row(a, long), [t(a, b) for b in long], rtol=1e-12, atol=0), a

@@ -82,6 +82,17 @@ struct kv_rep {
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
     long num_arrived, num_done, num_holds;
+    /* inter-token gaps (simcore.records.Samples past its cap): every one binned here */
+    long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
+    long *hist, hist_key0, hist_n;
+    double *itl_vals; long itl_vals_cap;  /* every gap while at most itl_cap; dropped past it */
+    double itl_last; long itl_last_key;   /* the last gap binned and its key (-1: zero): a decode
+                                             step's gaps mostly repeat the one before */
+    /* folded step rows (simcore.metrics.StepRecorder): rows not sealed yet, the kept table,
+       how often it was halved; the totals (StepTotals) */
+    double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
+    long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
+    int itl_done;  /* the last partial block is in the sum */
 };
 
 struct kv_engine {
@@ -151,7 +162,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
-    free(e->blk); free(e->hfree); free(e->filling);
+    free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals); free(e->chunk); free(e->kept);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
     free(e->groups);
@@ -173,10 +184,19 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
     e->swapped_in = malloc(sizeof(long) * m); e->by_swap = malloc(m);
     e->run_cap = m; e->run = malloc(sizeof(long) * m);
     e->filling = malloc(sizeof(long) * m);
+    if (e->c.itl_block < 1) e->c.itl_block = 1 << 16;
+    e->itl_blk = malloc(sizeof(double) * (size_t)e->c.itl_block);
+    e->itl_min = 1.0 / 0.0; e->itl_max = -1.0 / 0.0;
+    if (e->c.fold_steps) {
+        if (e->c.step_chunk < 1) e->c.step_chunk = 1 << 14;
+        if (e->c.step_cap < 1) e->c.step_cap = 1 << 17;
+        e->chunk = malloc(sizeof(double) * KV_STEP_COLUMNS * (size_t)e->c.step_chunk);
+        if (!e->chunk) return 0;
+    }
     e->eng = ENG_IDLE;
     e->pc = cfg->prefix_caching != 0;
     e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
-    return e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
+    return e->itl_blk && e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
            && e->finished && e->run && e->swapped_in && e->by_swap;
 }
 
@@ -471,6 +491,98 @@ static long pid_group(kv_engine *S, long pid) {
     return S->pid_vals[p];
 }
 
+static void fail(kv_rep *e, int rc) {
+    if (rc && !e->S->err) e->S->err = rc;
+}
+
+/* -- inter-token gaps (simcore.records.Samples) -------------------------------------------- */
+double kv_pairwise_sum(const double *a, long n) {  /* numpy's pairwise_sum for float64 */
+    if (n < 8) {
+        double res = 0.;
+        for (long i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8], res;
+        long i;
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    long n2 = n / 2;
+    n2 -= n2 % 8;
+    return kv_pairwise_sum(a, n2) + kv_pairwise_sum(a + n2, n - n2);
+}
+
+static int hist_add(kv_rep *e, long key) {
+    if (!e->hist_n || key < e->hist_key0 || key >= e->hist_key0 + e->hist_n) {
+        long lo = e->hist_n && e->hist_key0 < key ? e->hist_key0 : key - 4096;
+        long hi = e->hist_n && e->hist_key0 + e->hist_n > key + 1 ? e->hist_key0 + e->hist_n : key + 4096;
+        long *h = calloc((size_t)(hi - lo), sizeof(long));
+        if (!h) return KV_NOMEM;
+        if (e->hist_n) memcpy(h + (e->hist_key0 - lo), e->hist, sizeof(long) * (size_t)e->hist_n);
+        free(e->hist); e->hist = h; e->hist_key0 = lo; e->hist_n = hi - lo;
+    }
+    e->hist[key - e->hist_key0]++;
+    return 0;
+}
+
+/* One gap: kept while the replica's count is at most the cap (then they are dropped: the
+   store will be the bins), binned always (min, max, zeros, key counts), summed a block at a
+   time (Samples._bin_values: the same float sum) */
+static void itl_put(kv_rep *e, double v) {
+    if (e->itl_count < e->c.itl_cap) {
+        if (e->itl_count == e->itl_vals_cap) {
+            long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
+            if (nc > e->c.itl_cap) nc = e->c.itl_cap;
+            double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
+            if (!v2) { fail(e, KV_NOMEM); return; }
+            e->itl_vals = v2; e->itl_vals_cap = nc;
+        }
+        e->itl_vals[e->itl_count] = v;
+    } else if (e->itl_vals) {
+        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
+    }
+    e->itl_count++;
+    if (v == e->itl_last && e->itl_count > 1) {  /* the same bin as the last one */
+        if (e->itl_last_key < 0) e->itl_zeros++;
+        else e->hist[e->itl_last_key - e->hist_key0]++;
+    } else {
+        if (v < e->itl_min) e->itl_min = v;
+        if (v > e->itl_max) e->itl_max = v;
+        e->itl_last = v; e->itl_last_key = -1;
+        if (v == 0.0) e->itl_zeros++;
+        else {
+            long bits;
+            memcpy(&bits, &v, sizeof bits);
+            e->itl_last_key = bits >> KV_HIST_SHIFT;
+            fail(e, hist_add(e, e->itl_last_key));
+        }
+    }
+    e->itl_blk[e->itl_blk_n++] = v;
+    if (e->itl_blk_n == e->c.itl_block) {
+        e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+        e->itl_blk_n = 0;
+    }
+}
+
+long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist, double *values) {
+    const kv_rep *e = &S->reps[replica];
+    stats[0] = (double)e->itl_count; stats[1] = e->itl_total; stats[2] = e->itl_min; stats[3] = e->itl_max;
+    stats[4] = (double)e->itl_zeros;
+    long lo = 0, hi = e->hist_n;  /* trimmed to the keys in use */
+    while (lo < hi && !e->hist[lo]) lo++;
+    while (hi > lo && !e->hist[hi - 1]) hi--;
+    *key0 = e->hist_key0 + lo;
+    if (hist && hi > lo) memcpy(hist, e->hist + lo, sizeof(long) * (size_t)(hi - lo));
+    if (values && e->itl_count && e->itl_count <= e->c.itl_cap)
+        memcpy(values, e->itl_vals, sizeof(double) * (size_t)e->itl_count);
+    return hi - lo;
+}
+
 /* -- outputs ------------------------------------------------------------------------------ */
 /* A request leaves (Lifecycle._leave): its row, and the done event its closed-loop client waits on */
 static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long output) {
@@ -599,10 +711,6 @@ static int client_take(kv_engine *S) {
 }
 
 /* -- scheduling ----------------------------------------------------------------------------- */
-static void fail(kv_rep *e, int rc) {
-    if (rc && !e->S->err) e->S->err = rc;
-}
-
 static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
@@ -810,10 +918,104 @@ static int start_step(kv_rep *e) {
     return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
 
+/* -- step rows folded (simcore.metrics.StepRecorder: _fold, _seal, _coalesce_pairs) ---------- */
+enum { C_START = 0, C_DT = 1, C_STEPS = 2, C_SEQS = 3, C_RUNNING = 6, C_WAITING = 7, C_SWAPPED = 8,
+       C_PREEMPTED = 9, C_KV = 11, C_EXTERNAL = 16, C_COSTS = 18 };  /* metrics._COLUMNS */
+enum { K_ALLOCATED = 0, K_LIVE = 1, K_INTERNAL = 3, K_UNSHARED = 6 };  /* metrics.KV_KINDS */
+
+/* _coalesce_pairs on n rows in place: rows 2i and 2i+1 become row i (an odd last row stays) */
+static long coalesce(double *rows, long n) {
+    long even = n - n % 2, w = 0;
+    for (long i = 0; i < even; i += 2, w++) {
+        const double *a = rows + KV_STEP_COLUMNS * i, *b = a + KV_STEP_COLUMNS;
+        double o[KV_STEP_COLUMNS];
+        double steps = a[C_STEPS] + b[C_STEPS], dt = a[C_DT] + b[C_DT];
+        o[C_START] = a[C_START]; o[C_DT] = dt; o[C_STEPS] = steps;
+        for (int c = C_SEQS; c < C_KV; c++)  /* _PER_STEP: weighted by num_steps */
+            o[c] = (a[c] * a[C_STEPS] + b[c] * b[C_STEPS]) / steps;
+        for (int c = C_KV; c < C_KV + KV_STEP_KINDS; c++)  /* KV: weighted by duration */
+            o[c] = dt > 0 ? (a[c] * a[C_DT] + b[c] * b[C_DT]) / dt : 0.5 * (a[c] + b[c]);
+        for (int c = C_COSTS; c < KV_STEP_COLUMNS; c++) o[c] = a[c] + b[c];
+        memcpy(rows + KV_STEP_COLUMNS * w, o, sizeof o);
+    }
+    if (n % 2) memmove(rows + KV_STEP_COLUMNS * w++, rows + KV_STEP_COLUMNS * (n - 1), sizeof(double) * KV_STEP_COLUMNS);
+    return w;
+}
+
+/* _seal: the pending rows at the kept table's grain, appended; past the cap, the table halved
+   until it holds at most half the cap */
+static int seal(kv_rep *e) {
+    long n = e->chunk_n;
+    e->chunk_n = 0;
+    if (!n) return 0;
+    for (long h = 0; h < e->halvings; h++) n = coalesce(e->chunk, n);
+    if (e->kept_n + n > e->kept_cap) {
+        long nc = e->kept_cap ? 2 * e->kept_cap : e->c.step_chunk;
+        while (nc < e->kept_n + n) nc *= 2;
+        double *k = realloc(e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)nc);
+        if (!k) return KV_NOMEM;
+        e->kept = k; e->kept_cap = nc;
+    }
+    memcpy(e->kept + KV_STEP_COLUMNS * e->kept_n, e->chunk, sizeof(double) * KV_STEP_COLUMNS * (size_t)n);
+    e->kept_n += n;
+    if (e->kept_n <= e->c.step_cap) return 0;
+    e->streaming = 1;
+    while (e->kept_n > e->c.step_cap / 2 && e->kept_n > 1) {
+        e->kept_n = coalesce(e->kept, e->kept_n);
+        e->halvings++;
+    }
+    e->coalesced = 1;
+    return 0;
+}
+
+/* One row (KV_STEP_ROW doubles) into the totals (_fold: its addends, added in row order) and
+   the pending rows */
+static void fold_row(kv_rep *e, const double *row) {
+    double dt = row[C_DT], steps = row[C_STEPS];
+    e->t_steps += (long)steps;
+    e->t_seq_steps += (long)row[C_SEQS] * (long)steps;
+    if ((long)row[C_RUNNING] > e->t_max_running) e->t_max_running = (long)row[C_RUNNING];
+    if ((long)row[C_KV] > e->t_kv_max) e->t_kv_max = (long)row[C_KV];
+    e->t_preempted += (long)row[C_PREEMPTED];
+    double add[3 + KV_STEP_KINDS];
+    add[0] = dt;
+    add[1] = row[C_RUNNING] * dt;
+    add[2] = 0.0;
+    if (e->c.kv_capacity && (row[C_WAITING] > 0 || row[C_SWAPPED] > 0)
+        && (row[C_PREEMPTED] > 0 || (double)e->c.kv_capacity - row[C_KV] - row[C_EXTERNAL] < (double)e->c.kv_unit))
+        add[2] = dt;
+    for (int k = 0; k < KV_STEP_KINDS; k++) add[3 + k] = row[C_KV + k] * dt;
+    if (row[24] != 0) {  /* a span row: its own steps' sums */
+        add[2] = row[23];
+        add[3 + K_ALLOCATED] = row[21];
+        add[3 + K_LIVE] = row[21] - row[22];
+        add[3 + K_INTERNAL] = row[22];
+        add[3 + K_UNSHARED] = row[21];
+    }
+    for (int k = 0; k < 3 + KV_STEP_KINDS; k++) e->t_sums[k] += add[k];
+    memcpy(e->chunk + KV_STEP_COLUMNS * e->chunk_n++, row, sizeof(double) * KV_STEP_COLUMNS);
+    if (e->chunk_n == e->c.step_chunk) fail(e, seal(e));
+}
+
+long kv_engine_steps(const kv_engine *S, long replica, long *ints, double *sums, double *rows) {
+    const kv_rep *e = &S->reps[replica];
+    ints[0] = e->t_steps; ints[1] = e->t_seq_steps; ints[2] = e->t_max_running; ints[3] = e->t_kv_max;
+    ints[4] = e->t_preempted; ints[5] = e->halvings; ints[6] = e->coalesced; ints[7] = e->streaming;
+    memcpy(sums, e->t_sums, sizeof e->t_sums);
+    if (rows && e->kept_n) memcpy(rows, e->kept, sizeof(double) * KV_STEP_COLUMNS * (size_t)e->kept_n);
+    return e->kept_n;
+}
+
+/* a finished row: folded here, or handed out */
+static void put_row(kv_rep *e, const double *row) {
+    if (e->c.fold_steps) { fold_row(e, row); return; }
+    kv_outputs *o = e->S->out;
+    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof(double) * KV_STEP_ROW);
+}
+
 static void flush_span(kv_rep *e) {
     if (!e->span_open) return;
-    kv_outputs *o = e->S->out;
-    memcpy(o->step + KV_STEP_ROW * o->step_n++, e->span_row, sizeof e->span_row);
+    put_row(e, e->span_row);
     e->span_open = 0;
 }
 
@@ -823,15 +1025,11 @@ static int end_step(kv_rep *e) {
     kv_outputs *o = e->S->out;
     double t = e->S->now;
     long nf = 0;
-    int *tag = o->itl_rep;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
         r->computed += e->part_new[k];
         if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
-            if (r->generated) {
-                if (tag) tag[o->itl_n] = (int)e->index;
-                o->itl[o->itl_n++] = t - r->last_token;
-            }
+            if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
             r->generated++;
@@ -899,14 +1097,14 @@ static int end_step(kv_rep *e) {
         return 0;
     }
     flush_span(e);
-    memcpy(o->step + KV_STEP_ROW * o->step_n++, row, sizeof row);
+    put_row(e, row);
     return 0;
 }
 
 static int has_room(const kv_engine *S) {
     const kv_outputs *o = S->out;
     long m = S->c.max_num_seqs + 1;
-    return o->itl_cap - o->itl_n >= m && o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
+    return o->req_cap - o->req_n >= m && o->step_cap - o->step_n >= 2
            && o->arr_cap - o->arr_n >= 1;
 }
 
@@ -942,7 +1140,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
     }
     for (;;) {
         if (!has_room(S))
-            return out->itl_n || out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
+            return out->req_n || out->step_n || out->arr_n ? KV_FULL : KV_NOROOM;
         if (S->arr_resume) {
             int rc = arrivals_continue(S);
             if (rc) return rc;
@@ -965,8 +1163,14 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             }
             if (S->held) return KV_STALL;
             if (out->step_cap - out->step_n < S->nrep) return out->step_n ? KV_FULL : KV_NOROOM;
-            for (long i = 0; i < S->nrep; i++) flush_span(&S->reps[i]);
-            return KV_DONE;
+            for (long i = 0; i < S->nrep; i++) {
+                kv_rep *e = &S->reps[i];
+                flush_span(e);
+                if (e->c.fold_steps && !e->itl_done) fail(e, seal(e));
+                if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+                e->itl_done = 1;
+            }
+            return S->err ? S->err : KV_DONE;
         }
         kv_event ev = ev_pop(S);
         S->now = ev.t;

@@ -42,14 +42,18 @@ typedef struct {
     long router;           /* with several: KV_ROUTER_* */
     long clients;          /* 0: an open loop; else a closed loop of this many clients */
     long prefix_caching;   /* 1: full blocks of shared prefixes cached by content, LRU eviction */
+    long itl_cap;          /* a replica's inter-token gaps kept at most (simcore.records.Samples'
+                              cap); past it every one is binned here instead */
+    long itl_block;        /* gaps summed per block, pairwise as numpy sums (Samples' _FLUSH) */
+    long fold_steps;       /* 1: step rows folded here as simcore.metrics.StepRecorder folds them
+                              (totals, the kept table coalesced past step_cap), none handed out */
+    long step_cap, step_chunk;  /* StepRecorder's cap and _STEP_CHUNK */
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
 enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1 };
 
 typedef struct {
-    double *itl; long itl_cap, itl_n;          /* inter-token gaps, emission order */
-    int *itl_rep;                              /* each gap's replica (NULL with one replica) */
     double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */
     double *step; long step_cap, step_n;       /* KV_STEP_ROW doubles per row */
     double *arr; long arr_cap, arr_n;          /* arrival stamps, arrival order */
@@ -74,5 +78,20 @@ int kv_engine_run(kv_engine *e, kv_outputs *out);
    held, prompt tokens of admitted requests that share a prefix, of those adopted from the cache */
 #define KV_COUNTS 5
 void kv_engine_counts(const kv_engine *e, long *out);
+/* A replica's inter-token gaps, once the run is done: stats = count, sum, min, max, zeros as
+   simcore.records.Samples bins them (the last partial block summed too); the counts of keys
+   key0 .. key0 + n - 1 (float64 bits >> KV_HIST_SHIFT) go to `hist`, and while count <= itl_cap
+   the gaps in emission order to `values` (each if not NULL). Returns n. */
+#define KV_HIST_SHIFT 38
+long kv_engine_itl(const kv_engine *e, long replica, double *stats, long *key0, long *hist, double *values);
+/* A replica's folded step rows, once the run is done (fold_steps): ints = num_steps, seq_steps,
+   max_running, kv_allocated_max, num_preempted, halvings, coalesced, streaming; sums =
+   duration, running, KV-blocked seconds, then slot-seconds of the KV_STEP_KINDS kinds; the
+   kept rows (KV_STEP_COLUMNS doubles each) to `rows` if not NULL. Returns their number. */
+#define KV_STEP_COLUMNS 21
+#define KV_STEP_KINDS 7
+long kv_engine_steps(const kv_engine *e, long replica, long *ints, double *sums, double *rows);
+/* numpy's float64 add.reduce of a contiguous array (pairwise, 8 accumulators; for tests) */
+double kv_pairwise_sum(const double *a, long n);
 
 #endif

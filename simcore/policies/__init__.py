@@ -110,7 +110,20 @@ def _static(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     return StaticPolicy(contiguous_allocator(cfg), cfg.max_model_len, e.max_batch_size, e.batch_timeout_s)
 
 
-_CONTINUOUS = {"allocator", "enable_chunked_prefill"}
+_CONTINUOUS = {"allocator", "enable_chunked_prefill", "engine_version"}  # steps priced as a vLLM version
+# Every EngineConfig field the compiled core (simcore/csrc/engine.c through simcore.fastcore) honours
+# for vLLM's continuous batching over the paged allocator, each checked against the Python engine by
+# tests/test_fastcore_equivalence.py. Fields that only shape the memory plan or the step prices
+# (resolved before either core runs: gpu_memory_utilization, kv_cache_dtype, quantization,
+# tensor_parallel_size, enable_expert_parallel) are honoured by both. pipeline_parallel_size is not
+# here, so pipelined runs go to the Python core. Listing a field is a claim backed by an equivalence test.
+C_CORE_CONTINUOUS_PAGED = frozenset({
+    "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override",
+    "kv_cache_dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+    "preemption_mode", "swap_space", "data_parallel_size", "router",
+    "engine_version",  # only selects the profile's host terms, which the core reads from the pricing blob
+})
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
     _static, frozenset({"max_batch_size", "batch_timeout_s"}), overhead="static",
@@ -124,6 +137,7 @@ register(PolicySpec(
     _continuous,
     frozenset(_CONTINUOUS | {"preemption_mode", "swap_space", "enable_prefix_caching", "speculative_config",
                              "kv_offloading_size"}),
+    cores=(("c", C_CORE_CONTINUOUS_PAGED),),
 ))
 register(PolicySpec(
     "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",

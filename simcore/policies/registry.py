@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: the table is read by `kvsim run --help`, 
 POLICY_OPTIONS = (
     "allocator", "reservation", "preemption_mode", "swap_space", "enable_chunked_prefill",
     "enable_prefix_caching", "max_batch_size", "batch_timeout_s", "speculative_config", "kv_offloading_size",
+    "engine_version",
 )
 ALLOCATOR_KINDS = ("paged", "contiguous")
 
@@ -39,6 +40,15 @@ class PolicySpec:
     build: Callable[[ResolvedConfig, np.random.Generator], Policy]
     options: frozenset[str] = frozenset()  # the POLICY_OPTIONS it reads
     overhead: str = "continuous"  # key of the host-overhead model that prices its steps
+    # The compiled engine cores that run this variant, each with the EngineConfig fields it honours
+    # (simcore.cores): an allow-list, so any other field set off its default makes that core refuse
+    # the run with the field's name, and a field added to EngineConfig later is never silently
+    # ignored. The Python core, the reference, honours every field and is not listed.
+    cores: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def core_options(self, core: str) -> frozenset[str] | None:
+        """The EngineConfig fields `core` honours for this variant; None: it does not run it."""
+        return next((options for name, options in self.cores if name == core), None)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,77 @@
+"""Engine versions (--engine-version) and the TP-aware host cost they carry (profiles/host.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli.main import app
+from kvsim.profiles.host import VIDUR_MEDIANS, engine_host, phase_line
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
+
+RUN = ["run", "--model", "llama2-70b", "--gpu", "H100-SXM-80GB", "--workload", "fixed-batch",
+       "--num-requests", "8", "--input-len", "256", "--output-len", "16", "--json"]
+
+
+def test_phase_lines_go_through_the_published_medians():
+    for phase, by_tp in VIDUR_MEDIANS.items():
+        for tp, (b8, b64) in by_tp.items():
+            a, s = phase_line(phase, tp)
+            assert a + 8 * s == pytest.approx(b8) and a + 64 * s == pytest.approx(b64)
+    # TP 8 is the line through TP 2 and TP 4 in the worker count (1, 3 -> 7 workers)
+    (a2, s2), (a4, s4), (a8, s8) = (phase_line("ray_comm_time", tp) for tp in (2, 4, 8))
+    assert a8 == pytest.approx(a2 + 3 * (a4 - a2)) and s8 == pytest.approx(s2 + 3 * (s4 - s2))
+
+
+def test_tp1_continuous_host_is_unchanged_and_v1_grows_with_the_ranks():
+    assert DEFAULT_ENGINE_VERSION == "vllm-v1"
+    assert engine_host("vllm-v1", 1) == (1.04, 0.038)  # the pre-version default at TP 1
+    steps = [engine_host("vllm-v1", tp) for tp in (1, 2, 4, 8)]
+    assert all(a < b for a, b in zip(steps, steps[1:], strict=False))  # more ranks to wait for
+    assert all(engine_host("vllm-v0", tp)[0] > engine_host("vllm-v1", tp)[0] for tp in (1, 2, 4, 8))
+    assert all(engine_host("vllm-0.6", tp)[0] < engine_host("vllm-v1", tp)[0] for tp in (1, 2, 4, 8))
+    with pytest.raises(ValueError, match="unknown engine version"):
+        engine_host("vllm-v9", 2)
+
+
+@pytest.mark.parametrize("version", ENGINE_VERSIONS)
+def test_run_records_the_engine_version_and_its_host_terms(version):
+    result = CliRunner().invoke(app, [*RUN, "--tp", "4", "--engine-version", version])
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)["record"]
+    assert record["config"]["engine_version"] == version
+    assert record["engine"]["version"] == version
+    assert record["engine"]["host_overhead_from"] == f"host_overhead_by_engine.{version}"
+    assert (record["engine"]["host_overhead_ms"]["per_step_ms"], record["engine"]["host_overhead_ms"]["per_seq_ms"]) \
+        == engine_host(version, 4)
+    preset_on = version == "vllm-v1"  # V0 and 0.6 schedule prefill-first, no prefix caching
+    assert record["config"]["enable_chunked_prefill"] is preset_on
+    assert record["config"]["enable_prefix_caching"] is preset_on
+    assert record["engine_core"] == "c"  # the compiled core prices the host terms from the profile blob
+
+
+def test_default_run_is_v1_and_a_given_option_beats_the_preset():
+    result = CliRunner().invoke(app, [*RUN, "--tp", "2"])
+    assert json.loads(result.stdout)["record"]["engine"]["version"] == "vllm-v1"
+    result = CliRunner().invoke(app, [*RUN, "--tp", "2", "--engine-version", "vllm-v0", "--enable-chunked-prefill"])
+    assert json.loads(result.stdout)["record"]["config"]["enable_chunked_prefill"] is True
+
+
+def test_decode_is_dearer_under_v0_than_v1_and_cheapest_with_multi_step():
+    tpot = {}
+    for version in ENGINE_VERSIONS:
+        result = CliRunner().invoke(app, [*RUN, "--tp", "8", "--engine-version", version])
+        tpot[version] = json.loads(result.stdout)["summary"]["mean_tpot_ms"]
+    assert tpot["vllm-v0"] > tpot["vllm-v1"] > tpot["vllm-0.6"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--engine-version", "vllm-v9"], "--engine-version must be one of vllm-v0, vllm-0.6, vllm-v1"),
+    (["--engine-version", "vllm-v0", "--policy", "static"], "--engine-version applies only to"),
+])
+def test_bad_engine_version_is_one_line(args, needle):
+    result = CliRunner().invoke(app, [*RUN, *args])
+    assert result.exit_code != 0
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
