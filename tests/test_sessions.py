@@ -227,3 +227,15 @@ def test_decode_spans_give_the_step_by_step_results(fields):
     assert runs[0].summary["prefix_cache_hit_rate"] == runs[1].summary["prefix_cache_hit_rate"]
     if "kv_offloading_size" in fields:  # the CPU tier was used (and preemptions happened)
         assert runs[0].summary["cpu_prefix_cache_hit_rate"] > 0.3 and runs[0].summary["num_preemptions"] > 0
+
+
+def test_the_cpu_tier_is_an_lru_of_block_hashes_written_through_once():
+    from kvsim.simcore.kv_tier import HostKVTier
+
+    tier = HostKVTier(3)
+    tier.store(["a", "b", "c"])
+    tier.touch(["a"])  # a lookup marks a used: b is now the least recently used
+    tier.store(["c", "d"])  # c is held already (not copied again); d evicts b
+    assert (tier.num_stored, tier.num_evicted) == (4, 1)
+    assert "b" not in tier and tier.num_hits(["a", "c", "d"], 0) == 3
+    assert tier.num_hits(["a", "b", "c"], 0) == 1  # a prefix stops at the first miss
