@@ -719,7 +719,7 @@ static void plan_reset(kv_rep *e) {
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
-static void plan_add(kv_rep *e, long s, long num_new, long computed) {
+static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     const kv_req *r = &e->reqs[s];
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
@@ -739,7 +739,7 @@ static void release(kv_rep *e, kv_req *r) {
 
 /* append_slots: all or nothing (no copy-on-write: a request's last block is never shared, a
    shared block being a full cached one) */
-static int grow_seq(kv_rep *e, kv_req *r, long num_new) {
+static inline int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     if (r->ntok + num_new <= r->nblk * e->c.block_size) {  /* room in its last block (a decode, mostly) */
         r->ntok += num_new; e->gpu_tokens += num_new;
         return 1;
