@@ -199,6 +199,10 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
+    (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--workload",
+      "chat-sessions"], "disaggregated"),
+    (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--kv-offloading-size",
+      "4"], "disaggregated"),
 ])
 def test_what_sessions_and_the_cpu_tier_do_not_take_is_one_error_line(args, words):
     from typer.testing import CliRunner
