@@ -5,7 +5,8 @@ comparisons on the `chat-sessions` workload, llama3-8b on H100-SXM-80GB, and pri
 
   1. prefix caching on / off, one replica, KV not binding
   2. GPU KV made tight (--gpu-memory-utilization), no CPU tier / 8 GiB / 64 GiB tier
-  3. 4 replicas: round-robin, least-loaded, session-affinity, prefix-aware (KV tight as in 2)
+  3. 4 replicas at 4x the load: round-robin, least-loaded, session-affinity, prefix-aware, with
+     the default memory and with KV tight as in 2
 
     python benchmarks/bench_sessions.py [--rate 2] [--sessions 300]
 
@@ -31,7 +32,7 @@ def run(args: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rate", type=float, default=2.0, help="sessions per second (one replica)")
+    parser.add_argument("--rate", type=float, default=4.0, help="sessions per second (one replica)")
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--tight", type=float, default=0.24, help="--gpu-memory-utilization that makes KV bind")
     a = parser.parse_args()
@@ -44,6 +45,8 @@ def main() -> None:
         (f"KV tight ({a.tight}), no CPU tier", load + tight),
         (f"KV tight ({a.tight}), CPU tier 8 GiB", load + tight + ["--kv-offloading-size", "8"]),
         (f"KV tight ({a.tight}), CPU tier 64 GiB", load + tight + ["--kv-offloading-size", "64"]),
+    ] + [(f"dp 4, {r}", dp_load + ["--dp", "4", "--router", r])
+         for r in ("round-robin", "least-loaded", "session-affinity", "prefix-aware")
     ] + [(f"dp 4, {r}, KV tight", dp_load + tight + ["--dp", "4", "--router", r])
          for r in ("round-robin", "least-loaded", "session-affinity", "prefix-aware")]
     print("| run | " + " | ".join(KEYS) + " |")

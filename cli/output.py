@@ -125,8 +125,10 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
     if s.get("prefix_cache_hit_rate") is not None:
         lines.append(_row("Prefix cache hit rate (%):", 100 * s["prefix_cache_hit_rate"]))
     if s.get("cpu_prefix_cache_hit_rate") is not None:  # --kv-offloading-size
-        lines.append(_row("  loaded from the CPU tier (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
-        lines.append(_row("  CPU tier blocks loaded:", s.get("offload_loaded_blocks", 0)))
+        # vLLM logs the connector's hits beside the GPU ones: "External prefix cache hit rate"
+        lines.append(_row("External (CPU tier) prefix hit rate (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
+        lines.append(_row("CPU tier loaded / stored (GiB):",
+                          f"{s.get('offload_loaded_gib', 0):.2f} / {s.get('offload_stored_gib', 0):.2f}", "s"))
     if s.get("prefix_cache_hit_rate_by_replica"):
         lines.append(_row("  by replica (%):", ", ".join(
             "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))

@@ -460,6 +460,13 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
             raise ConfigError("pipeline parallelism does not apply to a disaggregated run yet")
         if getattr(cfg, "speculative_config", None) is not None:
             raise ConfigError("speculative decoding is not modelled with disaggregated prefill/decode yet")
+        if getattr(cfg, "kv_offloading_size", None):
+            raise ConfigError("--kv-offloading-size (a CPU KV tier) is not modelled with disaggregated prefill/decode yet")
+        if cfg.router in ("prefix-aware", "session-affinity"):
+            raise ConfigError(f"--router {cfg.router} is not modelled with disaggregated prefill/decode yet")
+    if getattr(workload, "is_session", False):  # the proxy hands the prefill pool no token stream
+        raise ConfigError(f"multi-turn session workloads ({workload.name}) are not modelled with disaggregated "
+                          "prefill/decode yet")
     pools = {}
     for name in POOLS:
         pools[name] = prepare(model, gpu, configs[name], workload, profiles[name], seed,

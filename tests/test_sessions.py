@@ -199,6 +199,10 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
+    (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--workload",
+      "chat-sessions"], "disaggregated"),
+    (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--kv-offloading-size",
+      "4"], "disaggregated"),
 ])
 def test_what_sessions_and_the_cpu_tier_do_not_take_is_one_error_line(args, words):
     from typer.testing import CliRunner
@@ -223,3 +227,15 @@ def test_decode_spans_give_the_step_by_step_results(fields):
     assert runs[0].summary["prefix_cache_hit_rate"] == runs[1].summary["prefix_cache_hit_rate"]
     if "kv_offloading_size" in fields:  # the CPU tier was used (and preemptions happened)
         assert runs[0].summary["cpu_prefix_cache_hit_rate"] > 0.3 and runs[0].summary["num_preemptions"] > 0
+
+
+def test_the_cpu_tier_is_an_lru_of_block_hashes_written_through_once():
+    from kvsim.simcore.kv_tier import HostKVTier
+
+    tier = HostKVTier(3)
+    tier.store(["a", "b", "c"])
+    tier.touch(["a"])  # a lookup marks a used: b is now the least recently used
+    tier.store(["c", "d"])  # c is held already (not copied again); d evicts b
+    assert (tier.num_stored, tier.num_evicted) == (4, 1)
+    assert "b" not in tier and tier.num_hits(["a", "c", "d"], 0) == 3
+    assert tier.num_hits(["a", "b", "c"], 0) == 1  # a prefix stops at the first miss

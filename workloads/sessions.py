@@ -189,11 +189,13 @@ class SessionWorkload:
 
         plans = self._plans(seed)
         if isinstance(self.arrival, ClosedLoop):
+            between = streams(seed)["sampling"]  # a client's pause between its sessions (the loop's think time)
+
             def client() -> Generator[simpy.Event, Any, None]:
                 for _, turns, group, length, index in plans:  # shared: a free client takes the next session
                     yield from session(turns, group, length, index)
                     if self.arrival.think_time_s > 0:
-                        yield env.timeout(float(self.arrival.think_times(np.random.default_rng(index), 1)[0]))
+                        yield env.timeout(float(self.arrival.think_times(between, 1)[0]))
 
             clients = [env.process(client()) for _ in range(min(self.arrival.concurrency, int(self.num_sessions)))]
             yield env.all_of(clients)

@@ -19,14 +19,15 @@
 #include "engine.h"
 
 typedef struct {
-    long id, prompt, target, max_tokens;
-    long computed, generated, ntok, nblk, preemptions;
+    /* what a decode step reads and writes, first (one cache line) */
+    long prompt, target, computed, generated, ntok, nblk; double last_token; long id;
+    long max_tokens, preemptions;
     long client;  /* closed loop: the client waiting for it; -1: nobody waits */
     /* prefix caching: its prefix group (-1: none) and tokens, the full blocks of the prefix
        (npb: the content keys (g, 0..npb-1)), the handles of its first npb blocks (kv_blk), the
        tokens adopted from the cache when admitted this step */
     long g, npt, npb, adm_cached; long *pt;
-    double arrival, first_sched, first_token, last_token;
+    double arrival, first_sched, first_token;
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
@@ -718,7 +719,7 @@ static void plan_reset(kv_rep *e) {
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
-static void plan_add(kv_rep *e, long s, long num_new, long computed) {
+static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     const kv_req *r = &e->reqs[s];
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
@@ -738,7 +739,11 @@ static void release(kv_rep *e, kv_req *r) {
 
 /* append_slots: all or nothing (no copy-on-write: a request's last block is never shared, a
    shared block being a full cached one) */
-static int grow_seq(kv_rep *e, kv_req *r, long num_new) {
+static inline int grow_seq(kv_rep *e, kv_req *r, long num_new) {
+    if (r->ntok + num_new <= r->nblk * e->c.block_size) {  /* room in its last block (a decode, mostly) */
+        r->ntok += num_new; e->gpu_tokens += num_new;
+        return 1;
+    }
     long need = blocks_for(e, r->ntok + num_new) - r->nblk;
     if (need > e->free_blocks) return 0;
     if (e->pc) fail(e, pc_take(e, r, r->nblk, need));

@@ -68,15 +68,16 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     if e.speculative_config is not None:  # V1's scheduler with draft tokens (config.resolve checked chunking)
         from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
 
-        return SpeculativePagedPolicy(
+        policy = SpeculativePagedPolicy(
             paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens, e.preemption_mode,
             e.speculative_config, rng, enable_prefix_caching=e.enable_prefix_caching,
         )
-    cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
-    policy = cls(
-        paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
-        e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
-    )
+    else:
+        cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
+        policy = cls(
+            paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
+            e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
+        )
     if cfg.memory.num_offload_blocks:  # the CPU KV tier (simcore.kv_tier); V1 only (config refuses V0)
         from kvsim.simcore.kv_tier import HostKVTier
 

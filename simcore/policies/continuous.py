@@ -11,7 +11,12 @@ Requests with `n > 1` or beam search fork after their prefill and share blocks
 (simcore.sampling); `max_num_seqs` and the token budget count their sequences.
 
 With prefix caching on, a waiting request first adopts the cached full blocks of its shared
-prefix (simcore.block_pool) and computes only the rest of its prompt.
+prefix (simcore.block_pool) and computes only the rest of its prompt. A conversation's turn
+(`Request.tokens`, workloads.sessions) looks up every full block of its prompt by vLLM's chained
+hashes (simcore.prefix_hash), and its blocks, answer included, are cached as they are computed
+and when it finishes, so the next turn finds them. With a CPU KV tier (simcore.kv_tier), cached
+blocks are written through to host memory, and a prefix that continues there past the GPU hit is
+loaded over PCIe while the request waits (other requests keep stepping) instead of recomputed.
 
 Disaggregated prefill/decode (simcore.disagg), as vLLM V1's scheduler runs a KV connector
 (vllm/v1/core/sched/scheduler.py with NixlConnector): on a decode instance, a waiting request
