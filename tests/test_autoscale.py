@@ -165,3 +165,16 @@ def test_plan_autoscale_needs_one_deployment():
     assert result.exit_code != 0 and "exactly one --gpu" in result.stderr
     result = CliRunner().invoke(app, ["plan", "--attainment", "0.9", "--rate", "2"])
     assert result.exit_code != 0 and "applies only with --autoscale" in result.stderr
+
+
+def test_rate_scales_a_diurnal_day_and_keeps_its_shape():
+    """--rate on a scheduled workload sets the day's mean rate; the curve (peak / trough 4) stays."""
+    from kvsim.workloads import load_workload
+
+    day = load_workload("diurnal", {"rate": 8.0}, max_model_len=8192).describe()["arrival"]
+    assert day["process"] == "piecewise" and day["mean_rate"] == pytest.approx(8.0)
+    rates = [r for _, r in day["schedule"]]
+    base = [r for _, r in load_workload("diurnal", {}, max_model_len=8192).describe()["arrival"]["schedule"]]
+    assert max(rates) / min(rates) == pytest.approx(max(base) / min(base))
+    gamma = load_workload("diurnal", {"rate": 8.0, "burstiness": 0.5}, max_model_len=8192).describe()["arrival"]
+    assert gamma["process"] == "gamma"  # with a burstiness the user asks for Gamma arrivals, as before

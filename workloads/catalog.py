@@ -490,6 +490,11 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
         raise WorkloadError("--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
+    if "rate" in given and "burstiness" not in given and isinstance(arrival, PiecewiseRateArrivals):
+        # a diurnal (or any scheduled) day keeps its shape: --rate sets its mean, every step scaled alike
+        scale = float(given["rate"]) / arrival.mean_rate
+        arrival = dataclasses.replace(arrival, rates=tuple(r * scale for r in arrival.rates))
+        given = {k: v for k, v in given.items() if k != "rate"}
     if "rate" in given or "burstiness" in given:
         if "rate" not in given and not isinstance(arrival, GammaArrivals):
             raise WorkloadError(
@@ -543,6 +548,11 @@ def _session_overrides(spec: SessionWorkload, given: dict[str, Any]) -> SessionW
             raise WorkloadError(f"--{key.replace('_', '-')} does not apply to a session workload")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
+    if "rate" in given and "burstiness" not in given and isinstance(arrival, PiecewiseRateArrivals):
+        # a diurnal (or any scheduled) day keeps its shape: --rate sets its mean, every step scaled alike
+        scale = float(given["rate"]) / arrival.mean_rate
+        arrival = dataclasses.replace(arrival, rates=tuple(r * scale for r in arrival.rates))
+        given = {k: v for k, v in given.items() if k != "rate"}
     if "rate" in given or "burstiness" in given:
         rate = given.get("rate", getattr(arrival, "rate", None))
         if rate is None:
