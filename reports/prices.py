@@ -4,6 +4,11 @@ Built-in prices are the midpoints of the "specialty cloud" on-demand ranges in M
 GPU pricing" (https://www.mercatus-ai.com/blog/cloud-gpu-pricing, May 2026): A100 80GB
 $1.10-1.50, H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50 per GPU-hour. That table has no A100
 40GB, so it has no built-in price: give one (`--price A100-40GB=1.2`) to plan with it.
+Two newer GPUs come from other dated sources, in the same spirit (specialty / neocloud on-demand):
+B200 $5.25, the midpoint of the $4.50-6.00 specialized-cloud on-demand range in Lyceum Technologies,
+"NVIDIA B200 GPU Cloud Pricing 2026" (lyceum.technology, March 2026); MI300X $1.99, the median
+posted MI300X rate in Cliff Center, "AMD inference economics" (cliffcenter.com, 2026-05-18).
+Other catalog GPUs (H100 PCIe, GB200, L40S, MI325X) have none: give `--price`.
 Prices move; a user's own contract rates (`--price` or a YAML file) are what to plan with.
 """
 
@@ -15,11 +20,15 @@ from kvsim.simcore.catalog import get_gpu
 from kvsim.simcore.errors import ConfigError
 
 PRICES_AS_OF = "2026-05"
-PRICE_SOURCE = "https://www.mercatus-ai.com/blog/cloud-gpu-pricing (specialty-cloud on-demand midpoints)"
+PRICE_SOURCE = ("https://www.mercatus-ai.com/blog/cloud-gpu-pricing (specialty-cloud on-demand midpoints); "
+                "B200: lyceum.technology (March 2026, specialized-cloud midpoint); MI300X: cliffcenter.com "
+                "(2026-05-18, median posted rate)")
 BUILTIN_USD_PER_GPU_HOUR: dict[str, float] = {
     "H100-SXM-80GB": 3.00,
     "H200-141GB": 4.00,
     "A100-80GB": 1.30,
+    "B200-180GB": 5.25,
+    "MI300X-192GB": 1.99,
 }
 
 

@@ -67,7 +67,8 @@ GPU_SOURCES: dict[str, str] = {
     "MI300X-192GB": "AMD Instinct MI300X datasheet: 1,307.4 / 2,614.9 dense bf16 / FP8 TFLOP/s, 5.3 TB/s HBM3, "
                     "192 GiB less 1.0%; Infinity Fabric 7 links x 64 GB/s per direction = 448 GB/s aggregate "
                     "(a ring over all 8 GPUs uses every link: TP 2 gets one link, so kvsim's TP 2 collectives are "
-                    "optimistic); 8 x 400 Gb/s NICs per node assumed",
+                    "optimistic); 8 x 400 Gb/s NICs per node assumed. Its roofline uses the H100-fitted kernel "
+                    "efficiencies: ROCm kernels reaching a lower share of peak would make it slower than priced",
     "MI325X-256GB": "AMD Instinct MI325X datasheet: compute as MI300X, 6.0 TB/s HBM3E, 256 GiB less 1.0%; fabric as "
                     "MI300X",
 }

@@ -188,3 +188,36 @@ def test_dp_attention_with_expert_parallel_runs_end_to_end():
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["summary"]["completed"] == 80 and doc["record"]["config"]["enable_expert_parallel"] is True
+
+
+def test_plan_compares_h100_b200_and_mi300x(tmp_path):
+    """Issue 28: `kvsim plan --model llama3.1-70b --gpu H100-SXM-80GB,B200,MI300X` prices all three (B200 and
+    MI300X have dated built-in prices, reports/prices.py) and answers with one of them."""
+    result = CliRunner().invoke(app, ["plan", "--model", "llama3.1-70b", "--gpu", "H100-SXM-80GB,B200,MI300X",
+                                      "--rate", "6", "--slo-ttft-p95-ms", "2000", "--slo-tpot-p95-ms", "80",
+                                      "--search-requests", "200", "--confirm-requests", "300"])
+    assert result.exit_code == 0, result.stderr
+    assert "no price" not in result.stdout
+    for gpu in ("H100-SXM-80GB", "B200-180GB", "MI300X-192GB"):
+        assert gpu in result.stdout
+    assert "Answer:" in result.stdout
+
+
+def test_llama_31_serves_32k_prompts():
+    result = CliRunner().invoke(app, ["run", "--model", "llama3.1-70b", "--workload", "long-context", "--tp", "4",
+                                      "--num-requests", "20", "--no-error-bars", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["completed"] == 20 and doc["summary"]["total_input_tokens"] / 20 > 16000
+
+
+def test_expert_parallel_across_two_nodes_prices_the_all_to_all_over_the_nic():
+    from kvsim.profiles.roofline import ep_all_to_all_ms
+
+    m, gpu = get_model("deepseek-v3"), get_gpu("H200")
+    inside, across = ep_all_to_all_ms(gpu, m, 8, 4096, 8), ep_all_to_all_ms(gpu, m, 8, 4096, 16)
+    assert across > 5 * inside  # bandwidth-bound at 4,096 tokens: the NIC (50 GB/s) vs NVLink (450 per direction)
+    result = CliRunner().invoke(app, ["run", "--model", "deepseek-v3", "--gpu", "H200-141GB", "--tp", "8", "--dp", "2",
+                                      "--enable-expert-parallel", "--num-requests", "50", "--no-error-bars"])
+    assert result.exit_code == 0, result.stderr
+    assert "tp8 ep16" in result.stdout
