@@ -129,6 +129,12 @@ def format_fleet(fleet: dict[str, Any]) -> str:
         cost = "" if row["usd"] is None else f", ${row['usd_per_day']:,.0f}/day"
         label = f"Static fleet, {row['sized_for']} ({row['replicas']} replicas):"
         lines.append(f"{label:<41}{row['gpu_hours']:.2f} GPU-hours{cost}, attainment {100 * row['attainment']:.1f}%")
+    peak = next((row for row in fleet.get("static", []) if row["sized_for"] == "the peak"), None)
+    saving = fleet.get("saving_vs_peak_fleet")
+    if peak is not None and saving is not None:
+        verdict = f"{100 * saving:.0f}% fewer GPU-hours" if saving >= 0 else f"{-100 * saving:.0f}% more GPU-hours"
+        lines.append(f"{'Autoscaling vs the static peak fleet:':<41}{verdict}, attainment "
+                     f"{100 * (fleet['attainment'] or 0):.1f}% vs {100 * peak['attainment']:.1f}%")
     return "\n".join(lines)
 
 

@@ -503,6 +503,8 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
                                                           fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
                                                           fleet["hour_s"])})
     fleet["static"] = rows
+    peak = rows[0]["gpu_hours"]
+    fleet["saving_vs_peak_fleet"] = None if peak <= 0 else 1.0 - fleet["gpu_hours"] / peak
     return fleet
 
 

@@ -135,6 +135,7 @@ def test_the_cli_reports_the_fleet_against_static_ones(workload_file, tmp_path):
                                       "--out", str(out)])
     assert result.exit_code == 0, result.stderr
     assert "Autoscaling" in result.stdout and "Static fleet, the peak" in result.stdout
+    assert "Autoscaling vs the static peak fleet:" in result.stdout
     doc = json.loads((out / "summary.json").read_text())
     fleet = doc["autoscale"]
     assert fleet["hour_s"] == 25.0 and len(fleet["hourly"]) >= 4
@@ -178,3 +179,36 @@ def test_rate_scales_a_diurnal_day_and_keeps_its_shape():
     assert max(rates) / min(rates) == pytest.approx(max(base) / min(base))
     gamma = load_workload("diurnal", {"rate": 8.0, "burstiness": 0.5}, max_model_len=8192).describe()["arrival"]
     assert gamma["process"] == "gamma"  # with a burstiness the user asks for Gamma arrivals, as before
+
+
+def test_a_hand_computed_scale_up_timeline():
+    """Trigger, provisioning, load, warm-up and the first request served, by hand. One replica gets 6
+    long requests at t = 1 s; the autoscaler (every 10 s, target 2 in flight) sees 6 at t = 10 and
+    starts a second replica (max 2). It serves from 10 + cold start, cold start = 5 s provisioning +
+    weights / 1 GB/s + 3 s warm-up. A request at 1 s after that goes to the new, idle replica and is
+    scheduled at once; one sent 1 s before it becomes active goes to the busy first replica."""
+    from kvsim.simcore.catalog import GPUS, MODELS
+    from kvsim.simcore.memory import plan_memory
+    from tests.helpers import ListWorkload, flat_profile, req
+
+    tiny, h100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
+    weights = plan_memory(tiny, h100, EngineConfig()).weights_bytes_per_gpu
+    cold = 5.0 + weights / 1e9 + 3.0
+    up = 10.0 + cold
+    policy = AutoscaleConfig(min_replicas=1, max_replicas=2, target=2.0, interval_s=10.0, provisioning_s=5.0,
+                             model_load_gbps=1.0, warmup_s=3.0, scale_down_cooldown_s=1e6)
+    requests = [req(i, 1.0, 8, 1500) for i in range(6)]  # 1,500 steps of 20 ms each: busy until t = 31
+    requests += [req(6, up - 1.0, 8, 4), req(7, up + 1.0, 8, 4)]
+    sim = prepare(tiny, h100, EngineConfig(), ListWorkload(requests), flat_profile(linear_ms=10.0), autoscale=policy)
+    result = sim.run()
+    fleet = result.record["autoscale"]
+    assert fleet["cold_start_s"] == pytest.approx(cold)
+    assert fleet["timeline"][:3] == [[0.0, 1, 0, 0], [10.0, 1, 1, 0], [pytest.approx(up), 2, 0, 0]]
+    rows = result.requests
+    by_id = {int(r.request_id): r for r in rows.itertuples()}
+    assert by_id[6].replica == 0 and by_id[7].replica == 1
+    assert by_id[7].first_scheduled_s == pytest.approx(up + 1.0)
+    assert (rows["status"] == "finished").all()
+    # paid: replica 0 for the whole run, replica 1 from its start (t = 10) to the end
+    end = float(rows["finish_s"].max())
+    assert fleet["gpu_hours"] == pytest.approx((end + (end - 10.0)) / 3600.0)
