@@ -68,7 +68,6 @@ def calibrate(
     model_spec, gpu_spec = get_model(model), get_gpu(gpu)
     out_tps = _tps(tp)
     from kvsim.profiles.calibrate import MeasurementError
-
     from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
     version = engine_version or DEFAULT_ENGINE_VERSION

@@ -249,8 +249,8 @@ def step_columns(result: Any) -> dict[str, Any]:
     labels = getattr(result, "step_labels", None)
     if labels is not None:  # a disaggregated run: which pool and instance each row is from
         sizes = [len(next(iter(t.values()))) for t in tables]
-        return {"pool": np.concatenate([np.full(n, pool, dtype=object) for n, (pool, _) in zip(sizes, labels)]),
-                "instance": np.concatenate([np.full(n, i, dtype=np.int64) for n, (_, i) in zip(sizes, labels)]),
+        return {"pool": np.concatenate([np.full(n, pool, dtype=object) for n, (pool, _) in zip(sizes, labels, strict=True)]),
+                "instance": np.concatenate([np.full(n, i, dtype=np.int64) for n, (_, i) in zip(sizes, labels, strict=True)]),
                 **{name: np.concatenate([t[name] for t in tables]) for name in tables[0]}}
     if len(tables) == 1:
         return tables[0]

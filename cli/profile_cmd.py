@@ -229,8 +229,8 @@ def validate_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the random tensors and block tables.")] = 0,
 ) -> None:
     """Time whole mixed steps with real kernels and compare them with the latency model's prices."""
-    from kvsim.profiles.validate import ValidateConfig
     from kvsim.profiles.lookup import load_named_profile
+    from kvsim.profiles.validate import ValidateConfig
 
     _check_timing_flags(repeats, warmup, seed)
     if block_size is not None:
@@ -308,7 +308,6 @@ def check_cmd(
     from kvsim.profiles.calibrate import check_rows, check_rows_fit, price_all, read_measurements
     from kvsim.profiles.lookup import check_profile_matches, load_named_profile
     from kvsim.simcore.catalog import get_gpu, get_model
-
     from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
     version = engine_version or DEFAULT_ENGINE_VERSION

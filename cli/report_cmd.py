@@ -32,9 +32,8 @@ def seed_table(
     out: Annotated[Path | None, typer.Option(help="Folder for seed-table.md/.csv/.html and its PNGs. [default: reports/reference in a source checkout, else ./reports/seed-table in the current directory]")] = None,
 ) -> None:
     """Rerun the seed article's benchmark table (4 settings x 3 policies) and write the report."""
-    from kvsim.reports.seed_table import build_seed_table, markdown_table, write_seed_table
-
     from kvsim.cli.options import check_seed
+    from kvsim.reports.seed_table import build_seed_table, markdown_table, write_seed_table
 
     check_seed(seed)
     out_dir = out if out is not None else (reference_dir() or Path.cwd() / "reports" / "seed-table")

@@ -23,14 +23,15 @@ from kvsim.cli.options import (
     Concurrency,
     EnableChunkedPrefill,
     EnablePrefixCaching,
-    EngineVersion,
     EngineCore,
     EngineCoreOpt,
+    EngineVersion,
     Goodput,
     Gpu,
     InputLen,
     KvCacheDtype,
     KvCacheDtypeOpt,
+    KvOffloadingSize,
     MaxBatchSize,
     MaxModelLen,
     MaxNumBatchedTokens,
@@ -52,16 +53,15 @@ from kvsim.cli.options import (
     SloTtftP95,
     SpeculativeConfigOpt,
     SwapSpace,
-    KvOffloadingSize,
     ThinkTime,
     Workload,
+    apply_engine_preset,
     check_common,
     check_inputs_kept,
     check_sample_width,
     check_slos,
     engine_options,
     parse_goodput,
-    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )
@@ -84,7 +84,6 @@ from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.parallel import check_deployment
 from kvsim.simcore.specs import EngineConfig
-
 
 SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
 
@@ -377,9 +376,8 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
     from dataclasses import replace
 
     from kvsim.cli.output import format_disagg
-    from kvsim.profiles import check_profile_matches, default_profile
+    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
     from kvsim.simcore.config import resolve
-    from kvsim.profiles import load_named_profile
     from kvsim.simcore.disagg import prepare_disagg
 
     pools = {}

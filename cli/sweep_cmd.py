@@ -45,12 +45,12 @@ from kvsim.cli.options import (
     SwapSpace,
     ThinkTime,
     Workload,
+    apply_engine_preset,
     check_common,
     check_inputs_kept,
     check_sample_width,
     check_slos,
     engine_options,
-    apply_engine_preset,
     refuse_irrelevant,
     workload_overrides,
 )

@@ -15,8 +15,8 @@ runs use the compiled core where it applies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 TARGETS = (8.0, 16.0, 32.0, 64.0)

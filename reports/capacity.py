@@ -137,7 +137,12 @@ class SLO:
 
 def nominal_rate(spec, arrays) -> float:
     """The mean arrival rate a workload is described at (what --rate sets)."""
-    from kvsim.workloads.arrivals import FixedRateArrivals, GammaArrivals, PiecewiseRateArrivals, TraceArrivals
+    from kvsim.workloads.arrivals import (
+        FixedRateArrivals,
+        GammaArrivals,
+        PiecewiseRateArrivals,
+        TraceArrivals,
+    )
 
     arrival = spec.arrival
     if isinstance(arrival, (GammaArrivals, FixedRateArrivals)):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
 from kvsim.reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
 from kvsim.reports.plan import Candidate, single_step_bounds
 from kvsim.simcore.errors import ConfigError, DoesNotFitError

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.metrics import StepTotals, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
@@ -73,6 +74,7 @@ from kvsim.simcore.state import ReqState
 
 if TYPE_CHECKING:
     import simpy
+
     from kvsim.simcore.engine import Engine
 
 CONNECTOR = "NixlConnector"  # the KV connector modelled (module docstring)

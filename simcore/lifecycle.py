@@ -20,7 +20,6 @@ few array operations, and a decode span (many steps as one event) a few more.
 from __future__ import annotations
 
 from array import array
-
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING

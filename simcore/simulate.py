@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import simpy
 
 from kvsim import __version__ as KVSIM_VERSION  # noqa: E402 (simcore/_root/__init__.py, pyproject.toml)
+
 ENGINE_CORES = ("auto", "c", "python")
 AUTO_C = True  # whether --engine-core auto picks the compiled core where it applies
 

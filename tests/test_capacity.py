@@ -10,10 +10,10 @@ from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.metrics import goodput, saturation
 from kvsim.simcore.specs import EngineConfig
-from tests.helpers import flat_profile
 from kvsim.workloads.arrivals import ClosedLoop, FixedRateArrivals
 from kvsim.workloads.lengths import Fixed
 from kvsim.workloads.spec import WorkloadSpec
+from tests.helpers import flat_profile
 
 STEP_S = 0.010  # flat profile: 2 layers x 5 ms, whatever the batch
 OUTPUT = 10  # tokens per request: 1 prefill step + 9 decode steps

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from typer.testing import CliRunner
+
 from kvsim.cli.main import app
 from kvsim.simcore import fastcore
 from kvsim.simcore.catalog import GPUS, MODELS
@@ -23,8 +25,6 @@ from kvsim.simcore.disagg import (
 )
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
-from typer.testing import CliRunner
-
 from tests.helpers import ListWorkload, flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]

@@ -20,9 +20,9 @@ from kvsim.simcore import ccore
 from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.simulate import prepare, simulate
 from kvsim.simcore.specs import EngineConfig
-from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
 from kvsim.workloads import load_workload
 from kvsim.workloads.arrivals import open_loop_process
+from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
 
 TINY = MODELS["tiny"]
 H100 = GPUS["H100-SXM-80GB"]

@@ -14,9 +14,9 @@ from kvsim.reports.prices import load_prices
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
+from kvsim.workloads import load_workload
 from tests.helpers import flat_profile
 from tests.test_capacity import toy
-from kvsim.workloads import load_workload
 
 FAST = {"search_requests": 100, "confirm_requests": 150, "tolerance": 0.15}
 

@@ -13,10 +13,10 @@ from kvsim.simcore.lifecycle import Lifecycle
 from kvsim.simcore.request import Request
 from kvsim.simcore.simulate import prepare
 from kvsim.simcore.specs import EngineConfig
-from tests.helpers import flat_profile, req
 from kvsim.workloads.arrivals import GammaArrivals
 from kvsim.workloads.lengths import Categorical, Uniform
 from kvsim.workloads.spec import RequestArrays, SharedPrefix, WorkloadSpec
+from tests.helpers import flat_profile, req
 
 TINY, H100 = MODELS["tiny"], GPUS["H100-SXM-80GB"]
 

@@ -13,10 +13,10 @@ import simpy
 from typer.testing import CliRunner
 
 from kvsim.simcore.errors import WorkloadError
-from tests.test_workloads import FakeSink
 from kvsim.workloads import load_workload
 from kvsim.workloads.catalog import DATA_DIR
 from kvsim.workloads.traces import TraceOptions, read_trace, select
+from tests.test_workloads import FakeSink
 
 AZURE = {name: DATA_DIR / f"AzureLLMInferenceTrace_{name}.csv" for name in ("code", "conv")}
 

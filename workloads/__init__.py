@@ -4,7 +4,13 @@
 uses `list_workloads()`. See workloads/README.md for the YAML schema and the trace format.
 """
 
-from kvsim.workloads.catalog import DEFAULT_WORKLOAD, OVERRIDE_KEYS, apply_overrides, list_workloads, load_workload
+from kvsim.workloads.catalog import (
+    DEFAULT_WORKLOAD,
+    OVERRIDE_KEYS,
+    apply_overrides,
+    list_workloads,
+    load_workload,
+)
 from kvsim.workloads.spec import WorkloadSpec
 
 __all__ = [

@@ -29,7 +29,16 @@ from kvsim.workloads.arrivals import (
     TraceArrivals,
     diurnal_schedule,
 )
-from kvsim.workloads.lengths import Categorical, Empirical, Fixed, LengthDist, LogNormal, Normal, Uniform, Zipf
+from kvsim.workloads.lengths import (
+    Categorical,
+    Empirical,
+    Fixed,
+    LengthDist,
+    LogNormal,
+    Normal,
+    Uniform,
+    Zipf,
+)
 from kvsim.workloads.sessions import SessionTrace, SessionWorkload
 from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
 from kvsim.workloads.traces import MAX_INTEGER, Trace, TraceOptions, read_trace, window_rows
