@@ -194,19 +194,31 @@ def result_path(result_dir: Path | None, result_filename: str | None, label: str
 
 def check_result_target(path: Path) -> None:
     """Before any work: the result file's folder exists or can be made, the file is not a folder."""
+    import os
+
     if path.is_dir():
         raise ConfigError(f"--result-filename {path}: is a folder")
     parent = path.parent
     if parent.exists() and not parent.is_dir():
         raise ConfigError(f"--result-dir {parent}: not a folder")
+    existing = parent.absolute()  # the nearest folder that exists must be a writable folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--result-dir {parent}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--result-dir {parent}: {existing} is not writable")
 
 
 def write_result(path: Path, document: dict[str, Any]) -> None:
     """The result file, written whole (a temporary file renamed into place)."""
     from kvsim.reports.files import write_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, lambda tmp: tmp.write_text(json.dumps(document, default=_jsonable) + "\n"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(path, lambda tmp: tmp.write_text(json.dumps(document, default=_jsonable) + "\n"))
+    except OSError as exc:
+        raise ConfigError(f"--save-result {path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def _jsonable(value: Any) -> Any:

@@ -48,6 +48,7 @@ OFF, STARTING, ACTIVE, DRAINING = "off", "starting", "active", "draining"
 #   storage is slower, an in-memory cache faster): `--model-load-gbps`.
 # - warm-up: vLLM's torch.compile and CUDA graph capture before it serves; its start-up logs report
 #   graph capture of tens of seconds on large models: 30 s.
+MIN_INTERVAL_S = 0.1  # an autoscaler deciding more often than this would be its own event storm
 DEFAULT_PROVISIONING_S = 120.0
 DEFAULT_MODEL_LOAD_GBPS = 2.0
 DEFAULT_WARMUP_S = 30.0
@@ -77,7 +78,10 @@ class AutoscaleConfig:
                               f"got {self.max_replicas}")
         if self.metric not in METRICS:
             raise ConfigError(f"--autoscale-metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
-        for name, low in (("target", 0.0), ("interval_s", 0.0), ("model_load_gbps", 0.0)):
+        if not (math.isfinite(self.interval_s) and self.interval_s >= MIN_INTERVAL_S):
+            raise ConfigError(f"--autoscale-config: interval_s must be a finite number >= {MIN_INTERVAL_S:g} s, "
+                              f"got {self.interval_s!r}")
+        for name, low in (("target", 0.0), ("model_load_gbps", 0.0)):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > low):
                 raise ConfigError(f"--autoscale-{name.replace('_', '-')} must be a finite number > {low:g}, got {value!r}")

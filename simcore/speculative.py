@@ -46,6 +46,10 @@ import numpy as np
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import ModelSpec
 
+# Published configurations draft at most 7-10 tokens (EAGLE-3 k=7, MTP k=1-3); a position's chance to be
+# reached is the product of the rates before it (0.9**64 ~ 0.1%), so beyond 64 drafts only add cost. The
+# bound also keeps a step's sequential draft passes finite (k = 100,000 would run for hours).
+MAX_SPECULATIVE_TOKENS = 64
 METHODS = ("draft_model", "ngram", "eagle", "eagle3", "mtp")
 HEAD_METHODS = ("eagle", "eagle3", "mtp")  # a small head on the target's hidden states
 KEYS = ("method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
@@ -112,8 +116,9 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if self.method not in METHODS:
             raise ConfigError(f"--speculative-config: method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ConfigError(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"--speculative-config: num_speculative_tokens must be an integer from 1 to "
+                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}")
         if self.method == "draft_model" and not self.model:
             raise ConfigError("--speculative-config: method draft_model needs \"model\" (a catalog model or a config.json)")
         tp = self.draft_tensor_parallel_size

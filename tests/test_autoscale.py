@@ -212,3 +212,9 @@ def test_a_hand_computed_scale_up_timeline():
     # paid: replica 0 for the whole run, replica 1 from its start (t = 10) to the end
     end = float(rows["finish_s"].max())
     assert fleet["gpu_hours"] == pytest.approx((end + (end - 10.0)) / 3600.0)
+
+
+def test_an_autoscaler_interval_of_1e_300_is_refused():
+    result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--autoscale", "--autoscale-config",
+                                      '{"interval_s": 1e-300}'])
+    assert result.exit_code == 2 and "interval_s must be" in result.stderr and result.stderr.count("\n") == 1

@@ -164,3 +164,13 @@ def test_committed_profile_by_bare_name_from_any_folder(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "kvsim list profiles" in missing.stderr
     folder = invoke("--profile", "sub/H100-SXM-80GB-llama3-70b-tp8", "--num-requests", "5")  # a path is only a file
     assert folder.exit_code == 2 and "no such profile" in folder.stderr
+
+
+def test_save_result_under_a_path_that_cannot_be_a_folder_is_one_line(tmp_path):
+    """--result-dir below a file (/dev/null/x): refused before the run, one line, nothing written."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["run", "--num-requests", "5", "--save-result", "--result-dir", str(blocker / "x")])
+    assert result.exit_code == 2 and result.stderr.startswith("kvsim: error: --result-dir")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -334,3 +334,10 @@ def test_each_replica_records_its_own_step_costs():
     parts = steps["kernels_ms"] + steps["collectives_ms"] + steps["host_ms"]
     assert np.allclose(parts, steps["duration_s"] * 1000, rtol=1e-12, atol=0)
     assert 0 < result.summary["spec_draft_time_share"] < 1
+
+
+def test_num_speculative_tokens_is_bounded():
+    """k = 100,000 would run a step's sequential draft passes for hours: refused up front, one line."""
+    result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--speculative-config",
+                                      '{"method": "eagle", "num_speculative_tokens": 100000}'])
+    assert result.exit_code == 2 and "from 1 to 64" in result.stderr and result.stderr.count("\n") == 1
