@@ -432,8 +432,10 @@ def _text_table(rows) -> str:
         cells.append([
             str(rank) if ok else "-", _cell(r["gpus"], ".0f") if ok else "-",
             f"{int(r['replicas'])} x TP{r['tp']}" if ok else f"TP{r['tp']}", r["gpu"], knobs or "default",
-            _cell(r["usd_per_hour"], ",.2f"), (_cell(r["max_rate"], ".1f") + ("+" if r.get("capped") else "")) if ok else "-",
-            _cell(100 * r["headroom"], "+.0f") + "%" if ok else "-",
+            _cell(r["usd_per_hour"], ",.2f"),
+            ("<" if r.get("max_rate_bound") else "") + (_cell(r["max_rate"], ".1f") + ("+" if r.get("capped") else ""))
+            if ok and r["max_rate"] is not None else "-",
+            _cell(100 * r["headroom"], "+.0f") + "%" if ok and r["headroom"] is not None else "-",
             _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"),
             r["confirmed"] if ok else _clip(str(r["status"]), 110),

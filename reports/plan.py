@@ -394,6 +394,7 @@ def rows_for_target(
                         "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
+            _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra)
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
         rows.append(row)
     for a in assessments:
@@ -403,6 +404,20 @@ def rows_for_target(
                 row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
             rows.append(row)
     return rows
+
+
+def _bound_by_confirmation(row: dict[str, Any], target: float, n: int, failed: bool, extra: int) -> None:
+    """Never report a capacity the candidate's own confirmation disproved. The search's rate is one
+    replica's, times n; a confirmation that needed extra replicas showed that n - 1 of them do not
+    sustain the target, so n sustain less than target x n / (n - 1); one that failed at n showed even
+    n do not, so no capacity is claimed at all."""
+    if failed:
+        row["max_rate"], row["headroom"] = None, None
+    elif extra and n > 1 and row["max_rate"] is not None:
+        bound = target * n / (n - 1)
+        if row["max_rate"] > bound:
+            row["max_rate"], row["headroom"], row["capped"] = bound, bound / target - 1, False
+            row["max_rate_bound"] = f"below {bound:.3g} req/s: {n - 1} replicas missed the target in confirmation"
 
 
 def _cell_value(name: str, value: Any) -> Any:
@@ -572,8 +587,10 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
         return head + "nothing meets the SLO. " + answer["why_none"]
     knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
     return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
-            f"${best['usd_per_hour']:,.2f}/h, sustains {'at least ' if best.get('capped') else '~'}{best['max_rate']:.1f} req/s "
-            f"({100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
+            f"${best['usd_per_hour']:,.2f}/h, sustains "
+            f"{'under ' if best.get('max_rate_bound') else 'at least ' if best.get('capped') else '~'}"
+            f"{best['max_rate']:.1f} req/s ({'under ' if best.get('max_rate_bound') else ''}"
+            f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
             f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")

@@ -191,3 +191,43 @@ def test_plan_progress_is_the_shared_live_progress_with_plain_lines_off_a_termin
     lines = [x for x in result.stderr.splitlines() if x.startswith("planning: ")]
     assert lines and "candidates searched" in lines[-1] and "elapsed" in lines[-1]
     json.loads(result.stdout)  # stdout stays pure JSON
+
+
+def test_plan_never_reports_a_capacity_its_confirmation_disproved(monkeypatch):
+    """Issue 24: a confirmation that needed an extra replica showed that one replica fewer misses the
+    target, so the reported capacity of n replicas is capped below target x n / (n - 1); a failed
+    confirmation claims none. Forced here by making every confirmation add one replica."""
+    import kvsim.reports.plan as plan_module
+
+    real = plan_module.confirm
+
+    def one_more(a, replicas, target, spec_confirm, seed, slo):
+        n, summary, reasons = real(a, replicas + 1, target, spec_confirm, seed, slo)
+        return n, summary, reasons
+
+    monkeypatch.setattr(plan_module, "confirm", one_more)
+    result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                                      "--rate", "30", "--slo-ttft-p95-ms", "1000", "--slo-tpot-p95-ms", "60",
+                                      "--search-requests", "300", "--confirm-requests", "400", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    rows = [r for r in doc["candidates"] if str(r.get("confirmed", "-")).startswith("yes")]
+    assert rows
+    for row in rows:
+        n = row["replicas"]
+        assert row["max_rate"] <= 30 * n / (n - 1) + 1e-9 and row["headroom"] <= 1 / (n - 1) + 1e-9
+        assert "max_rate_bound" in row
+
+
+def test_a_failed_confirmation_claims_no_capacity():
+    from kvsim.reports.plan import _bound_by_confirmation
+
+    row = {"max_rate": 50.0, "headroom": 0.5}
+    _bound_by_confirmation(row, 30.0, 3, True, 2)
+    assert row["max_rate"] is None and row["headroom"] is None
+    row = {"max_rate": 50.0, "headroom": 50 / 30 - 1, "capped": True}
+    _bound_by_confirmation(row, 30.0, 3, False, 1)
+    assert row["max_rate"] == pytest.approx(45.0) and row["capped"] is False
+    row = {"max_rate": 40.0, "headroom": 40 / 30 - 1}
+    _bound_by_confirmation(row, 30.0, 3, False, 0)  # confirmed at once: the search's figure stands
+    assert row["max_rate"] == 40.0
