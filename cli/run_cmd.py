@@ -169,6 +169,7 @@ def run(
     save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
     result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
     result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="A heterogeneous fleet behind one router: GPU:TP:REPLICAS groups, e.g. H100-SXM-80GB:4:2,H200-141GB:2:1; each replica with its own profile, KV cache and price (instead of --gpu / --tp / --dp).")] = None,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
@@ -180,6 +181,16 @@ def run(
         ("--decode-tp", decode_tp), ("--disagg-placement", disagg_placement), ("--prefill-profile", prefill_profile),
         ("--decode-profile", decode_profile), ("--prefill-max-num-batched-tokens", prefill_max_num_batched_tokens),
         ("--decode-max-num-seqs", decode_max_num_seqs)) if value is not None}
+    if fleet is not None:
+        given_layout = [flag for flag, name in (("--gpu", "gpu"), ("--tp", "tp"), ("--dp", "dp"), ("--pp", "pp"),
+                                                ("--profile", "profile"))
+                        if ctx.get_parameter_source(name).name == "COMMANDLINE"]
+        for flag, on in (("--autoscale", autoscale), ("--find-max-rate", find_max_rate), ("--save-result", save_result),
+                         ("--speculative-config", speculative_config is not None), ("disaggregation", bool(disagg))):
+            if on:
+                given_layout.append(flag)
+        if given_layout:
+            raise ConfigError(f"--fleet sets each group's GPU, TP and replicas itself: not with {given_layout[0]}")
     if disagg:
         _check_disagg(ctx, disagg, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy)
         if save_result:
@@ -219,7 +230,7 @@ def run(
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1 and not disagg:
+    if router is not None and dp == 1 and not disagg and fleet is None:
         raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
                           "disaggregated run)")
     if router is not None:
@@ -234,7 +245,15 @@ def run(
     model_spec = config.resolve_model(model_spec)
     from kvsim.simcore.config import resolve
 
-    if not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
+    fleet_groups = None
+    if fleet is not None:  # each group checked and planned on its own GPU and TP (simcore/fleet.py)
+        from kvsim.simcore.fleet import parse_fleet, resolve_fleet
+
+        fleet_groups = resolve_fleet(get_model(model), parse_fleet(fleet), config)
+        model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
+        config = fleet_groups[0][0].engine
+        resolved = fleet_groups[0][0]
+    elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
     overrides = workload_overrides(
@@ -262,6 +281,8 @@ def run(
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
     if disagg:
         prof = None
+    elif fleet_groups is not None:
+        prof = fleet_groups[0][1]
     elif profile is not None:
         prof = load_named_profile(profile)
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
@@ -296,6 +317,10 @@ def run(
                     prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
                     prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
                     percentiles, metrics)
+        return
+    if fleet_groups is not None:
+        _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
+                   metrics)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -366,6 +391,64 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
         raise ConfigError("--find-max-rate does not run disaggregated deployments yet")
     if policy.value != "continuous":
         raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
+
+
+def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics):
+    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py)."""
+    from kvsim.reports.prices import load_prices
+    from kvsim.simcore.fleet import fleet_cost_per_hour
+    from kvsim.simcore.simulate import prepare
+
+    if engine_core is EngineCore.c:
+        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
+                          "GPU types or TPs)")
+    first, profile, _ = groups[0]
+    say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)
+    head, _, rest = desc.partition(f"{model_spec.name} on ")
+    layout = " + ".join(f"{n} x TP{cfg.engine.tensor_parallel_size} {cfg.gpu.name}" for cfg, _, n in groups)
+    say(f"{head}{model_spec.name} on a fleet of {layout};{rest.split(';', 1)[1]}" if ";" in rest else desc)
+    for cfg, prof, count in groups:
+        say(f"Fleet group: {count} x TP {cfg.engine.tensor_parallel_size} {cfg.gpu.name}; profile {prof.label} "
+            f"sha256:{prof.sha256[:12]}; GPU KV cache size: {cfg.memory.num_gpu_tokens:,} tokens per replica")
+    prices = load_prices()
+    usd = fleet_cost_per_hour(groups, prices)
+    gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
+    say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
+        + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    with run_staging(out) as staging:
+        progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
+        try:
+            sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
+                          exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
+                          fleet=groups)
+            result = sim.run()
+        finally:
+            progress.stop()
+        result.record["fleet_usd_per_hour"] = usd
+        fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
+                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result))
+    if fatal is not None:
+        fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _fleet_lines(result) -> str:
+    """Requests and output tokens each group served (from the request table's replica column)."""
+    import numpy as np
+
+    cols = result.records.columns()
+    lines = ["----------------------Fleet-----------------------"]
+    start = 0
+    for group in result.record["fleet"]:
+        replicas = np.arange(start, start + group["replicas"])
+        mine = np.isin(cols["replica"], replicas)
+        label = f"{group['replicas']} x TP{group['tp']} {group['gpu']}:"
+        lines.append(f"{label:<41}{int(mine.sum())} requests, {int(cols['num_positions'][mine].sum()):,} output tokens")
+        start += group["replicas"]
+    usd = result.record.get("fleet_usd_per_hour")
+    if usd is not None:
+        lines.append(f"{'Fleet cost ($/h):':<41}{usd:,.2f}")
+    return "\n".join(lines)
 
 
 def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,

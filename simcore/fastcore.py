@@ -118,6 +118,8 @@ def unsupported(sim: Any) -> str:
     if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
             "prefix-aware", "session-affinity"):
         return f"--router {sim.config.engine.router}"
+    if getattr(sim, "fleet", None) is not None:
+        return "a heterogeneous fleet (replicas of several GPU types or TPs)"
     if getattr(sim, "autoscaler", None) is not None:
         return "autoscaling (replicas started and drained during the run)"
     engine_config = getattr(sim.config, "engine", None)

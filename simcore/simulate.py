@@ -119,6 +119,7 @@ class Simulation:
     workload_seed: np.random.SeedSequence | None = None  # what the workload draws from
     progress: Callable[[int], None] | None = None
     autoscaler: Any = None  # simcore.autoscale.AutoscalingRouter (also the sink) when replicas come and go
+    fleet: Any = None  # the groups of a heterogeneous fleet (prepare's `fleet`), None for one kind of replica
     _env: simpy.Environment | None = None
     _arrivals: simpy.Process | None = None
 
@@ -215,7 +216,8 @@ class Simulation:
         for engine in engines:
             totals.add(engine.recorder.totals)
         summary = summarize_records(records, itl, totals)
-        summary["extrapolated_steps"] = latency.extrapolated.steps
+        models = list({id(e.latency): e.latency for e in engines}.values()) if self.fleet else [latency]
+        summary["extrapolated_steps"] = sum(m.extrapolated.steps for m in models)
         counters: dict[str, int] = {}
         for engine in engines:
             for name, value in engine.policy.counters().items():
@@ -330,13 +332,17 @@ def prepare(
     engine_core: str = "auto",
     draft_profile: Profile | None = None,
     autoscale: Any = None,
+    fleet: list[tuple[ResolvedConfig, Profile, int]] | None = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
     (the reference mode) instead of pricing unchanged decode spans as one event. `stream(table,
     columns)` receives the rows of "requests" or "steps" that the run cannot keep in memory
     (past the caps of simcore.records / simcore.metrics), so a caller can write them out.
-    `draft_profile`: the draft model's profile (speculative decoding with method draft_model)."""
+    `draft_profile`: the draft model's profile (speculative decoding with method draft_model).
+    `fleet`: a heterogeneous fleet (simcore/fleet.py): groups of (resolved config, profile, replicas),
+    each replica priced and sized by its group, all behind one router; `config` and `profile` are
+    the first group's."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -368,8 +374,20 @@ def prepare(
         exact_steps = True
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
-    swap_block_s = cfg.swap_block_s
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
+    if fleet is not None:  # every replica's group: its resolved config, latency model and memory plan
+        if autoscale is not None or spec_cost is not None or config.pipeline_parallel_size > 1:
+            raise ConfigError("--fleet runs replicas of fixed groups: not with --autoscale, speculative decoding or --pp")
+        groups = []
+        for group_cfg, group_profile, count in fleet:
+            group_latency = latency if group_cfg is cfg and group_profile is profile else \
+                group_profile.latency_model(group_profile.path or "profile", policy=group_cfg.policy.overhead,
+                                            engine_version=group_cfg.engine.engine_version)
+            group_latency.set_block_size(group_cfg.engine.block_size)
+            groups += [(group_cfg, group_latency)] * count
+        dp = len(groups)
+    else:
+        groups = None
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
     done_by_replica = [0] * dp
 
@@ -391,12 +409,14 @@ def prepare(
     for index in range(dp):
         # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
-        engine = Engine(None, latency, max_model_len, swap_block_s, replica_progress(index), exact_steps, cost)
-        engine.attach(make_policy(cfg, np.random.default_rng(policy_seeds[index])))
+        r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
+        engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
+                        exact_steps, cost)
+        engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
-        recorder.kv_capacity = memory.num_gpu_tokens  # the regime's sums (reports.regime)
-        recorder.kv_unit = memory.block_size if cfg.policy.allocator == "paged" else 1
+        recorder.kv_capacity = r_cfg.memory.num_gpu_tokens  # the regime's sums (reports.regime)
+        recorder.kv_unit = r_cfg.memory.block_size if r_cfg.policy.allocator == "paged" else 1
         if stream is not None:
             recorder.spill = _step_spill(stream, index if dp > 1 else None)
         engines.append(engine)
@@ -431,11 +451,18 @@ def prepare(
                    "host_overhead_ms": host_terms},
         "memory": memory.to_dict(),
     }
+    if fleet is not None:
+        record["fleet"] = [{"gpu": g.gpu.name, "tp": g.engine.tensor_parallel_size, "replicas": n,
+                            "kv_cache_tokens": g.memory.num_gpu_tokens,
+                            "profile": {"path": p.path, "sha256": p.sha256, "source": p.source, "label": p.label}}
+                           for g, p, n in fleet]
     if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:
         record["draft_profile"] = {"path": draft_profile.path, "sha256": draft_profile.sha256,
                                    "source": draft_profile.source, "label": draft_profile.label}
-    return Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
-                      engine_core, workload_seed, progress, autoscaler)
+    sim = Simulation(engines, memory, latency, record, workload, sink, cfg, warnings, started,
+                     engine_core, workload_seed, progress, autoscaler)
+    sim.fleet = fleet
+    return sim
 
 
 def _speculative_cost(cfg: ResolvedConfig, latency, draft_profile: Profile | None):

@@ -1,0 +1,77 @@
+"""Heterogeneous fleets (simcore/fleet.py, `kvsim run --fleet`): replicas of several GPU types or TPs
+behind one router, each with its own profile, KV cache and price."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli.main import app
+from kvsim.profiles import default_profile
+from kvsim.simcore.catalog import get_gpu, get_model
+from kvsim.simcore.config import resolve
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.fleet import fleet_cost_per_hour, parse_fleet, resolve_fleet
+from kvsim.simcore.simulate import prepare, simulate
+from kvsim.simcore.specs import EngineConfig
+from kvsim.workloads import load_workload
+
+
+def test_a_fleet_of_one_kind_is_the_same_run_as_dp():
+    """Two H100 replicas given as a fleet run exactly as --dp 2 (same engines, router and requests)."""
+    model, gpu = get_model("llama3-8b"), get_gpu("H100")
+    wl = load_workload("sharegpt", {"num_requests": 400, "rate": 30.0}, max_model_len=8192)
+    groups = resolve_fleet(model, parse_fleet("H100-SXM-80GB:1:2"), EngineConfig())
+    fleet = prepare(model, gpu, groups[0][0], wl, groups[0][1], seed=2, fleet=groups).run()
+    dp = simulate(model, gpu, resolve(model, gpu, EngineConfig(data_parallel_size=2)), wl,
+                  default_profile(gpu, model, 1), seed=2, engine_core="python")
+    assert fleet.requests.equals(dp.requests)
+    assert fleet.record["engine_core"] == "python" and "heterogeneous fleet" in fleet.record["engine_core_reason"]
+
+
+def test_each_replica_is_sized_and_priced_by_its_group():
+    model = get_model("llama3-70b")
+    groups = resolve_fleet(model, parse_fleet("H100-SXM-80GB:4:2,H200-141GB:2:1"), EngineConfig())
+    wl = load_workload("sharegpt", {"num_requests": 300, "rate": 8.0}, max_model_len=8192)
+    sim = prepare(model, groups[0][0].gpu, groups[0][0], wl, groups[0][1], seed=0, fleet=groups)
+    result = sim.run()
+    kv = [e.recorder.kv_capacity for e in sim.replicas]
+    assert kv == [groups[0][0].memory.num_gpu_tokens] * 2 + [groups[1][0].memory.num_gpu_tokens]
+    assert sim.replicas[0].latency is sim.replicas[1].latency is not sim.replicas[2].latency
+    assert [g["gpu"] for g in result.record["fleet"]] == ["H100-SXM-80GB", "H200-141GB"]
+    assert set(result.requests["replica"]) == {0, 1, 2} and result.summary["completed"] == 300
+    assert fleet_cost_per_hour(groups, {"H100-SXM-80GB": 3.0, "H200-141GB": 4.0}) == pytest.approx(2 * 4 * 3 + 2 * 4)
+    assert fleet_cost_per_hour(groups, {"H100-SXM-80GB": 3.0}) is None
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("H100-SXM-80GB:4", "not GPU:TP:REPLICAS"), ("H100-SXM-80GB:four:2", "whole numbers"),
+    ("H100-SXM-80GB:4:0", ">= 1"), ("", "give GPU:TP:REPLICAS")])
+def test_malformed_fleets_are_refused(text, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_fleet(text)
+
+
+def test_a_group_that_does_not_fit_is_refused_before_any_run():
+    with pytest.raises(ConfigError):
+        resolve_fleet(get_model("llama3-70b"), parse_fleet("H100-SXM-80GB:1:2"), EngineConfig())
+
+
+@pytest.mark.parametrize("extra", [["--gpu", "H200"], ["--tp", "2"], ["--dp", "2"], ["--autoscale"],
+                                   ["--engine-core", "c"]])
+def test_fleet_cli_refuses_what_it_sets_itself(extra):
+    result = CliRunner().invoke(app, ["run", "--fleet", "H100-SXM-80GB:1:2", "--num-requests", "5", *extra])
+    assert result.exit_code != 0 and result.stderr.startswith("kvsim: error: ") and result.stderr.count("\n") == 1
+
+
+def test_fleet_cli_reports_each_group(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--model", "llama3-70b", "--fleet", "H100-SXM-80GB:4:2,H200-141GB:2:1",
+                                      "--rate", "8", "--num-requests", "200", "--no-error-bars", "--out",
+                                      str(tmp_path / "o")])
+    assert result.exit_code == 0, result.stderr
+    assert "on a fleet of 2 x TP4 H100-SXM-80GB + 1 x TP2 H200-141GB" in result.stdout
+    assert "Fleet cost ($/h):                        32.00" in result.stdout
+    doc = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert doc["record"]["fleet_usd_per_hour"] == 32.0 and len(doc["record"]["fleet"]) == 2
