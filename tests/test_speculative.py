@@ -44,7 +44,7 @@ def test_config_reads_vllm_keys_and_infers_the_method_as_vllm_does():
 
 @pytest.mark.parametrize("text, message", [
     ('{"method": "medusa", "num_speculative_tokens": 2}', "method must be one of"),
-    ('{"method": "eagle", "num_speculative_tokens": 0}', "integer >= 1"),
+    ('{"method": "eagle", "num_speculative_tokens": 0}', "integer from 1 to 64"),
     ('{"method": "eagle", "num_speculative_tokens": 2, "acceptance_rates": [0.5]}', "has 1 entries"),
     ('{"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": 0.5, "acceptance_rates": [1, 1]}', "not both"),
     ('{"method": "draft_model", "model": "llama3-8b", "num_speculative_tokens": 2}', "no published acceptance"),
