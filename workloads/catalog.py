@@ -499,11 +499,7 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
         raise WorkloadError("--burstiness shapes open-loop arrivals; a closed loop (--concurrency) has none")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
-    if "rate" in given and "burstiness" not in given and isinstance(arrival, PiecewiseRateArrivals):
-        # a diurnal (or any scheduled) day keeps its shape: --rate sets its mean, every step scaled alike
-        scale = float(given["rate"]) / arrival.mean_rate
-        arrival = dataclasses.replace(arrival, rates=tuple(r * scale for r in arrival.rates))
-        given = {k: v for k, v in given.items() if k != "rate"}
+    arrival, given = _rescale_schedule(arrival, given)
     if "rate" in given or "burstiness" in given:
         if "rate" not in given and not isinstance(arrival, GammaArrivals):
             raise WorkloadError(
@@ -548,6 +544,16 @@ def apply_overrides(spec: WorkloadSpec, overrides: dict[str, Any] | None) -> Wor
     return dataclasses.replace(spec, **changes)
 
 
+def _rescale_schedule(arrival, given: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A scheduled (diurnal) arrival keeps its shape under --rate: the rate sets its mean, every step
+    scaled alike, and is consumed here; with --burstiness (or another arrival) nothing changes."""
+    if "rate" not in given or "burstiness" in given or not isinstance(arrival, PiecewiseRateArrivals):
+        return arrival, given
+    scale = float(given["rate"]) / arrival.mean_rate
+    rescaled = dataclasses.replace(arrival, rates=tuple(r * scale for r in arrival.rates))
+    return rescaled, {k: v for k, v in given.items() if k != "rate"}
+
+
 def _session_overrides(spec: SessionWorkload, given: dict[str, Any]) -> SessionWorkload:
     """Overrides of a session workload: --num-requests counts sessions, --rate / --burstiness start
     them, --concurrency runs that many at once, --think-time-s is the think time between turns,
@@ -557,11 +563,7 @@ def _session_overrides(spec: SessionWorkload, given: dict[str, Any]) -> SessionW
             raise WorkloadError(f"--{key.replace('_', '-')} does not apply to a session workload")
     changes: dict[str, Any] = {}
     arrival = spec.arrival
-    if "rate" in given and "burstiness" not in given and isinstance(arrival, PiecewiseRateArrivals):
-        # a diurnal (or any scheduled) day keeps its shape: --rate sets its mean, every step scaled alike
-        scale = float(given["rate"]) / arrival.mean_rate
-        arrival = dataclasses.replace(arrival, rates=tuple(r * scale for r in arrival.rates))
-        given = {k: v for k, v in given.items() if k != "rate"}
+    arrival, given = _rescale_schedule(arrival, given)
     if "rate" in given or "burstiness" in given:
         rate = given.get("rate", getattr(arrival, "rate", None))
         if rate is None:
