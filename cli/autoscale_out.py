@@ -59,14 +59,13 @@ def fleet_section(result, extras: dict[str, Any], slo_ttft_ms: float | None, slo
                   gpu_name: str) -> dict[str, Any]:
     """The run's fleet figures: its record's autoscale block plus attainment and cost."""
     from kvsim.reports.prices import BUILTIN_USD_PER_GPU_HOUR
-    from kvsim.simcore.autoscale import hourly_attainment
 
     fleet = dict(result.record["autoscale"])
     ttft = extras.get("ttft_slo_ms", slo_ttft_ms or DEFAULT_TTFT_SLO_MS)
     tpot = extras.get("tpot_slo_ms", slo_tpot_ms or DEFAULT_TPOT_SLO_MS)
     fleet["slo"] = {"ttft_ms": ttft, "tpot_ms": tpot}
     fleet["hour_s"] = hour_s = hour_of(result)
-    fleet.update(_attainment(result, ttft, tpot, hourly_attainment, hour_s))
+    fleet.update(_attainment(result, ttft, tpot, hour_s))
     price = extras.get("price_usd_per_gpu_hour", BUILTIN_USD_PER_GPU_HOUR.get(gpu_name))
     duration = float(result.summary.get("duration_s") or 0.0)
     fleet["duration_s"] = duration
@@ -77,33 +76,26 @@ def fleet_section(result, extras: dict[str, Any], slo_ttft_ms: float | None, slo
 
 
 def hour_of(result) -> float:
-    """The length of an "hour" of the workload: a diurnal arrival's period / steps (kvsim's
-    `diurnal` compresses a day into one hour, so its hour is 150 s), else 3600 s."""
-    arrival = result.record["workload"].get("arrival", {})
-    if arrival.get("period_s") and arrival.get("schedule"):  # diurnal, as the workload describes it
-        return float(arrival["period_s"]) / len(arrival["schedule"])
-    return 3600.0
+    """The length of an "hour" of the run's workload (simcore.autoscale.hour_of_arrival)."""
+    from kvsim.simcore.autoscale import hour_of_arrival
+
+    return hour_of_arrival(result.record["workload"].get("arrival", {}))
 
 
-def _attainment(result, ttft_ms: float, tpot_ms: float, hourly, hour_s: float) -> dict[str, Any]:
-    from kvsim.simcore.records import derived_latencies
+def _attainment(result, ttft_ms: float, tpot_ms: float, hour_s: float) -> dict[str, Any]:
+    from kvsim.simcore.autoscale import run_attainment
 
-    cols = result.records.columns()
-    ttft, _, tpot = derived_latencies(cols)
-    hours = hourly(cols["arrival_s"], ttft, tpot, ttft_ms, tpot_ms, hour_s)
-    n = sum(h["requests"] for h in hours)
-    met = sum(h["requests"] * h["attainment"] for h in hours if h["requests"])
-    return {"attainment": met / n if n else None, "hourly": hours}
+    share, hours = run_attainment(result, ttft_ms, tpot_ms, hour_s)
+    return {"attainment": share, "hourly": hours}
 
 
 def static_row(result, replicas: int, gpus_per_replica: int, ttft_ms: float, tpot_ms: float,
                price: float | None, hour_s: float) -> dict[str, Any]:
     """A fixed fleet's figures on the same workload (paid for the whole run)."""
-    from kvsim.simcore.autoscale import hourly_attainment
 
     duration = float(result.summary.get("duration_s") or 0.0)
     gpu_hours = replicas * gpus_per_replica * duration / 3600.0
-    att = _attainment(result, ttft_ms, tpot_ms, hourly_attainment, hour_s)
+    att = _attainment(result, ttft_ms, tpot_ms, hour_s)
     return {"replicas": replicas, "gpu_hours": gpu_hours, "attainment": att["attainment"],
             "hourly": att["hourly"], "usd": None if price is None else price * gpu_hours,
             "usd_per_day": None if price is None or duration <= 0 else price * gpu_hours * 86400.0 / duration}

@@ -37,14 +37,9 @@ class Candidate:
 
 
 def _attainment(result, ttft_ms: float, tpot_ms: float, hour_s: float) -> float:
-    from kvsim.simcore.autoscale import hourly_attainment
-    from kvsim.simcore.records import derived_latencies
+    from kvsim.simcore.autoscale import run_attainment
 
-    cols = result.records.columns()
-    ttft, _, tpot = derived_latencies(cols)
-    hours = hourly_attainment(cols["arrival_s"], ttft, tpot, ttft_ms, tpot_ms, hour_s)
-    n = sum(h["requests"] for h in hours)
-    return sum(h["requests"] * h["attainment"] for h in hours if h["requests"]) / n if n else 0.0
+    return run_attainment(result, ttft_ms, tpot_ms, hour_s)[0] or 0.0
 
 
 def plan_autoscale(model, gpu, engine, workload, profile, seed: int, goal: float, ttft_ms: float, tpot_ms: float,
@@ -119,11 +114,10 @@ def answer_lines(plan: dict[str, Any], goal: float) -> list[str]:
 
 
 def hour_length(workload) -> float:
-    """The workload's "hour" for attainment bins: a diurnal arrival's period / steps, else 3600 s."""
-    arrival = workload.describe().get("arrival", {})
-    if arrival.get("period_s") and arrival.get("schedule"):
-        return float(arrival["period_s"]) / len(arrival["schedule"])
-    return 3600.0
+    """The workload's "hour" for attainment bins (simcore.autoscale.hour_of_arrival)."""
+    from kvsim.simcore.autoscale import hour_of_arrival
+
+    return hour_of_arrival(workload.describe().get("arrival", {}))
 
 
 __all__ = ["TARGETS", "answer_lines", "hour_length", "plan_autoscale"]

@@ -271,4 +271,26 @@ def hourly_attainment(arrival_s, ttft_s, tpot_s, ttft_slo_ms: float, tpot_slo_ms
     return out
 
 
-__all__ = ["AutoscaleConfig", "AutoscalingRouter", "METRICS", "hourly_attainment"]
+def run_attainment(result, ttft_slo_ms: float, tpot_slo_ms: float | None,
+                   hour_s: float) -> tuple[float | None, list[dict[str, Any]]]:
+    """(share of a run's requests meeting the SLOs, or None without requests; the hourly rows)."""
+    from kvsim.simcore.records import derived_latencies
+
+    cols = result.records.columns()
+    ttft, _, tpot = derived_latencies(cols)
+    hours = hourly_attainment(cols["arrival_s"], ttft, tpot, ttft_slo_ms, tpot_slo_ms, hour_s)
+    n = sum(h["requests"] for h in hours)
+    met = sum(h["requests"] * h["attainment"] for h in hours if h["requests"])
+    return (met / n if n else None), hours
+
+
+def hour_of_arrival(arrival: dict[str, Any]) -> float:
+    """The length of an "hour" of a workload, from its arrival's description: a scheduled (diurnal)
+    day's period / steps (kvsim's `diurnal` compresses a day into one hour: 150 s), else 3600 s."""
+    if arrival.get("period_s") and arrival.get("schedule"):
+        return float(arrival["period_s"]) / len(arrival["schedule"])
+    return 3600.0
+
+
+__all__ = ["AutoscaleConfig", "AutoscalingRouter", "METRICS", "hour_of_arrival", "hourly_attainment",
+           "run_attainment"]
