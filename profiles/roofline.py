@@ -222,11 +222,17 @@ def moe_ops(model: ModelSpec, tp: int, t: int) -> list[tuple[str, str, float, fl
            ("moe_act", "act", 0.0, float(t * k * inter * 3 * b)),
            *gemm("moe_down_proj", inter, h, rows, touched),
            ("moe_sum", "add", 0.0, float(t * k * h * b + t * h * b))]
+    return ops + _shared_expert_ops(model, tp, t, gemm)
+
+
+def _shared_expert_ops(model: ModelSpec, tp: int, t: int, gemm) -> list[tuple[str, str, float, float]]:
+    """Always-on shared experts, tensor-parallel in both the TP and the EP layout (as vLLM keeps them)."""
     shared = model.shared_expert_intermediate_size // tp
-    if shared:
-        ops += [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
-                *gemm("shared_down_proj", shared, h)]
-    return ops
+    if not shared:
+        return []
+    h, b = model.hidden_size, model.dtype_bytes
+    return [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
+            *gemm("shared_down_proj", shared, h)]
 
 
 def ep_load_imbalance(pairs: float, ep: int) -> float:
@@ -262,11 +268,7 @@ def ep_moe_ops(model: ModelSpec, tp: int, t: int, ep: int) -> list[tuple[str, st
            ("moe_act", "act", 0.0, float(busiest * inter * 3 * b)),
            *gemm("moe_down_proj", inter, h, rows, touched),
            ("moe_sum", "add", 0.0, float(t * k * h * b + t * h * b))]
-    shared = model.shared_expert_intermediate_size // tp
-    if shared:
-        ops += [*gemm("shared_up_proj", h, 2 * shared), ("shared_act", "act", 0.0, float(t * shared * 3 * b)),
-                *gemm("shared_down_proj", shared, h)]
-    return ops
+    return ops + _shared_expert_ops(model, tp, t, gemm)
 
 
 # Expert-parallel all-to-all (MoE dispatch and combine), as DeepEP's normal kernels measure it
