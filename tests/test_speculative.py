@@ -342,3 +342,23 @@ def test_num_speculative_tokens_is_bounded():
     result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--speculative-config",
                                       '{"method": "eagle", "num_speculative_tokens": 100000}'])
     assert result.exit_code == 2 and "from 1 to 64" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_saved_itls_are_one_gap_per_burst(tmp_path):
+    """--save-result's per-request itls count a speculative step's burst once (one streamed chunk in
+    vLLM's client), as the summary's pooled ITLs do: no zero gaps inside a burst."""
+    import json
+
+    result = CliRunner().invoke(app, [
+        "run", "--num-requests", "10", "--rate", "5", "--input-len", "32", "--output-len", "24",
+        "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.8}',
+        "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    itls = [np.asarray(x) for x in doc["itls"]]
+    assert all((x > 0).all() for x in itls)
+    assert sum(len(x) for x in itls) < sum(n - 1 for n in doc["output_lens"])  # bursts: fewer gaps than tokens
+    for x, lat, ttft in zip(itls, doc["latencies"], doc["ttfts"], strict=True):
+        assert abs(x.sum() - (lat - ttft)) < 1e-9
+    pooled = np.concatenate(itls)
+    assert abs(pooled.mean() * 1000 - doc["mean_itl_ms"]) < 1e-6  # the gaps the summary pools
