@@ -362,3 +362,47 @@ def test_saved_itls_are_one_gap_per_burst(tmp_path):
         assert abs(x.sum() - (lat - ttft)) < 1e-9
     pooled = np.concatenate(itls)
     assert abs(pooled.mean() * 1000 - doc["mean_itl_ms"]) < 1e-6  # the gaps the summary pools
+
+
+DRAFT = '{"method": "draft_model", "model": "llama3-8b", "num_speculative_tokens": 3, "acceptance_rate": 0.7}'
+
+
+COMMON = ["--model", "llama3-70b", "--tp", "4", "--gpu", "H100-SXM-80GB", "--input-len", "64", "--output-len", "32"]
+
+
+# A draft_model config is priced from the draft's own profile wherever runs are made
+# (profiles.draft_profile): --find-max-rate, a sweep dimension and a plan dimension, in the compiled core.
+def test_draft_model_in_the_rate_search():
+    import json
+
+    found = CliRunner().invoke(app, ["run", *COMMON, "--num-requests", "40", "--rate", "2", "--slo-tpot-p95-ms", "40",
+                                     "--find-max-rate", "--tolerance", "0.2", "--speculative-config", DRAFT, "--json"])
+    assert found.exit_code == 0, found.output
+    doc = json.loads(found.stdout)
+    assert doc["max_sustainable_rate"] > 0 and {r["engine_core"] for r in doc["runs"]} == {"c"}
+
+
+def test_draft_model_as_a_sweep_dimension(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "sweep.csv"
+    swept = CliRunner().invoke(app, ["sweep", *COMMON, "--num-requests", "30", "--rate", "4", "-j", "1", "--out",
+                                     str(out), "--speculative-config", f"[null, {DRAFT}]"])
+    assert swept.exit_code == 0, swept.output
+    rows = pd.read_csv(out)
+    assert rows["engine_core"].tolist() == ["c", "c"]
+    off, on = rows["mean_tpot_ms"].tolist()
+    assert on < off and rows["spec_mean_acceptance_length"].iloc[1] > 1.5
+
+
+def test_draft_model_as_a_plan_dimension(tmp_path):
+    import json
+
+    planned = CliRunner().invoke(app, ["plan", *COMMON, "--rate", "2", "--slo-tpot-p95-ms", "40", "--search-requests",
+                                       "60", "--confirm-requests", "60", "--speculative-config", f"[null, {DRAFT}]",
+                                       "--out", str(tmp_path / "plan")])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    labels = {c.get("speculative_config") for c in plan["candidates"]}
+    assert any(label and label.startswith("draft_model llama3-8b k=3") for label in labels), labels
+    assert {c["engine_core"] for c in plan["candidates"] if c.get("engine_core")} == {"c"}
