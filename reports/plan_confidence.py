@@ -23,14 +23,16 @@ BISECTIONS = 5  # runs after the first: F* to 6 sigma / 32, P to about +-3 point
 
 def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any, factor: float) -> bool:
     """Whether the deployment's confirmation passes with every step time of its profile x `factor`."""
+    from kvsim.profiles import draft_profile
     from kvsim.profiles.uncertainty import scaled_profile
     from kvsim.reports.capacity import RateScaler, summary_with_goodput
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
     config = replace(c.config, data_parallel_size=replicas)
+    draft = draft_profile(c.gpu, config)  # a draft model's steps scaled as the target's (as kvsim run's bands do)
     result = simulate(c.model, c.gpu, config, RateScaler(spec_confirm).at(target), scaled_profile(a.profile, factor),
-                      seed=seed)
+                      seed=seed, draft_profile=None if draft is None else scaled_profile(draft, factor))
     return not slo.failures(summary_with_goodput(result, slo))
 
 
