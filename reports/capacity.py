@@ -442,7 +442,7 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
     from kvsim.simcore.records import RunStopped
     from kvsim.simcore.simulate import prepare
 
-    sim = prepare(model, gpu, config, workload, profile, seed=seed, draft_profile=draft_profile(gpu, config))
+    sim = prepare(model, gpu, config, workload, profile, seed=seed, draft_profile=draft_profile(gpu, config, profile))
     total = int(workload.num_requests)
     records = sim.replicas[0].lifecycle.records
     if early_stop and slo.ttft_p95_ms is None and slo.tpot_p95_ms is None and not slo.goodput_ms:

@@ -347,7 +347,7 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
         result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed,
-                          draft_profile=draft_profile(c.gpu, config))
+                          draft_profile=draft_profile(c.gpu, config, a.profile))
         summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:

@@ -30,9 +30,9 @@ def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, s
 
     c = a.candidate
     config = replace(c.config, data_parallel_size=replicas)
-    draft = draft_profile(c.gpu, config)  # a draft model's steps scaled as the target's (as kvsim run's bands do)
-    result = simulate(c.model, c.gpu, config, RateScaler(spec_confirm).at(target), scaled_profile(a.profile, factor),
-                      seed=seed, draft_profile=None if draft is None else scaled_profile(draft, factor))
+    profile = scaled_profile(a.profile, factor)
+    result = simulate(c.model, c.gpu, config, RateScaler(spec_confirm).at(target), profile, seed=seed,
+                      draft_profile=draft_profile(c.gpu, config, profile))  # a draft's steps scaled as the target's
     return not slo.failures(summary_with_goodput(result, slo))
 
 

@@ -71,7 +71,7 @@ def run_point(point: Point) -> dict[str, Any]:
         return row
     config = point.resolved if point.resolved is not None else point.config
     result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed,
-                      draft_profile=draft_profile(point.gpu, config))
+                      draft_profile=draft_profile(point.gpu, config, point.profile))
     regime = regime_of(result)
     record = result.record
     row.update({

@@ -406,3 +406,19 @@ def test_draft_model_as_a_plan_dimension(tmp_path):
     labels = {c.get("speculative_config") for c in plan["candidates"]}
     assert any(label and label.startswith("draft_model llama3-8b k=3") for label in labels), labels
     assert {c["engine_core"] for c in plan["candidates"] if c.get("engine_core")} == {"c"}
+
+
+def test_a_draft_profile_follows_its_targets_scaling():
+    """A plan at a confidence (or its SLO probability's re-runs) scales the target's step times:
+    the draft model's are scaled by the same factor, nothing else gets a draft profile."""
+    from kvsim.profiles import default_profile, draft_profile
+    from kvsim.profiles.uncertainty import scaled_profile
+
+    model, gpu = MODELS["llama3-70b"], H100
+    config = EngineConfig(tensor_parallel_size=4, speculative_config=spec(DRAFT))
+    target = default_profile(gpu, model, 4)
+    plain = draft_profile(gpu, config, target)
+    assert plain.data == default_profile(gpu, MODELS["llama3-8b"], 4).data
+    slow = draft_profile(gpu, config, scaled_profile(target, 1.5))
+    assert slow.step_time_factor == 1.5 and slow.data == scaled_profile(plain, 1.5).data
+    assert draft_profile(gpu, EngineConfig(speculative_config=spec('{"method": "eagle", "num_speculative_tokens": 2}'))) is None
