@@ -126,8 +126,10 @@ def unsupported(sim: Any) -> str:
     if (getattr(engine_config, "speculative_config", None) is not None
             or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
         return "speculative decoding"
-    if getattr(sim, "disagg", None) is not None:
-        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
@@ -176,6 +178,10 @@ def run(sim: Any, progress=None) -> Any:
     from kvsim.simcore import metrics as metrics_module
     from kvsim.simcore import records as records_module
 
+    if getattr(sim, "disagg", None) is not None:
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.run(sim, progress)
     lib = ccore.library()
     _declare(lib)
     engines = sim.replicas
