@@ -384,7 +384,7 @@ def rows_for_target(
         n, summary, reasons = confirm(a, first, target, spec_confirm, seed, slo)
         replicas[id(a)] = n
         checked[id(a)] = (summary, reasons, n - first)
-    rows = []
+    ranked = []
     for a in sorted(feasible, key=key):
         row = _row(a, target, replicas[id(a)])
         if id(a) in checked:
@@ -395,13 +395,23 @@ def rows_for_target(
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
             _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra)
+        ranked.append(row)
+    return target_rows(ranked, assessments, lambda a: _row(a, target, None), target, out_tokens)
+
+
+def target_rows(ranked: list[dict[str, Any]], searched: list[Any], unsized_row: Callable[[Any], dict[str, Any]],
+                target: float, out_tokens: float) -> list[dict[str, Any]]:
+    """One target's table (aggregated here, disaggregated in reports.plan_disagg): the sized rows
+    in rank order, each with its $/M output tokens at the target, then a row for every candidate
+    with no rate at the SLO (`r1` <= 0; `unsized_row` makes it), saying why."""
+    for row in ranked:
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
-        rows.append(row)
-    for a in assessments:
-        if a.r1 <= 0:
-            row = _row(a, target, None)
-            if a.status == "searched":
-                row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
+    rows = list(ranked)
+    for c in searched:
+        if c.r1 <= 0:
+            row = unsized_row(c)
+            if c.status == "searched":
+                row["status"] = f"no rate meets the SLO: {c.capacity.binding}" if c.capacity else "not searched"
             rows.append(row)
     return rows
 
