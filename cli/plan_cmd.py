@@ -20,6 +20,7 @@ from kvsim.cli.options import (
     Goodput,
     InputLen,
     OutputLen,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
     Workload,
@@ -66,6 +67,7 @@ def plan(
     burstiness: Burstiness = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     goodput: Goodput = None,
     tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
     block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
@@ -105,6 +107,9 @@ def plan(
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
+    if autoscale and slo_targets:
+        raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
+                          "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
     if autoscale:
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
@@ -116,7 +121,9 @@ def plan(
     if rate is None:
         raise ConfigError("--rate is required: the target request rate(s) in req/s (or plan a day with --autoscale)")
     goodput_ms = parse_goodput(goodput, ctx.args)
-    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from kvsim.reports.capacity import parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
     if len(rates) > MAX_TARGET_RATES:  # each target is sized and confirmed with its own runs
         raise ConfigError(f"--rate: at most {MAX_TARGET_RATES} target rates in one plan, got {len(rates):,}")
@@ -195,7 +202,7 @@ def plan(
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
     _check_trace_prompts(spec, max_len, as_json)
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
@@ -419,9 +426,11 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
-def _text_table(rows) -> str:
+def _text_table(rows, slo=None) -> str:
     from kvsim.reports.plan import _KNOBS
 
+    extra = list(slo.percentile_ms) if slo is not None else []  # targets beyond the two p95 columns
+    columns = [*COLUMNS[:10], *((t.column, f"{t.name} ms") for t in extra), *COLUMNS[10:]]
     lines, cells = [], []
     rank = 0
     for r in rows:
@@ -437,11 +446,12 @@ def _text_table(rows) -> str:
             if ok and r["max_rate"] is not None else "-",
             _cell(100 * r["headroom"], "+.0f") + "%" if ok and r["headroom"] is not None else "-",
             _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            *(_cell(r.get(t.column), ",.1f") for t in extra),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"),
             r["confirmed"] if ok else _clip(str(r["status"]), 110),
         ])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(COLUMNS)]
-    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(COLUMNS, widths, strict=True)).rstrip())
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(columns)]
+    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip())
     for c in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
     return "\n".join(lines)
@@ -479,7 +489,7 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     for answer in result.answers:
         part = table[(table["model"] == answer["model"]) & (table["target_rate"] == answer["target_rate"])]
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
-        typer.echo(_text_table(_records(part)))
+        typer.echo(_text_table(_records(part), slo))
     typer.echo("")
     for answer, shown in zip(result.answers, doc["answers"], strict=True):
         typer.echo("Answer: " + shown["line"])

@@ -49,6 +49,7 @@ from kvsim.cli.options import (
     Rate,
     Reservation,
     RouterOpt,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
     SpeculativeConfigOpt,
@@ -137,6 +138,7 @@ def run(
     goodput: Goodput = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Search the highest rate (same requests, rescaled arrivals) at which the run is sustained and meets the --slo-* / --goodput targets; --rate is where the search starts.")] = False,
     tolerance: Annotated[float, typer.Option(help="--find-max-rate: relative width of the answer's bracket.")] = 0.02,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
@@ -215,7 +217,12 @@ def run(
     apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    from kvsim.reports.capacity import MIN_TOLERANCE
+    from kvsim.reports.capacity import MIN_TOLERANCE, parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    if slo_targets and not find_max_rate:  # one run prints every percentile: --metric-percentiles
+        raise ConfigError("--slo applies only with --find-max-rate (a single run prints any percentile with "
+                          "--metric-percentiles)")
 
     if not MIN_TOLERANCE <= tolerance < 1:  # NaN fails too
         raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
@@ -297,7 +304,7 @@ def run(
 
     from kvsim.reports.capacity import SLO
 
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     from kvsim.simcore import records
 
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
@@ -758,6 +765,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     rows = [{
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
+        **{t.key: p.summary.get(t.key) for t in slo.percentile_ms},
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
         "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
@@ -781,7 +789,9 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
         typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
-                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  {row['why_not']}")
+                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
+                   + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
+                             for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:
         typer.echo(f"No rate meets the SLO: {found.binding}")
     elif found.at_least:

@@ -123,6 +123,19 @@ class Bounds:
     ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
     tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context (/ k + 1 speculating)
     rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
+    # per request (s): what the percentiles above are taken of, for a target at any percentile
+    per_request_s: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def at(self, target) -> float | None:
+        """The lower bound of a percentile target's value (ms; reports.capacity.Target): each
+        request's own lower bound, so any percentile of them bounds that percentile of the run
+        (order statistics are monotone). None where no bound is known (ITL)."""
+        if target.percentile == 95 and target.metric in ("ttft", "tpot"):
+            return self.ttft_p95_ms if target.metric == "ttft" else self.tpot_p95_ms
+        values = self.per_request_s.get(target.metric)
+        if values is None or not len(values):
+            return None
+        return 1000 * float(np.percentile(values, target.percentile))
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
@@ -158,8 +171,13 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     step1 = min(tpot_by_ctx.values())
     kv_seconds = float(np.mean(prompts * np.maximum(outputs - 1, 0))) * step1
     kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
+    # a request's end-to-end time is at least its prefill alone plus its other tokens at one
+    # decode step each (k + 1 tokens a step at best when speculating)
+    step_at = {c: tpot_by_ctx.get(c) or _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(prompts).tolist()}
+    per_out = np.array([step_at[c] for c in prompts.tolist()])
+    e2el = ttft + np.maximum(outputs - 1, 0) * per_out
     return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
-                  min(throughput_ub, kv_ub))
+                  min(throughput_ub, kv_ub), {"ttft": ttft, "tpot": tpot, "e2el": e2el})
 
 
 # -- assessing candidates ---------------------------------------------------------------------
@@ -255,14 +273,27 @@ def assess(
         profile = profile_for(c)
         bounds = single_step_bounds(c, profile, prompts[served], outputs[served])  # SLOs count served requests
         a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
-        if slo.ttft_p95_ms is not None and bounds.ttft_p95_ms > slo.ttft_p95_ms:
-            a.status, a.reason = "prefill time", (
-                f"prefilling each prompt alone already gives TTFT p95 >= {bounds.ttft_p95_ms:,.0f} ms")
-        elif slo.tpot_p95_ms is not None and bounds.tpot_p95_ms > slo.tpot_p95_ms:
-            a.status, a.reason = "decode time", (
-                f"one decode step alone already takes {bounds.tpot_p95_ms:,.1f} ms at p95 context")
+        for target in slo.targets:  # the first one no load can meet prunes it
+            least = bounds.at(target)
+            if least is None or least <= target.limit_ms:
+                continue
+            a.status, a.reason = PRUNED[target.metric], _pruned_reason(target, least)
+            break
         out.append(a)
     return out
+
+
+PRUNED = {"ttft": "prefill time", "tpot": "decode time", "e2el": "request time"}  # status by metric
+
+
+def _pruned_reason(target, least: float) -> str:
+    """Why a target is out of reach on an idle replica (`least`: the bound, ms)."""
+    pct = f"p{target.name.split(' p')[1]}"
+    if target.metric == "ttft":
+        return f"prefilling each prompt alone already gives {target.name} >= {least:,.0f} ms"
+    if target.metric == "tpot":
+        return f"one decode step alone already takes {least:,.1f} ms at {pct} context"
+    return (f"prefill and one decode step per token alone already give {target.name} >= {least:,.0f} ms")
 
 
 def _floor(a: Assessment, best: dict[float, float]) -> float:
@@ -386,9 +417,10 @@ def rows_for_target(
         checked[id(a)] = (summary, reasons, n - first)
     rows = []
     for a in sorted(feasible, key=key):
-        row = _row(a, target, replicas[id(a)])
+        row = _row(a, target, replicas[id(a)], slo)
         if id(a) in checked:
             summary, reasons, extra = checked[id(a)]
+            row.update({t.column: summary.get(t.key) for t in slo.percentile_ms})
             row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
                         "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica"),
                         "engine_core": _engine_cores(a, summary)})
@@ -399,7 +431,7 @@ def rows_for_target(
         rows.append(row)
     for a in assessments:
         if a.r1 <= 0:
-            row = _row(a, target, None)
+            row = _row(a, target, None, slo)
             if a.status == "searched":
                 row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
             rows.append(row)
@@ -427,7 +459,7 @@ def _cell_value(name: str, value: Any) -> Any:
     return "off" if value is None else value.label
 
 
-def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
+def _row(a: Assessment, target: float, replicas: int | None, slo: SLO) -> dict[str, Any]:
     c = a.candidate
     row: dict[str, Any] = {"target_rate": target, "model": c.model.name,
                            **{k: _cell_value(k, v) for k, v in c.values}}
@@ -441,7 +473,8 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
             "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
             "status": "ok", "vllm_serve": _serve_line(c),
         })
-    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
+    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, **{t.column: None for t in slo.percentile_ms},
+                "confirmed": "-", "slo": slo.spec(),
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
                 # what priced its steps (none for a candidate pruned before pricing)
                 "profile_source": a.profile.source if a.profile is not None else None,
@@ -484,14 +517,23 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
     if "memory" in by:
         parts.append(f"memory binds for {len(by['memory'])} candidate(s) (e.g. {by['memory'][0].reason})")
     bounded = [a for a in assessments if a.bounds is not None]
-    if "prefill time" in by and bounded:
-        least = min(a.bounds.ttft_p95_ms for a in bounded)
-        parts.append(f"prefill time binds: on an idle replica TTFT p95 is at least {least:,.0f} ms "
-                     f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
-    if "decode time" in by and bounded:
-        least = min(a.bounds.tpot_p95_ms for a in bounded)
-        parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
-                     f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+    for metric, status in PRUNED.items():
+        if status not in by or not bounded:
+            continue
+        target = next((t for t in slo.targets if t.metric == metric and any(
+            (a.bounds.at(t) or 0.0) > t.limit_ms for a in by[status])), None)
+        if target is None:
+            continue
+        least = min(a.bounds.at(target) for a in bounded)
+        if metric == "ttft":
+            parts.append(f"prefill time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
+        elif metric == "tpot":
+            parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
+                         f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+        else:
+            parts.append(f"request time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(an E2EL SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
     searched = [a for a in by.get("searched", []) if a.capacity is not None and a.r1 <= 0]
     if searched:
         parts.append("searched candidates fail even at low load: "
@@ -567,7 +609,7 @@ def plan(
             runs += sum(1 for r in target_rows if r["confirmed"] != "-")  # at least one run each
             rows += target_rows
             best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
-            answers.append({"model": model.name, "target_rate": target, "best": best,
+            answers.append({"model": model.name, "target_rate": target, "best": best, "slo": slo.describe(),
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
     table = pd.DataFrame(rows)
@@ -592,8 +634,14 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
             f"{best['max_rate']:.1f} req/s ({'under ' if best.get('max_rate_bound') else ''}"
             f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms{_measured(best, slo)}); "
+            f"step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
+
+
+def _measured(best: dict[str, Any], slo: SLO) -> str:
+    """The confirmation's values of the targets beyond the two p95s the line always shows."""
+    return "".join(f", {t.name} {best[t.column]:,.1f} ms" for t in slo.percentile_ms if best.get(t.column) is not None)
 
 
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
