@@ -314,6 +314,103 @@ class RateScaler:
             raise ConfigError(f"rate must be a finite number > 0, got {rate}")
         return ScaledWorkload(self, rate)
 
+    unit = "req/s"
+
+    def lengths(self, seed: np.random.SeedSequence) -> Lengths:
+        """The requests' lengths for the planner's single-step bounds (reports.plan)."""
+        arrays, _ = self.draw(seed)
+        prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
+        return Lengths(arrays.num_prompt_tokens.astype(np.int64), np.maximum(prompts, 1).astype(np.int64),
+                       arrays.num_output_tokens.astype(np.int64), 1.0,
+                       float(np.mean(arrays.num_output_tokens * arrays.n)))
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """What the planner's bounds need of a workload's requests: each one's whole prompt (what
+    max_model_len refuses), the part of it no cache can serve (what prefill must compute at
+    least), its output; requests per unit of rate (1 per request, turns per session), and
+    output tokens per unit (what $ per M output tokens divides by)."""
+
+    full_prompts: np.ndarray
+    uncached_prompts: np.ndarray
+    outputs: np.ndarray
+    requests_per_unit: float
+    output_tokens_per_unit: float
+
+
+class SessionRateScaler:
+    """A multi-turn session workload (workloads.sessions) at any session rate: the sessions are
+    drawn once per seed (turns, lengths, think times, system prompts) and only their start times
+    are scaled, by `base_rate / rate` (SessionWorkload.start_scale); inside a session each turn
+    still waits for the previous answer plus its own think time, as real conversations do. The
+    rate is in sessions/s, what the workload's --rate means. `take` requests (turns) become
+    ceil(take / mean turns per session) sessions. `at(rate)` is a `simcore.request.Workload`."""
+
+    unit = "sessions/s"
+
+    def __init__(self, spec, take: int | None = None):
+        from kvsim.workloads.arrivals import GammaArrivals, TraceArrivals
+
+        if isinstance(spec.arrival, GammaArrivals):
+            self.base = float(spec.arrival.rate)
+        elif isinstance(spec.arrival, TraceArrivals):
+            starts = [start for start, _ in spec.trace.sessions()[: int(spec.num_sessions)]]
+            span = max(starts) - min(starts) if starts else 0.0
+            if len(starts) < 2 or span <= 0:
+                raise ConfigError(f"workload {spec.name}: a rate search needs session start times that spread "
+                                  "over time (the trace's sessions all start at once)")
+            self.base = (len(starts) - 1) / span
+        else:
+            raise ConfigError(f"workload {spec.name}: a rate search needs sessions that start open-loop (Poisson, "
+                              "gamma or a session trace's start times), not a closed loop of clients")
+        import dataclasses
+
+        sessions = int(spec.num_sessions)
+        if take is not None:
+            per = spec.num_requests / sessions  # expected turns per session
+            sessions = min(sessions, max(1, math.ceil(take / per)))
+        self.spec = dataclasses.replace(spec, num_sessions=sessions)
+
+    def at(self, rate: float):
+        import dataclasses
+
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ConfigError(f"rate must be a finite number > 0, got {rate}")
+        return dataclasses.replace(self.spec, start_scale=self.base / rate)
+
+    def lengths(self, seed: np.random.SeedSequence) -> Lengths:
+        """Every turn the sessions would send. A turn's uncached part is its new user tokens (the
+        conversation before it may all be cached; the first turn's system prompt too)."""
+        turns = self.spec.draw(seed)[0]
+        system = self.spec.shared_prefix.prefix_len if self.spec.shared_prefix is not None else 0
+        full = np.array([r.num_prompt_tokens for r in turns], dtype=np.int64)
+        outputs = np.array([r.num_output_tokens for r in turns], dtype=np.int64)
+        uncached = full.copy()
+        for i, r in enumerate(turns):
+            if r.turn > 1:
+                uncached[i] = full[i] - (full[i - 1] + outputs[i - 1])
+            else:
+                uncached[i] = full[i] - system
+        sessions = max(1, len({r.session_id for r in turns}))
+        return Lengths(full, np.maximum(uncached, 1), outputs, len(turns) / sessions,
+                       float(outputs.sum()) / sessions)
+
+
+def rate_scaler(spec, take: int | None = None):
+    """The scaler a rate search needs: sessions/s for a session workload, else req/s."""
+    if getattr(spec, "is_session", False):
+        return SessionRateScaler(spec, take)
+    return RateScaler(spec, take)
+
+
+def planned_requests(workload, seed: int) -> int:
+    """An upper bound of the requests a run sends (what the early stop's counts need): the
+    workload's count, or every turn its sessions plan (rejections only end sessions sooner)."""
+    if getattr(workload, "is_session", False):
+        return len(workload.draw(np.random.SeedSequence(seed).spawn(2)[0])[0])
+    return int(workload.num_requests)
+
 
 @dataclass
 class ScaledWorkload:
@@ -528,7 +625,7 @@ def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
 
 def simulator(model, gpu, config, spec, profile, seed: int, slo: SLO) -> Callable[[float], dict[str, Any]]:
     """`evaluate(rate)` for one deployment: simulate it serving `spec` rescaled to `rate`."""
-    scaler = RateScaler(spec)
+    scaler = rate_scaler(spec)
 
     def evaluate(rate: float) -> dict[str, Any]:
         return run_against(model, gpu, config, scaler.at(rate), profile, seed, slo, early_stop=False)
@@ -567,7 +664,7 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
     from kvsim.simcore.simulate import prepare
 
     sim = prepare(model, gpu, config, workload, profile, seed=seed)
-    total = int(workload.num_requests)
+    total = planned_requests(workload, seed) if early_stop else int(workload.num_requests)
     records = sim.replicas[0].lifecycle.records
     if early_stop and not any(t.metric in PROVABLE for t in slo.targets) and not slo.goodput_ms:
         early_stop = False

@@ -35,7 +35,7 @@ import pandas as pd
 from kvsim.reports.capacity import (
     SLO,
     Capacity,
-    RateScaler,
+    rate_scaler,
     floor_grid_rate,
     max_sustainable_rate,
     run_against,
@@ -226,7 +226,7 @@ class SearchTask:
 
 def run_search(task: SearchTask) -> Capacity:
     """The max sustainable rate of one replica (module-level so process pools can call it)."""
-    c, scaler = task.candidate, RateScaler(task.spec, task.take)
+    c, scaler = task.candidate, rate_scaler(task.spec, task.take)
     floor = floor_grid_rate(task.rate_floor, task.tolerance)
 
     def evaluate(rate: float) -> dict[str, Any]:
@@ -245,12 +245,8 @@ def assess(
     """Memory and single-step pruning; no simulation runs here."""
     from kvsim.simcore.config import resolve
 
-    scaler = RateScaler(spec, take)
-    arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
-    full_prompts = arrays.num_prompt_tokens.astype(np.int64)
-    prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
-    prompts = np.maximum(prompts, 1).astype(np.int64)
-    outputs = (arrays.num_output_tokens).astype(np.int64)
+    lengths = rate_scaler(spec, take).lengths(np.random.SeedSequence(seed).spawn(2)[0])
+    full_prompts, prompts, outputs = lengths.full_prompts, lengths.uncached_prompts, lengths.outputs
     out = []
     for c in candidates:
         price = prices.get(c.gpu.name)
@@ -272,6 +268,8 @@ def assess(
             continue
         profile = profile_for(c)
         bounds = single_step_bounds(c, profile, prompts[served], outputs[served])  # SLOs count served requests
+        if lengths.requests_per_unit != 1:  # sessions: the rate is sessions/s, each several requests
+            bounds = replace(bounds, rate_ub=bounds.rate_ub / lengths.requests_per_unit)
         a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
         for target in slo.targets:  # the first one no load can meet prunes it
             least = bounds.at(target)
@@ -313,7 +311,13 @@ def search_all(
     """Search r1 for every live candidate, cheapest-looking first, in batches handed to `map_fn`
     (builtin map, or an executor's map); skip what its bound says cannot win."""
     live = [a for a in assessments if a.status == "searched"]
-    pending = list(live)
+    # candidates that differ only in their router run the same one-replica search (a router
+    # spreads requests over replicas; one replica has none): search one, share its answer
+    twins: dict[tuple, list[Assessment]] = {}
+    for a in live:
+        twins.setdefault(_search_key(a), []).append(a)
+    pending = [group[0] for group in twins.values()]
+    unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
     best = {t: math.inf for t in targets}
     cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
     done = 0
@@ -331,10 +335,11 @@ def search_all(
         while pending and len(group) < batch:
             a = pending.pop(0)
             if all(a.cost_lower_bound(t) > best[t] for t in targets):
-                a.status = "cost bound"
-                a.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} req/s per replica) it costs "
-                            f"more than a deployment already found")
-                done += 1
+                for twin in twins[_search_key(a)]:
+                    twin.status = "cost bound"
+                    twin.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} {unit} per replica) it "
+                                   f"costs more than a deployment already found")
+                    done += 1
                 continue
             group.append(a)
         tasks = []
@@ -343,18 +348,26 @@ def search_all(
             start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
             tasks.append(SearchTask(a.candidate, a.profile, spec, take, seed, slo, start, tolerance, cap, floor,
                                     GUESSED_STEP if found else None))
-        for a, capacity in zip(group, map_fn(run_search, tasks), strict=True):
-            a.capacity = capacity
-            if capacity.below_floor:
-                a.status = "cost bound"
-                a.reason = (f"sustains under {capacity.below_floor:.2f} req/s per replica, so it costs more "
-                            "than a deployment already found")
-            if capacity.max_rate > 0:
-                for t in targets:
-                    best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
-            done += 1
+        for first, capacity in zip(group, map_fn(run_search, tasks), strict=True):
+            for a in twins[_search_key(first)]:
+                a.capacity = capacity
+                if capacity.below_floor:
+                    a.status = "cost bound"
+                    a.reason = (f"sustains under {capacity.below_floor:.2f} {unit} per replica, so it costs more "
+                                "than a deployment already found")
+                if capacity.max_rate > 0:
+                    for t in targets:
+                        best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
+                done += 1
             if progress is not None:
                 progress(done, len(live))
+
+
+def _search_key(a: Assessment) -> tuple:
+    """What a one-replica search depends on: the candidate without its router."""
+    c = a.candidate
+    return (c.model.name, c.gpu.name, replace(c.config, router=EngineConfig().router),
+            getattr(a.profile, "sha256", None) or id(a.profile))
 
 
 def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
@@ -372,7 +385,7 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
-    scaler = RateScaler(spec_confirm)
+    scaler = rate_scaler(spec_confirm)
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
@@ -385,8 +398,8 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
 
 
 def mean_output_tokens(spec, seed: int) -> float:
-    arrays, _ = RateScaler(spec).draw(np.random.SeedSequence(seed).spawn(2)[0])
-    return float(np.mean(arrays.num_output_tokens * arrays.n))
+    """Output tokens per unit of rate: per request, or per session of a session workload."""
+    return rate_scaler(spec).lengths(np.random.SeedSequence(seed).spawn(2)[0]).output_tokens_per_unit
 
 
 def rows_for_target(
@@ -592,7 +605,7 @@ def plan(
         def profile_for(c: Candidate):
             return default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)
     take = min(search_requests, int(spec_confirm.num_requests))
     rows, answers, by_model, runs = [], [], {}, 0
     expanded = {model.name: expand(model, dims, base) for model in models}
@@ -610,6 +623,7 @@ def plan(
             rows += target_rows
             best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
             answers.append({"model": model.name, "target_rate": target, "best": best, "slo": slo.describe(),
+                            **({"unit": "sessions/s"} if getattr(spec, "is_session", False) else {}),
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
     table = pd.DataFrame(rows)
@@ -617,23 +631,36 @@ def plan(
 
     context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
                "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+               "rate_unit": "sessions/s" if getattr(spec, "is_session", False) else "req/s",
                "engine": base.to_dict(),  # every candidate's engine options, but for its own knobs
                "workload": spec.describe()}
     return PlanResult(table, answers, by_model, runs, context)
 
 
+def sized(spec, requests: int):
+    """`spec` with at most `requests` requests: a session workload keeps whole sessions (about
+    `requests` turns, at least one session)."""
+    import dataclasses
+
+    if getattr(spec, "is_session", False):
+        per = spec.num_requests / int(spec.num_sessions)  # expected turns per session
+        return dataclasses.replace(spec, num_sessions=max(1, min(int(spec.num_sessions), math.ceil(requests / per))))
+    return dataclasses.replace(spec, num_requests=min(requests, int(spec.num_requests)))
+
+
 def answer_line(answer: dict[str, Any], slo: SLO) -> str:
     best = answer["best"]
-    head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+    unit = answer.get("unit", "req/s")
+    head = f"{answer['model']} at {answer['target_rate']:g} {unit} with {slo.text()}: "
     if best is None:
         return head + "nothing meets the SLO. " + answer["why_none"]
     knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
     return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
             f"${best['usd_per_hour']:,.2f}/h, sustains "
             f"{'under ' if best.get('max_rate_bound') else 'at least ' if best.get('capped') else '~'}"
-            f"{best['max_rate']:.1f} req/s ({'under ' if best.get('max_rate_bound') else ''}"
+            f"{best['max_rate']:.1f} {unit} ({'under ' if best.get('max_rate_bound') else ''}"
             f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
-            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
+            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} {unit} "
             f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms{_measured(best, slo)}); "
             f"step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
@@ -645,7 +672,7 @@ def _measured(best: dict[str, Any], slo: SLO) -> str:
 
 
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
-          "quantization", "pipeline_parallel_size", "speculative_config")
+          "quantization", "pipeline_parallel_size", "speculative_config", "router", "kv_offloading_size")
 
 
 def capacity_figure(result: PlanResult, path) -> None:
