@@ -25,7 +25,6 @@ from kvsim.cli.options import (
     SloTtftP95,
     Workload,
     check_inputs_kept,
-    check_slos,
     parse_goodput,
 )
 from kvsim.cli.output import check_out_folder
@@ -258,14 +257,13 @@ def plan(
 def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, seed: int, slo) -> None:
     """Each answer's probability of meeting the SLO under its profile's stated error
     (reports/plan_confidence.py), as `slo_probability` on the answer; its runs are counted."""
-    import dataclasses
     from statistics import NormalDist
 
     from kvsim.profiles.uncertainty import profile_error
-    from kvsim.reports.plan import _cell_value
+    from kvsim.reports.plan import _cell_value, sized
     from kvsim.reports.plan_confidence import slo_probability
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)  # (a session workload keeps whole sessions)
     z = NormalDist().inv_cdf(confidence) if confidence != 0.5 else 0.0
     for answer in result.answers:
         best = answer["best"]

@@ -35,9 +35,9 @@ import pandas as pd
 from kvsim.reports.capacity import (
     SLO,
     Capacity,
-    rate_scaler,
     floor_grid_rate,
     max_sustainable_rate,
+    rate_scaler,
     run_against,
     summary_with_goodput,
 )
@@ -597,7 +597,6 @@ def plan(
     profile_for: Callable[[Candidate], Any] | None = None, progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """Search, size and confirm (module docstring); deterministic for a given seed."""
-    import dataclasses
 
     if profile_for is None:
         from kvsim.profiles import default_profile

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kvsim.cli.main import app
 from kvsim.reports.capacity import SLO, Target, parse_slo_targets
 from kvsim.simcore.errors import ConfigError
-from tests.test_capacity import N, STEP_S, _toy_run
+from tests.test_capacity import STEP_S, N, _toy_run
 
 runner = CliRunner()
 
