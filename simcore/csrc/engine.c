@@ -536,51 +536,56 @@ static int hist_add(kv_rep *e, long key) {
     return 0;
 }
 
-/* Gaps binned a batch at a time (itl_put buffers them in emission order, itl_flush bins them):
-   kept while the replica's count is at most the cap (then they are dropped: the store will be
-   the bins), binned always (min, max, zeros, key counts), summed a block at a time
-   (Samples._bin_values: the same float sum). One at a time this was a third of the C loop. */
-static void itl_put_many(kv_rep *e, const double *v, long m) {
+/* Gaps binned a batch at a time (itl_put buffers them in emission order, itl_flush bins them;
+   itl_put_run bins n copies of one gap, a decode span's step): kept while the replica's count
+   is at most the cap (then they are dropped: the store will be the bins), binned always (min,
+   max, zeros, key counts), summed a block at a time (Samples._bin_values: the same float sum).
+   One at a time this was a third of the C loop. */
+static int itl_keep(kv_rep *e, long m) {  /* room for m more values kept; 0: past the cap */
     long count = e->itl_count;
-    if (m <= 0) return;
     if (count + m <= e->c.itl_cap) {
         if (count + m > e->itl_vals_cap) {
             long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
             while (nc < count + m) nc *= 2;
             if (nc > e->c.itl_cap) nc = e->c.itl_cap;
             double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
-            if (!v2) { fail(e, KV_NOMEM); return; }
+            if (!v2) { fail(e, KV_NOMEM); return 0; }
             e->itl_vals = v2; e->itl_vals_cap = nc;
         }
-        memcpy(e->itl_vals + count, v, sizeof(double) * (size_t)m);
-    } else if (e->itl_vals) {  /* past the cap: the values are dropped */
-        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
+        return 1;
     }
-    /* a decode step's gaps mostly repeat the one before: counted as a run, binned once */
-    double last = e->itl_last; long key = e->itl_last_key, run = 0;
-    for (long i = 0; i < m; i++) {
-        double x = v[i];
-        if (x == last && count + i > 0) { run++; continue; }
-        if (run) { if (key < 0) e->itl_zeros += run; else e->hist[key - e->hist_key0] += run; run = 0; }
+    if (e->itl_vals) { free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0; }  /* past the cap: dropped */
+    return 0;
+}
+
+/* `reps` copies of x binned, the first being the replica's gap number `index` (0-based): a gap
+   equal to the one before goes to its bin */
+static void itl_bin(kv_rep *e, double x, long index, long reps) {
+    if (!(x == e->itl_last && index > 0)) {
         if (x < e->itl_min) e->itl_min = x;
         if (x > e->itl_max) e->itl_max = x;
-        last = x; key = -1;
-        if (x == 0.0) e->itl_zeros++;
-        else {
+        e->itl_last = x; e->itl_last_key = -1;
+        if (x != 0.0) {
             long bits;
             memcpy(&bits, &x, sizeof bits);
-            key = bits >> KV_HIST_SHIFT;
-            int rc = hist_add(e, key);
+            e->itl_last_key = bits >> KV_HIST_SHIFT;
+            int rc = hist_add(e, e->itl_last_key);  /* counts one */
             if (rc) { fail(e, rc); return; }
+            reps--;
         }
     }
-    if (run) { if (key < 0) e->itl_zeros += run; else e->hist[key - e->hist_key0] += run; }
-    e->itl_last = last; e->itl_last_key = key;
-    e->itl_count = count + m;
-    for (long i = 0; i < m;) {
+    if (e->itl_last_key < 0) e->itl_zeros += reps;
+    else e->hist[e->itl_last_key - e->hist_key0] += reps;
+}
+
+/* the block sums: n gaps (v, or n copies of `fill` when v is NULL) appended */
+static void itl_sum(kv_rep *e, const double *v, double fill, long n) {
+    for (long i = 0; i < n;) {
         long take = e->c.itl_block - e->itl_blk_n;
-        if (take > m - i) take = m - i;
-        memcpy(e->itl_blk + e->itl_blk_n, v + i, sizeof(double) * (size_t)take);
+        if (take > n - i) take = n - i;
+        double *dst = e->itl_blk + e->itl_blk_n;
+        if (v) memcpy(dst, v + i, sizeof(double) * (size_t)take);
+        else for (long k = 0; k < take; k++) dst[k] = fill;
         e->itl_blk_n += take; i += take;
         if (e->itl_blk_n == e->c.itl_block) {
             e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
@@ -589,9 +594,37 @@ static void itl_put_many(kv_rep *e, const double *v, long m) {
     }
 }
 
+static void itl_put_many(kv_rep *e, const double *v, long m) {
+    if (m <= 0) return;
+    long count = e->itl_count;
+    if (itl_keep(e, m)) memcpy(e->itl_vals + count, v, sizeof(double) * (size_t)m);
+    for (long i = 0; i < m;) {  /* by runs of equal gaps */
+        double x = v[i];
+        long j = i + 1;
+        while (j < m && v[j] == x) j++;
+        itl_bin(e, x, count + i, j - i);
+        i = j;
+    }
+    e->itl_count = count + m;
+    itl_sum(e, v, 0.0, m);
+}
+
 static void itl_flush(kv_rep *e) {
     itl_put_many(e, e->gap, e->gap_n);
     e->gap_n = 0;
+}
+
+static void itl_put_run(kv_rep *e, double v, long n) {
+    if (n <= 0) return;
+    if (e->gap_n) itl_flush(e);
+    long count = e->itl_count;
+    if (itl_keep(e, n)) {
+        double *dst = e->itl_vals + count;
+        for (long k = 0; k < n; k++) dst[k] = v;
+    }
+    itl_bin(e, v, count, n);
+    e->itl_count = count + n;
+    itl_sum(e, NULL, v, n);
 }
 
 /* One gap, in emission order (binned when the buffer fills, or at the end of the run) */
@@ -1254,7 +1287,7 @@ static int span_run(kv_rep *e) {
         ended++;
         double gap = S->now - last;
         last = S->now;
-        for (long k = 0; k < R; k++) itl_put(e, gap);
+        itl_put_run(e, gap, R);
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
         /* the next plan: the same decodes, each one slot on; new blocks for those whose last
