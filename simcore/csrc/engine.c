@@ -1288,7 +1288,8 @@ static int has_room(const kv_engine *S) {
  * emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
- * (tests/test_fastcore_equivalence.py). Without prefix caching only (block identities). */
+ * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
+ * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
 /* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
    its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
@@ -1297,7 +1298,7 @@ static int has_room(const kv_engine *S) {
 static long span_setup(kv_rep *e) {
     kv_engine *S = e->S;
     long R = e->run_len, bs = e->c.block_size;
-    if (e->pc || e->sp || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
+    if (e->pc || e->sp || S->dg || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
         || e->num_preempted || e->num_swapped_in || e->num_swap_blocks || e->num_decode_seqs != R)
         return 0;
     if (!S->heap_n || S->heap[0].seq != S->seq - 1) return 0;  /* another event comes first */
