@@ -23,7 +23,9 @@ from kvsim.cli.options import (
     SloTargets,
     SloTpotP95,
     SloTtftP95,
+    UsageContextOpt,
     Workload,
+    batch_default_fields,
     check_inputs_kept,
     parse_goodput,
 )
@@ -71,7 +73,7 @@ def plan(
     tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
     block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Memory utilisations to try. {LIST} [default: 0.9]")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256; with --engine-version, that vLLM's default on each GPU]")] = None,
     chunked_prefill: Annotated[str | None, typer.Option(help=f"Chunked prefill on and/or off. {LIST} [default: on]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option(help=f"KV-cache dtypes to try (auto, fp8). {LIST} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option(help=f"Weight quantizations to try (none, fp8). {LIST} [default: none]")] = None,
@@ -87,6 +89,7 @@ def plan(
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     confidence: Annotated[float, typer.Option(help="Plan so that the SLO holds with this probability under the profile's stated step-time error (profiles/uncertainty.py): step times are scaled by its quantile, x1 at 0.5.")] = 0.5,
     engine_version: EngineVersion = None,
+    usage_context: UsageContextOpt = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
     speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'.")] = None,
@@ -196,9 +199,12 @@ def plan(
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
     from kvsim.reports.plan import expand, refuse_unconfigurable
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
 
+    fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs, max_num_batched_tokens=None)
+    batch = (fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None  # per candidate GPU
     for m in models:  # a model no candidate can be configured for (e.g. --tp dividing none of its heads)
-        refuse_unconfigurable(m, expand(m, dims, base))
+        refuse_unconfigurable(m, expand(m, dims, base, batch))
     max_len = min(base.resolved_max_model_len(m) for m in models)
     overrides = {"rate": max(rates), "num_requests": max(search_requests, confirm_requests),
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
@@ -228,7 +234,7 @@ def plan(
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
-                           batch=jobs, profile_for=_profiles_at(confidence))
+                           batch=jobs, profile_for=_profiles_at(confidence), batch_defaults=batch)
     except KeyboardInterrupt:
         if pool is not None:
             from kvsim.reports.sweep_runner import stop_workers

@@ -95,7 +95,12 @@ class Candidate:
         return " ".join([f"{self.gpu.name} TP{self.config.tensor_parallel_size}", *extra])
 
 
-def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[Candidate]:
+def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig,
+           batch_defaults: tuple[frozenset[str], str] | None = None) -> list[Candidate]:
+    """Every combination of the dimensions' values; `batch_defaults` (fields, usage context):
+    --engine-version's per-GPU step limits fill those fields where they are not searched
+    (simcore.batch_defaults)."""
+    from kvsim.simcore.batch_defaults import apply_batch_defaults
     from kvsim.simcore.catalog import get_gpu
 
     out = []
@@ -103,6 +108,9 @@ def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[
         values = dict(zip((d.field for d in dims), combo, strict=True))
         gpu = get_gpu(values.pop("gpu"))
         config = replace(base, data_parallel_size=1, **values)
+        if batch_defaults is not None:
+            config = apply_batch_defaults(config, gpu, config.resolve_model(model), batch_defaults[0] - set(values),
+                                          batch_defaults[1])
         out.append(Candidate(model, gpu, config, tuple(zip((d.name for d in dims), combo, strict=True))))
     return out
 
@@ -595,6 +603,7 @@ def plan(
     search_requests: int = SEARCH_REQUESTS, confirm_requests: int = CONFIRM_REQUESTS,
     confirm_top: int = CONFIRM_TOP, map_fn: Callable = map, batch: int = 1,
     profile_for: Callable[[Candidate], Any] | None = None, progress: Callable[[int, int], None] | None = None,
+    batch_defaults: tuple[frozenset[str], str] | None = None,
 ) -> PlanResult:
     """Search, size and confirm (module docstring); deterministic for a given seed."""
 
@@ -607,7 +616,7 @@ def plan(
     spec_confirm = sized(spec, confirm_requests)
     take = min(search_requests, int(spec_confirm.num_requests))
     rows, answers, by_model, runs = [], [], {}, 0
-    expanded = {model.name: expand(model, dims, base) for model in models}
+    expanded = {model.name: expand(model, dims, base, batch_defaults) for model in models}
     for model in models:  # before any run: a model no candidate can even be configured for is bad input
         refuse_unconfigurable(model, expanded[model.name])
     for model in models:
