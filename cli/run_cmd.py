@@ -399,9 +399,6 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     from kvsim.simcore.fleet import fleet_cost_per_hour
     from kvsim.simcore.simulate import prepare
 
-    if engine_core is EngineCore.c:
-        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
-                          "GPU types or TPs)")
     first, profile, _ = groups[0]
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)

@@ -217,7 +217,7 @@ class Simulation:
             totals.add(engine.recorder.totals)
         summary = summarize_records(records, itl, totals)
         models = list({id(e.latency): e.latency for e in engines}.values()) if self.fleet else [latency]
-        summary["extrapolated_steps"] = sum(m.extrapolated.steps for m in models)
+        summary["extrapolated_steps"] = sum(m.extrapolated.steps for m in models)  # the C core counts into `latency`
         counters: dict[str, int] = {}
         for engine in engines:
             for name, value in engine.policy.counters().items():
@@ -244,10 +244,12 @@ class Simulation:
         if engines[0].spec_cost is not None:
             summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
-        if latency.extrapolated.steps:
+        extrapolated = sum(m.extrapolated.steps for m in models)  # a fleet: every group's model
+        if extrapolated:
+            tables = {name for m in models for name in m.extrapolated.tables}
             warnings.append(
-                f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
-                f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
+                f"{extrapolated} of {totals.num_steps} steps needed values outside the "
+                f"profiled grid ({', '.join(sorted(tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
         turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli.main import app
 from kvsim.profiles import default_profile
+from kvsim.simcore import ccore
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.config import resolve
 from kvsim.simcore.errors import ConfigError
@@ -20,15 +21,18 @@ from kvsim.workloads import load_workload
 
 
 def test_a_fleet_of_one_kind_is_the_same_run_as_dp():
-    """Two H100 replicas given as a fleet run exactly as --dp 2 (same engines, router and requests)."""
+    """Two H100 replicas given as a fleet run exactly as --dp 2 (same engines, router and requests),
+    in the compiled core (csrc/fleet.c's per-replica configurations) as in the Python one."""
     model, gpu = get_model("llama3-8b"), get_gpu("H100")
     wl = load_workload("sharegpt", {"num_requests": 400, "rate": 30.0}, max_model_len=8192)
     groups = resolve_fleet(model, parse_fleet("H100-SXM-80GB:1:2"), EngineConfig())
     fleet = prepare(model, gpu, groups[0][0], wl, groups[0][1], seed=2, fleet=groups).run()
     dp = simulate(model, gpu, resolve(model, gpu, EngineConfig(data_parallel_size=2)), wl,
-                  default_profile(gpu, model, 1), seed=2, engine_core="python")
+                  default_profile(gpu, model, 1), seed=2)
     assert fleet.requests.equals(dp.requests)
-    assert fleet.record["engine_core"] == "python" and "heterogeneous fleet" in fleet.record["engine_core_reason"]
+    assert fleet.record["engine_core"] == dp.record["engine_core"] == ("c" if ccore.library() else "python")
+    python = prepare(model, gpu, groups[0][0], wl, groups[0][1], seed=2, fleet=groups, engine_core="python").run()
+    assert python.requests.equals(dp.requests)
 
 
 def test_each_replica_is_sized_and_priced_by_its_group():
@@ -59,8 +63,7 @@ def test_a_group_that_does_not_fit_is_refused_before_any_run():
         resolve_fleet(get_model("llama3-70b"), parse_fleet("H100-SXM-80GB:1:2"), EngineConfig())
 
 
-@pytest.mark.parametrize("extra", [["--gpu", "H200"], ["--tp", "2"], ["--dp", "2"], ["--autoscale"],
-                                   ["--engine-core", "c"]])
+@pytest.mark.parametrize("extra", [["--gpu", "H200"], ["--tp", "2"], ["--dp", "2"], ["--autoscale"]])
 def test_fleet_cli_refuses_what_it_sets_itself(extra):
     result = CliRunner().invoke(app, ["run", "--fleet", "H100-SXM-80GB:1:2", "--num-requests", "5", *extra])
     assert result.exit_code != 0 and result.stderr.startswith("kvsim: error: ") and result.stderr.count("\n") == 1
@@ -75,3 +78,4 @@ def test_fleet_cli_reports_each_group(tmp_path):
     assert "Fleet cost ($/h):                        32.00" in result.stdout
     doc = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert doc["record"]["fleet_usd_per_hour"] == 32.0 and len(doc["record"]["fleet"]) == 2
+    assert doc["record"]["engine_core"] == ("c" if ccore.library() else "python")
