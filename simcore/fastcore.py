@@ -79,7 +79,7 @@ def _reset_stores(engines: list[Any]) -> None:
         life = engine.lifecycle
         life.records, life.itl = records, Samples()
         rec = engine.recorder
-        fresh = StepRecorder(engine.latency, rec.cap)
+        fresh = StepRecorder(engine.spec_cost or engine.latency, rec.cap)
         fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
         engine.recorder = fresh
 
@@ -108,6 +108,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_autoscale.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _P]
     lib.kv_engine_fleet.restype = ctypes.c_long
     lib.kv_engine_fleet.argtypes = [ctypes.c_void_p, _P, lp, lp, _P]
+    lib.kv_engine_spec.restype = ctypes.c_int
+    lib.kv_engine_spec.argtypes = [ctypes.c_void_p, ctypes.POINTER(_SpecConfig), _P, ctypes.POINTER(ctypes.c_ulong),
+                                   ctypes.c_void_p]
+    lib.kv_engine_spec_stats.restype = None
+    lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -116,6 +121,7 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.engine import Engine
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
+    from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
 
     if getattr(sim.workload, "is_session", False):
         return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
@@ -124,10 +130,9 @@ def unsupported(sim: Any) -> str:
     if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
             "prefix-aware", "session-affinity"):
         return f"--router {sim.config.engine.router}"
-    engine_config = getattr(sim.config, "engine", None)
-    if (getattr(engine_config, "speculative_config", None) is not None
-            or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
-        return "speculative decoding"
+    spec_reason = _speculative_unsupported(sim)
+    if spec_reason:
+        return spec_reason
     if getattr(sim, "disagg", None) is not None:
         return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
     from kvsim.simcore.router import Router
@@ -148,7 +153,7 @@ def unsupported(sim: Any) -> str:
     if engine.lifecycle.token_times is not None:
         return "per-request token times (--save-result)"
     policy = engine.policy
-    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
+    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
     if any(type(e.policy) is not type(policy) for e in engines):
         return "replicas with different policies"
@@ -174,6 +179,81 @@ def unsupported(sim: Any) -> str:
     return ""
 
 
+def _speculative_unsupported(sim: Any) -> str:
+    """Why the core cannot run this run's speculative decoding ("" when it can, or there is none):
+    csrc/spec.c draws acceptance from the policy's own numpy PCG64 stream, and prices a step as
+    simcore.speculative_cost does (a head, n-gram lookup, or a draft model's own profile)."""
+    engine_config = getattr(sim.config, "engine", None)
+    spec = getattr(engine_config, "speculative_config", None)
+    costs = [getattr(e, "spec_cost", None) for e in sim.replicas]
+    if spec is None and all(c is None for c in costs):
+        return ""
+    if spec is None or any(c is None or c.spec is not spec for c in costs):
+        return "speculative decoding on some replicas only"
+    if spec.method not in _SPEC_METHODS:
+        return f"speculative decoding with method {spec.method}"
+    if spec.method == "draft_model" and type(costs[0].draft).__name__ != "StepLatencyModel":
+        return "speculative decoding with a draft model that is not priced from a profile's tables"
+    for e in sim.replicas:
+        rng = getattr(e.policy, "accept_rng", None)
+        if rng is None or rng.bit_generator.state.get("bit_generator") != "PCG64":
+            return "speculative decoding with an acceptance stream other than numpy's PCG64"
+    return ""
+
+
+_SPEC_METHODS = {"eagle": 0, "eagle3": 0, "mtp": 0, "ngram": 1, "draft_model": 2}  # csrc/spec.h KV_SPEC_*
+
+
+class _SpecConfig(ctypes.Structure):  # csrc/spec.h kv_spec_config
+    _fields_ = [("k", ctypes.c_long), ("method", ctypes.c_long), ("head_layers", ctypes.c_double),
+                ("ngram_ms_per_seq", ctypes.c_double)]
+
+
+def _set_speculative(lib, handle, engines) -> Any:
+    """Every replica's speculative decoding into the core (its acceptance stream where the
+    policy's stands now); returns the draft model's kv_pricing to free after the run (or None)."""
+    from kvsim.simcore import ccore
+    from kvsim.simcore.speculative import NGRAM_HOST_MS_PER_SEQ
+
+    cost = engines[0].spec_cost
+    spec = cost.spec
+    cfg = _SpecConfig(spec.num_speculative_tokens, _SPEC_METHODS[spec.method], float(cost.head_layers),
+                      NGRAM_HOST_MS_PER_SEQ)
+    rates = np.ascontiguousarray(spec.rates, dtype=np.float64)
+    mask = (1 << 64) - 1
+    words = []
+    for e in engines:  # numpy PCG64's 128-bit state and increment, high word first
+        st = e.policy.accept_rng.bit_generator.state["state"]
+        words += [st["state"] >> 64, st["state"] & mask, st["inc"] >> 64, st["inc"] & mask]
+    rng = (ctypes.c_ulong * len(words))(*words)
+    draft = None
+    if cost.draft is not None:
+        blob = ccore.pricing_blob(cost.draft)
+        draft = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+        if not draft:
+            raise RuntimeError("kvsim: csrc/pricing.c refused the draft model's blob")
+    if lib.kv_engine_spec(handle, ctypes.byref(cfg), rates.ctypes.data_as(_P), rng, draft):
+        if draft:
+            lib.kv_pricing_free(draft)
+        raise MemoryError("kvsim: the C engine core could not allocate its speculative-decoding state")
+    return draft
+
+
+def _collect_speculative(lib, handle, engines) -> None:
+    """Each replica's spec-decode counters into its policy and its pricer's sums (what the
+    Python engine leaves there: simulate.speculative_summary reads them)."""
+    k = engines[0].spec_cost.spec.num_speculative_tokens
+    ints = (ctypes.c_long * (3 + 2 * k))()
+    sums = (ctypes.c_double * 2)()
+    for index, e in enumerate(engines):
+        lib.kv_engine_spec_stats(handle, index, ints, sums)
+        policy = e.policy
+        policy.num_drafts, policy.num_draft_tokens, policy.num_accepted_tokens = ints[0], ints[1], ints[2]
+        policy.accepted_at = np.array(ints[3:3 + k], dtype=np.int64)
+        policy.drafted_at = np.array(ints[3 + k:3 + 2 * k], dtype=np.int64)
+        e.spec_cost.verify_ms, e.spec_cost.draft_ms = sums[0], sums[1]
+
+
 def run(sim: Any, progress=None) -> Any:
     """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engines'
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
@@ -191,9 +271,11 @@ def run(sim: Any, progress=None) -> Any:
     fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
     hold = engine.hold_at if dp == 1 and autoscaler is None else _NO_HOLD  # a router has no hold_arrivals
     router = _ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
-    configs = [_config(e, hold, dp, router, clients, fold) for e in engines]
+    speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
+    configs = [_config(e, hold, dp, router, clients, fold, speculative) for e in engines]
     pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
     handle = None
+    draft = None
     try:
         for e in engines:
             if id(e.latency) not in pricings:
@@ -210,9 +292,13 @@ def run(sim: Any, progress=None) -> Any:
                     raise MemoryError("kvsim: the C engine core could not allocate a replica")
         if autoscaler is not None:
             _autoscale(lib, handle, autoscaler)
+        if speculative:
+            draft = _set_speculative(lib, handle, engines)
         stats = _drive(lib, handle, sim, engines, latency, progress, fold)
         if autoscaler is not None:
             _collect_fleet(lib, handle, autoscaler)
+        if speculative:
+            _collect_speculative(lib, handle, engines)
         return stats
     except CoreUnavailable as exc:
         # nothing went out to the caller yet
@@ -226,9 +312,11 @@ def run(sim: Any, progress=None) -> Any:
         for pricing in pricings.values():
             if pricing:
                 lib.kv_pricing_free(pricing)
+        if draft:
+            lib.kv_pricing_free(draft)
 
 
-def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool) -> _Config:
+def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, speculative: bool) -> _Config:
     """One replica's kv_engine_config (engine.h): its policy's limits, its KV cache and swap space."""
     from kvsim.simcore import metrics as metrics_module
     from kvsim.simcore import records as records_module
@@ -238,7 +326,7 @@ def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool) -
     return _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        hold, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
+        hold, recorder.kv_capacity, recorder.kv_unit, int(not speculative), int(policy.swap),
         alloc.cpu.num_blocks, dp, router, clients,
         int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
         recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
