@@ -20,8 +20,20 @@ num_requests_waiting + num_requests_running, what KEDA scalers on vLLM read) or 
 vLLM's gpu_cache_usage_perc, as a percentage).
 
 The simulation holds `max_replicas` engines from the start; an off replica receives nothing and
-takes no steps, so it costs no simulated time. Runs only in the Python core (simcore.fastcore
-refuses it).
+takes no steps, so it costs no simulated time. Both cores run it (the compiled one in
+csrc/fleet.c, bit for bit: tests/test_fleet_core.py).
+
+Over a heterogeneous fleet (`--fleet A:TP:N,B:TP:M --autoscale`, simcore/fleet.py) the pool is the
+fleet's replicas in the order the groups are given, and that order is the priority: one HPA over
+the whole pool (its metric averaged over the active replicas of every group), replicas started
+lowest index first (the first group fills before the next one is touched: cluster-autoscaler's
+`priority` expander, which grows the node group of the highest user-given priority, kubernetes/
+autoscaler cluster-autoscaler/FAQ.md "What are Expanders?") and drained highest index first (the
+lowest-priority and, in this order, most recently started replicas: a ReplicaSet scales down its
+newest pods first, KEP-2255, and `controller.kubernetes.io/pod-deletion-cost` steers it the same
+way). `--min-replicas` are the first replicas of the first group. List the group that is cheapest
+per token first to scale the cheapest capacity first; each replica's cold start loads its own
+group's weights per GPU, and it is billed for its own GPUs (`replica_hours` in the record).
 """
 
 from __future__ import annotations

@@ -272,6 +272,8 @@ class Simulation:
         if self.autoscaler is not None:
             end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
+            if self.fleet:  # each replica's hours (its group's price and GPUs make the fleet's $)
+                record["autoscale"]["replica_hours"] = [r.paid_s / 3600.0 for r in self.autoscaler.replicas]
         record["engine_core"] = core
         if why:
             record["engine_core_reason"] = why
@@ -378,8 +380,8 @@ def prepare(
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
     if fleet is not None:  # every replica's group: its resolved config, latency model and memory plan
-        if autoscale is not None or spec_cost is not None or config.pipeline_parallel_size > 1:
-            raise ConfigError("--fleet runs replicas of fixed groups: not with --autoscale, speculative decoding or --pp")
+        if spec_cost is not None or config.pipeline_parallel_size > 1:
+            raise ConfigError("--fleet runs replicas of fixed groups: not with speculative decoding or --pp")
         groups = []
         for group_cfg, group_profile, count in fleet:
             group_latency = latency if group_cfg is cfg and group_profile is profile else \
@@ -388,6 +390,9 @@ def prepare(
             group_latency.set_block_size(group_cfg.engine.block_size)
             groups += [(group_cfg, group_latency)] * count
         dp = len(groups)
+        if autoscale is not None and autoscale.max_replicas != dp:  # the pool is the fleet (simcore.autoscale)
+            raise ConfigError(f"--autoscale over a --fleet scales its {dp} replicas: --max-replicas must be {dp} "
+                              f"(or left out), got {autoscale.max_replicas}")
     else:
         groups = None
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
@@ -428,8 +433,13 @@ def prepare(
 
         if config.data_parallel_size != 1:
             raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
-        autoscaler = AutoscalingRouter(engines, autoscale, autoscale.cold_start_s(memory.weights_bytes_per_gpu),
-                                       config.tensor_parallel_size * config.pipeline_parallel_size)
+        if groups is None:
+            cold, gpus = (autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+                          config.tensor_parallel_size * config.pipeline_parallel_size)
+        else:  # a fleet: each replica's cold start loads its own GPU's weights; billed for its own GPUs
+            cold = [autoscale.cold_start_s(g.memory.weights_bytes_per_gpu) for g, _ in groups]
+            gpus = [g.engine.tensor_parallel_size * g.engine.pipeline_parallel_size for g, _ in groups]
+        autoscaler = AutoscalingRouter(engines, autoscale, cold, gpus)
         sink = autoscaler
     else:
         sink = engines[0] if dp == 1 else Router(engines, config.router)

@@ -207,3 +207,36 @@ def test_draining_in_the_core_loses_no_request():
     rows = result.record["autoscale"]["timeline"]
     assert any(r[3] for r in rows) and rows[-1][3] == 0
     assert result.summary["completed"] == len(arrivals)
+
+
+def test_autoscaling_a_fleet_matches_and_scales_groups_in_their_order():
+    """`--fleet A,B --autoscale`: the pool is the fleet in its order (simcore.autoscale's docstring:
+    cluster-autoscaler's priority expander). Six long requests on the one H100 replica; the HPA
+    (target 3 in flight) wants 2 replicas and starts the first TP-2 H200 replica, never the second;
+    its cold start loads its own weights per GPU (half the H100's at TP 2); the request after it is
+    up goes to it. Both cores agree on every request and the bill of each replica."""
+    from kvsim.simcore.fleet import resolve_fleet
+
+    from tests.helpers import flat_profile
+
+    groups = [(cfg, flat_profile(linear_ms=10.0, tp=cfg.engine.tensor_parallel_size), n)  # 20 ms steps
+              for cfg, _, n in resolve_fleet(TINY, [("H100-SXM-80GB", 1, 1), ("H200-141GB", 2, 2)], EngineConfig())]
+    policy = AutoscaleConfig(min_replicas=1, max_replicas=3, target=3.0, interval_s=10.0, provisioning_s=5.0,
+                             model_load_gbps=0.001, warmup_s=0.0, scale_down_cooldown_s=1e6)
+    cold = [policy.cold_start_s(g.memory.weights_bytes_per_gpu) for g, _, _ in groups]
+    assert cold[1] < cold[0]  # TP 2: each GPU loads half the weights
+    up = 10.0 + cold[1]
+    workload = ArraysWorkload([1.0] * 6 + [up + 1.0], [8] * 7, [1500] * 6 + [4])
+
+    def make(core, exact):
+        return prepare(TINY, H100, groups[0][0], workload, groups[0][1], fleet=groups, autoscale=policy,
+                       engine_core=core, exact_steps=exact)
+
+    result, _ = _both(make, "fleet autoscale")
+    fleet = result.record["autoscale"]
+    assert fleet["timeline"][:3] == [[0.0, 1, 0, 0], [10.0, 1, 1, 0], [pytest.approx(up), 2, 0, 0]]
+    by_id = {int(r.request_id): r for r in result.requests.itertuples()}
+    assert by_id[6].replica == 1 and by_id[6].first_scheduled_s == pytest.approx(up + 1.0)
+    end = float(result.requests["finish_s"].max())
+    assert fleet["replica_hours"] == [pytest.approx(end / 3600), pytest.approx((end - 10.0) / 3600), 0.0]
+    assert fleet["gpu_hours"] == pytest.approx((end + 2 * (end - 10.0)) / 3600)  # the H200 replica has 2 GPUs
