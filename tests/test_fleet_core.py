@@ -216,7 +216,6 @@ def test_autoscaling_a_fleet_matches_and_scales_groups_in_their_order():
     its cold start loads its own weights per GPU (half the H100's at TP 2); the request after it is
     up goes to it. Both cores agree on every request and the bill of each replica."""
     from kvsim.simcore.fleet import resolve_fleet
-
     from tests.helpers import flat_profile
 
     groups = [(cfg, flat_profile(linear_ms=10.0, tp=cfg.engine.tensor_parallel_size), n)  # 20 ms steps
