@@ -8,6 +8,7 @@ decisions, GPU-hours) exactly."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -239,3 +240,27 @@ def test_autoscaling_a_fleet_matches_and_scales_groups_in_their_order():
     end = float(result.requests["finish_s"].max())
     assert fleet["replica_hours"] == [pytest.approx(end / 3600), pytest.approx((end - 10.0) / 3600), 0.0]
     assert fleet["gpu_hours"] == pytest.approx((end + 2 * (end - 10.0)) / 3600)  # the H200 replica has 2 GPUs
+
+
+def test_autoscaling_speculative_replicas_matches():
+    """Speculative decoding (csrc/spec.c) on autoscaled replicas: each replica drafts from its own
+    acceptance stream whether it is up from the start or started later."""
+    from kvsim.simcore.speculative import parse_speculative_config
+
+    for case in range(4):
+        rng = np.random.default_rng(8000 + case)
+        config, _ = _random_case(rng)
+        spec = parse_speculative_config(json.dumps({"method": "eagle3", "num_speculative_tokens": int(rng.integers(1, 5)),
+                                                    "acceptance_rate": float(rng.random())}))
+        config = dataclasses.replace(config, enable_chunked_prefill=True, speculative_config=spec,
+                                     max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs))
+        workload = _day(rng, config.max_model_len)
+        policy = _policy(rng, 3)
+        cfg = resolve(TINY, H100, config)
+
+        def make(core, exact, cfg=cfg, workload=workload, policy=policy, case=case):
+            return prepare(TINY, H100, cfg, workload, default_profile(H100, TINY, 1), seed=case, autoscale=policy,
+                           engine_core=core, exact_steps=exact)
+
+        core, exact = _both(make, f"speculative autoscale case {case}")
+        assert core.summary["spec_num_accepted_tokens"] == exact.summary["spec_num_accepted_tokens"]
