@@ -376,6 +376,10 @@ def prepare(
         # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
         # only when it ends, so the router would see another state than step-by-step runs do
         exact_steps = True
+    # an autoscaler on the kv metric reads each replica's KV use at its decisions; a decode span applies
+    # its steps' KV only when it ends, so those replicas step one event per step (the record keeps what
+    # was asked: the compiled core, which always steps so, still runs it)
+    step_exactly = exact_steps or (autoscale is not None and autoscale.metric == "kv")
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
@@ -418,7 +422,7 @@ def prepare(
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
         r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
         engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
-                        exact_steps, cost)
+                        step_exactly, cost)
         engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder

@@ -218,3 +218,13 @@ def test_an_autoscaler_interval_of_1e_300_is_refused():
     result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--autoscale", "--autoscale-config",
                                       '{"interval_s": 1e-300}'])
     assert result.exit_code == 2 and "interval_s must be" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_plan_autoscale_refuses_a_day_past_the_kept_rows(tmp_path):
+    """A day of more requests than the rows kept in memory: one line before any simulation (was an
+    assertion from the request store after the first one)."""
+    path = tmp_path / "big.yaml"
+    path.write_text(DIURNAL.replace("num_requests: 3000", "num_requests: 600000"))
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100", "--tp", "1",
+                                      "--workload", str(path)])
+    assert result.exit_code == 2 and "needs every request row" in result.stderr and result.stderr.count("\n") == 1

@@ -264,3 +264,23 @@ def test_autoscaling_speculative_replicas_matches():
 
         core, exact = _both(make, f"speculative autoscale case {case}")
         assert core.summary["spec_num_accepted_tokens"] == exact.summary["spec_num_accepted_tokens"]
+
+
+@pytest.mark.parametrize("metric", ["inflight", "kv"])
+def test_the_python_fast_path_autoscales_as_the_reference(metric):
+    """The Python engine's decode spans change no replica's load mid-span, but a span applies its KV
+    only at its end: replicas behind a kv-metric autoscaler step one event per step, so both Python
+    modes (and the compiled core) see the same KV use at every decision."""
+    changed = 0
+    for case in range(4):
+        rng = np.random.default_rng(9000 + case)
+        config, _ = _random_case(rng)
+        workload = _day(rng, config.max_model_len)
+        policy = dataclasses.replace(_policy(rng, 3), metric=metric, target=20.0 if metric == "kv" else 2.0)
+        cfg = resolve(TINY, H100, config)
+        fast, exact = (prepare(TINY, H100, cfg, workload, default_profile(H100, TINY, 1), seed=case, autoscale=policy,
+                               engine_core="python", exact_steps=ex).run() for ex in (False, True))
+        assert fast.record["autoscale"] == exact.record["autoscale"], case
+        assert_same_requests(fast.requests, exact.requests, f"fast path {metric} case {case}")
+        changed += len(fast.record["autoscale"]["timeline"]) > 1
+    assert changed, "the cases should scale"
