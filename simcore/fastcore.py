@@ -133,8 +133,10 @@ def unsupported(sim: Any) -> str:
     spec_reason = _speculative_unsupported(sim)
     if spec_reason:
         return spec_reason
-    if getattr(sim, "disagg", None) is not None:
-        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
@@ -260,6 +262,10 @@ def run(sim: Any, progress=None) -> Any:
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
 
+    if getattr(sim, "disagg", None) is not None:
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.run(sim, progress)
     lib = ccore.library()
     _declare(lib)
     engines = sim.replicas

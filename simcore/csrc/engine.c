@@ -30,6 +30,7 @@ typedef struct {
        tokens adopted from the cache when admitted this step */
     long g, npt, npb, adm_cached; long *pt;
     double arrival, first_sched, first_token;
+    long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
@@ -39,7 +40,7 @@ enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
 /* events in the heap: a replica's wakeup or step end (arg: the replica), the open loop's next
    timeout, the held workload's drained event, a closed-loop client's request done or its think
    time over (arg: the client) */
-enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4, EV_FLEET = 16 /* fleet.c */ };
+enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4, EV_FLEET = 32 /* fleet.c (disagg.c uses 16-19) */ };
 
 /* Prefix caching (simcore/block_pool.py): only blocks that are or may become cached need an
    identity, those at a request's first npb positions; a handle stands for one. Uncached free
@@ -123,7 +124,18 @@ struct kv_engine {
     int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
     kv_fleet *fleet;  /* fleet.c: autoscaling (which replicas serve); NULL: all of them */
+    struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
+
+/* hooks of disaggregated prefill/decode (disagg.c, included at the end of this file) */
+static int dg_accept(kv_engine *S, long i, double stamp, long client);
+static int dg_left(kv_rep *e, kv_req *r);
+static int dg_holds(const kv_rep *e);
+static int dg_admit(kv_rep *e, long s, long *num_seqs, long *budget);
+static int dg_event(kv_engine *S, const kv_event *ev);
+static long *dg_extrap(kv_rep *e);
+static void dg_free(kv_engine *S);
+static void wq_remove(kv_rep *e, long s);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -236,6 +248,7 @@ void kv_engine_free(kv_engine *S) {
     kv_fleet_free(S->fleet);
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     free_input(S);
+    dg_free(S);
     free(S);
 }
 
@@ -602,6 +615,7 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
     e->num_done++;
+    if (S->dg && !rejected) return dg_left(e, (kv_req *)r);  /* the proxy's next hop (disagg.c) */
     if (r->client >= 0) return ev_push(S, S->now, EV_DONE, r->client);
     return 0;
 }
@@ -626,6 +640,7 @@ static kv_rep *pick(kv_engine *S) {
 }
 
 static int send(kv_engine *S, long i, double stamp, long client) {
+    if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
     kv_rep *e = pick(S);
     kv_req r;
     memset(&r, 0, sizeof r);
@@ -886,6 +901,10 @@ static int schedule(kv_rep *e) {
         long s = wq_at(e, j);
         const kv_req *r = &e->reqs[s];
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
+        if (r->dg_state) {  /* its prompt's KV is on a prefill instance (disagg.c) */
+            if (dg_admit(e, s, &num_seqs, &budget)) break;
+            continue;
+        }
         long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
         long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
@@ -914,7 +933,9 @@ static int begin_step(kv_rep *e) {
         e->sq_head = (e->sq_head + 1) % e->sq_cap; e->sq_len--;
     }
     for (long k = 0; k < e->num_admitted; k++) {
-        long s = wq_pop_front(e);
+        long s = e->admitted[k];
+        if (wq_at(e, 0) == s) wq_pop_front(e);
+        else wq_remove(e, s);  /* disaggregated: requests loading remote KV stay queued ahead */
         kv_req *r = &e->reqs[s];
         r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
@@ -932,7 +953,7 @@ static int start_step(kv_rep *e) {
                         e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out, &spec_ms)
         : kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
                         e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
-    long *x = S->out->extrap;
+    long *x = S->dg ? dg_extrap(e) : S->out->extrap;  /* (a disaggregated run counts per pool) */
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
     if (mask & KV_OUT_DECODE) x[3]++;
@@ -1106,13 +1127,13 @@ static int end_step(kv_rep *e) {
         internal = 0;
         for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
     }
+    int held = e->S->dg && dg_holds(e);  /* a prefill instance keeps the KV until it is read (disagg.c) */
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
-        release(e, r);
-        free(r->pt); r->pt = NULL;
+        if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
-        e->free_slots[e->num_free_slots++] = e->finished[k];
+        if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
         r->id = -1;  /* finished: dropped from running below */
     }
     if (nf) {
@@ -1251,6 +1272,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             break;
         case EV_THINK: S->taking = ev.arg; break;
         case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
+        default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
         }
         if (rc) return rc;
         if (S->err) return S->err;
@@ -1294,3 +1316,5 @@ int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, c
 void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
     kv_spec_stats(S->reps[replica].sp, ints, sums);
 }
+
+#include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
