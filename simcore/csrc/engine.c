@@ -189,8 +189,9 @@ static void rep_free(kv_rep *e) {
     kv_spec_free(e->sp);
 }
 
-static int rep_init(kv_rep *e, kv_engine *S, long index, const kv_engine_config *cfg, const kv_pricing *pricing) {
-    e->S = S; e->c = *cfg; e->pricing = pricing; e->index = index;
+static int rep_init(kv_rep *e, kv_engine *S, long index) {
+    const kv_engine_config *cfg = &S->c;
+    e->S = S; e->c = *cfg; e->pricing = S->pricing; e->index = index;
     e->free_blocks = cfg->num_gpu_blocks;
     e->cpu_free = cfg->num_cpu_blocks;
     long m = cfg->max_num_seqs + 2;
@@ -228,7 +229,7 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
     if (cfg->clients) S->client_think = calloc((size_t)cfg->clients, sizeof(double));
     if (!S->reps || (cfg->clients && !S->client_think)) { kv_engine_free(S); return NULL; }
     for (long i = 0; i < S->nrep; i++)
-        if (!rep_init(&S->reps[i], S, i, &S->c, S->pricing)) { kv_engine_free(S); return NULL; }
+        if (!rep_init(&S->reps[i], S, i)) { kv_engine_free(S); return NULL; }
     S->arr_resume = 1;
     S->taking = -1;
     return S;
@@ -1285,7 +1286,12 @@ int kv_engine_set_replica(kv_engine *S, long i, const kv_engine_config *cfg, con
     kv_rep *e = &S->reps[i];
     rep_free(e);
     memset(e, 0, sizeof *e);
-    if (!rep_init(e, S, i, cfg, pricing)) return KV_NOMEM;
+    kv_engine_config run = S->c;  /* rep_init reads the engine's configuration: the replica's */
+    const kv_pricing *run_pricing = S->pricing;
+    S->c = *cfg; S->pricing = pricing;
+    int ok = rep_init(e, S, i);
+    S->c = run; S->pricing = run_pricing;
+    if (!ok) return KV_NOMEM;
     if (cfg->max_num_seqs > S->c.max_num_seqs) S->c.max_num_seqs = cfg->max_num_seqs;  /* has_room's */
     return 0;
 }
