@@ -304,7 +304,9 @@ def run(
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = None if disagg else resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
+    out_files = (("rates.csv", "max_rate.json") if find_max_rate else
+                 (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
+                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -727,6 +729,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
         document["autoscale"] = fleet
         files["autoscale.png"] = lambda path: write_figure(fleet, path)
+        files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
+    elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
+        files["fleet.html"] = lambda path: _fleet_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -739,10 +744,31 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
             typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
-            typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+            typer.echo(f"Wrote {out}/{', '.join(files)}")
         if result_file is not None:
             typer.echo(f"Wrote {result_file}")
     return fatal
+
+
+def _autoscale_html(document: dict, fleet: dict, path: Path) -> None:
+    """autoscale.html: the page of reports.fleet_page, with the figure drawn for it."""
+    import tempfile
+
+    from kvsim.cli.autoscale_out import write_figure
+    from kvsim.reports.fleet_page import autoscale_page
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        png = Path(tmp) / "autoscale.png"
+        write_figure(fleet, png)
+        path.write_text(autoscale_page(document, png))
+
+
+def _fleet_html(document: dict, result, path: Path) -> None:
+    """fleet.html: what each GPU group of a --fleet run served (reports.fleet_page)."""
+    from kvsim.reports.fleet_page import fleet_page, group_rows
+    from kvsim.reports.prices import load_prices
+
+    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
