@@ -254,7 +254,7 @@ def sweep(
     executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
-    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np

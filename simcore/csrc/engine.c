@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -94,6 +95,7 @@ struct kv_rep {
     double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
     long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
     int itl_done;  /* the last partial block is in the sum */
+    kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
 };
 
 struct kv_engine {
@@ -170,6 +172,7 @@ static void rep_free(kv_rep *e) {
     free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
+    kv_spec_free(e->sp);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -716,6 +719,7 @@ static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
+    if (e->sp) kv_spec_reset(e->sp);
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
@@ -724,10 +728,18 @@ static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
         e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += r->computed + 1; e->num_sampled += 1;
+        if (e->sp) kv_spec_drafting(e->sp, r->computed + 1);  /* spec: it samples, so it drafts next */
+    } else if (e->sp && r->generated && computed + 1 == r->prompt + r->generated) {
+        /* spec: a verify (its last token and num_new - 1 drafts), one decode in the plan's counts */
+        e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += computed + 1; e->num_sampled += 1;
+        kv_spec_verify(e->sp, e->num_parts - 1, num_new - 1, computed);
     } else {
         e->num_tokens += num_new;
         e->chunk_tokens[e->num_chunks] = num_new; e->chunk_ctx[e->num_chunks++] = computed;
-        if (computed + num_new == r->prompt + r->generated) e->num_sampled += 1;
+        if (computed + num_new == r->prompt + r->generated) {
+            e->num_sampled += 1;
+            if (e->sp) kv_spec_drafting(e->sp, computed + num_new);  /* spec */
+        }
         if (e->pc && computed < r->npt && r->npb) e->filling[e->num_filling++] = s;
     }
 }
@@ -760,6 +772,8 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
         kv_req *r = &e->reqs[s];
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
+        if (e->sp && r->generated && left == 1)  /* spec: a decoding request verifies its drafts */
+            num_new = 1 + kv_spec_drafts(e->sp, r->target - r->generated - 1, budget - 1);
         int ok = grow_seq(e, r, num_new);
         while (!ok) {  /* ContinuousPagedPolicy._preempt: swap while the CPU pool has room */
             long v = e->run[--*n];
@@ -909,8 +923,12 @@ static int begin_step(kv_rep *e) {
 static int start_step(kv_rep *e) {
     kv_engine *S = e->S;
     long prefill_out = 0;
-    int mask = kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
-                             e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
+    double spec_ms = 0.0;
+    int mask = e->sp  /* spec: acceptance drawn, verify + drafter priced */
+        ? kv_spec_price(e->sp, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx, e->num_decode_seqs,
+                        e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out, &spec_ms)
+        : kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
+                        e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
     long *x = S->out->extrap;
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
@@ -918,7 +936,7 @@ static int start_step(kv_rep *e) {
     if (mask || prefill_out) x[0]++;
     double *p = e->parts_ms;
     e->step_start = S->now;
-    e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
+    e->step_dt = (e->sp ? spec_ms : p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
     e->eng = ENG_STEP;
     return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
@@ -1024,6 +1042,25 @@ static void flush_span(kv_rep *e) {
     e->span_open = 0;
 }
 
+/* spec: SpeculativePagedPolicy.end_step's truncate: a verify's blocks past its computed tokens
+   go back, the last first */
+static int spec_truncate(kv_rep *e) {
+    for (long k = 0; k < e->num_parts; k++) {
+        if (kv_spec_accepted(e->sp, k) < 0) continue;
+        kv_req *r = &e->reqs[e->part_slot[k]];
+        long keep = blocks_for(e, r->computed);
+        if (e->pc)
+            for (long pos = r->nblk - 1; pos >= keep; pos--) {
+                int rc = pc_decref(e, r, pos);
+                if (rc) return rc;
+            }
+        else e->free_blocks += r->nblk - keep;
+        e->gpu_tokens -= r->ntok - r->computed;
+        r->ntok = r->computed; r->nblk = keep;
+    }
+    return 0;
+}
+
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
 static int end_step(kv_rep *e) {
@@ -1032,14 +1069,25 @@ static int end_step(kv_rep *e) {
     long nf = 0;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
-        r->computed += e->part_new[k];
-        if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
+        long accepted = e->sp ? kv_spec_accepted(e->sp, k) : -1, emitted;
+        if (accepted >= 0) {  /* spec: a verify keeps its accepted drafts and emits them + 1 at once */
+            r->computed += 1 + accepted;
+            emitted = 1 + accepted;
+        } else {
+            r->computed += e->part_new[k];
+            emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
+        }
+        if (emitted) {
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
-            r->generated++;
+            r->generated += emitted;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
+    }
+    if (e->sp) {  /* spec: each verify's rejected tail freed (PagedAllocator.truncate) */
+        int rc = spec_truncate(e);
+        if (rc) return rc;
     }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
         int rc = pc_cache_full(e, &e->reqs[e->filling[k]]);
@@ -1194,4 +1242,20 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         if (rc) return rc;
         if (S->err) return S->err;
     }
+}
+
+/* -- spec: speculative decoding's setup and totals (csrc/spec.c) --------------------------- */
+int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, const unsigned long *rng,
+                   const kv_pricing *draft) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        kv_spec_free(e->sp);
+        e->sp = kv_spec_new(c, rates, rng + 4 * i, e->pricing, draft, e->c.max_num_seqs + 2);
+        if (!e->sp) return KV_NOMEM;
+    }
+    return 0;
+}
+
+void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
+    kv_spec_stats(S->reps[replica].sp, ints, sums);
 }
