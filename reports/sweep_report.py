@@ -387,8 +387,13 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
         shown = report.cells[col].dropna().astype(float)
         points = [v for v in shown] + ([limit] if limit is not None else [])
         if len(shown) and shown.min() > 0 and shown.max() / shown.min() > 10:
-            ax.set_yscale("log")
+            ax.set_yscale("log")  # the axis fits the points; an interval past it is cut below
             ax.set_ylim(min(points) / 2, max(points) * 2)
+        elif points:  # linear: the axis holds the intervals too, down to 0 (a latency is never below)
+            ends = [v for _, _, low, high, _ in bars[col] for v in (*low, *high) if np.isfinite(v)]
+            lo, hi = max(0.0, min(points + ends)), max(points + ends)
+            pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(hi, 1.0)
+            ax.set_ylim(max(0.0, lo - pad), hi + pad)
         bottom, top = ax.get_ylim()
         for x, y, low, high, colour in bars[col]:
             low, high, cut_low, cut_high = clip_interval(low, high, bottom, top)

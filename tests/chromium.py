@@ -42,9 +42,22 @@ _MEASURE = """
 window.addEventListener("load", function () {
   var doc = document.documentElement, out = {viewport: window.innerWidth, page: doc.scrollWidth, tables: []};
   document.querySelectorAll("table").forEach(function (t) {
-    var box = t.closest(".scroll"), r = t.getBoundingClientRect();
-    out.tables.push({id: t.id || "", cls: t.className, width: t.scrollWidth, right: r.right,
-                     container: box ? box.clientWidth : null, container_right: box ? box.getBoundingClientRect().right : null});
+    var box = t.closest(".scroll"), r = t.getBoundingClientRect(), row = {
+      cls: t.className, width: t.scrollWidth, right: r.right, container: box ? box.clientWidth : null,
+      keys: t.tHead ? Array.prototype.filter.call(t.tHead.rows[0].cells, function (c) {
+        return c.classList.contains("key"); }).map(function (c) { return c.textContent; }) : [],
+      keys_visible_scrolled: null};
+    if (box && t.tHead) {  // scrolled all the way right: are the key columns still inside the box?
+      box.scrollLeft = box.scrollWidth;
+      var edge = box.getBoundingClientRect();
+      row.keys_visible_scrolled = Array.prototype.every.call(t.tHead.rows[0].cells, function (c) {
+        if (!c.classList.contains("key")) { return true; }
+        var k = c.getBoundingClientRect();
+        return k.left >= edge.left - 1 && k.right <= edge.right + 1;
+      });
+      box.scrollLeft = 0;
+    }
+    out.tables.push(row);
   });
   document.querySelectorAll("img").forEach(function (im) {
     out.images = out.images || [];
@@ -61,8 +74,9 @@ window.addEventListener("load", function () {
 
 def measure(page: Path, tmp: Path, width: int = 1280) -> dict:
     """Layout facts of a page at a `width`-pixel wide viewport, measured by Chromium itself: the
-    viewport, the document's scroll width, and per table its scroll width, its right edge and
-    its scroll container's width (None when it has none)."""
+    viewport, the document's scroll width, and per table its scroll width, its right edge, its
+    scroll container's width (None when it has none), its key columns' names and whether they
+    stay inside the container when it is scrolled all the way right."""
     import json
     import re
 
