@@ -131,8 +131,10 @@ def unsupported(sim: Any) -> str:
     spec_reason = _speculative_unsupported(sim)
     if spec_reason:
         return spec_reason
-    if getattr(sim, "disagg", None) is not None:
-        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
@@ -256,6 +258,10 @@ def run(sim: Any, progress=None) -> Any:
     from kvsim.simcore import metrics as metrics_module
     from kvsim.simcore import records as records_module
 
+    if getattr(sim, "disagg", None) is not None:
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.run(sim, progress)
     lib = ccore.library()
     _declare(lib)
     engines = sim.replicas

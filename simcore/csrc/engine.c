@@ -29,6 +29,7 @@ typedef struct {
        tokens adopted from the cache when admitted this step */
     long g, npt, npb, adm_cached; long *pt;
     double arrival, first_sched, first_token;
+    long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
@@ -121,7 +122,18 @@ struct kv_engine {
     int started;
     int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
+    struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
+
+/* hooks of disaggregated prefill/decode (disagg.c, included at the end of this file) */
+static int dg_accept(kv_engine *S, long i, double stamp, long client);
+static int dg_left(kv_rep *e, kv_req *r);
+static int dg_holds(const kv_rep *e);
+static int dg_admit(kv_rep *e, long s, long *num_seqs, long *budget);
+static int dg_event(kv_engine *S, const kv_event *ev);
+static long *dg_extrap(kv_rep *e);
+static void dg_free(kv_engine *S);
+static void wq_remove(kv_rep *e, long s);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -234,6 +246,7 @@ void kv_engine_free(kv_engine *S) {
         for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     free_input(S);
+    dg_free(S);
     free(S);
 }
 
@@ -600,6 +613,7 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
     e->num_done++;
+    if (S->dg && !rejected) return dg_left(e, (kv_req *)r);  /* the proxy's next hop (disagg.c) */
     if (r->client >= 0) return ev_push(S, S->now, EV_DONE, r->client);
     return 0;
 }
@@ -623,6 +637,7 @@ static kv_rep *pick(kv_engine *S) {
 }
 
 static int send(kv_engine *S, long i, double stamp, long client) {
+    if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
     kv_rep *e = pick(S);
     kv_req r;
     memset(&r, 0, sizeof r);
@@ -883,6 +898,10 @@ static int schedule(kv_rep *e) {
         long s = wq_at(e, j);
         const kv_req *r = &e->reqs[s];
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
+        if (r->dg_state) {  /* its prompt's KV is on a prefill instance (disagg.c) */
+            if (dg_admit(e, s, &num_seqs, &budget)) break;
+            continue;
+        }
         long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
         long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
@@ -911,7 +930,9 @@ static int begin_step(kv_rep *e) {
         e->sq_head = (e->sq_head + 1) % e->sq_cap; e->sq_len--;
     }
     for (long k = 0; k < e->num_admitted; k++) {
-        long s = wq_pop_front(e);
+        long s = e->admitted[k];
+        if (wq_at(e, 0) == s) wq_pop_front(e);
+        else wq_remove(e, s);  /* disaggregated: requests loading remote KV stay queued ahead */
         kv_req *r = &e->reqs[s];
         r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
@@ -929,7 +950,7 @@ static int start_step(kv_rep *e) {
                         e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out, &spec_ms)
         : kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
                         e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
-    long *x = S->out->extrap;
+    long *x = S->dg ? dg_extrap(e) : S->out->extrap;  /* (a disaggregated run counts per pool) */
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
     if (mask & KV_OUT_DECODE) x[3]++;
@@ -1103,13 +1124,13 @@ static int end_step(kv_rep *e) {
         internal = 0;
         for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
     }
+    int held = e->S->dg && dg_holds(e);  /* a prefill instance keeps the KV until it is read (disagg.c) */
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
-        release(e, r);
-        free(r->pt); r->pt = NULL;
+        if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
-        e->free_slots[e->num_free_slots++] = e->finished[k];
+        if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
         r->id = -1;  /* finished: dropped from running below */
     }
     if (nf) {
@@ -1238,6 +1259,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             else S->taking = ev.arg;
             break;
         case EV_THINK: S->taking = ev.arg; break;
+        default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
         }
         if (rc) return rc;
         if (S->err) return S->err;
@@ -1259,3 +1281,5 @@ int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, c
 void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
     kv_spec_stats(S->reps[replica].sp, ints, sums);
 }
+
+#include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
