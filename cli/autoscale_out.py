@@ -147,6 +147,8 @@ def write_figure(fleet: dict[str, Any], path) -> None:
              label="paid (incl. starting, draining)")
     for row in fleet.get("static", []):
         ax1.axhline(row["replicas"], color="grey", linewidth=0.8, linestyle=":")
+        ax1.annotate(f"static, {row['sized_for']}", (0, row["replicas"]), xycoords=("axes fraction", "data"),
+                     xytext=(2, 2), textcoords="offset points", fontsize=7, color="#555")
     ax1.set_ylabel("replicas")
     ax1.legend(loc="upper left", fontsize=8)
     ax2.set_ylim(0, 100)

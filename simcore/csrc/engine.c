@@ -52,6 +52,8 @@ typedef struct { double t; unsigned long seq; int kind; long arg; } kv_event;
 
 typedef struct kv_rep kv_rep;
 
+#define KV_GAP_BUF 512  /* inter-token gaps binned a batch at a time */
+
 /* One replica (one simcore.engine.Engine and its Lifecycle and policy) */
 struct kv_rep {
     kv_engine *S;
@@ -96,6 +98,8 @@ struct kv_rep {
     double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
     long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
     int itl_done;  /* the last partial block is in the sum */
+    long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
+    double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
 };
 
@@ -177,6 +181,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
+    free(e->phase_count);
     free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals); free(e->chunk); free(e->kept);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
@@ -547,43 +552,101 @@ static int hist_add(kv_rep *e, long key) {
     return 0;
 }
 
-/* One gap: kept while the replica's count is at most the cap (then they are dropped: the
-   store will be the bins), binned always (min, max, zeros, key counts), summed a block at a
-   time (Samples._bin_values: the same float sum) */
-static void itl_put(kv_rep *e, double v) {
-    if (e->itl_count < e->c.itl_cap) {
-        if (e->itl_count == e->itl_vals_cap) {
+/* Gaps binned a batch at a time (itl_put buffers them in emission order, itl_flush bins them;
+   itl_put_run bins n copies of one gap, a decode span's step): kept while the replica's count
+   is at most the cap (then they are dropped: the store will be the bins), binned always (min,
+   max, zeros, key counts), summed a block at a time (Samples._bin_values: the same float sum).
+   One at a time this was a third of the C loop. */
+static int itl_keep(kv_rep *e, long m) {  /* room for m more values kept; 0: past the cap */
+    long count = e->itl_count;
+    if (count + m <= e->c.itl_cap) {
+        if (count + m > e->itl_vals_cap) {
             long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
+            while (nc < count + m) nc *= 2;
             if (nc > e->c.itl_cap) nc = e->c.itl_cap;
             double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
-            if (!v2) { fail(e, KV_NOMEM); return; }
+            if (!v2) { fail(e, KV_NOMEM); return 0; }
             e->itl_vals = v2; e->itl_vals_cap = nc;
         }
-        e->itl_vals[e->itl_count] = v;
-    } else if (e->itl_vals) {
-        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
+        return 1;
     }
-    e->itl_count++;
-    if (v == e->itl_last && e->itl_count > 1) {  /* the same bin as the last one */
-        if (e->itl_last_key < 0) e->itl_zeros++;
-        else e->hist[e->itl_last_key - e->hist_key0]++;
-    } else {
-        if (v < e->itl_min) e->itl_min = v;
-        if (v > e->itl_max) e->itl_max = v;
-        e->itl_last = v; e->itl_last_key = -1;
-        if (v == 0.0) e->itl_zeros++;
-        else {
+    if (e->itl_vals) { free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0; }  /* past the cap: dropped */
+    return 0;
+}
+
+/* `reps` copies of x binned, the first being the replica's gap number `index` (0-based): a gap
+   equal to the one before goes to its bin */
+static void itl_bin(kv_rep *e, double x, long index, long reps) {
+    if (!(x == e->itl_last && index > 0)) {
+        if (x < e->itl_min) e->itl_min = x;
+        if (x > e->itl_max) e->itl_max = x;
+        e->itl_last = x; e->itl_last_key = -1;
+        if (x != 0.0) {
             long bits;
-            memcpy(&bits, &v, sizeof bits);
+            memcpy(&bits, &x, sizeof bits);
             e->itl_last_key = bits >> KV_HIST_SHIFT;
-            fail(e, hist_add(e, e->itl_last_key));
+            int rc = hist_add(e, e->itl_last_key);  /* counts one */
+            if (rc) { fail(e, rc); return; }
+            reps--;
         }
     }
-    e->itl_blk[e->itl_blk_n++] = v;
-    if (e->itl_blk_n == e->c.itl_block) {
-        e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
-        e->itl_blk_n = 0;
+    if (e->itl_last_key < 0) e->itl_zeros += reps;
+    else e->hist[e->itl_last_key - e->hist_key0] += reps;
+}
+
+/* the block sums: n gaps (v, or n copies of `fill` when v is NULL) appended */
+static void itl_sum(kv_rep *e, const double *v, double fill, long n) {
+    for (long i = 0; i < n;) {
+        long take = e->c.itl_block - e->itl_blk_n;
+        if (take > n - i) take = n - i;
+        double *dst = e->itl_blk + e->itl_blk_n;
+        if (v) memcpy(dst, v + i, sizeof(double) * (size_t)take);
+        else for (long k = 0; k < take; k++) dst[k] = fill;
+        e->itl_blk_n += take; i += take;
+        if (e->itl_blk_n == e->c.itl_block) {
+            e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+            e->itl_blk_n = 0;
+        }
     }
+}
+
+static void itl_put_many(kv_rep *e, const double *v, long m) {
+    if (m <= 0) return;
+    long count = e->itl_count;
+    if (itl_keep(e, m)) memcpy(e->itl_vals + count, v, sizeof(double) * (size_t)m);
+    for (long i = 0; i < m;) {  /* by runs of equal gaps */
+        double x = v[i];
+        long j = i + 1;
+        while (j < m && v[j] == x) j++;
+        itl_bin(e, x, count + i, j - i);
+        i = j;
+    }
+    e->itl_count = count + m;
+    itl_sum(e, v, 0.0, m);
+}
+
+static void itl_flush(kv_rep *e) {
+    itl_put_many(e, e->gap, e->gap_n);
+    e->gap_n = 0;
+}
+
+static void itl_put_run(kv_rep *e, double v, long n) {
+    if (n <= 0) return;
+    if (e->gap_n) itl_flush(e);
+    long count = e->itl_count;
+    if (itl_keep(e, n)) {
+        double *dst = e->itl_vals + count;
+        for (long k = 0; k < n; k++) dst[k] = v;
+    }
+    itl_bin(e, v, count, n);
+    e->itl_count = count + n;
+    itl_sum(e, NULL, v, n);
+}
+
+/* One gap, in emission order (binned when the buffer fills, or at the end of the run) */
+static inline void itl_put(kv_rep *e, double v) {
+    e->gap[e->gap_n++] = v;
+    if (e->gap_n == KV_GAP_BUF) itl_flush(e);
 }
 
 long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist, double *values) {
@@ -779,10 +842,35 @@ static inline int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     return 1;
 }
 
+/* The common case of _schedule_running, fast: running[i..n) while each is a decode (one token
+   after generated ones) with room in its last block; what grow_seq and plan_add do for it, with
+   the plan's counters in locals (stores through `r` could alias `e`'s fields). Returns where it
+   stopped: the generic loop takes that request. */
+static long decode_run(kv_rep *e, long i, long n, long *budget_io) {
+    long np = e->num_parts, nt = e->num_tokens, nd = e->num_decode_seqs, dctx = e->decode_ctx;
+    long ns = e->num_sampled, gt = e->gpu_tokens, budget = *budget_io;
+    long *ps = e->part_slot, *pn = e->part_new; const long *run = e->run;
+    kv_req *reqs = e->reqs; const long bs = e->c.block_size;
+    for (; i < n && budget > 0; i++) {
+        long s = run[i];
+        kv_req *r = &reqs[s];
+        if (!r->generated || r->computed + 1 != r->prompt + r->generated || r->ntok + 1 > r->nblk * bs) break;
+        r->ntok += 1; gt += 1;
+        ps[np] = s; pn[np++] = 1;
+        nt += 1; nd += 1; dctx += r->computed + 1; ns += 1;
+        budget -= 1;
+    }
+    e->num_parts = np; e->num_tokens = nt; e->num_decode_seqs = nd; e->decode_ctx = dctx;
+    e->num_sampled = ns; e->gpu_tokens = gt; *budget_io = budget;
+    return i;
+}
+
 /* _schedule_running over a copy of `running` (its length `*n` shrinks as the tail is preempted) */
 static long schedule_running(kv_rep *e, long *n, long budget) {
     long i = 0;
     while (i < *n && budget > 0) {
+        if (!e->sp) i = decode_run(e, i, *n, &budget);  /* the plain decodes from i on, in a tight loop */
+        if (i >= *n || budget <= 0) break;
         long s = e->run[i];
         kv_req *r = &e->reqs[s];
         long left = r->prompt + r->generated - r->computed;
@@ -1063,6 +1151,7 @@ static void flush_span(kv_rep *e) {
     e->span_open = 0;
 }
 
+static void record_step(kv_rep *e, long allocated, long internal, int decode_only);
 /* spec: SpeculativePagedPolicy.end_step's truncate: a verify's blocks past its computed tokens
    go back, the last first */
 static int spec_truncate(kv_rep *e) {
@@ -1085,7 +1174,6 @@ static int spec_truncate(kv_rep *e) {
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
 static int end_step(kv_rep *e) {
-    kv_outputs *o = e->S->out;
     double t = e->S->now;
     long nf = 0;
     for (long k = 0; k < e->num_parts; k++) {
@@ -1139,6 +1227,15 @@ static int end_step(kv_rep *e) {
             if (e->reqs[e->run[k]].id >= 0) e->run[w++] = e->run[k];
         e->run_len = w;
     }
+    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
+    record_step(e, allocated, internal, decode_only);
+    return 0;
+}
+
+/* StepRecorder.record of the step that ended (end_step's snapshot: KV allocated and unfilled
+   slots), into the open span row when it is one more decode step of the same batch */
+static void record_step(kv_rep *e, long allocated, long internal, int decode_only) {
+    kv_outputs *o = e->S->out;
     o->num_steps++;
     double dt = e->step_dt, *p = e->parts_ms;
     double kernels = p[0] + p[1], coll = p[2], host = p[3];
@@ -1153,7 +1250,6 @@ static int end_step(kv_rep *e) {
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
-    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
@@ -1163,16 +1259,15 @@ static int end_step(kv_rep *e) {
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
             s[21] += row[21]; s[22] += row[22]; s[23] += row[23]; s[24] = 1;
-            return 0;
+            return;
         }
         flush_span(e);
         memcpy(s, row, sizeof row);
         e->span_open = 1; e->span_blocked = blocked;
-        return 0;
+        return;
     }
     flush_span(e);
     put_row(e, row);
-    return 0;
 }
 
 static int has_room(const kv_engine *S) {
@@ -1182,6 +1277,101 @@ static int has_room(const kv_engine *S) {
            && o->arr_cap - o->arr_n >= 1;
 }
 
+/* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
+ * Once a replica has started a step that only decodes (every running request, one token each,
+ * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * one of them finishes a request, needs more free blocks than there are (preemption), or another
+ * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
+ * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
+ * says why, for the Python engine. Such steps end here in closed form, the event loop's own
+ * order kept (each step's end is popped off the heap, as it is the next event): every request
+ * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
+ * timestamps, gaps, KV counts and rows are those of step-by-step simulation
+ * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
+ * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
+
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
+   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+   which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
+   block size) at which their next decode needs a new block */
+static long span_setup(kv_rep *e) {
+    kv_engine *S = e->S;
+    long R = e->run_len, bs = e->c.block_size;
+    if (e->pc || e->sp || S->dg || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
+        || e->num_preempted || e->num_swapped_in || e->num_swap_blocks || e->num_decode_seqs != R)
+        return 0;
+    if (!S->heap_n || S->heap[0].seq != S->seq - 1) return 0;  /* another event comes first */
+    if (!e->phase_count) {
+        e->phase_count = calloc((size_t)bs, sizeof(long));
+        if (!e->phase_count) return 0;
+    }
+    long rem_min = -1;
+    for (long k = 0; k < R; k++) {
+        const kv_req *r = &e->reqs[e->run[k]];
+        long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
+        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (rem_min < 0 || left < rem_min) rem_min = left;
+    }
+    if (rem_min < 2) return 0;
+    for (long k = 0; k < R; k++) {
+        const kv_req *r = &e->reqs[e->run[k]];
+        e->phase_count[r->nblk * bs - r->ntok]++;
+    }
+    return rem_min;
+}
+
+/* The span's requests brought up to date: `ended` steps ended (a token each, the last at
+   `last`), `planned` more decodes planned (their slots taken) */
+static void span_apply(kv_rep *e, long ended, long planned, double last) {
+    long bs = e->c.block_size;
+    for (long k = 0; k < e->run_len; k++) {
+        kv_req *r = &e->reqs[e->run[k]];
+        e->phase_count[r->nblk * bs - r->ntok] = 0;
+        r->computed += ended; r->generated += ended;
+        if (ended) r->last_token = last;
+        r->ntok += planned;
+        long nb = blocks_for(e, r->ntok);
+        if (nb > r->nblk) r->nblk = nb;
+    }
+}
+
+/* After start_step of a step that may open a span: its end and those of the steps after it, in
+   closed form, while each is the next event. Returns 0 (a step is in flight, as start_step
+   leaves it), 1 (steps ended, and the next plan needs the scheduler: preemption is possible),
+   or an error. */
+static int span_run(kv_rep *e) {
+    kv_engine *S = e->S;
+    long rem_min = span_setup(e);
+    if (!rem_min) return 0;
+    long R = e->run_len, bs = e->c.block_size, ended = 0, planned = 0;
+    double last = S->now;
+    int rc = 0;
+    for (;;) {
+        /* step ended + 1 is in flight: end it here if it is the next event and finishes nobody */
+        if (ended + 1 >= rem_min || S->err || !S->heap_n || S->heap[0].seq != S->seq - 1) break;
+        if (!e->c.fold_steps && S->out->step_cap - S->out->step_n < 2) break;
+        kv_event ev = ev_pop(S);
+        S->now = ev.t;
+        ended++;
+        double gap = S->now - last;
+        last = S->now;
+        itl_put_run(e, gap, R);
+        long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
+        record_step(e, allocated, allocated - e->gpu_tokens, 1);
+        /* the next plan: the same decodes, each one slot on; new blocks for those whose last
+           block is full */
+        long need = e->phase_count[(ended - 1) % bs];
+        if (need > e->free_blocks) { rc = 1; break; }
+        e->free_blocks -= need; e->gpu_tokens += R; e->decode_ctx += R;
+        planned++;
+        rc = start_step(e);
+        if (rc) break;
+    }
+    span_apply(e, ended, planned, last);
+    return rc;
+}
+
 /* A replica's event: its wakeup or the end of its step; then it plans the next step, or idles */
 static int engine_event(kv_rep *e) {
     kv_engine *S = e->S;
@@ -1189,7 +1379,8 @@ static int engine_event(kv_rep *e) {
         int rc = end_step(e);
         if (rc) return rc;
     }
-    if (schedule(e)) {
+    for (;;) {
+        if (!schedule(e)) break;
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1197,7 +1388,10 @@ static int engine_event(kv_rep *e) {
             rc = ev_push(S, S->now, EV_DRAIN, 0);
             if (rc) return rc;
         }
-        return start_step(e);
+        rc = start_step(e);
+        if (rc) return rc;
+        rc = span_run(e);  /* hook: decode spans (1: steps ended there; plan the next one here) */
+        if (rc != 1) return rc;
     }
     if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
     e->eng = ENG_IDLE;
@@ -1240,6 +1434,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             for (long i = 0; i < S->nrep; i++) {
                 kv_rep *e = &S->reps[i];
                 flush_span(e);
+                if (!e->itl_done) itl_flush(e);
                 if (e->c.fold_steps && !e->itl_done) fail(e, seal(e));
                 if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
                 e->itl_done = 1;
