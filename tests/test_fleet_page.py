@@ -106,3 +106,18 @@ def test_a_plain_run_writes_no_page(tmp_path: Path):
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
     assert np.isfinite(json.loads((tmp_path / "p" / "summary.json").read_text())["output_throughput"])
+
+
+def test_an_overloaded_fleet_says_so_in_its_answer(tmp_path: Path):
+    """60 req/s on one H100 and one A100 (llama3-8b): the queue grows, and the page's answer is marked."""
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["run", "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1", "--rate", "60",
+                                      "--num-requests", "1500", "--no-error-bars", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["saturation"] == "overloaded"
+    dom, log = render(out / "fleet.html")
+    assert console_errors(log) == []
+    answer = re.search(r'<p class="answer">(.*?)</p>', dom, re.S).group(1)
+    mark = re.search(r'<span class="mark overloaded">([^<]*)</span>', answer)
+    assert mark and f"{doc['offered_rate']:.2f} req/s offered" in mark.group(1)
