@@ -124,7 +124,8 @@ def format_fleet(fleet: dict[str, Any]) -> str:
     peak = next((row for row in fleet.get("static", []) if row["sized_for"] == "the peak"), None)
     saving = fleet.get("saving_vs_peak_fleet")
     if peak is not None and saving is not None:
-        verdict = f"{100 * saving:.0f}% fewer GPU-hours" if saving >= 0 else f"{-100 * saving:.0f}% more GPU-hours"
+        unit = ("lower cost", "higher cost") if fleet.get("saving_basis") == "usd" else ("fewer GPU-hours", "more GPU-hours")
+        verdict = f"{100 * saving:.0f}% {unit[0]}" if saving >= 0 else f"{-100 * saving:.0f}% {unit[1]}"
         lines.append(f"{'Autoscaling vs the static peak fleet:':<41}{verdict}, attainment "
                      f"{100 * (fleet['attainment'] or 0):.1f}% vs {100 * peak['attainment']:.1f}%")
     return "\n".join(lines)

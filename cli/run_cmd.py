@@ -194,7 +194,7 @@ def run(
         given_layout = [flag for flag, name in (("--gpu", "gpu"), ("--tp", "tp"), ("--dp", "dp"), ("--pp", "pp"),
                                                 ("--profile", "profile"))
                         if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        for flag, on in (("--autoscale", autoscale), ("--find-max-rate", find_max_rate), ("--save-result", save_result),
+        for flag, on in (("--find-max-rate", find_max_rate), ("--save-result", save_result),
                          ("--speculative-config", speculative_config is not None), ("disaggregation", bool(disagg))):
             if on:
                 given_layout.append(flag)
@@ -273,6 +273,10 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
+        if scaling is not None and max_replicas is None:  # the pool is the fleet (simcore.autoscale)
+            from dataclasses import replace
+
+            scaling = replace(scaling, max_replicas=sum(n for _, _, n in fleet_groups))
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
@@ -343,7 +347,7 @@ def run(
         return
     if fleet_groups is not None:
         _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
-                   metrics)
+                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -416,15 +420,14 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
         raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
 
 
-def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics):
-    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py)."""
+def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics,
+               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None):
+    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py);
+    with --autoscale, the fleet is the autoscaler's pool in its order (simcore.autoscale)."""
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.fleet import fleet_cost_per_hour
     from kvsim.simcore.simulate import prepare
 
-    if engine_core is EngineCore.c:
-        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
-                          "GPU types or TPs)")
     first, profile, _ = groups[0]
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)
@@ -439,20 +442,84 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
     say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
         + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of the fleet, started in its order "
+            f"(drained in reverse), metric {scaling.metric} target {scaling.target:g}, every {scaling.interval_s:g} s")
     with run_staging(out) as staging:
         progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
         try:
             sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
                           exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
-                          fleet=groups)
+                          fleet=groups, autoscale=scaling)
             result = sim.run()
         finally:
             progress.stop()
         result.record["fleet_usd_per_hour"] = usd
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
+                                     prices)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result))
+                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result),
+                        fleet=fleet)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _prefix(groups, replicas: int) -> list:
+    """The first `replicas` replicas of a fleet, in its order (a static fleet the autoscaler's
+    priority would have kept up)."""
+    out, left = [], replicas
+    for cfg, prof, n in groups:
+        if left <= 0:
+            break
+        out.append((cfg, prof, min(n, left)))
+        left -= n
+    return out
+
+
+def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices):
+    """An autoscaled fleet's section (as `_fleet` makes it for one GPU type): each replica billed for
+    its own GPUs at its group's price (or --autoscale-config's one price), and static fleets of the
+    first peak / mean replicas in the fleet's order run on the same workload."""
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.simulate import prepare
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, "")
+    per_replica = [(cfg.engine.tensor_parallel_size * cfg.engine.pipeline_parallel_size,
+                    extras.get("price_usd_per_gpu_hour", prices.get(cfg.gpu.name))) for cfg, _, n in groups for _ in range(n)]
+    priced = all(price is not None for _, price in per_replica)
+    duration = fleet["duration_s"]
+
+    def usd(hours: list[float]) -> float | None:
+        return sum(h * g * p for h, (g, p) in zip(hours, per_replica, strict=False)) if priced else None
+
+    fleet["usd"] = usd(fleet["replica_hours"])
+    fleet["usd_per_day"] = None if fleet["usd"] is None or duration <= 0 else fleet["usd"] * 86400.0 / duration
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        part = _prefix(groups, replicas)
+        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part).run()
+        hours = float(static.summary.get("duration_s") or 0.0) / 3600.0
+        gpus = sum(g for g, _ in per_replica[:replicas])
+        row = static_row(static, replicas, 1, fleet["slo"]["ttft_ms"], fleet["slo"]["tpot_ms"], None, fleet["hour_s"])
+        row["gpu_hours"] = gpus * hours
+        row["usd"] = usd([hours] * replicas)
+        static_s = float(static.summary.get("duration_s") or 0.0)
+        row["usd_per_day"] = None if row["usd"] is None or static_s <= 0 else row["usd"] * 86400.0 / static_s
+        rows.append({"sized_for": sized_for, **row})
+    fleet["static"] = rows
+    peak = rows[0]["usd"] if priced else rows[0]["gpu_hours"]
+    mine = fleet["usd"] if priced else fleet["gpu_hours"]
+    fleet["saving_vs_peak_fleet"] = None if not peak else 1.0 - mine / peak
+    fleet["saving_basis"] = "usd" if priced else "gpu_hours"  # GPU-hours of different GPUs are not one price
+    return fleet
 
 
 def _fleet_lines(result) -> str:
