@@ -203,7 +203,7 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     def writer(content: Any):
         def write(path: Path) -> None:
-            if path.name.endswith(".png"):  # a figure: the callable draws it into the path
+            if path.name.endswith((".png", ".html")):  # a figure or a page: the callable writes it there
                 content(path)
                 return
             value = content() if callable(content) else content

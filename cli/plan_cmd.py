@@ -20,13 +20,13 @@ from kvsim.cli.options import (
     Goodput,
     InputLen,
     OutputLen,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
     UsageContextOpt,
     Workload,
     batch_default_fields,
     check_inputs_kept,
-    check_slos,
     parse_goodput,
 )
 from kvsim.cli.output import check_out_folder
@@ -68,6 +68,7 @@ def plan(
     burstiness: Burstiness = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     goodput: Goodput = None,
     tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
     block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
@@ -77,6 +78,8 @@ def plan(
     kv_cache_dtype: Annotated[str | None, typer.Option(help=f"KV-cache dtypes to try (auto, fp8). {LIST} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option(help=f"Weight quantizations to try (none, fp8). {LIST} [default: none]")] = None,
     pp: Annotated[str | None, typer.Option("--pp", help=f"Pipeline-parallel sizes to try (stages across nodes). {LIST} [default: 1]")] = None,
+    router: Annotated[str | None, typer.Option("--router", help=f"Routers to try over the replicas: round-robin, least-loaded, prefix-aware, session-affinity (each candidate is confirmed with its own). {LIST} [default: least-loaded]")] = None,
+    kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier sizes to try, GiB per replica (none: no tier). {LIST} [default: none]")] = None,
     price: Annotated[list[str] | None, typer.Option(help="GPU=USD per GPU-hour (e.g. H100-SXM-80GB=3.5), or a YAML file of them; repeatable.")] = None,
     tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
     search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
@@ -108,6 +111,9 @@ def plan(
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
+    if autoscale and slo_targets:
+        raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
+                          "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
     if autoscale:
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
@@ -119,7 +125,9 @@ def plan(
     if rate is None:
         raise ConfigError("--rate is required: the target request rate(s) in req/s (or plan a day with --autoscale)")
     goodput_ms = parse_goodput(goodput, ctx.args)
-    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from kvsim.reports.capacity import parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
     if len(rates) > MAX_TARGET_RATES:  # each target is sized and confirmed with its own runs
         raise ConfigError(f"--rate: at most {MAX_TARGET_RATES} target rates in one plan, got {len(rates):,}")
@@ -179,6 +187,7 @@ def plan(
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
         speculative_config=_speculative(speculative_config),
+        **_tier_lists(router, kv_offloading_size),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
@@ -201,12 +210,16 @@ def plan(
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
     _check_trace_prompts(spec, max_len, as_json)
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
+    unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
+    say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
         f"with {slo.text()}; workload {spec.name}, seed {seed}")
     from kvsim.cli.output import LiveProgress
 
+    if disagg != "off" and getattr(spec, "is_session", False):
+        raise ConfigError(f"--disagg {disagg} does not plan session workloads ({spec.name}) yet: plan them "
+                          "aggregated (--disagg off)")
     if disagg == "on":  # disaggregated candidates only
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                      confirm_requests, disagg_placement, kv_cache_dtype, quantization, None, out, as_json, started)
@@ -250,14 +263,13 @@ def plan(
 def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, seed: int, slo) -> None:
     """Each answer's probability of meeting the SLO under its profile's stated error
     (reports/plan_confidence.py), as `slo_probability` on the answer; its runs are counted."""
-    import dataclasses
     from statistics import NormalDist
 
     from kvsim.profiles.uncertainty import profile_error
-    from kvsim.reports.plan import _cell_value
+    from kvsim.reports.plan import _cell_value, sized
     from kvsim.reports.plan_confidence import slo_probability
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)  # (a session workload keeps whole sessions)
     z = NormalDist().inv_cdf(confidence) if confidence != 0.5 else 0.0
     for answer in result.answers:
         best = answer["best"]
@@ -382,6 +394,13 @@ def _disagg_table(rows) -> str:
     return "\n".join(lines)
 
 
+def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str, list]:
+    """--router and --kv-offloading-size as plan dimensions (kvsim sweep's parsing)."""
+    from kvsim.cli.sweep_cmd import _tier_lists as lists
+
+    return lists(router, kv_offloading_size)
+
+
 def _speculative(text: str | None) -> list:
     """--speculative-config as a plan dimension (empty: not searched)."""
     if text is None:
@@ -403,10 +422,16 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
-    if getattr(spec, "is_session", False):  # its rate search rescales planned arrival times
-        raise ConfigError(f"kvsim plan does not size multi-turn session workloads ({spec.name}) yet: its "
-                          "search rescales planned arrival times, and a turn's time depends on the answer "
-                          "before it; sweep --rate, --dp, --router and --kv-offloading-size instead")
+    if getattr(spec, "is_session", False):  # --rate is sessions/s; enough whole sessions for `want` turns
+        from kvsim.reports.capacity import rate_scaler
+        from kvsim.reports.plan import sized
+
+        if spec.trace is None:  # drawn sessions: as many as the runs need, whatever the file's count
+            per = spec.num_requests / int(spec.num_sessions)
+            spec = dataclasses.replace(spec, num_sessions=max(1, math.ceil(want / per)))
+        spec = sized(spec, want)
+        rate_scaler(spec)  # refuses what a rate search cannot rescale (a closed loop), before any work
+        return spec
     if spec.trace is not None:
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
@@ -417,7 +442,7 @@ def _check_trace_prompts(spec, max_len: int, as_json: bool) -> None:
     """Trace prompts longer than max_model_len are rejected by every deployment (as vLLM rejects
     them, and as `kvsim run` reports them): all of them is no workload to plan for; some of them
     is a warning, and the plan sizes for the requests that are served."""
-    if spec.trace is None:
+    if spec.trace is None or getattr(spec, "is_session", False):
         return
     from kvsim.workloads.traces import window_rows
 
@@ -450,9 +475,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
-def _text_table(rows) -> str:
+def _text_table(rows, slo=None, unit: str = "req/s") -> str:
     from kvsim.reports.plan import _KNOBS
 
+    extra = list(slo.percentile_ms) if slo is not None else []  # targets beyond the two p95 columns
+    columns = [*COLUMNS[:6], ("max_rate", f"max {unit}"), *COLUMNS[7:10], *((t.column, f"{t.name} ms") for t in extra),
+               *COLUMNS[10:]]
     lines, cells = [], []
     rank = 0
     for r in rows:
@@ -468,11 +496,12 @@ def _text_table(rows) -> str:
             if ok and r["max_rate"] is not None else "-",
             _cell(100 * r["headroom"], "+.0f") + "%" if ok and r["headroom"] is not None else "-",
             _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            *(_cell(r.get(t.column), ",.1f") for t in extra),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"),
             r["confirmed"] if ok else _clip(str(r["status"]), 110),
         ])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(COLUMNS)]
-    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(COLUMNS, widths, strict=True)).rstrip())
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(columns)]
+    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip())
     for c in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
     return "\n".join(lines)
@@ -491,6 +520,7 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
     records = result.records()  # without pandas (its import is a third of a small plan's process)
+    unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
     note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
@@ -509,8 +539,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         return
     for answer in result.answers:
         part = [r for r in records if r["model"] == answer["model"] and r["target_rate"] == answer["target_rate"]]
-        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
-        typer.echo(_text_table(part))
+        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} {unit}")
+        typer.echo(_text_table(part, slo, unit))
     typer.echo("")
     for answer, shown in zip(result.answers, doc["answers"], strict=True):
         typer.echo("Answer: " + shown["line"])
@@ -523,7 +553,7 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         if best is not None and best.get("vllm_serve"):
             typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
                        + (" behind a load balancer" if best["replicas"] > 1 else ""))
-    typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
+    typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max {unit} = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
         typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
@@ -592,6 +622,11 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
     wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
+    from kvsim.simcore import records as records_module
+
+    if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:  # as run --autoscale: attainment reads every row
+        raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                          f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
     prices = load_prices(price)
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0

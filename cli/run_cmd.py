@@ -49,6 +49,7 @@ from kvsim.cli.options import (
     Rate,
     Reservation,
     RouterOpt,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
     SpeculativeConfigOpt,
@@ -93,6 +94,7 @@ SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
+    sonnet = "sonnet"
 
 
 def run(
@@ -140,6 +142,7 @@ def run(
     goodput: Goodput = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Search the highest rate (same requests, rescaled arrivals) at which the run is sustained and meets the --slo-* / --goodput targets; --rate is where the search starts.")] = False,
     tolerance: Annotated[float, typer.Option(help="--find-max-rate: relative width of the answer's bracket.")] = 0.02,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
@@ -167,6 +170,9 @@ def run(
     random_input_len: Annotated[int | None, typer.Option("--random-input-len", help="--dataset-name random: prompt length. [default: 1024]", rich_help_panel="vllm bench serve")] = None,
     random_output_len: Annotated[int | None, typer.Option("--random-output-len", help="--dataset-name random: output length. [default: 128]", rich_help_panel="vllm bench serve")] = None,
     random_range_ratio: Annotated[float | None, typer.Option("--random-range-ratio", help="--dataset-name random: lengths uniform in [L(1-r), L(1+r)], r in [0, 1). [default: 0]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_input_len: Annotated[int | None, typer.Option("--sonnet-input-len", help="--dataset-name sonnet: prompt length in tokens (estimated, 4 characters per token). [default: 550]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_output_len: Annotated[int | None, typer.Option("--sonnet-output-len", help="--dataset-name sonnet: output length. [default: 150]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_prefix_len: Annotated[int | None, typer.Option("--sonnet-prefix-len", help="--dataset-name sonnet: tokens of the head every prompt shares (a real shared prefix, cached). [default: 200]", rich_help_panel="vllm bench serve")] = None,
     metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
     percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
     save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
@@ -188,7 +194,7 @@ def run(
         given_layout = [flag for flag, name in (("--gpu", "gpu"), ("--tp", "tp"), ("--dp", "dp"), ("--pp", "pp"),
                                                 ("--profile", "profile"))
                         if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        for flag, on in (("--autoscale", autoscale), ("--find-max-rate", find_max_rate), ("--save-result", save_result),
+        for flag, on in (("--find-max-rate", find_max_rate), ("--save-result", save_result),
                          ("--speculative-config", speculative_config is not None), ("disaggregation", bool(disagg))):
             if on:
                 given_layout.append(flag)
@@ -218,7 +224,12 @@ def run(
     apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    from kvsim.reports.capacity import MIN_TOLERANCE
+    from kvsim.reports.capacity import MIN_TOLERANCE, parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    if slo_targets and not find_max_rate:  # one run prints every percentile: --metric-percentiles
+        raise ConfigError("--slo applies only with --find-max-rate (a single run prints any percentile with "
+                          "--metric-percentiles)")
 
     if not MIN_TOLERANCE <= tolerance < 1:  # NaN fails too
         raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
@@ -262,6 +273,10 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
+        if scaling is not None and max_replicas is None:  # the pool is the fleet (simcore.autoscale)
+            from dataclasses import replace
+
+            scaling = replace(scaling, max_replicas=sum(n for _, _, n in fleet_groups))
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
@@ -278,7 +293,8 @@ def run(
     if save_result and find_max_rate:
         raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
-                    workload, overrides, seed, config.resolved_max_model_len(model_spec))
+                    workload, overrides, seed, config.resolved_max_model_len(model_spec),
+                    (sonnet_input_len, sonnet_output_len, sonnet_prefix_len))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
         check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
@@ -306,14 +322,16 @@ def run(
 
     from kvsim.reports.capacity import SLO
 
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     from kvsim.simcore import records
 
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = None if disagg else resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
+    out_files = (("rates.csv", "max_rate.json") if find_max_rate else
+                 (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
+                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -329,7 +347,7 @@ def run(
         return
     if fleet_groups is not None:
         _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
-                   metrics)
+                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -402,15 +420,14 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
         raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
 
 
-def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics):
-    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py)."""
+def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics,
+               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None):
+    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py);
+    with --autoscale, the fleet is the autoscaler's pool in its order (simcore.autoscale)."""
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.fleet import fleet_cost_per_hour
     from kvsim.simcore.simulate import prepare
 
-    if engine_core is EngineCore.c:
-        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
-                          "GPU types or TPs)")
     first, profile, _ = groups[0]
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)
@@ -425,20 +442,84 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
     say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
         + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of the fleet, started in its order "
+            f"(drained in reverse), metric {scaling.metric} target {scaling.target:g}, every {scaling.interval_s:g} s")
     with run_staging(out) as staging:
         progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
         try:
             sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
                           exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
-                          fleet=groups)
+                          fleet=groups, autoscale=scaling)
             result = sim.run()
         finally:
             progress.stop()
         result.record["fleet_usd_per_hour"] = usd
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
+                                     prices)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result))
+                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result),
+                        fleet=fleet)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _prefix(groups, replicas: int) -> list:
+    """The first `replicas` replicas of a fleet, in its order (a static fleet the autoscaler's
+    priority would have kept up)."""
+    out, left = [], replicas
+    for cfg, prof, n in groups:
+        if left <= 0:
+            break
+        out.append((cfg, prof, min(n, left)))
+        left -= n
+    return out
+
+
+def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices):
+    """An autoscaled fleet's section (as `_fleet` makes it for one GPU type): each replica billed for
+    its own GPUs at its group's price (or --autoscale-config's one price), and static fleets of the
+    first peak / mean replicas in the fleet's order run on the same workload."""
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.simulate import prepare
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, "")
+    per_replica = [(cfg.engine.tensor_parallel_size * cfg.engine.pipeline_parallel_size,
+                    extras.get("price_usd_per_gpu_hour", prices.get(cfg.gpu.name))) for cfg, _, n in groups for _ in range(n)]
+    priced = all(price is not None for _, price in per_replica)
+    duration = fleet["duration_s"]
+
+    def usd(hours: list[float]) -> float | None:
+        return sum(h * g * p for h, (g, p) in zip(hours, per_replica, strict=False)) if priced else None
+
+    fleet["usd"] = usd(fleet["replica_hours"])
+    fleet["usd_per_day"] = None if fleet["usd"] is None or duration <= 0 else fleet["usd"] * 86400.0 / duration
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        part = _prefix(groups, replicas)
+        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part).run()
+        hours = float(static.summary.get("duration_s") or 0.0) / 3600.0
+        gpus = sum(g for g, _ in per_replica[:replicas])
+        row = static_row(static, replicas, 1, fleet["slo"]["ttft_ms"], fleet["slo"]["tpot_ms"], None, fleet["hour_s"])
+        row["gpu_hours"] = gpus * hours
+        row["usd"] = usd([hours] * replicas)
+        static_s = float(static.summary.get("duration_s") or 0.0)
+        row["usd_per_day"] = None if row["usd"] is None or static_s <= 0 else row["usd"] * 86400.0 / static_s
+        rows.append({"sized_for": sized_for, **row})
+    fleet["static"] = rows
+    peak = rows[0]["usd"] if priced else rows[0]["gpu_hours"]
+    mine = fleet["usd"] if priced else fleet["gpu_hours"]
+    fleet["saving_vs_peak_fleet"] = None if not peak else 1.0 - mine / peak
+    fleet["saving_basis"] = "usd" if priced else "gpu_hours"  # GPU-hours of different GPUs are not one price
+    return fleet
 
 
 def _fleet_lines(result) -> str:
@@ -598,13 +679,19 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
     return fleet
 
 
-def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
+def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len,
+             sonnet=(None, None, None)):
     """The workload `--dataset-name` builds (None without it); the flags it owns are taken out of
     `overrides` (vLLM maps --input-len / --output-len onto the dataset's own flags)."""
     from kvsim.workloads import datasets
 
     random_flags = {"--random-input-len": input_len, "--random-output-len": output_len,
                     "--random-range-ratio": range_ratio}
+    sonnet_flags = dict(zip(("--sonnet-input-len", "--sonnet-output-len", "--sonnet-prefix-len"), sonnet, strict=True))
+    if name is not DatasetName.sonnet:
+        for flag, value in sonnet_flags.items():
+            if value is not None:
+                raise ConfigError(f"{flag} applies only with --dataset-name sonnet")
     if name is None:
         for flag, value in [*random_flags.items(), ("--dataset-path", path)]:
             if value is not None:
@@ -636,12 +723,32 @@ def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides
     for flag, value in random_flags.items():
         if value is not None:
             raise ConfigError(f"{flag} applies only with --dataset-name random")
+    if name is DatasetName.sonnet:
+        return _sonnet(datasets, path, num, seed, overrides, sonnet_flags, max_model_len)
     if path is None:
         raise ConfigError("--dataset-name sharegpt needs --dataset-path (a ShareGPT JSON file)")
     if overrides.get("input_len") is not None:
         raise ConfigError("--input-len does not apply to --dataset-name sharegpt (its prompts give the lengths)")
     output = overrides.pop("output_len", None)
     return datasets.sharegpt_dataset(path, num, seed, None if output is None else _whole(output, "--output-len"))
+
+
+def _sonnet(datasets, path, num, seed, overrides, flags, max_model_len):
+    """--dataset-name sonnet (workloads.datasets.sonnet_dataset); --input-len / --output-len are
+    vLLM's general names for --sonnet-input-len / --sonnet-output-len."""
+    lens = {}
+    for kind, default in (("input", datasets.SONNET_INPUT_LEN), ("output", datasets.SONNET_OUTPUT_LEN)):
+        general, specific = overrides.pop(f"{kind}_len", None), flags[f"--sonnet-{kind}-len"]
+        if general is not None and specific is not None:
+            raise ConfigError(f"give --{kind}-len or --sonnet-{kind}-len, not both")
+        value = specific if specific is not None else general
+        lens[kind] = default if value is None else _whole(value, f"--sonnet-{kind}-len")
+    prefix = flags["--sonnet-prefix-len"]  # unset: vLLM's 200, or the whole prompt when that is shorter
+    prefix = min(datasets.SONNET_PREFIX_LEN, lens["input"]) if prefix is None else prefix
+    if lens["input"] >= max_model_len:
+        raise ConfigError(f"--sonnet-input-len {lens['input']} leaves no room for an output within max_model_len "
+                          f"{max_model_len}")
+    return datasets.sonnet_dataset(path, num, seed, lens["input"], lens["output"], prefix)
 
 
 def _whole(value, flag: str) -> int:
@@ -736,6 +843,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
         document["autoscale"] = fleet
         files["autoscale.png"] = lambda path: write_figure(fleet, path)
+        files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
+    elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
+        files["fleet.html"] = lambda path: _fleet_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -748,10 +858,31 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
             typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
-            typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+            typer.echo(f"Wrote {out}/{', '.join(files)}")
         if result_file is not None:
             typer.echo(f"Wrote {result_file}")
     return fatal
+
+
+def _autoscale_html(document: dict, fleet: dict, path: Path) -> None:
+    """autoscale.html: the page of reports.fleet_page, with the figure drawn for it."""
+    import tempfile
+
+    from kvsim.cli.autoscale_out import write_figure
+    from kvsim.reports.fleet_page import autoscale_page
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        png = Path(tmp) / "autoscale.png"
+        write_figure(fleet, png)
+        path.write_text(autoscale_page(document, png))
+
+
+def _fleet_html(document: dict, result, path: Path) -> None:
+    """fleet.html: what each GPU group of a --fleet run served (reports.fleet_page)."""
+    from kvsim.reports.fleet_page import fleet_page, group_rows
+    from kvsim.reports.prices import load_prices
+
+    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
@@ -767,6 +898,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     rows = [{
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
+        **{t.key: p.summary.get(t.key) for t in slo.percentile_ms},
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
         "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
@@ -790,7 +922,9 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
         typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
-                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  {row['why_not']}")
+                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
+                   + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
+                             for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:
         typer.echo(f"No rate meets the SLO: {found.binding}")
     elif found.at_least:

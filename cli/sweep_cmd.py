@@ -42,6 +42,7 @@ from kvsim.cli.options import (
     Preemption,
     ProfilePath,
     Reservation,
+    SloTargets,
     SwapSpace,
     ThinkTime,
     UsageContextOpt,
@@ -251,6 +252,7 @@ def sweep(
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
+    slo_targets: SloTargets = None,
     out: Annotated[Path | None, typer.Option(help="Table that gets one row per point as each finishes (every option and metric): a .csv file, or .parquet (needs pyarrow; rows collect in a hidden .NAME.rows.csv beside it until the last point is in).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
@@ -298,6 +300,12 @@ def sweep(
         refuse_irrelevant(pol, fields.get("allocator"), given)
         apply_engine_preset(fields, pol)  # every swept policy reads --engine-version (refused above otherwise)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from kvsim.reports.capacity import SLO, parse_slo_targets
+
+    slo = SLO.of(parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms))
+    slo_ttft_p95_ms, slo_tpot_p95_ms = slo.ttft_p95_ms, slo.tpot_p95_ms  # --slo ttft:p95:X is the shorthand
+    # other percentiles are computed by each point (a column only when asked: the point ids stay)
+    slo_columns = {"slo_percentiles": " ".join(t.spec for t in slo.percentile_ms)} if slo.percentile_ms else {}
     if resume and out is None:
         raise ConfigError("--resume needs --out (the table to finish)")
     if address is not None and executor is not ExecutorName.ray:
@@ -333,14 +341,14 @@ def sweep(
         model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
         _profiles(profile, len(model_specs) * len(gpu_specs)), seed_list,
         {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
-         "slo_tpot_p95_ms": slo_tpot_p95_ms}, zipped,
+         "slo_tpot_p95_ms": slo_tpot_p95_ms, **slo_columns}, zipped,
         batch_defaults=(fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None,
     )
     for point in plan.points:  # a request no step can hold: refused before any point runs
         if not point.does_not_fit and point.resolved is not None:
             check_sample_width(point.workload, point.resolved, {"--n": n, "--beam-width": beam_width})
     rows = _run(plan, table, resume, jobs, executor.value, address)
-    frame = summarize_points(pd.DataFrame(rows), plan.swept)
+    frame = summarize_points(pd.DataFrame(rows), plan.swept, {t.column: t.key for t in slo.percentile_ms})
     wl = plan.points[0].workload
     # the first point's requests (simcore.simulate's seed split), counted here so the lines do not
     # depend on which process ran the point
@@ -352,13 +360,14 @@ def sweep(
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)
     best: dict[str, int | None] | None = None  # model -> row of its cheapest passing point
-    if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
-        frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
+    if slo.targets:
+        frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms, slo.percentile_ms)
         best = _cheapest_by_model(frame, [m.name for m in model_specs])
     _print(frame, best, SWEEPABLE, as_json, {
         "model": ", ".join(m.name for m in model_specs), "gpu": ", ".join(g.name for g in gpu_specs),
         "workload": wl.describe(generation),
-        "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
+        "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms,
+                                    **({"targets": [t.spec for t in slo.targets]} if slo.percentile_ms else {})},
     }, out)
 
 

@@ -34,9 +34,9 @@ import numpy as np
 from kvsim.reports.capacity import (
     SLO,
     Capacity,
-    RateScaler,
     floor_grid_rate,
     max_sustainable_rate,
+    rate_scaler,
     run_against,
     summary_with_goodput,
 )
@@ -130,6 +130,19 @@ class Bounds:
     ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
     tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context (/ k + 1 speculating)
     rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
+    # per request (s): what the percentiles above are taken of, for a target at any percentile
+    per_request_s: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def at(self, target) -> float | None:
+        """The lower bound of a percentile target's value (ms; reports.capacity.Target): each
+        request's own lower bound, so any percentile of them bounds that percentile of the run
+        (order statistics are monotone). None where no bound is known (ITL)."""
+        if target.percentile == 95 and target.metric in ("ttft", "tpot"):
+            return self.ttft_p95_ms if target.metric == "ttft" else self.tpot_p95_ms
+        values = self.per_request_s.get(target.metric)
+        if values is None or not len(values):
+            return None
+        return 1000 * float(np.percentile(values, target.percentile))
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
@@ -165,8 +178,13 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     step1 = min(tpot_by_ctx.values())
     kv_seconds = float(np.mean(prompts * np.maximum(outputs - 1, 0))) * step1
     kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
+    # a request's end-to-end time is at least its prefill alone plus its other tokens at one
+    # decode step each (k + 1 tokens a step at best when speculating)
+    step_at = {c: tpot_by_ctx.get(c) or _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(prompts).tolist()}
+    per_out = np.array([step_at[c] for c in prompts.tolist()])
+    e2el = ttft + np.maximum(outputs - 1, 0) * per_out
     return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
-                  min(throughput_ub, kv_ub))
+                  min(throughput_ub, kv_ub), {"ttft": ttft, "tpot": tpot, "e2el": e2el})
 
 
 # -- assessing candidates ---------------------------------------------------------------------
@@ -215,7 +233,7 @@ class SearchTask:
 
 def run_search(task: SearchTask) -> Capacity:
     """The max sustainable rate of one replica (module-level so process pools can call it)."""
-    c, scaler = task.candidate, RateScaler(task.spec, task.take)
+    c, scaler = task.candidate, rate_scaler(task.spec, task.take)
     floor = floor_grid_rate(task.rate_floor, task.tolerance)
 
     def evaluate(rate: float) -> dict[str, Any]:
@@ -234,12 +252,8 @@ def assess(
     """Memory and single-step pruning; no simulation runs here."""
     from kvsim.simcore.config import resolve
 
-    scaler = RateScaler(spec, take)
-    arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
-    full_prompts = arrays.num_prompt_tokens.astype(np.int64)
-    prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
-    prompts = np.maximum(prompts, 1).astype(np.int64)
-    outputs = (arrays.num_output_tokens).astype(np.int64)
+    lengths = rate_scaler(spec, take).lengths(np.random.SeedSequence(seed).spawn(2)[0])
+    full_prompts, prompts, outputs = lengths.full_prompts, lengths.uncached_prompts, lengths.outputs
     out = []
     for c in candidates:
         price = prices.get(c.gpu.name)
@@ -261,15 +275,30 @@ def assess(
             continue
         profile = profile_for(c)
         bounds = single_step_bounds(c, profile, prompts[served], outputs[served])  # SLOs count served requests
+        if lengths.requests_per_unit != 1:  # sessions: the rate is sessions/s, each several requests
+            bounds = replace(bounds, rate_ub=bounds.rate_ub / lengths.requests_per_unit)
         a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
-        if slo.ttft_p95_ms is not None and bounds.ttft_p95_ms > slo.ttft_p95_ms:
-            a.status, a.reason = "prefill time", (
-                f"prefilling each prompt alone already gives TTFT p95 >= {bounds.ttft_p95_ms:,.0f} ms")
-        elif slo.tpot_p95_ms is not None and bounds.tpot_p95_ms > slo.tpot_p95_ms:
-            a.status, a.reason = "decode time", (
-                f"one decode step alone already takes {bounds.tpot_p95_ms:,.1f} ms at p95 context")
+        for target in slo.targets:  # the first one no load can meet prunes it
+            least = bounds.at(target)
+            if least is None or least <= target.limit_ms:
+                continue
+            a.status, a.reason = PRUNED[target.metric], _pruned_reason(target, least)
+            break
         out.append(a)
     return out
+
+
+PRUNED = {"ttft": "prefill time", "tpot": "decode time", "e2el": "request time"}  # status by metric
+
+
+def _pruned_reason(target, least: float) -> str:
+    """Why a target is out of reach on an idle replica (`least`: the bound, ms)."""
+    pct = f"p{target.name.split(' p')[1]}"
+    if target.metric == "ttft":
+        return f"prefilling each prompt alone already gives {target.name} >= {least:,.0f} ms"
+    if target.metric == "tpot":
+        return f"one decode step alone already takes {least:,.1f} ms at {pct} context"
+    return (f"prefill and one decode step per token alone already give {target.name} >= {least:,.0f} ms")
 
 
 def _floor(a: Assessment, best: dict[float, float]) -> float:
@@ -289,7 +318,13 @@ def search_all(
     """Search r1 for every live candidate, cheapest-looking first, in batches handed to `map_fn`
     (builtin map, or an executor's map); skip what its bound says cannot win."""
     live = [a for a in assessments if a.status == "searched"]
-    pending = list(live)
+    # candidates that differ only in their router run the same one-replica search (a router
+    # spreads requests over replicas; one replica has none): search one, share its answer
+    twins: dict[tuple, list[Assessment]] = {}
+    for a in live:
+        twins.setdefault(_search_key(a), []).append(a)
+    pending = [group[0] for group in twins.values()]
+    unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
     best = {t: math.inf for t in targets}
     cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
     done = 0
@@ -307,10 +342,11 @@ def search_all(
         while pending and len(group) < batch:
             a = pending.pop(0)
             if all(a.cost_lower_bound(t) > best[t] for t in targets):
-                a.status = "cost bound"
-                a.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} req/s per replica) it costs "
-                            f"more than a deployment already found")
-                done += 1
+                for twin in twins[_search_key(a)]:
+                    twin.status = "cost bound"
+                    twin.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} {unit} per replica) it "
+                                   f"costs more than a deployment already found")
+                    done += 1
                 continue
             group.append(a)
         tasks = []
@@ -319,18 +355,26 @@ def search_all(
             start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
             tasks.append(SearchTask(a.candidate, a.profile, spec, take, seed, slo, start, tolerance, cap, floor,
                                     GUESSED_STEP if found else None))
-        for a, capacity in zip(group, map_fn(run_search, tasks), strict=True):
-            a.capacity = capacity
-            if capacity.below_floor:
-                a.status = "cost bound"
-                a.reason = (f"sustains under {capacity.below_floor:.2f} req/s per replica, so it costs more "
-                            "than a deployment already found")
-            if capacity.max_rate > 0:
-                for t in targets:
-                    best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
-            done += 1
+        for first, capacity in zip(group, map_fn(run_search, tasks), strict=True):
+            for a in twins[_search_key(first)]:
+                a.capacity = capacity
+                if capacity.below_floor:
+                    a.status = "cost bound"
+                    a.reason = (f"sustains under {capacity.below_floor:.2f} {unit} per replica, so it costs more "
+                                "than a deployment already found")
+                if capacity.max_rate > 0:
+                    for t in targets:
+                        best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
+                done += 1
             if progress is not None:
                 progress(done, len(live))
+
+
+def _search_key(a: Assessment) -> tuple:
+    """What a one-replica search depends on: the candidate without its router."""
+    c = a.candidate
+    return (c.model.name, c.gpu.name, replace(c.config, router=EngineConfig().router),
+            getattr(a.profile, "sha256", None) or id(a.profile))
 
 
 def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
@@ -348,7 +392,7 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
-    scaler = RateScaler(spec_confirm)
+    scaler = rate_scaler(spec_confirm)
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
@@ -361,8 +405,8 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
 
 
 def mean_output_tokens(spec, seed: int) -> float:
-    arrays, _ = RateScaler(spec).draw(np.random.SeedSequence(seed).spawn(2)[0])
-    return float(np.mean(arrays.num_output_tokens * arrays.n))
+    """Output tokens per unit of rate: per request, or per session of a session workload."""
+    return rate_scaler(spec).lengths(np.random.SeedSequence(seed).spawn(2)[0]).output_tokens_per_unit
 
 
 def rows_for_target(
@@ -391,24 +435,35 @@ def rows_for_target(
         n, summary, reasons = confirm(a, first, target, spec_confirm, seed, slo)
         replicas[id(a)] = n
         checked[id(a)] = (summary, reasons, n - first)
-    rows = []
+    ranked = []
     for a in sorted(feasible, key=key):
-        row = _row(a, target, replicas[id(a)])
+        row = _row(a, target, replicas[id(a)], slo)
         if id(a) in checked:
             summary, reasons, extra = checked[id(a)]
+            row.update({t.column: summary.get(t.key) for t in slo.percentile_ms})
             row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
                         "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica"),
                         "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
             _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra)
+        ranked.append(row)
+    return target_rows(ranked, assessments, lambda a: _row(a, target, None, slo), target, out_tokens)
+
+
+def target_rows(ranked: list[dict[str, Any]], searched: list[Any], unsized_row: Callable[[Any], dict[str, Any]],
+                target: float, out_tokens: float) -> list[dict[str, Any]]:
+    """One target's table (aggregated here, disaggregated in reports.plan_disagg): the sized rows
+    in rank order, each with its $/M output tokens at the target, then a row for every candidate
+    with no rate at the SLO (`r1` <= 0; `unsized_row` makes it), saying why."""
+    for row in ranked:
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
-        rows.append(row)
-    for a in assessments:
-        if a.r1 <= 0:
-            row = _row(a, target, None)
-            if a.status == "searched":
-                row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
+    rows = list(ranked)
+    for c in searched:
+        if c.r1 <= 0:
+            row = unsized_row(c)
+            if c.status == "searched":
+                row["status"] = f"no rate meets the SLO: {c.capacity.binding}" if c.capacity else "not searched"
             rows.append(row)
     return rows
 
@@ -434,7 +489,7 @@ def _cell_value(name: str, value: Any) -> Any:
     return "off" if value is None else value.label
 
 
-def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
+def _row(a: Assessment, target: float, replicas: int | None, slo: SLO) -> dict[str, Any]:
     c = a.candidate
     row: dict[str, Any] = {"target_rate": target, "model": c.model.name,
                            **{k: _cell_value(k, v) for k, v in c.values}}
@@ -448,7 +503,8 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
             "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
             "status": "ok", "vllm_serve": _serve_line(c),
         })
-    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
+    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, **{t.column: None for t in slo.percentile_ms},
+                "confirmed": "-", "slo": slo.spec(),
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
                 # what priced its steps (none for a candidate pruned before pricing)
                 "profile_source": a.profile.source if a.profile is not None else None,
@@ -491,14 +547,23 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
     if "memory" in by:
         parts.append(f"memory binds for {len(by['memory'])} candidate(s) (e.g. {by['memory'][0].reason})")
     bounded = [a for a in assessments if a.bounds is not None]
-    if "prefill time" in by and bounded:
-        least = min(a.bounds.ttft_p95_ms for a in bounded)
-        parts.append(f"prefill time binds: on an idle replica TTFT p95 is at least {least:,.0f} ms "
-                     f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
-    if "decode time" in by and bounded:
-        least = min(a.bounds.tpot_p95_ms for a in bounded)
-        parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
-                     f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+    for metric, status in PRUNED.items():
+        if status not in by or not bounded:
+            continue
+        target = next((t for t in slo.targets if t.metric == metric and any(
+            (a.bounds.at(t) or 0.0) > t.limit_ms for a in by[status])), None)
+        if target is None:
+            continue
+        least = min(a.bounds.at(target) for a in bounded)
+        if metric == "ttft":
+            parts.append(f"prefill time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
+        elif metric == "tpot":
+            parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
+                         f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+        else:
+            parts.append(f"request time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(an E2EL SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
     searched = [a for a in by.get("searched", []) if a.capacity is not None and a.r1 <= 0]
     if searched:
         parts.append("searched candidates fail even at low load: "
@@ -609,7 +674,6 @@ def plan(
     batch_defaults: tuple[frozenset[str], str] | None = None,
 ) -> PlanResult:
     """Search, size and confirm (module docstring); deterministic for a given seed."""
-    import dataclasses
 
     if profile_for is None:
         from kvsim.profiles import default_profile
@@ -617,7 +681,7 @@ def plan(
         def profile_for(c: Candidate):
             return default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)
     take = min(search_requests, int(spec_confirm.num_requests))
     rows, answers, by_model, runs = [], [], {}, 0
     expanded = {model.name: expand(model, dims, base, batch_defaults) for model in models}
@@ -634,36 +698,56 @@ def plan(
             runs += sum(1 for r in target_rows if r["confirmed"] != "-")  # at least one run each
             rows += target_rows
             best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
-            answers.append({"model": model.name, "target_rate": target, "best": best,
+            answers.append({"model": model.name, "target_rate": target, "best": best, "slo": slo.describe(),
+                            **({"unit": "sessions/s"} if getattr(spec, "is_session", False) else {}),
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
     from kvsim.simcore.simulate import KVSIM_VERSION
 
     context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
                "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+               "rate_unit": "sessions/s" if getattr(spec, "is_session", False) else "req/s",
                "engine": base.to_dict(),  # every candidate's engine options, but for its own knobs
                "workload": spec.describe()}
     return PlanResult(rows, answers, by_model, runs, context)
 
 
+def sized(spec, requests: int):
+    """`spec` with at most `requests` requests: a session workload keeps whole sessions (about
+    `requests` turns, at least one session)."""
+    import dataclasses
+
+    if getattr(spec, "is_session", False):
+        per = spec.num_requests / int(spec.num_sessions)  # expected turns per session
+        return dataclasses.replace(spec, num_sessions=max(1, min(int(spec.num_sessions), math.ceil(requests / per))))
+    return dataclasses.replace(spec, num_requests=min(requests, int(spec.num_requests)))
+
+
 def answer_line(answer: dict[str, Any], slo: SLO) -> str:
     best = answer["best"]
-    head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+    unit = answer.get("unit", "req/s")
+    head = f"{answer['model']} at {answer['target_rate']:g} {unit} with {slo.text()}: "
     if best is None:
         return head + "nothing meets the SLO. " + answer["why_none"]
     knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
     return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
             f"${best['usd_per_hour']:,.2f}/h, sustains "
             f"{'under ' if best.get('max_rate_bound') else 'at least ' if best.get('capped') else '~'}"
-            f"{best['max_rate']:.1f} req/s ({'under ' if best.get('max_rate_bound') else ''}"
+            f"{best['max_rate']:.1f} {unit} ({'under ' if best.get('max_rate_bound') else ''}"
             f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
-            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
+            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} {unit} "
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms{_measured(best, slo)}); "
+            f"step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
 
 
+def _measured(best: dict[str, Any], slo: SLO) -> str:
+    """The confirmation's values of the targets beyond the two p95s the line always shows."""
+    return "".join(f", {t.name} {best[t.column]:,.1f} ms" for t in slo.percentile_ms if best.get(t.column) is not None)
+
+
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
-          "quantization", "pipeline_parallel_size", "speculative_config")
+          "quantization", "pipeline_parallel_size", "speculative_config", "router", "kv_offloading_size")
 
 
 def capacity_figure(result: PlanResult, path) -> None:

@@ -248,17 +248,23 @@ def plan_sweep(
 _SHORT = {k: col for k, (_, col) in SWEEPABLE.items()}
 
 
-def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
+def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per grid cell in grid order: the swept values, then each metric's mean over seeds;
-    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval) and `seeds`."""
+    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval) and `seeds`.
+    `extra` (printed column -> row column) adds metrics after the p95s, e.g. an SLO's p99."""
     import pandas as pd
 
+    sources = METRIC_SOURCES
+    if extra:
+        at = list(METRIC_SOURCES).index("tpot_p95_ms") + 1
+        items = list(METRIC_SOURCES.items())
+        sources = dict([*items[:at], *extra.items(), *items[at:]])
     out = []
     for _, group in rows.sort_values(["point", "seed"], kind="stable").groupby("point", sort=True):
         first = group.iloc[0]
         row: dict[str, Any] = {_SHORT[k]: _plain(first[k]) for k in swept}
         many = len(group) > 1
-        for col, src in METRIC_SOURCES.items():
+        for col, src in sources.items():
             if src not in group.columns:
                 row[col] = None
                 continue
@@ -290,13 +296,16 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> pd.DataFrame:
-    """A `meets_slo` column before `regime`: every given p95 target met (a point that did not run
-    never meets it)."""
+def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None,
+            others: Sequence[Any] = ()) -> pd.DataFrame:
+    """A `meets_slo` column before `regime`: every given p95 target met, and every other
+    percentile target (`others`: reports.capacity.Target, their columns from `summarize_points`'
+    `extra`); a point that did not run never meets it."""
     ok = frame["output_tok_s"].notna()
     if "load" in frame.columns:  # an overloaded point's percentiles only grow with a longer run
         ok &= frame["load"].ne("overloaded")
-    for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms)):
+    for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms),
+                       *((t.column, t.limit_ms) for t in others)):
         if limit is not None:
             ok &= frame[col].astype(float).le(limit).fillna(False)
     frame = frame.copy()

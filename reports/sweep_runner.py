@@ -79,6 +79,12 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
+    if point.options.get("slo_percentiles"):  # targets beyond the summary's p95 / p99 (kvsim sweep --slo)
+        from kvsim.reports.capacity import SLO, parse_slo_targets, summary_with_goodput
+
+        slo = SLO.of(parse_slo_targets([point.options["slo_percentiles"]]))
+        values = summary_with_goodput(result, slo)
+        row.update({t.key: values[t.key] for t in slo.targets if values.get(t.key) is not None})
     row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
                 "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
     return row

@@ -226,8 +226,11 @@ def _drive(lib, handle, sim, progress, fold: bool) -> Any:
         if rc == fastcore._DONE:
             break
         if rc == _STALL:
-            raise RuntimeError("simulation stalled: the only running request cannot grow while KV blocks held for "
-                               "transfers (disaggregated prefill/decode) fill the rest of the cache")
+            from kvsim.simcore.errors import StalledError
+
+            raise StalledError("simulation stalled: the only running request cannot grow while blocks of requests that do "
+                               "not run (KV being loaded, or kept for a transfer) fill the rest of the cache; give the "
+                               "instance more KV cache")
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
     tables["decode"].upto(out.num_arrived)
     tables["prefill"].upto(tables["prefill"].fed + sum(len(p) for p in tables["prefill"].pending))

@@ -17,6 +17,7 @@ from kvsim.profiles import default_profile
 from kvsim.simcore import ccore
 from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.disagg import LinkSpec, link_spec, prepare_disagg
+from kvsim.simcore.errors import StalledError
 from kvsim.simcore.specs import EngineConfig
 from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
 from tests.test_fastcore_equivalence import ArraysWorkload
@@ -135,7 +136,7 @@ def test_core_matches_the_python_reference(block):
         configs, workload, link = _random_case(np.random.default_rng(case))
         if case in STALLS:  # both engines stop the same way
             for core in ("c", "python"):
-                with pytest.raises(RuntimeError, match="simulation stalled"):
+                with pytest.raises(StalledError, match="simulation stalled"):
                     _run(TINY, configs, workload, _tiny_profiles(), case, link, core)
             continue
         core, _ = compare(TINY, configs, workload, _tiny_profiles(), seed=case, link=link, context=f"case {case}")

@@ -195,7 +195,8 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
 
 
 @pytest.mark.parametrize("args, words", [
-    (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1"], "session"),
+    (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on"],
+     "session"),  # (plan sizes sessions aggregated: tests/test_plan_sessions.py)
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),

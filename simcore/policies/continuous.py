@@ -140,9 +140,12 @@ class ContinuousPagedPolicy:
         running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
         if plan.num_preempted:
             if not plan.num_scheduled:  # (the compiled core stops the same way: KV_STALL)
-                raise RuntimeError(
-                    "simulation stalled: the only running request cannot grow while KV blocks held for "
-                    "transfers (disaggregated prefill/decode) fill the rest of the cache")
+                from kvsim.simcore.errors import StalledError
+
+                raise StalledError(
+                    "simulation stalled: the only running request cannot grow while blocks of requests that do "
+                    "not run (KV being loaded, or kept for a transfer) fill the rest of the cache; give the "
+                    "instance more KV cache")
             return plan
         if queues.swapped:
             running = list(queues.running) if running is None else running
