@@ -445,6 +445,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.step_n = 0
 
     while True:
+        # a watch (plan's early stop) checks every few rows: the core returns once the rows up to
+        # its next check are out (at most one event's rows, m, past them), not when the buffer fills
+        left = records.rows_to_watch()
+        out.req_cap = len(req) if left is None else min(len(req), left + m)
         rc = lib.kv_engine_run(handle, ctypes.byref(out))
         if rc == _NEED_INPUT:
             try:
