@@ -407,11 +407,7 @@ def _speculative(text: str | None) -> list:
         return []
     from kvsim.simcore.speculative import parse_speculative_configs
 
-    specs = parse_speculative_configs(text)
-    if any(s is not None and s.method == "draft_model" for s in specs):
-        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
-                          "use an eagle / eagle3 / mtp / ngram config")
-    return specs
+    return parse_speculative_configs(text)
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):

@@ -390,6 +390,7 @@ def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
 
 def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int, slo: SLO) -> tuple[int, dict, list[str]]:
     """Run `replicas` (then more, if needed) behind the router at the target rate."""
+    from kvsim.profiles import draft_profile
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
@@ -397,7 +398,8 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
-        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
+        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed,
+                          draft_profile=draft_profile(c.gpu, config, a.profile))
         summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
