@@ -273,10 +273,16 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
-        if scaling is not None and max_replicas is None:  # the pool is the fleet (simcore.autoscale)
+        if scaling is not None:  # the pool is the fleet, in its order (simcore.autoscale)
             from dataclasses import replace
 
-            scaling = replace(scaling, max_replicas=sum(n for _, _, n in fleet_groups))
+            total = sum(n for _, _, n in fleet_groups)
+            if max_replicas is not None and max_replicas != total:
+                raise ConfigError(f"--autoscale over a --fleet scales its {total} replicas: --max-replicas must be "
+                                  f"{total} (or left out), got {max_replicas}")
+            if scaling.min_replicas > total:
+                raise ConfigError(f"--min-replicas ({scaling.min_replicas}) is more than the fleet's {total} replicas")
+            scaling = replace(scaling, max_replicas=total)
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
