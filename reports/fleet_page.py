@@ -122,7 +122,8 @@ def autoscale_answer(fleet: dict[str, Any]) -> str:
     known = [h for h in fleet["hourly"] if h["attainment"] is not None]
     if known:
         worst = min(known, key=lambda h: h["attainment"])
-        text += f" Worst hour: {_pct(worst['attainment'])} (hour {worst['hour']})."
+        text += (f" Worst hour: {_pct(worst['attainment'])} (hour {worst['hour']})." if worst["attainment"] < 1
+                 else " Every hour: 100%.")
     for row in fleet.get("static", []):
         cost = f", {_usd(row['usd_per_day'])}/day" if row["usd_per_day"] is not None else ""
         text += (f" A static fleet sized for {row['sized_for']} ({row['replicas']} replicas): "
@@ -144,7 +145,7 @@ def autoscale_page(document: dict[str, Any], figure: Path) -> str:
     formats.update({"mean_active_replicas": lambda v: f"{float(v):.2f}", "from_s": lambda v: f"{float(v):g}",
                     "to_s": lambda v: f"{float(v):g}"})
     known = hourly["attainment"].dropna()
-    worst = int(known.astype(float).idxmin()) if len(known) else None
+    worst = int(known.astype(float).idxmin()) if len(known) and known.min() < 1 else None
     classes = ["best" if i == worst else "" for i in range(len(hourly))]
     costs = cost_rows(fleet)
     cost_formats = {"gpu_hours": lambda v: f"{float(v):.2f}", "usd": _usd, "usd_per_day": _usd, "attainment": share}
@@ -164,7 +165,7 @@ def autoscale_page(document: dict[str, Any], figure: Path) -> str:
         "whole run, the autoscaled one for every replica from its start request to the end of its drain.</p>",
         "<h2>SLO attainment per hour</h2>",
         html.table(hourly, formats, classes, key=["hour"], lift_constants=False),
-        '<p class="note">Highlighted: the worst hour. Attainment: share of the hour\'s requests (by arrival) '
+        '<p class="note">Highlighted: the worst hour (if any missed). Attainment: share of the hour\'s requests (by arrival) '
         "meeting both SLO limits.</p>",
         "<h2>Replicas over time</h2>",
         html.figure(figure, "Top: active replicas (solid) and paid ones incl. starting and draining (dashed) over "

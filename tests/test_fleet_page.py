@@ -106,3 +106,32 @@ def test_a_plain_run_writes_no_page(tmp_path: Path):
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
     assert np.isfinite(json.loads((tmp_path / "p" / "summary.json").read_text())["output_throughput"])
+
+
+def test_an_overloaded_fleet_says_so_in_its_answer(tmp_path: Path):
+    """60 req/s on one H100 and one A100 (llama3-8b): the queue grows, and the page's answer is marked."""
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["run", "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1", "--rate", "60",
+                                      "--num-requests", "1500", "--no-error-bars", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["saturation"] == "overloaded"
+    dom, log = render(out / "fleet.html")
+    assert console_errors(log) == []
+    answer = re.search(r'<p class="answer">(.*?)</p>', dom, re.S).group(1)
+    mark = re.search(r'<span class="mark overloaded">([^<]*)</span>', answer)
+    assert mark and f"{doc['offered_rate']:.2f} req/s offered" in mark.group(1)
+
+
+def test_the_answer_names_the_worst_hour_and_a_missing_price():
+    from kvsim.reports.fleet_page import autoscale_answer
+
+    fleet = {"config": {"min_replicas": 1, "max_replicas": 4, "metric": "inflight", "target": 32.0},
+             "slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0}, "gpu_hours": 0.5, "usd_per_day": None, "attainment": 0.97,
+             "hourly": [{"hour": 0, "requests": 10, "attainment": 1.0}, {"hour": 1, "requests": 30, "attainment": 0.9},
+                        {"hour": 2, "requests": 0, "attainment": None}],
+             "static": [{"sized_for": "the peak", "replicas": 3, "gpu_hours": 0.8, "usd_per_day": None,
+                         "attainment": 1.0}], "saving_vs_peak_fleet": 1 - 0.5 / 0.8}
+    text = autoscale_answer(fleet)
+    assert "Worst hour: 90.0% (hour 1)." in text and "for 97.0% of requests" in text
+    assert "no price" in text and "38% fewer GPU-hours than the peak fleet" in text
