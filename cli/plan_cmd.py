@@ -517,16 +517,19 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
+    version = result.context.get("engine_version")
+    if version is not None:  # every candidate's row says it (plan.csv)
+        for row in result.rows:
+            row.setdefault("engine_version", version)
+        if result._table is not None and "engine_version" not in result._table.columns:  # a table made already
+            result.table = result._table.assign(engine_version=version)
     records = result.records()  # without pandas (its import is a third of a small plan's process)
     unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
-    version = result.context.get("engine_version")
     engine = f"engine {_engine_words(result.context)}; " if version is not None else ""
     note = (f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
             "roofline profiles]")
-    if version is not None and "engine_version" not in table.columns:  # every candidate's (plan.csv)
-        table = result.table = table.assign(engine_version=version)
     doc = {
         "answers": [{**a, "confidence": conf, "engine_version": version, "line": answer_line(a, slo) + note}
                     for a in result.answers],
