@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.simcore.errors import ConfigError
-from kvsim.simcore.metrics import p_word
+from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE, p_word
 from kvsim.simcore.request import RequestSink
 
 DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
@@ -143,6 +143,9 @@ class SLO:
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
+        elif summary.get("sessions_overloaded"):
+            reasons.append(f"overloaded (queueing delay grows {summary['queue_wait_slope']:.2f} s per s; a "
+                           "session's turns wait on its answers, so they arrive no faster than it is served)")
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:
             value, limit = summary.get(target.key), target.limit_ms
@@ -348,6 +351,12 @@ class SessionRateScaler:
     ceil(take / mean turns per session) sessions. `at(rate)` is a `simcore.request.Workload`."""
 
     unit = "sessions/s"
+    # A run must reach the steady state: at a session rate r, about r x lifetime sessions are
+    # in flight at once (lifetime >= (turns - 1) x think time), so a run of fewer sessions than
+    # that measures a ramp that never fills the server. Each run starts sessions over at least
+    # STEADY_LIFETIMES lifetimes (more sessions at higher rates), at most MAX_RUN_TURNS turns.
+    STEADY_LIFETIMES = 3.0
+    MAX_RUN_TURNS = 50_000
 
     def __init__(self, spec, take: int | None = None):
         from kvsim.workloads.arrivals import GammaArrivals, TraceArrivals
@@ -367,17 +376,28 @@ class SessionRateScaler:
         import dataclasses
 
         sessions = int(spec.num_sessions)
+        self.turns_per_session = spec.num_requests / sessions  # expected
         if take is not None:
-            per = spec.num_requests / sessions  # expected turns per session
-            sessions = min(sessions, max(1, math.ceil(take / per)))
+            sessions = min(sessions, max(1, math.ceil(take / self.turns_per_session)))
         self.spec = dataclasses.replace(spec, num_sessions=sessions)
+        think = float(np.mean(spec.trace.think_s)) if spec.trace is not None and spec.trace.think_s is not None \
+            else float(spec.think_time_s)
+        self.lifetime_s = max(self.turns_per_session - 1.0, 0.0) * think  # a lower bound: answers take time too
+        self.most = None if spec.trace is None else len(spec.trace.sessions())
+
+    def sessions_at(self, rate: float) -> int:
+        """Sessions a run at `rate` starts: the scaler's, or enough to reach the steady state."""
+        steady = math.ceil(self.STEADY_LIFETIMES * rate * self.lifetime_s)
+        cap = max(1, int(self.MAX_RUN_TURNS / max(self.turns_per_session, 1.0)))
+        n = max(int(self.spec.num_sessions), min(steady, cap))
+        return n if self.most is None else min(n, self.most)
 
     def at(self, rate: float):
         import dataclasses
 
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"rate must be a finite number > 0, got {rate}")
-        return dataclasses.replace(self.spec, start_scale=self.base / rate)
+        return dataclasses.replace(self.spec, num_sessions=self.sessions_at(rate), start_scale=self.base / rate)
 
     def lengths(self, seed: np.random.SeedSequence) -> Lengths:
         """Every turn the sessions would send. A turn's uncached part is its new user tokens (the
@@ -610,6 +630,11 @@ def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
     from kvsim.simcore.metrics import goodput
 
     summary = dict(result.summary)
+    slope = summary.get("queue_wait_slope")
+    if "sessions" in result.record.get("workload", {}) and slope is not None and slope > OVERLOAD_WAIT_SLOPE:
+        # turns arrive only after their answers: an overloaded server slows its own arrivals, so
+        # completed keeps up with offered; the queue that keeps growing is what shows it
+        summary["sessions_overloaded"] = True
     missing = [t for t in slo.targets if t.key not in summary]  # the summary has p95 and p99
     if missing:
         from kvsim.simcore.metrics import metric_stats
