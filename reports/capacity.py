@@ -24,7 +24,12 @@ on the deployment or the SLO, a pass/fail that is monotone in the rate gives an 
 is monotone too: a looser SLO or a faster GPU never lands on a lower grid point.
 
 A rate passes when the run was judged not overloaded (simcore.metrics.saturation: `sustained`;
-`n/a`, a run too short to tell, fails) and every SLO held.
+`n/a`, a run too short to tell, fails) and every SLO held. SLOs are percentile targets of any
+metric vLLM reports (TTFT, TPOT, ITL, E2EL) at any percentile (`Target`: --slo ttft:p99:800),
+plus per-request goodput (vLLM's --goodput).
+
+A multi-turn session workload is scaled in sessions/s (SessionRateScaler): only the session start
+times are rescaled; each session's turns still wait for their answers plus their think times.
 """
 
 from __future__ import annotations
