@@ -149,8 +149,8 @@ class SLO:
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
         elif summary.get("sessions_overloaded"):
-            reasons.append(f"overloaded (queueing delay grows {summary['queue_wait_slope']:.2f} s per s; a "
-                           "session's turns wait on its answers, so they arrive no faster than it is served)")
+            reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
+                           "sessions start; their turns wait on answers, so turns alone do not show it)")
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:
             value, limit = summary.get(target.key), target.limit_ms
@@ -630,16 +630,41 @@ def _extrapolate(margins: dict[int, float], side: list[int], per_step: float) ->
     return k - margins[k] / slope
 
 
-def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
-    """A run's summary plus goodput against the SLO's per-request targets, if any."""
+def session_queue_slope(result, workload, seed: int) -> float | None:
+    """How fast turns' queueing delay grows (s per s) while sessions are still starting, or None.
+
+    A session's next turn waits for its answer, so an overloaded server slows its own arrivals:
+    completed turns keep pace with offered ones, and once starts end the sessions drain as a
+    closed loop. What overload does show is the queue growing while sessions keep starting
+    faster than they finish; the fit skips the first WARMUP_SHARE of that window, as
+    simcore.metrics.saturation does."""
+    from kvsim.simcore.metrics import MIN_JUDGED_REQUESTS, WARMUP_SHARE
+
+    if not getattr(workload, "is_session", False) or not result.records.kept:
+        return None
+    starts = [r.arrival_s for r in workload.draw(np.random.SeedSequence(seed).spawn(2)[0])[0] if r.turn == 1]
+    if not starts:
+        return None
+    last = max(starts)
+    cols = result.records.columns()
+    arrival, scheduled = cols["arrival_s"], cols["first_scheduled_s"]
+    window = (scheduled >= 0) & (arrival >= WARMUP_SHARE * last) & (arrival <= last)
+    if window.sum() < MIN_JUDGED_REQUESTS or np.ptp(arrival[window]) <= 0:
+        return None
+    return float(np.polyfit(arrival[window], (scheduled - arrival)[window], 1)[0])
+
+
+def summary_with_goodput(result, slo: SLO, workload=None, seed: int | None = None) -> dict[str, Any]:
+    """A run's summary plus goodput against the SLO's per-request targets, if any, the
+    percentiles the SLO names, and for a session workload (with its seed) whether its queue grew
+    while sessions started (`session_queue_slope`, `sessions_overloaded`)."""
     from kvsim.simcore.metrics import goodput
 
     summary = dict(result.summary)
-    slope = summary.get("queue_wait_slope")
-    if "sessions" in result.record.get("workload", {}) and slope is not None and slope > OVERLOAD_WAIT_SLOPE:
-        # turns arrive only after their answers: an overloaded server slows its own arrivals, so
-        # completed keeps up with offered; the queue that keeps growing is what shows it
-        summary["sessions_overloaded"] = True
+    slope = None if seed is None else session_queue_slope(result, workload, seed)
+    if slope is not None:
+        summary["session_queue_slope"] = slope
+        summary["sessions_overloaded"] = slope > OVERLOAD_WAIT_SLOPE
     missing = [t for t in slo.targets if t.key not in summary]  # the summary has p95 and p99
     if missing:
         from kvsim.simcore.metrics import metric_stats
@@ -708,7 +733,7 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
         result = sim.run(watch)
     except RunStopped as stop:
         return {**stop.value, "engine_core": stop.engine_core}
-    return {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+    return {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
 
 
 def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:

@@ -402,8 +402,9 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
-        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
-        summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+        workload = scaler.at(target)
+        result = simulate(c.model, c.gpu, config, workload, a.profile, seed=seed)
+        summary = {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
             return n, summary, []

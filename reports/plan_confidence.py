@@ -29,9 +29,9 @@ def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, s
 
     c = a.candidate
     config = replace(c.config, data_parallel_size=replicas)
-    result = simulate(c.model, c.gpu, config, rate_scaler(spec_confirm).at(target), scaled_profile(a.profile, factor),
-                      seed=seed)
-    return not slo.failures(summary_with_goodput(result, slo))
+    workload = rate_scaler(spec_confirm).at(target)
+    result = simulate(c.model, c.gpu, config, workload, scaled_profile(a.profile, factor), seed=seed)
+    return not slo.failures(summary_with_goodput(result, slo, workload, seed))
 
 
 def slo_probability(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any,
