@@ -182,7 +182,7 @@ def run(
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
-    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
+    from kvsim.profiles import check_profile_matches, default_profile, draft_profile, load_named_profile
     from kvsim.workloads import load_workload
 
     disagg = {name: value for name, value in (
@@ -194,7 +194,7 @@ def run(
         given_layout = [flag for flag, name in (("--gpu", "gpu"), ("--tp", "tp"), ("--dp", "dp"), ("--pp", "pp"),
                                                 ("--profile", "profile"))
                         if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        for flag, on in (("--autoscale", autoscale), ("--find-max-rate", find_max_rate), ("--save-result", save_result),
+        for flag, on in (("--find-max-rate", find_max_rate), ("--save-result", save_result),
                          ("--speculative-config", speculative_config is not None), ("disaggregation", bool(disagg))):
             if on:
                 given_layout.append(flag)
@@ -273,6 +273,16 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
+        if scaling is not None:  # the pool is the fleet, in its order (simcore.autoscale)
+            from dataclasses import replace
+
+            total = sum(n for _, _, n in fleet_groups)
+            if max_replicas is not None and max_replicas != total:
+                raise ConfigError(f"--autoscale over a --fleet scales its {total} replicas: --max-replicas must be "
+                                  f"{total} (or left out), got {max_replicas}")
+            if scaling.min_replicas > total:
+                raise ConfigError(f"--min-replicas ({scaling.min_replicas}) is more than the fleet's {total} replicas")
+            scaling = replace(scaling, max_replicas=total)
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
@@ -309,12 +319,7 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
         prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
-    draft_prof = None
-    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
-        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
-    if draft_prof is not None and find_max_rate:
-        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
-                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
+    draft_prof = draft_profile(gpu_spec, config)  # a draft_model is priced from its own profile
 
     from kvsim.reports.capacity import SLO
 
@@ -325,7 +330,9 @@ def run(
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = None if disagg else resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
+    out_files = (("rates.csv", "max_rate.json") if find_max_rate else
+                 (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
+                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -341,7 +348,7 @@ def run(
         return
     if fleet_groups is not None:
         _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
-                   metrics)
+                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -414,15 +421,14 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
         raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
 
 
-def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics):
-    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py)."""
+def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics,
+               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None):
+    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py);
+    with --autoscale, the fleet is the autoscaler's pool in its order (simcore.autoscale)."""
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.fleet import fleet_cost_per_hour
     from kvsim.simcore.simulate import prepare
 
-    if engine_core is EngineCore.c:
-        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
-                          "GPU types or TPs)")
     first, profile, _ = groups[0]
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)
@@ -437,20 +443,84 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
     say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
         + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of the fleet, started in its order "
+            f"(drained in reverse), metric {scaling.metric} target {scaling.target:g}, every {scaling.interval_s:g} s")
     with run_staging(out) as staging:
         progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
         try:
             sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
                           exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
-                          fleet=groups)
+                          fleet=groups, autoscale=scaling)
             result = sim.run()
         finally:
             progress.stop()
         result.record["fleet_usd_per_hour"] = usd
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
+                                     prices)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result))
+                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result),
+                        fleet=fleet)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _prefix(groups, replicas: int) -> list:
+    """The first `replicas` replicas of a fleet, in its order (a static fleet the autoscaler's
+    priority would have kept up)."""
+    out, left = [], replicas
+    for cfg, prof, n in groups:
+        if left <= 0:
+            break
+        out.append((cfg, prof, min(n, left)))
+        left -= n
+    return out
+
+
+def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices):
+    """An autoscaled fleet's section (as `_fleet` makes it for one GPU type): each replica billed for
+    its own GPUs at its group's price (or --autoscale-config's one price), and static fleets of the
+    first peak / mean replicas in the fleet's order run on the same workload."""
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.simulate import prepare
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, "")
+    per_replica = [(cfg.engine.tensor_parallel_size * cfg.engine.pipeline_parallel_size,
+                    extras.get("price_usd_per_gpu_hour", prices.get(cfg.gpu.name))) for cfg, _, n in groups for _ in range(n)]
+    priced = all(price is not None for _, price in per_replica)
+    duration = fleet["duration_s"]
+
+    def usd(hours: list[float]) -> float | None:
+        return sum(h * g * p for h, (g, p) in zip(hours, per_replica, strict=False)) if priced else None
+
+    fleet["usd"] = usd(fleet["replica_hours"])
+    fleet["usd_per_day"] = None if fleet["usd"] is None or duration <= 0 else fleet["usd"] * 86400.0 / duration
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        part = _prefix(groups, replicas)
+        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part).run()
+        hours = float(static.summary.get("duration_s") or 0.0) / 3600.0
+        gpus = sum(g for g, _ in per_replica[:replicas])
+        row = static_row(static, replicas, 1, fleet["slo"]["ttft_ms"], fleet["slo"]["tpot_ms"], None, fleet["hour_s"])
+        row["gpu_hours"] = gpus * hours
+        row["usd"] = usd([hours] * replicas)
+        static_s = float(static.summary.get("duration_s") or 0.0)
+        row["usd_per_day"] = None if row["usd"] is None or static_s <= 0 else row["usd"] * 86400.0 / static_s
+        rows.append({"sized_for": sized_for, **row})
+    fleet["static"] = rows
+    peak = rows[0]["usd"] if priced else rows[0]["gpu_hours"]
+    mine = fleet["usd"] if priced else fleet["gpu_hours"]
+    fleet["saving_vs_peak_fleet"] = None if not peak else 1.0 - mine / peak
+    fleet["saving_basis"] = "usd" if priced else "gpu_hours"  # GPU-hours of different GPUs are not one price
+    return fleet
 
 
 def _fleet_lines(result) -> str:
@@ -774,6 +844,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
         document["autoscale"] = fleet
         files["autoscale.png"] = lambda path: write_figure(fleet, path)
+        files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
+    elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
+        files["fleet.html"] = lambda path: _fleet_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -786,10 +859,31 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
             typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
-            typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+            typer.echo(f"Wrote {out}/{', '.join(files)}")
         if result_file is not None:
             typer.echo(f"Wrote {result_file}")
     return fatal
+
+
+def _autoscale_html(document: dict, fleet: dict, path: Path) -> None:
+    """autoscale.html: the page of reports.fleet_page, with the figure drawn for it."""
+    import tempfile
+
+    from kvsim.cli.autoscale_out import write_figure
+    from kvsim.reports.fleet_page import autoscale_page
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        png = Path(tmp) / "autoscale.png"
+        write_figure(fleet, png)
+        path.write_text(autoscale_page(document, png))
+
+
+def _fleet_html(document: dict, result, path: Path) -> None:
+    """fleet.html: what each GPU group of a --fleet run served (reports.fleet_page)."""
+    from kvsim.reports.fleet_page import fleet_page, group_rows
+    from kvsim.reports.prices import load_prices
+
+    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
 
 
 def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:

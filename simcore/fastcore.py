@@ -102,6 +102,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_steps.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P, _P]
     lib.kv_engine_itl.restype = ctypes.c_long
     lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
+    lib.kv_engine_set_replica.restype = ctypes.c_int
+    lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
+    lib.kv_engine_autoscale.restype = ctypes.c_int
+    lib.kv_engine_autoscale.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _P]
+    lib.kv_engine_fleet.restype = ctypes.c_long
+    lib.kv_engine_fleet.argtypes = [ctypes.c_void_p, _P, lp, lp, _P]
     lib.kv_engine_spec.restype = ctypes.c_int
     lib.kv_engine_spec.argtypes = [ctypes.c_void_p, ctypes.POINTER(_SpecConfig), _P, ctypes.POINTER(ctypes.c_ulong),
                                    ctypes.c_void_p]
@@ -121,13 +127,10 @@ def unsupported(sim: Any) -> str:
         return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
     if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
         return "the CPU KV tier (--kv-offloading-size)"
-    if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
+    proxied = getattr(sim, "behind_proxy", False)  # a disaggregated run's pool: the proxy routes (fastcore_disagg)
+    if len(sim.replicas) > 1 and not proxied and getattr(getattr(sim.config, "engine", None), "router", "") in (
             "prefix-aware", "session-affinity"):
         return f"--router {sim.config.engine.router}"
-    if getattr(sim, "fleet", None) is not None:
-        return "a heterogeneous fleet (replicas of several GPU types or TPs)"
-    if getattr(sim, "autoscaler", None) is not None:
-        return "autoscaling (replicas started and drained during the run)"
     spec_reason = _speculative_unsupported(sim)
     if spec_reason:
         return spec_reason
@@ -138,13 +141,17 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
-    if len(engines) > 1 and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
-                                 and sim.sink.engines == engines):
+    autoscaler = getattr(sim, "autoscaler", None)
+    if autoscaler is not None:  # csrc/fleet.c: the autoscaler and its least-loaded router over the active replicas
+        if sim.sink is not autoscaler or autoscaler.engines != engines:
+            return "an autoscaler that does not route the run's replicas"
+    elif len(engines) > 1 and not proxied and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
+                                                   and sim.sink.engines == engines):
         return "data parallelism behind a router the C core does not have"
     engine = engines[0]
     if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
-    if type(sim.latency).__name__ != "StepLatencyModel":
+    if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
         return "pipeline parallelism"
     if engine.lifecycle.token_times is not None:
         return "per-request token times (--save-result)"
@@ -255,8 +262,6 @@ def run(sim: Any, progress=None) -> Any:
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
-    from kvsim.simcore import metrics as metrics_module
-    from kvsim.simcore import records as records_module
 
     if getattr(sim, "disagg", None) is not None:
         from kvsim.simcore import fastcore_disagg
@@ -266,33 +271,39 @@ def run(sim: Any, progress=None) -> Any:
     _declare(lib)
     engines = sim.replicas
     engine = engines[0]
-    policy, recorder, latency = engine.policy, engine.recorder, sim.latency
-    alloc = policy.allocator
+    latency = sim.latency
     dp = len(engines)
+    autoscaler = getattr(sim, "autoscaler", None)
     clients = _clients(sim.workload)
     fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
+    hold = engine.hold_at if dp == 1 and autoscaler is None else _NO_HOLD  # a router has no hold_arrivals
+    router = _ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
     speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
-    cfg = _Config(
-        policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
-        alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, int(not speculative),
-        int(policy.swap),
-        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
-        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
-        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
-    )
-    blob = ccore.pricing_blob(latency)
-    pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
-    if not pricing:
-        raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
-    handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
+    configs = [_config(e, hold, dp, router, clients, fold, speculative) for e in engines]
+    pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
+    handle = None
     draft = None
     try:
+        for e in engines:
+            if id(e.latency) not in pricings:
+                blob = ccore.pricing_blob(e.latency)
+                pricings[id(e.latency)] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+                if not pricings[id(e.latency)]:
+                    raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
+        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(engine.latency)])
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
+        for index, e in enumerate(engines):  # a heterogeneous fleet: each replica its own sizes and prices
+            if index and (bytes(configs[index]) != bytes(configs[0]) or e.latency is not engine.latency):
+                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(e.latency)]):
+                    raise MemoryError("kvsim: the C engine core could not allocate a replica")
+        if autoscaler is not None:
+            _autoscale(lib, handle, autoscaler)
         if speculative:
             draft = _set_speculative(lib, handle, engines)
         stats = _drive(lib, handle, sim, engines, latency, progress, fold)
+        if autoscaler is not None:
+            _collect_fleet(lib, handle, autoscaler)
         if speculative:
             _collect_speculative(lib, handle, engines)
         return stats
@@ -303,10 +314,69 @@ def run(sim: Any, progress=None) -> Any:
             _reset_stores(engines)
         raise
     finally:
-        lib.kv_engine_free(handle)
-        lib.kv_pricing_free(pricing)
+        if handle:
+            lib.kv_engine_free(handle)
+        for pricing in pricings.values():
+            if pricing:
+                lib.kv_pricing_free(pricing)
         if draft:
             lib.kv_pricing_free(draft)
+
+
+def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, speculative: bool) -> _Config:
+    """One replica's kv_engine_config (engine.h): its policy's limits, its KV cache and swap space."""
+    from kvsim.simcore import metrics as metrics_module
+    from kvsim.simcore import records as records_module
+
+    policy, recorder = engine.policy, engine.recorder
+    alloc = policy.allocator
+    return _Config(
+        policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
+        alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
+        hold, recorder.kv_capacity, recorder.kv_unit, int(not speculative), int(policy.swap),
+        alloc.cpu.num_blocks, dp, router, clients,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
+    )
+
+
+class _AutoscaleConfig(ctypes.Structure):  # csrc/fleet.h kv_autoscale_config
+    _fields_ = [("min_replicas", ctypes.c_long), ("metric", ctypes.c_long)] + [
+        (name, ctypes.c_double) for name in ("target", "interval_s", "tolerance", "scale_up_cooldown_s",
+                                             "scale_down_cooldown_s")]
+
+
+_METRICS = {"inflight": 0, "kv": 1}  # fleet.h KV_METRIC_*
+_STATES = ("off", "starting", "active", "draining")  # fleet.h KV_REP_* (simcore.autoscale's names)
+
+
+def _autoscale(lib, handle, autoscaler) -> None:
+    """Hand the core the policy and each replica's cold start (csrc/fleet.c runs it)."""
+    c = autoscaler.config
+    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], c.target, c.interval_s, c.tolerance,
+                           c.scale_up_cooldown_s, c.scale_down_cooldown_s)
+    cold = np.ascontiguousarray(autoscaler.cold_starts, dtype=np.float64)
+    if lib.kv_engine_autoscale(handle, ctypes.byref(cfg), cold.ctypes.data_as(_P)):
+        raise MemoryError("kvsim: the C engine core could not set up the autoscaler")
+
+
+def _collect_fleet(lib, handle, autoscaler) -> None:
+    """The autoscaler's timeline, decisions and bills as the core left them, into the Python
+    AutoscalingRouter (whose `finish` summarises them as after a Python run)."""
+    from kvsim.simcore.autoscale import Timeline
+
+    n = len(autoscaler.replicas)
+    decisions = ctypes.c_long()
+    state = (ctypes.c_long * n)()
+    paid = (ctypes.c_double * (2 * n))()
+    count = lib.kv_engine_fleet(handle, None, ctypes.byref(decisions), state, paid)
+    rows = np.empty((count, 4))
+    lib.kv_engine_fleet(handle, rows.ctypes.data_as(_P), None, None, None)
+    autoscaler.timeline = Timeline([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value)
+    for index, replica in enumerate(autoscaler.replicas):
+        replica.state = _STATES[state[index]]
+        replica.paid_s = paid[2 * index]
+        replica.paid_since = None if paid[2 * index + 1] < 0 else paid[2 * index + 1]
 
 
 def _clients(workload: Any) -> int:
@@ -319,7 +389,7 @@ def _clients(workload: Any) -> int:
 def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     engine = engines[0]
     dp = len(engines)
-    m = engine.policy.max_num_seqs + 2
+    m = max(e.policy.max_num_seqs for e in engines) + 2
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
     step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
@@ -355,7 +425,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
         if out.req_n:
             rows = req[:out.req_n]
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
-                rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
+                rows[i, 3] = records.reason_code(_reason(engines[int(rows[i, 1])], rows[i]))
             arrived = rows[:, 16]
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
@@ -375,6 +445,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.step_n = 0
 
     while True:
+        # a watch (plan's early stop) checks every few rows: the core returns once the rows up to
+        # its next check are out (at most one event's rows, m, past them), not when the buffer fills
+        left = records.rows_to_watch()
+        out.req_cap = len(req) if left is None else min(len(req), left + m)
         rc = lib.kv_engine_run(handle, ctypes.byref(out))
         if rc == _NEED_INPUT:
             try:

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 
 typedef struct {
@@ -39,7 +40,7 @@ enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
 /* events in the heap: a replica's wakeup or step end (arg: the replica), the open loop's next
    timeout, the held workload's drained event, a closed-loop client's request done or its think
    time over (arg: the client) */
-enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4 };
+enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4, EV_FLEET = 32 /* fleet.c (disagg.c uses 16-19) */ };
 
 /* Prefix caching (simcore/block_pool.py): only blocks that are or may become cached need an
    identity, those at a request's first npb positions; a handle stands for one. Uncached free
@@ -126,6 +127,7 @@ struct kv_engine {
     int started;
     int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
+    kv_fleet *fleet;  /* fleet.c: autoscaling (which replicas serve); NULL: all of them */
     struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
 
@@ -249,6 +251,7 @@ void kv_engine_free(kv_engine *S) {
     if (!S) return;
     if (S->reps)
         for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
+    kv_fleet_free(S->fleet);
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     free_input(S);
     dg_free(S);
@@ -683,6 +686,7 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
 
 /* -- arrival (Router._pick, Engine._accept) ------------------------------------------------ */
 static kv_rep *pick(kv_engine *S) {
+    if (S->fleet) return &S->reps[kv_fleet_pick(S)];  /* autoscaling: the active replicas only */
     if (S->nrep == 1) return S->reps;
     if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
         kv_rep *e = &S->reps[S->rr_next];
@@ -744,7 +748,7 @@ static int arrivals_continue(kv_engine *S) {
     for (;;) {
         if (S->arr_stage == ARR_LOOK) {
             if (S->in_pos >= S->in_n) {
-                if (S->in_last) { S->arr_resume = 0; return 0; }
+                if (S->in_last) { S->arr_resume = 0; return S->fleet ? kv_fleet_workload_end(S) : 0; }
                 return KV_NEED_INPUT;
             }
             double at = 0.0 + S->in_at[S->in_pos];
@@ -783,7 +787,7 @@ static int client_take(kv_engine *S) {
     if (S->in_pos >= S->in_n) {
         if (!S->in_last) return KV_NEED_INPUT;
         S->taking = -1;
-        return 0;
+        return S->fleet ? kv_fleet_client_end(S) : 0;
     }
     if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
     long i = S->in_pos++;
@@ -1393,7 +1397,11 @@ static int engine_event(kv_rep *e) {
         rc = span_run(e);  /* hook: decode spans (1: steps ended there; plan the next one here) */
         if (rc != 1) return rc;
     }
-    if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted && !S->dg) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted) {  /* disaggregated: blocks of requests that do not run fill the cache (disagg.c) */
+        int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
+        if (rc) return rc;
+    }
     e->eng = ENG_IDLE;
     return 0;
 }
@@ -1405,6 +1413,10 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         S->arr_stage = ARR_LOOK;
         if (S->c.clients) { S->arr_resume = 0; S->clients_to_start = S->c.clients; S->next_client = 0; }
         else S->arr_resume = 1;
+        if (S->fleet && S->c.clients) {  /* the autoscaler's process starts before the clients' */
+            int rc = kv_fleet_begin(S);
+            if (rc) return rc;
+        }
     }
     for (;;) {
         if (!has_room(S))
@@ -1422,6 +1434,11 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         if (S->clients_to_start) {  /* each client's process starts (URGENT, before any event at 0) */
             S->clients_to_start--;
             S->taking = S->next_client++;
+            continue;
+        }
+        if (S->fleet && !kv_fleet_begun(S)) {  /* ... and after the open loop's first run */
+            int rc = kv_fleet_begin(S);
+            if (rc) return rc;
             continue;
         }
         if (!S->heap_n) {
@@ -1454,12 +1471,40 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             else S->taking = ev.arg;
             break;
         case EV_THINK: S->taking = ev.arg; break;
+        case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
         default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
         }
         if (rc) return rc;
         if (S->err) return S->err;
     }
 }
+
+/* -- hooks for fleet.c (fleet.h): a heterogeneous fleet's replicas, the autoscaler's view ------- */
+int kv_engine_set_replica(kv_engine *S, long i, const kv_engine_config *cfg, const kv_pricing *pricing) {
+    if (i < 0 || i >= S->nrep || S->started) return KV_STALL;
+    kv_rep *e = &S->reps[i];
+    rep_free(e);
+    memset(e, 0, sizeof *e);
+    kv_engine_config run = S->c;  /* rep_init reads the engine's configuration: the replica's */
+    const kv_pricing *run_pricing = S->pricing;
+    S->c = *cfg; S->pricing = pricing;
+    int ok = rep_init(e, S, i);
+    S->c = run; S->pricing = run_pricing;
+    if (!ok) return KV_NOMEM;
+    if (cfg->max_num_seqs > S->c.max_num_seqs) S->c.max_num_seqs = cfg->max_num_seqs;  /* has_room's */
+    return 0;
+}
+long kv__num_replicas(const kv_engine *S) { return S->nrep; }
+long kv__load(const kv_engine *S, long i) { const kv_rep *e = &S->reps[i]; return e->wq_len + e->run_len + e->sq_len; }
+double kv__kv_share(const kv_engine *S, long i) {
+    const kv_rep *e = &S->reps[i];
+    return (double)(e->c.num_gpu_blocks - e->free_blocks) / (double)e->c.num_gpu_blocks;
+}
+double kv__now(const kv_engine *S) { return S->now; }
+long kv__clients(const kv_engine *S) { return S->c.clients; }
+int kv__push(kv_engine *S, double t, long arg) { return ev_push(S, t, EV_FLEET, arg); }
+void kv__set_fleet(kv_engine *S, kv_fleet *F) { S->fleet = F; }
+kv_fleet *kv__fleet(const kv_engine *S) { return S->fleet; }
 
 /* -- spec: speculative decoding's setup and totals (csrc/spec.c) --------------------------- */
 int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, const unsigned long *rng,
