@@ -81,6 +81,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
     return {
         "model": values("model"), "workload": values("workload"), "num_requests": values("num_requests"),
         "seeds": sorted(int(s) for s in pd.unique(rows["seed"])), "kvsim_versions": values("kvsim_version"),
+        "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
         "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
                             for r in profiles.itertuples()}),
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
@@ -466,6 +467,10 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
                                                        if len(ctx["seeds"]) > 1 else ""),
         "Swept": ", ".join(f"{k} ({report.cells[k].nunique()} values)" for k in report.varying) or "nothing",
         "SLO": html.escape_text(_slo_text(report)),
+        # issue 27: which vLLM version the steps are priced as (and whose per-GPU defaults filled the limits)
+        "Engine": html.escape_text((ctx.get("engine_versions") or "not recorded (a table from before engine versions)")
+                                   + (f"; vLLM's {ctx['usage_contexts']} step-limit defaults per GPU"
+                                      if ctx.get("usage_contexts") else "")),
         "Profiles": "<br>".join(ctx["profiles"]) or "none ran",
         "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
     }
