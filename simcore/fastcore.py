@@ -371,10 +371,8 @@ def _autoscale(lib, handle, autoscaler) -> None:
 
 
 def _collect_fleet(lib, handle, autoscaler) -> None:
-    """The autoscaler's timeline, decisions and bills as the core left them, into the Python
+    """The autoscaler's timeline, decisions and bills as the core left them, handed to the Python
     AutoscalingRouter (whose `finish` summarises them as after a Python run)."""
-    from kvsim.simcore.autoscale import Timeline
-
     n = len(autoscaler.replicas)
     decisions = ctypes.c_long()
     state = (ctypes.c_long * n)()
@@ -382,11 +380,9 @@ def _collect_fleet(lib, handle, autoscaler) -> None:
     count = lib.kv_engine_fleet(handle, None, ctypes.byref(decisions), state, paid)
     rows = np.empty((count, 4))
     lib.kv_engine_fleet(handle, rows.ctypes.data_as(_P), None, None, None)
-    autoscaler.timeline = Timeline([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value)
-    for index, replica in enumerate(autoscaler.replicas):
-        replica.state = _STATES[state[index]]
-        replica.paid_s = paid[2 * index]
-        replica.paid_since = None if paid[2 * index + 1] < 0 else paid[2 * index + 1]
+    autoscaler.load_run([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value,
+                        [(_STATES[state[i]], paid[2 * i], None if paid[2 * i + 1] < 0 else paid[2 * i + 1])
+                         for i in range(n)])
 
 
 def _clients(workload: Any) -> int:
