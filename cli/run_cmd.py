@@ -427,7 +427,8 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
         from kvsim.simcore.latency import host_overhead_source
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
-    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host)
+    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
+                              prof.source if prof is not None else None)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
