@@ -583,7 +583,8 @@ def _fleet_lines(result) -> str:
         start += group["replicas"]
     usd = result.record.get("fleet_usd_per_hour")
     if usd is not None:
-        lines.append(f"{'Fleet cost ($/h):':<41}{usd:,.2f}")
+        label = "Fleet cost, every replica up ($/h):" if "autoscale" in result.record else "Fleet cost ($/h):"
+        lines.append(f"{label:<41}{usd:,.2f}")
     return "\n".join(lines)
 
 
