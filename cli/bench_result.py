@@ -111,7 +111,10 @@ def flat_result(summary: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any
 
 def per_request_arrays(result: Any, times: dict[int, list[float]] | None) -> dict[str, list]:
     """vLLM's per-request arrays, in request order: input_lens, output_lens, ttfts, itls (seconds
-    between a request's tokens), latencies, start_times, errors ("" for a success)."""
+    between a request's tokens), latencies, start_times, errors ("" for a success). Tokens that
+    arrive together (a speculative step's burst shares one time) are one streamed chunk, and
+    `vllm bench serve` appends one ITL per chunk (vllm/benchmarks/lib/endpoint_request_func.py),
+    so a burst adds one gap, not zeros: the same gaps the summary pools (Lifecycle.emit_spec)."""
     rows = per_request_rows(result)
     if rows is None:
         raise ConfigError("--save-result needs every request row in memory")
@@ -126,7 +129,7 @@ def per_request_arrays(result: Any, times: dict[int, list[float]] | None) -> dic
         out["output_lens"].append(int(rows["num_positions"][i]) * int(rows["n"][i]) if done else 0)
         out["ttfts"].append(float(rows["ttft_s"][i]) if done else 0.0)
         stamps = (times or {}).get(rid, [])
-        out["itls"].append([b - a for a, b in zip(stamps, stamps[1:], strict=False)] if done else [])
+        out["itls"].append([b - a for a, b in zip(stamps, stamps[1:], strict=False) if b != a] if done else [])
         out["latencies"].append(float(rows["e2el_s"][i]) if done else 0.0)
         out["start_times"].append(float(rows["arrival_s"][i]))
         out["errors"].append("" if done else f"rejected: {reasons[int(rows['reason'][i])]}")

@@ -37,6 +37,8 @@ def format_disagg(s: dict[str, Any]) -> str:
         lines.append(_row("Preemptions:", pool.get("num_preemptions")))
         if pool.get("kv_waste_rate") is not None:
             lines.append(_row("KV cache waste (%):", 100 * pool["kv_waste_rate"]))
+        if pool.get("prefix_cache_hit_rate") is not None:
+            lines.append(_row("Prefix cache hit rate (%):", 100 * pool["prefix_cache_hit_rate"]))
     t = s.get("kv_transfer", {})
     if t.get("num_transfers"):
         lines.append(_section("KV transfer"))

@@ -407,11 +407,7 @@ def _speculative(text: str | None) -> list:
         return []
     from kvsim.simcore.speculative import parse_speculative_configs
 
-    specs = parse_speculative_configs(text)
-    if any(s is not None and s.method == "draft_model" for s in specs):
-        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
-                          "use an eagle / eagle3 / mtp / ngram config")
-    return specs
+    return parse_speculative_configs(text)
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
@@ -519,7 +515,7 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
-    table = result.table
+    records = result.records()  # without pandas (its import is a third of a small plan's process)
     unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
@@ -528,19 +524,19 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     doc = {
         "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
-        "candidates": _records(table), "num_runs": result.num_runs,
+        "candidates": records, "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
         **result.context, **(extra or {}),
     }
     if out is not None:
-        _write(out, table, doc, result)
+        _write(out, result.table, doc, result)
     if as_json:
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     for answer in result.answers:
-        part = table[(table["model"] == answer["model"]) & (table["target_rate"] == answer["target_rate"])]
+        part = [r for r in records if r["model"] == answer["model"] and r["target_rate"] == answer["target_rate"]]
         typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} {unit}")
-        typer.echo(_text_table(_records(part), slo, unit))
+        typer.echo(_text_table(part, slo, unit))
     typer.echo("")
     for answer, shown in zip(result.answers, doc["answers"], strict=True):
         typer.echo("Answer: " + shown["line"])

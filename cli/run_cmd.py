@@ -182,7 +182,7 @@ def run(
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
-    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
+    from kvsim.profiles import check_profile_matches, default_profile, draft_profile, load_named_profile
     from kvsim.workloads import load_workload
 
     disagg = {name: value for name, value in (
@@ -273,10 +273,16 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
-        if scaling is not None and max_replicas is None:  # the pool is the fleet (simcore.autoscale)
+        if scaling is not None:  # the pool is the fleet, in its order (simcore.autoscale)
             from dataclasses import replace
 
-            scaling = replace(scaling, max_replicas=sum(n for _, _, n in fleet_groups))
+            total = sum(n for _, _, n in fleet_groups)
+            if max_replicas is not None and max_replicas != total:
+                raise ConfigError(f"--autoscale over a --fleet scales its {total} replicas: --max-replicas must be "
+                                  f"{total} (or left out), got {max_replicas}")
+            if scaling.min_replicas > total:
+                raise ConfigError(f"--min-replicas ({scaling.min_replicas}) is more than the fleet's {total} replicas")
+            scaling = replace(scaling, max_replicas=total)
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
@@ -313,12 +319,7 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
         prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
-    draft_prof = None
-    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
-        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
-    if draft_prof is not None and find_max_rate:
-        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
-                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
+    draft_prof = draft_profile(gpu_spec, config)  # a draft_model is priced from its own profile
 
     from kvsim.reports.capacity import SLO
 

@@ -300,9 +300,6 @@ def sweep(
         from kvsim.simcore.speculative import parse_speculative_configs
 
         specs = parse_speculative_configs(speculative_config)
-        if any(s is not None and s.method == "draft_model" for s in specs):
-            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
-                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
         if len(specs) > 1:
             lists["speculative_config"] = specs
         elif specs[0] is not None:

@@ -129,6 +129,8 @@ def scaled_profile(profile: Profile, factor: float) -> Profile:
             doc[key] = {k: _scale_terms(v, factor) for k, v in doc[key].items()}
     scaled = parse_profile(doc, f"{profile.path or profile.label} x {factor:.4g}")
     scaled.path = profile.path
+    # what it was scaled by in all (a draft model's profile follows its target's: profiles.draft_profile)
+    scaled.step_time_factor = getattr(profile, "step_time_factor", 1.0) * factor
     return scaled
 
 

@@ -660,10 +660,11 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
     run stops after the same requests whichever core runs it. A stopped run's summary has
     `early_stop` (why) and lower bounds for the percentiles it proved too high; a run that is not
     stopped is the very run `simulate()` makes (the watch only reads the records)."""
+    from kvsim.profiles import draft_profile
     from kvsim.simcore.records import RunStopped
     from kvsim.simcore.simulate import prepare
 
-    sim = prepare(model, gpu, config, workload, profile, seed=seed)
+    sim = prepare(model, gpu, config, workload, profile, seed=seed, draft_profile=draft_profile(gpu, config, profile))
     total = planned_requests(workload, seed) if early_stop else int(workload.num_requests)
     records = sim.replicas[0].lifecycle.records
     if early_stop and not any(t.metric in PROVABLE for t in slo.targets) and not slo.goodput_ms:

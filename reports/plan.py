@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from kvsim.reports.capacity import (
     SLO,
@@ -390,6 +389,7 @@ def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
 
 def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int, slo: SLO) -> tuple[int, dict, list[str]]:
     """Run `replicas` (then more, if needed) behind the router at the target rate."""
+    from kvsim.profiles import draft_profile
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
@@ -397,7 +397,8 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
-        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
+        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed,
+                          draft_profile=draft_profile(c.gpu, config, a.profile))
         summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
@@ -580,11 +581,70 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
 class PlanResult:
     """The plan table (one row per target x candidate) and how it was reached."""
 
-    table: pd.DataFrame
+    rows: list[dict[str, Any]]  # the table's rows, as plan() made them
     answers: list[dict[str, Any]]  # one per (model, target): the best row or why none
     assessments: dict[str, list[Assessment]]  # by model name
     num_runs: int
     context: dict[str, Any]
+    _table: Any = field(default=None, repr=False)
+
+    @property
+    def table(self):
+        """The rows as a pandas DataFrame, made on first use: pandas takes ~0.4 s to import, a
+        third of a small plan's process, and the printed answer does not need it."""
+        if self._table is None:
+            import pandas as pd
+
+            self._table = pd.DataFrame(self.rows)
+        return self._table
+
+    @table.setter
+    def table(self, frame) -> None:
+        self._table = frame
+
+    def records(self) -> list[dict[str, Any]]:
+        """The table's rows as `DataFrame.astype(object).to_dict("records")` gives them, missing
+        values None; from the rows unless the table was made (or replaced)."""
+        if self._table is not None:
+            import pandas as pd
+
+            return [{k: (None if v is None or (not isinstance(v, str | dict | list) and pd.isna(v)) else v)
+                     for k, v in row.items()} for row in self._table.astype(object).to_dict("records")]
+        return table_records(self.rows)
+
+
+def _is_missing(v: Any) -> bool:
+    """What pd.isna says of a plan row's cell: None or NaN."""
+    return v is None or (isinstance(v, float | np.floating) and v != v)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
+
+def table_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`pandas.DataFrame(rows).astype(object).to_dict("records")` with missing values None,
+    without pandas (tests/test_plan_records.py compares the two): columns in order of first
+    appearance, a row's absent keys missing; a column of numbers is float64 in pandas, so all
+    floats, when it holds a float or a missing value, else ints; NaN and None become None; other
+    columns keep their values."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    absent = object()
+    out = [dict.fromkeys(columns) for _ in rows]
+    for k in columns:
+        values = [row.get(k, absent) for row in rows]
+        missing = [v is absent or _is_missing(v) for v in values]
+        present = [v for v, m in zip(values, missing, strict=True) if not m]
+        if present and all(_is_number(v) for v in present):
+            as_float = any(missing) or any(isinstance(v, float | np.floating) for v in present)
+            cast = float if as_float else int
+        elif present and not any(missing) and all(isinstance(v, bool | np.bool_) for v in present):
+            cast = bool
+        else:
+            cast = None
+        for row, v, m in zip(out, values, missing, strict=True):
+            row[k] = None if m else (cast(v) if cast is not None else v)
+    return out
 
 
 def refuse_unconfigurable(model: ModelSpec, candidates: list[Candidate]) -> None:
@@ -644,7 +704,6 @@ def plan(
                             **({"unit": "sessions/s"} if getattr(spec, "is_session", False) else {}),
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
-    table = pd.DataFrame(rows)
     from kvsim.simcore.simulate import KVSIM_VERSION
 
     context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
@@ -652,7 +711,7 @@ def plan(
                "rate_unit": "sessions/s" if getattr(spec, "is_session", False) else "req/s",
                "engine": base.to_dict(),  # every candidate's engine options, but for its own knobs
                "workload": spec.describe()}
-    return PlanResult(table, answers, by_model, runs, context)
+    return PlanResult(rows, answers, by_model, runs, context)
 
 
 def sized(spec, requests: int):

@@ -13,14 +13,14 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from kvsim.reports.sweep_runner import Point, mean_ci95
-from kvsim.reports.sweep_table import sweep_id_of
 from kvsim.simcore.errors import ConfigError, DoesNotFitError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: `kvsim plan` and `run` use parse_list only
+    import pandas as pd
 
 # Swept dimension -> (flag, column name in the printed table); grid order is this order, the first
 # varying slowest. The model, engine fields, the GPU, then the workload's load (rate or clients).
@@ -239,6 +239,8 @@ def plan_sweep(
         if len(points) == 1:
             raise DoesNotFitError(points[0].does_not_fit)
         raise DoesNotFitError(f"no point of the sweep fits; the first: {points[0].does_not_fit}")
+    from kvsim.reports.sweep_table import sweep_id_of  # (it imports pandas)
+
     ids = [p.point_id() for p in points]
     sweep_id = sweep_id_of(ids)
     points = [replace(p, options={"point": p.options["point"], "point_id": pid, "sweep_id": sweep_id, **p.options})
@@ -255,6 +257,8 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, 
     with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval, cut at the least and
     greatest value the metric can take: METRIC_BOUNDS) and `seeds`.
     `extra` (printed column -> row column) adds metrics after the p95s, e.g. an SLO's p99."""
+    import pandas as pd
+
     sources = METRIC_SOURCES
     if extra:
         at = list(METRIC_SOURCES).index("tpot_p95_ms") + 1

@@ -58,6 +58,7 @@ def _without_source(described: dict[str, Any]) -> dict[str, Any]:
 
 def run_point(point: Point) -> dict[str, Any]:
     """Simulate one point (in whatever process calls it) and return its tidy row."""
+    from kvsim.profiles import draft_profile
     from kvsim.reports.regime import regime_of
     from kvsim.simcore.simulate import KVSIM_VERSION, simulate
 
@@ -69,7 +70,8 @@ def run_point(point: Point) -> dict[str, Any]:
         row.update({"kvsim_version": KVSIM_VERSION, "wall_s": time.perf_counter() - started, "warnings": ""})
         return row
     config = point.resolved if point.resolved is not None else point.config
-    result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed)
+    result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed,
+                      draft_profile=draft_profile(point.gpu, config, point.profile))
     regime = regime_of(result)
     record = result.record
     row.update({

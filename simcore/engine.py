@@ -151,6 +151,13 @@ class Engine:
         emit_times = getattr(latency, "emit_times_s", None)
         while True:
             plan = policy.schedule(life, env.now)
+            if plan is not None and not plan.num_scheduled and plan.num_preempted:
+                # preemptions alone: the only running request could not grow while blocks of requests
+                # that do not run (KV loading, or kept for a transfer: simcore.disagg) fill the cache.
+                # They apply and nothing runs until something changes (vLLM's busy loop would
+                # recompute it meanwhile, and be preempted again)
+                life.begin_step(plan, env.now)
+                plan = None
             if plan is None:
                 self._wakeup = env.event()
                 timeout = policy.idle_timeout(life, env.now) if life.waiting else None

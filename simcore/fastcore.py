@@ -127,7 +127,8 @@ def unsupported(sim: Any) -> str:
         return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
     if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
         return "the CPU KV tier (--kv-offloading-size)"
-    if len(sim.replicas) > 1 and getattr(getattr(sim.config, "engine", None), "router", "") in (
+    proxied = getattr(sim, "behind_proxy", False)  # a disaggregated run's pool: the proxy routes (fastcore_disagg)
+    if len(sim.replicas) > 1 and not proxied and getattr(getattr(sim.config, "engine", None), "router", "") in (
             "prefix-aware", "session-affinity"):
         return f"--router {sim.config.engine.router}"
     spec_reason = _speculative_unsupported(sim)
@@ -144,8 +145,8 @@ def unsupported(sim: Any) -> str:
     if autoscaler is not None:  # csrc/fleet.c: the autoscaler and its least-loaded router over the active replicas
         if sim.sink is not autoscaler or autoscaler.engines != engines:
             return "an autoscaler that does not route the run's replicas"
-    elif len(engines) > 1 and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
-                                   and sim.sink.engines == engines):
+    elif len(engines) > 1 and not proxied and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
+                                                   and sim.sink.engines == engines):
         return "data parallelism behind a router the C core does not have"
     engine = engines[0]
     if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
@@ -444,6 +445,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.step_n = 0
 
     while True:
+        # a watch (plan's early stop) checks every few rows: the core returns once the rows up to
+        # its next check are out (at most one event's rows, m, past them), not when the buffer fills
+        left = records.rows_to_watch()
+        out.req_cap = len(req) if left is None else min(len(req), left + m)
         rc = lib.kv_engine_run(handle, ctypes.byref(out))
         if rc == _NEED_INPUT:
             try:

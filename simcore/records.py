@@ -317,6 +317,12 @@ class RequestRecords:
         assert every >= 1
         self._watch, self._watch_every, self._watch_at = check, every, self.num_left + every
 
+    def rows_to_watch(self) -> int | None:
+        """Rows still to leave before the watch's next check (None: no watch). A core that hands
+        rows over in batches (simcore/fastcore.py) sizes its batch to it, so that a watch stops
+        it within a step of where it stops the one-by-one core, not a whole buffer later."""
+        return max(1, self._watch_at - self.num_left) if self._watch is not None else None
+
     def _watched(self) -> None:
         self._watch_at += self._watch_every
         value = self._watch(self)

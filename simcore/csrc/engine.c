@@ -1397,7 +1397,11 @@ static int engine_event(kv_rep *e) {
         rc = span_run(e);  /* hook: decode spans (1: steps ended there; plan the next one here) */
         if (rc != 1) return rc;
     }
-    if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted && !S->dg) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted) {  /* disaggregated: blocks of requests that do not run fill the cache (disagg.c) */
+        int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
+        if (rc) return rc;
+    }
     e->eng = ENG_IDLE;
     return 0;
 }

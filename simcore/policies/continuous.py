@@ -138,15 +138,8 @@ class ContinuousPagedPolicy:
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         plan = self._new_plan()
         running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
-        if plan.num_preempted:
-            if not plan.num_scheduled:  # (the compiled core stops the same way: KV_STALL)
-                from kvsim.simcore.errors import StalledError
-
-                raise StalledError(
-                    "simulation stalled: the only running request cannot grow while blocks of requests that do "
-                    "not run (KV being loaded, or kept for a transfer) fill the rest of the cache; give the "
-                    "instance more KV cache")
-            return plan
+        if plan.num_preempted:  # (alone, only where blocks of requests that do not run fill the cache:
+            return plan  # disaggregated serving; Engine.run applies them and idles)
         if queues.swapped:
             running = list(queues.running) if running is None else running
             budget = self._swap_in(queues, plan, running, budget)
