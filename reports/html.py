@@ -27,6 +27,9 @@ th { background: #f6f6f6; position: sticky; top: 0; white-space: normal; min-wid
 th.key, td.key { position: sticky; left: 0; z-index: 1; background: #fff; }
 th.key { z-index: 2; background: #f6f6f6; } td.key { font-weight: 600; }
 td.wrap { white-space: normal; min-width: 9em; }
+tr.ruled td { color: #777; } tr.ruled td.key { font-weight: normal; }
+pre.serve { background: #f3f3f3; padding: .5em .8em; white-space: pre-wrap; overflow-wrap: anywhere; margin: .3em 0; }
+.answer p { margin: .3em 0; }
 .ci { display: block; font-size: .8em; color: #666; font-weight: normal; white-space: normal; }
 table.md td { white-space: normal; } table.md td.key { white-space: nowrap; }
 tr.overloaded td { background: repeating-linear-gradient(135deg, #f1f1f1 0 6px, #e4e4e4 6px 12px); color: #666; }
