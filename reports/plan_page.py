@@ -58,7 +58,7 @@ def answer_block(answer: dict[str, Any], doc: dict[str, Any]) -> str:
     conf = answer.get("confidence", doc.get("confidence", 0.5))
     parts = [
         f"<p><b>Answer for {html.escape_text(head)}:</b> <b>{html.escape_text(deployment(best))}</b> "
-        f"({best['gpus']:g} GPUs, <b>{_money(best['usd_per_hour'])}/h</b>, "
+        f"({best['gpus']:g} GPU{'s' if best['gpus'] != 1 else ''}, <b>{_money(best['usd_per_hour'])}/h</b>, "
         f"{_money(best.get('usd_per_m_output_tokens'))} per M output tokens).</p>",
         f"<p>SLO: <b>{html.escape_text(slo)}</b>. A {best['replicas']}-replica run at {answer['target_rate']:g} {unit} "
         f"measured {html.escape_text(', '.join(measured))} (confirmed: {html.escape_text(str(best.get('confirmed')))}); "
