@@ -213,8 +213,9 @@ def plan(
     slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
+    engine = _engine_context(base, engine_version is not None, fill, usage_context or DEFAULT_USAGE_CONTEXT)
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
-        f"with {slo.text()}; workload {spec.name}, seed {seed}")
+        f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress
 
     if disagg != "off" and getattr(spec, "is_session", False):
@@ -248,6 +249,7 @@ def plan(
     from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
 
     result.context["confidence"] = confidence
+    result.context.update(engine)
     result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
         kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
         for kind, m in MEDIAN_ABS_ERROR.items()}
@@ -515,14 +517,22 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
+    version = result.context.get("engine_version")
+    if version is not None:  # every candidate's row says it (plan.csv)
+        for row in result.rows:
+            row.setdefault("engine_version", version)
+        if result._table is not None and "engine_version" not in result._table.columns:  # a table made already
+            result.table = result._table.assign(engine_version=version)
     records = result.records()  # without pandas (its import is a third of a small plan's process)
     unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
-    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+    engine = f"engine {_engine_words(result.context)}; " if version is not None else ""
+    note = (f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
             "roofline profiles]")
     doc = {
-        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "engine_version": version, "line": answer_line(a, slo) + note}
+                    for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": records, "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
@@ -554,6 +564,20 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     if out is not None:
         typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else "")
                    + ", plan.html")
+
+
+def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, Any]:
+    """What every candidate assumes of the engine (issue 27): plan.json's keys."""
+    return {"engine_version": base.engine_version, "engine_version_given": given,
+            "usage_context": usage_context if fill else None, "batch_defaults_filled": sorted(fill)}
+
+
+def _engine_words(c: dict[str, Any]) -> str:
+    """`vllm-v1 (default)`, or `vllm-0.6 (vLLM's server defaults per GPU)` where --engine-version
+    filled the step limits."""
+    if c.get("batch_defaults_filled"):
+        return f"{c['engine_version']} (vLLM's {c['usage_context']} defaults per GPU)"
+    return c["engine_version"] + ("" if c.get("engine_version_given") else " (default)")
 
 
 def _percent(p: float) -> str:

@@ -286,6 +286,11 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, 
             elif many:
                 row[f"{col}_ci95_low"] = None if math.isnan(low) else low
                 row[f"{col}_ci95_high"] = None if math.isnan(high) else high
+        for col, src in sources.items():  # --error-bars: the model's 90% band, its ends averaged over seeds
+            if f"{src}_band_low" in group.columns:
+                for end in ("low", "high"):
+                    mean = pd.to_numeric(group[f"{src}_band_{end}"], errors="coerce").mean()
+                    row[f"{col}_band_{end}"] = None if math.isnan(mean) else float(mean)
         if many:
             row["seeds"] = ",".join(str(int(s)) for s in group["seed"])
         out.append(row)

@@ -81,6 +81,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
     return {
         "model": values("model"), "workload": values("workload"), "num_requests": values("num_requests"),
         "seeds": sorted(int(s) for s in pd.unique(rows["seed"])), "kvsim_versions": values("kvsim_version"),
+        "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
         "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
                             for r in profiles.itertuples()}),
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
@@ -453,25 +454,37 @@ CUT = "\u2020"  # marks an interval end cut at what the metric can take
 
 
 def intervals(cells: pd.DataFrame, formats: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[str]]]:
-    """(the cells without their `_ci95_low/high` columns, column -> "(low-high)" per row): a mean's
-    95% interval goes under it in the same cell, so several seeds do not triple the table's width;
-    an end cut at the metric's bound (a latency's 0) carries CUT."""
+    """(the cells without their `_ci95_low/high` and `_band_low/high` columns, column -> the text under
+    each row's value): a mean's 95% interval over seeds, "(low-high)", and the model-error band of
+    --error-bars, "model low..high", go under it in the same cell, so neither triples the table's
+    width; an interval end cut at the metric's bound (a latency's 0) carries CUT."""
     from kvsim.reports import html
+
+    def given(*values: Any) -> bool:
+        return not any(v is None or pd.isna(v) for v in values)
 
     below: dict[str, list[str]] = {}
     for col in cells.columns:
-        if f"{col}_ci95_low" not in cells.columns:
+        has_ci, has_band = f"{col}_ci95_low" in cells.columns, f"{col}_band_low" in cells.columns
+        if not (has_ci or has_band):
             continue
         fmt = formats.get(col, html.number)
         texts = []
-        for mean, low, high in zip(cells[col], cells[f"{col}_ci95_low"], cells[f"{col}_ci95_high"], strict=True):
-            if any(v is None or pd.isna(v) for v in (mean, low, high)) or float(low) == float(high):
-                texts.append("")  # one seed ran, or every seed gave the same value
-                continue
-            cut_low, cut_high = cut_ends(col, mean, low, high)
-            texts.append(f"({fmt(low)}{CUT if cut_low else ''}\u2013{fmt(high)}{CUT if cut_high else ''})")
+        for i in range(len(cells)):
+            mean, parts = cells[col].iloc[i], []
+            if has_ci:
+                low, high = cells[f"{col}_ci95_low"].iloc[i], cells[f"{col}_ci95_high"].iloc[i]
+                if given(mean, low, high) and float(low) != float(high):  # equal: every seed gave this value
+                    cut_low, cut_high = cut_ends(col, mean, low, high)
+                    parts.append(f"({fmt(low)}{CUT if cut_low else ''}\u2013{fmt(high)}{CUT if cut_high else ''})")
+            if has_band:
+                low, high = cells[f"{col}_band_low"].iloc[i], cells[f"{col}_band_high"].iloc[i]
+                if given(mean, low, high):
+                    parts.append(f"model {fmt(low)}..{fmt(high)}")
+            texts.append(" ".join(parts))
         below[col] = texts
-    return cells[[c for c in cells.columns if not c.endswith(("_ci95_low", "_ci95_high"))]], below
+    return cells[[c for c in cells.columns
+                  if not c.endswith(("_ci95_low", "_ci95_high", "_band_low", "_band_high"))]], below
 
 
 def _interval_note(report: SweepReport, below: dict[str, list[str]]) -> str:
@@ -479,6 +492,11 @@ def _interval_note(report: SweepReport, below: dict[str, list[str]]) -> str:
     from kvsim.reports.sweep_runner import t975
 
     n = len(report.context["seeds"])
+    band = any("model " in t for texts in below.values() for t in texts)
+    band_text = (" Under a value, \"model low..high\": its 90% band under the profile's stated error "
+                 "(--error-bars).") if band else ""
+    if n < 2:
+        return f'<p class="note">{band_text.strip()}</p>'
     text = (f"Each cell: the mean over {n} seeds, its 95% Student-t interval under it (t = {t975(n):.2f} for "
             f"{n} seeds")
     if n == 2:
@@ -492,7 +510,7 @@ def _interval_note(report: SweepReport, below: dict[str, list[str]]) -> str:
         text += (f" {CUT} ({cut} end{'s' if cut != 1 else ''}): the t interval ran past what the quantity can take "
                  "(below 0, or a share above 100%) and is cut there; the true mean lies in that range, so the "
                  "cut interval covers it as often.")
-    return f'<p class="note">{text}</p>'
+    return f'<p class="note">{text}{band_text}</p>'
 
 
 def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: str) -> str:
@@ -509,6 +527,10 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
                                                        if len(ctx["seeds"]) > 1 else ""),
         "Swept": ", ".join(f"{k} ({report.cells[k].nunique()} values)" for k in report.varying) or "nothing",
         "SLO": html.escape_text(_slo_text(report)),
+        # issue 27: which vLLM version the steps are priced as (and whose per-GPU defaults filled the limits)
+        "Engine": html.escape_text((ctx.get("engine_versions") or "not recorded (a table from before engine versions)")
+                                   + (f"; vLLM's {ctx['usage_contexts']} step-limit defaults per GPU"
+                                      if ctx.get("usage_contexts") else "")),
         "Profiles": "<br>".join(ctx["profiles"]) or "none ran",
         "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
     }

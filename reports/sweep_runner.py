@@ -81,15 +81,54 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
+    if row.get("saturation") == "sustained" and getattr(point.workload, "is_session", False):
+        from kvsim.reports.capacity import session_queue_slope
+        from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE
+
+        slope = session_queue_slope(result, point.workload, point.seed)
+        if slope is not None and slope > OVERLOAD_WAIT_SLOPE:  # its turns alone cannot show it (reports.capacity)
+            row["saturation"], row["session_queue_slope"] = "overloaded", slope
     if point.options.get("slo_percentiles"):  # targets beyond the summary's p95 / p99 (kvsim sweep --slo)
         from kvsim.reports.capacity import SLO, parse_slo_targets, summary_with_goodput
 
         slo = SLO.of(parse_slo_targets([point.options["slo_percentiles"]]))
         values = summary_with_goodput(result, slo)
         row.update({t.key: values[t.key] for t in slo.targets if values.get(t.key) is not None})
+    if point.options.get("error_bars"):  # kvsim sweep --error-bars: two more runs (profiles/uncertainty.py)
+        row.update(band_columns(point, config, result))
     row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
                 "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
     return row
+
+
+# the row's metrics a sweep's --error-bars bands: those its printed table shows (reports.sweep.BANDED)
+SWEEP_BAND_METRICS = ("median_ttft_ms", "p95_ttft_ms", "median_tpot_ms", "p95_tpot_ms", "output_throughput",
+                      "request_throughput")
+_SCALED: dict[tuple[str, float], Any] = {}  # (profile sha256, factor) -> scaled profile, per worker process
+
+
+def band_columns(point: Point, config: Any, result: Any) -> dict[str, Any]:
+    """The point again with every step time at each end of the 90% band of its profile's stated
+    error: `<metric>_band_low` / `_band_high` over the three runs, and the error used."""
+    from statistics import NormalDist
+
+    from kvsim.profiles.uncertainty import INTERVAL, band, profile_error, scaled_profile
+    from kvsim.simcore.simulate import simulate
+
+    err = profile_error(point.profile)
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    summaries = [result.summary]
+    for f in (err.factor(-z), err.factor(z)):
+        key = (point.profile.sha256, f)
+        if key not in _SCALED:
+            if len(_SCALED) > 64:  # a sweep over many profiles: keep the worker's memory bounded
+                _SCALED.clear()
+            _SCALED[key] = scaled_profile(point.profile, f)
+        summaries.append(simulate(point.model, point.gpu, config, point.workload, _SCALED[key], seed=point.seed).summary)
+    cols: dict[str, Any] = {"model_error_kind": err.kind, "model_error_median": err.median_abs_error}
+    for metric in SWEEP_BAND_METRICS:
+        cols[f"{metric}_band_low"], cols[f"{metric}_band_high"] = band([s.get(metric) for s in summaries])
+    return cols
 
 
 def _run_indexed(item: tuple[int, Point]) -> tuple[int, dict[str, Any]]:

@@ -69,19 +69,15 @@ class CoreUnavailable(Exception):
 
 
 def _reset_stores(engines: list[Any]) -> None:
-    from kvsim.simcore.metrics import StepRecorder
-    from kvsim.simcore.records import RequestRecords, Samples
+    """Fresh stores for the Python engine to run the simulation from the start (each engine
+    makes its own, as the simulation made them): one request table for every replica."""
+    from kvsim.simcore.records import RequestRecords
 
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
     for engine in engines:
-        life = engine.lifecycle
-        life.records, life.itl = records, Samples()
-        rec = engine.recorder
-        fresh = StepRecorder(engine.spec_cost or engine.latency, rec.cap)
-        fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
-        engine.recorder = fresh
+        engine.fresh_stores(records)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -472,9 +468,8 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     latency.extrapolated.steps += out.extrap[0]
     counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
-    for index, e in enumerate(engines):
-        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
-         e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    for index, e in enumerate(engines):  # each replica's counters, set by their owner
+        e.load_counts(*counts[KV_COUNTS * index:KV_COUNTS * (index + 1)])
     _collect_itls(lib, handle, engines)
     if fold:
         _collect_steps(lib, handle, engines)
@@ -506,8 +501,6 @@ def _collect_itls(lib, handle, engines) -> None:
     in emission order, while there are at most the store's cap; past it the core kept none and
     binned every one as the store would, and the store becomes those bins. So a run of any length
     keeps a histogram, not its gaps, and Python never touches a gap one by one."""
-    from kvsim.simcore.records import Samples
-
     stats = (ctypes.c_double * 5)()
     key0 = ctypes.c_long()
     for index, engine in enumerate(engines):
@@ -521,7 +514,7 @@ def _collect_itls(lib, handle, engines) -> None:
             continue
         counts = np.zeros(n, dtype=np.int64)
         lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
-        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+        life.itl.load_bins(count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
 
 
 def _feed(lib, handle, chunk, closed: bool) -> None:

@@ -136,11 +136,17 @@ class Samples:
         as `_bin_values` does: the same keys, block sums and extremes): `counts` by key from
         `key0`. As `settle(force=True)` leaves a store: every value binned."""
         out = cls(cap)
-        out._binned = True
-        out.count, out.total, out.min, out.max, out._zeros = count, total, lo, hi, zeros
-        if len(counts):
-            out._hist, out._key0 = np.asarray(counts, dtype=np.int64), key0
+        out.load_bins(count, total, lo, hi, zeros, key0, counts)
         return out
+
+    def load_bins(self, count: int, total: float, lo: float, hi: float, zeros: int, key0: int,
+                  counts: np.ndarray) -> None:
+        """This empty store becomes `from_bins`'s (another core binned the values)."""
+        assert not len(self._buf) and not self._binned, "load_bins fills an empty store"
+        self._binned = True
+        self.count, self.total, self.min, self.max, self._zeros = count, total, lo, hi, zeros
+        if len(counts):
+            self._hist, self._key0 = np.asarray(counts, dtype=np.int64), key0
 
     @classmethod
     def merged(cls, stores: list[Samples]) -> Samples:
