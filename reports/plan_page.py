@@ -123,8 +123,8 @@ def plan_page(doc: dict[str, Any], figure: Path | None) -> str:
                    for _, r in frame.iterrows()]
         body += [f"<h2>Candidates for {html.escape_text(a['model'])} at {a['target_rate']:g} {unit}</h2>",
                  html.table(frame, fmts, classes, key=["deployment"], wrap=["status", "engine"]),
-                 '<p class="note">Highlighted: the answer. Sized rows are ranked by $/h; <i>max_rate</i> is '
-                 f"replicas x one replica's highest sustained rate (\"+\" in the text table: at least); the "
+                 '<p class="note">Highlighted: the answer. Sized rows in the plan\'s order (cheapest first); '
+                 "<i>max_rate</i> is replicas x one replica's highest sustained rate; the "
                  "latencies are the confirmation run's at the target rate. Greyed rows were ruled out before "
                  "sizing, for the reason in <i>status</i>.</p>"]
     if figure is not None:

@@ -306,7 +306,10 @@ def cut_ends(col: str, mean: Any, low: Any, high: Any) -> tuple[bool, bool]:
     """Which ends of `col`'s interval summarize_points cut at the metric's bounds (an end sitting on
     a bound the mean is not on: the t interval went past it)."""
     lower, upper = METRIC_BOUNDS.get(col, DEFAULT_BOUNDS)
-    if any(v is None or pd.isna(v) for v in (mean, low, high)):
+    try:
+        if any(v is None or math.isnan(float(v)) for v in (mean, low, high)):
+            return False, False
+    except (TypeError, ValueError):  # pandas' NA: no value
         return False, False
     return (lower is not None and float(low) <= lower < float(mean),
             upper is not None and float(high) >= upper > float(mean))
