@@ -176,7 +176,7 @@ def run(
     sonnet_prefix_len: Annotated[int | None, typer.Option("--sonnet-prefix-len", help="--dataset-name sonnet: tokens of the head every prompt shares (a real shared prefix, cached). [default: 200]", rich_help_panel="vllm bench serve")] = None,
     metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
     percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
-    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
+    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time (at most 100,000 requests).", rich_help_panel="vllm bench serve")] = False,
     result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
     result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
     fleet: Annotated[str | None, typer.Option("--fleet", help="A heterogeneous fleet behind one router: GPU:TP:REPLICAS groups, e.g. H100-SXM-80GB:4:2,H200-141GB:2:1; each replica with its own profile, KV cache and price (instead of --gpu / --tp / --dp).")] = None,
@@ -428,7 +428,8 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
         from kvsim.simcore.latency import host_overhead_source
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
-    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host)
+    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
+                              prof.source if prof is not None else None)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
@@ -583,7 +584,8 @@ def _fleet_lines(result) -> str:
         start += group["replicas"]
     usd = result.record.get("fleet_usd_per_hour")
     if usd is not None:
-        lines.append(f"{'Fleet cost ($/h):':<41}{usd:,.2f}")
+        label = "Fleet cost, every replica up ($/h):" if "autoscale" in result.record else "Fleet cost ($/h):"
+        lines.append(f"{label:<41}{usd:,.2f}")
     return "\n".join(lines)
 
 

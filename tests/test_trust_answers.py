@@ -148,3 +148,17 @@ def test_plan_answers_name_the_engine(tmp_path, version):
     words = "vllm-v1 (default)" if version is None else "vllm-0.6 (vLLM's server defaults per GPU)"
     assert f"[engine {words};" in answer["line"]
     assert {r["engine_version"] for r in csv.DictReader((tmp_path / "p" / "plan.csv").open())} == {want}
+
+
+def test_the_attention_backend_a_version_ran_is_stated_where_the_roofline_does_not_model_it():
+    from kvsim.simcore.batch_defaults import prefill_attention_note
+
+    assert "not modelled" in prefill_attention_note("vllm-0.6", "H100-SXM-80GB", "roofline")
+    assert "not modelled" in prefill_attention_note("vllm-v0", "H200-141GB", "roofline")
+    assert "not modelled" not in prefill_attention_note("vllm-v1", "H100-SXM-80GB", "roofline")  # FA3 on Hopper
+    assert "not modelled" not in prefill_attention_note("vllm-0.6", "A100-80GB", "roofline")  # FA2 everywhere
+    assert prefill_attention_note("vllm-0.6", "H100-SXM-80GB", "calibrated") is None  # the user's own tables
+    doc = _json([*RUN, "--no-error-bars", "--engine-version", "vllm-0.6"])
+    assert "FlashAttention-2" in doc["engine_assumptions"]["prefill_attention"]
+    text = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--engine-version", "vllm-0.6"]).stdout
+    assert "prefill attention: FA3's curve, this version ran FA2 here (not modelled)" in text

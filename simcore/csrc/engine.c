@@ -19,6 +19,7 @@
 #include "engine.h"
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -102,6 +103,7 @@ struct kv_rep {
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
 struct kv_engine {
@@ -192,6 +194,7 @@ static void rep_free(kv_rep *e) {
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     kv_spec_free(e->sp);
+    kv_tok_free(e->tt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -1191,6 +1194,7 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
@@ -1220,6 +1224,7 @@ static int end_step(kv_rep *e) {
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
+        if (e->tt) fail(e, kv_tok_leave(e->tt, e->finished[k], r->id));  /* tokens: */
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
         if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
@@ -1331,6 +1336,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
     long bs = e->c.block_size;
     for (long k = 0; k < e->run_len; k++) {
         kv_req *r = &e->reqs[e->run[k]];
+        if (e->tt && ended) fail(e, kv_tok_span_apply(e->tt, e->run[k]));  /* tokens: a token at each step's end */
         e->phase_count[r->nblk * bs - r->ntok] = 0;
         r->computed += ended; r->generated += ended;
         if (ended) r->last_token = last;
@@ -1338,6 +1344,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
         long nb = blocks_for(e, r->ntok);
         if (nb > r->nblk) r->nblk = nb;
     }
+    if (e->tt) kv_tok_span_end(e->tt);
 }
 
 /* After start_step of a step that may open a span: its end and those of the steps after it, in
@@ -1361,6 +1368,7 @@ static int span_run(kv_rep *e) {
         double gap = S->now - last;
         last = S->now;
         itl_put_run(e, gap, R);
+        if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
         /* the next plan: the same decodes, each one slot on; new blocks for those whose last
@@ -1520,6 +1528,19 @@ int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, c
 
 void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
     kv_spec_stats(S->reps[replica].sp, ints, sums);
+}
+
+/* -- tokens: per-request token times (csrc/tokens.c), kept from the first run on ---------------- */
+int kv_engine_tokens_on(kv_engine *S) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        if (!e->tt && !(e->tt = kv_tok_new())) return KV_NOMEM;
+    }
+    return 0;
+}
+
+long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids, long *counts, double *times) {
+    return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
