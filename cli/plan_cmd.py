@@ -107,14 +107,19 @@ def plan(
     from kvsim.reports.plan import plan as make_plan
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.catalog import GPUS, get_gpu, get_model
-    from kvsim.simcore.specs import EngineConfig
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, EngineConfig
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
     if autoscale and slo_targets:
         raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
                           "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
-    if autoscale:
+    if autoscale:  # what it would silently ignore is refused (it plans vLLM V1 at the profile's own step times)
+        for flag, given in (("--engine-version", engine_version is not None), ("--usage-context", usage_context is not None),
+                            ("--confidence", confidence != 0.5)):
+            if given:
+                raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
+                                  "the profile's step times)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return
@@ -660,13 +665,15 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} (engine {engine.engine_version}, "
+        f"default) over workload {wl.name}: attainment "
         f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
         f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
     found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
                            prices.get(gpu_spec.name), hour_length(wl), say)
     if as_json:
-        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot},
+                               "engine_version": engine.engine_version}, indent=2))
         return
     for line in answer_lines(found, attainment):
         typer.echo(line)
