@@ -24,7 +24,12 @@ on the deployment or the SLO, a pass/fail that is monotone in the rate gives an 
 is monotone too: a looser SLO or a faster GPU never lands on a lower grid point.
 
 A rate passes when the run was judged not overloaded (simcore.metrics.saturation: `sustained`;
-`n/a`, a run too short to tell, fails) and every SLO held.
+`n/a`, a run too short to tell, fails) and every SLO held. SLOs are percentile targets of any
+metric vLLM reports (TTFT, TPOT, ITL, E2EL) at any percentile (`Target`: --slo ttft:p99:800),
+plus per-request goodput (vLLM's --goodput).
+
+A multi-turn session workload is scaled in sessions/s (SessionRateScaler): only the session start
+times are rescaled; each session's turns still wait for their answers plus their think times.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.simcore.errors import ConfigError
-from kvsim.simcore.metrics import p_word
+from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE, p_word
 from kvsim.simcore.request import RequestSink
 
 DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
@@ -143,6 +148,9 @@ class SLO:
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
+        elif summary.get("sessions_overloaded"):
+            reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
+                           "sessions start; their turns wait on answers, so turns alone do not show it)")
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:
             value, limit = summary.get(target.key), target.limit_ms
@@ -348,6 +356,12 @@ class SessionRateScaler:
     ceil(take / mean turns per session) sessions. `at(rate)` is a `simcore.request.Workload`."""
 
     unit = "sessions/s"
+    # A run must reach the steady state: at a session rate r, about r x lifetime sessions are
+    # in flight at once (lifetime >= (turns - 1) x think time), so a run of fewer sessions than
+    # that measures a ramp that never fills the server. Each run starts sessions over at least
+    # STEADY_LIFETIMES lifetimes (more sessions at higher rates), at most MAX_RUN_TURNS turns.
+    STEADY_LIFETIMES = 3.0
+    MAX_RUN_TURNS = 50_000
 
     def __init__(self, spec, take: int | None = None):
         from kvsim.workloads.arrivals import GammaArrivals, TraceArrivals
@@ -367,17 +381,28 @@ class SessionRateScaler:
         import dataclasses
 
         sessions = int(spec.num_sessions)
+        self.turns_per_session = spec.num_requests / sessions  # expected
         if take is not None:
-            per = spec.num_requests / sessions  # expected turns per session
-            sessions = min(sessions, max(1, math.ceil(take / per)))
+            sessions = min(sessions, max(1, math.ceil(take / self.turns_per_session)))
         self.spec = dataclasses.replace(spec, num_sessions=sessions)
+        think = float(np.mean(spec.trace.think_s)) if spec.trace is not None and spec.trace.think_s is not None \
+            else float(spec.think_time_s)
+        self.lifetime_s = max(self.turns_per_session - 1.0, 0.0) * think  # a lower bound: answers take time too
+        self.most = None if spec.trace is None else len(spec.trace.sessions())
+
+    def sessions_at(self, rate: float) -> int:
+        """Sessions a run at `rate` starts: the scaler's, or enough to reach the steady state."""
+        steady = math.ceil(self.STEADY_LIFETIMES * rate * self.lifetime_s)
+        cap = max(1, int(self.MAX_RUN_TURNS / max(self.turns_per_session, 1.0)))
+        n = max(int(self.spec.num_sessions), min(steady, cap))
+        return n if self.most is None else min(n, self.most)
 
     def at(self, rate: float):
         import dataclasses
 
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"rate must be a finite number > 0, got {rate}")
-        return dataclasses.replace(self.spec, start_scale=self.base / rate)
+        return dataclasses.replace(self.spec, num_sessions=self.sessions_at(rate), start_scale=self.base / rate)
 
     def lengths(self, seed: np.random.SeedSequence) -> Lengths:
         """Every turn the sessions would send. A turn's uncached part is its new user tokens (the
@@ -605,11 +630,41 @@ def _extrapolate(margins: dict[int, float], side: list[int], per_step: float) ->
     return k - margins[k] / slope
 
 
-def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
-    """A run's summary plus goodput against the SLO's per-request targets, if any."""
+def session_queue_slope(result, workload, seed: int) -> float | None:
+    """How fast turns' queueing delay grows (s per s) while sessions are still starting, or None.
+
+    A session's next turn waits for its answer, so an overloaded server slows its own arrivals:
+    completed turns keep pace with offered ones, and once starts end the sessions drain as a
+    closed loop. What overload does show is the queue growing while sessions keep starting
+    faster than they finish; the fit skips the first WARMUP_SHARE of that window, as
+    simcore.metrics.saturation does."""
+    from kvsim.simcore.metrics import MIN_JUDGED_REQUESTS, WARMUP_SHARE
+
+    if not getattr(workload, "is_session", False) or not result.records.kept:
+        return None
+    starts = [r.arrival_s for r in workload.draw(np.random.SeedSequence(seed).spawn(2)[0])[0] if r.turn == 1]
+    if not starts:
+        return None
+    last = max(starts)
+    cols = result.records.columns()
+    arrival, scheduled = cols["arrival_s"], cols["first_scheduled_s"]
+    window = (scheduled >= 0) & (arrival >= WARMUP_SHARE * last) & (arrival <= last)
+    if window.sum() < MIN_JUDGED_REQUESTS or np.ptp(arrival[window]) <= 0:
+        return None
+    return float(np.polyfit(arrival[window], (scheduled - arrival)[window], 1)[0])
+
+
+def summary_with_goodput(result, slo: SLO, workload=None, seed: int | None = None) -> dict[str, Any]:
+    """A run's summary plus goodput against the SLO's per-request targets, if any, the
+    percentiles the SLO names, and for a session workload (with its seed) whether its queue grew
+    while sessions started (`session_queue_slope`, `sessions_overloaded`)."""
     from kvsim.simcore.metrics import goodput
 
     summary = dict(result.summary)
+    slope = None if seed is None else session_queue_slope(result, workload, seed)
+    if slope is not None:
+        summary["session_queue_slope"] = slope
+        summary["sessions_overloaded"] = slope > OVERLOAD_WAIT_SLOPE
     missing = [t for t in slo.targets if t.key not in summary]  # the summary has p95 and p99
     if missing:
         from kvsim.simcore.metrics import metric_stats
@@ -679,7 +734,7 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
         result = sim.run(watch)
     except RunStopped as stop:
         return {**stop.value, "engine_core": stop.engine_core}
-    return {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+    return {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
 
 
 def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@
                  one more Dimension), one replica each
     prune        memory: the model does not fit (simcore.memory.plan_memory);
                  latency: alone on an idle replica a request already misses the SLO (prefill of
-                 its prompt for TTFT, one decode step for TPOT: a lower bound no load can beat)
+                 its prompt for TTFT, one decode step for TPOT, both for E2EL, at the SLO's
+                 percentile: a lower bound no load can beat)
     search       the max sustainable rate r1 of ONE replica (reports.capacity), cheapest-looking
                  candidates first; a candidate whose throughput bound cannot beat the cheapest
                  found so far is skipped, and one that fails at the rate it would need to beat
@@ -14,6 +15,10 @@
     confirm      the best (`confirm_top`) with a full run of all replicas behind the router at
                  the target rate (one more replica if that run fails; the next candidate if
                  that fails too)
+
+Candidates that differ only in their router share one search (one replica routes nothing); the
+confirmation runs each with its own router, so a router that needs more replicas ranks lower. A
+session workload is planned in sessions/s (reports.capacity.SessionRateScaler).
 
 r1 does not depend on the target, so one search serves every --rate, and a higher target never
 needs fewer replicas of a candidate. Splitting traffic over n replicas behind a least-loaded
@@ -147,11 +152,11 @@ class Bounds:
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
     from kvsim.simcore.config import resolve
-    from kvsim.simcore.latency import StepLatencyModel
 
     config, model = candidate.config, candidate.model
     resolved = resolve(model, candidate.gpu, config)
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=resolved.policy.overhead)
+    # the profile's own model (built once, shared with its runs at the default engine version)
+    latency = profile.latency_model(profile.path or "profile", policy=resolved.policy.overhead)
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}
@@ -397,9 +402,10 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
-        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed,
+        workload = scaler.at(target)
+        result = simulate(c.model, c.gpu, config, workload, a.profile, seed=seed,
                           draft_profile=draft_profile(c.gpu, config, a.profile))
-        summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+        summary = {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
             return n, summary, []

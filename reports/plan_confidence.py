@@ -31,9 +31,10 @@ def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, s
     c = a.candidate
     config = replace(c.config, data_parallel_size=replicas)
     profile = scaled_profile(a.profile, factor)
-    result = simulate(c.model, c.gpu, config, rate_scaler(spec_confirm).at(target), profile, seed=seed,
+    workload = rate_scaler(spec_confirm).at(target)
+    result = simulate(c.model, c.gpu, config, workload, profile, seed=seed,
                       draft_profile=draft_profile(c.gpu, config, profile))  # a draft's steps scaled as the target's
-    return not slo.failures(summary_with_goodput(result, slo))
+    return not slo.failures(summary_with_goodput(result, slo, workload, seed))
 
 
 def slo_probability(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any,

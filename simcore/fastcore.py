@@ -69,19 +69,15 @@ class CoreUnavailable(Exception):
 
 
 def _reset_stores(engines: list[Any]) -> None:
-    from kvsim.simcore.metrics import StepRecorder
-    from kvsim.simcore.records import RequestRecords, Samples
+    """Fresh stores for the Python engine to run the simulation from the start (each engine
+    makes its own, as the simulation made them): one request table for every replica."""
+    from kvsim.simcore.records import RequestRecords
 
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
     for engine in engines:
-        life = engine.lifecycle
-        life.records, life.itl = records, Samples()
-        rec = engine.recorder
-        fresh = StepRecorder(engine.spec_cost or engine.latency, rec.cap)
-        fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
-        engine.recorder = fresh
+        engine.fresh_stores(records)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -113,6 +109,10 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    ctypes.c_void_p]
     lib.kv_engine_spec_stats.restype = None
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
+    lib.kv_engine_tokens_on.restype = ctypes.c_int
+    lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
+    lib.kv_engine_tokens.restype = ctypes.c_long
+    lib.kv_engine_tokens.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -137,6 +137,9 @@ def unsupported(sim: Any) -> str:
     if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
         from kvsim.simcore import fastcore_disagg
 
+        if any(e.lifecycle.token_times is not None for e in sim.replicas):
+            return "per-request token times (--save-result) of a disaggregated run"
+
         return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
@@ -153,8 +156,10 @@ def unsupported(sim: Any) -> str:
         return "the simulation already started"
     if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
         return "pipeline parallelism"
-    if engine.lifecycle.token_times is not None:
-        return "per-request token times (--save-result)"
+    if any((e.lifecycle.token_times is None) != (engine.lifecycle.token_times is None) for e in engines):
+        return "per-request token times (--save-result) kept on some replicas only"
+    if engine.lifecycle.token_times:
+        return "per-request token times already recorded"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
@@ -301,7 +306,12 @@ def run(sim: Any, progress=None) -> Any:
             _autoscale(lib, handle, autoscaler)
         if speculative:
             draft = _set_speculative(lib, handle, engines)
+        tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
+        if tokens and lib.kv_engine_tokens_on(handle):
+            raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
         stats = _drive(lib, handle, sim, engines, latency, progress, fold)
+        if tokens:
+            _collect_tokens(lib, handle, engines)
         if autoscaler is not None:
             _collect_fleet(lib, handle, autoscaler)
         if speculative:
@@ -361,10 +371,8 @@ def _autoscale(lib, handle, autoscaler) -> None:
 
 
 def _collect_fleet(lib, handle, autoscaler) -> None:
-    """The autoscaler's timeline, decisions and bills as the core left them, into the Python
+    """The autoscaler's timeline, decisions and bills as the core left them, handed to the Python
     AutoscalingRouter (whose `finish` summarises them as after a Python run)."""
-    from kvsim.simcore.autoscale import Timeline
-
     n = len(autoscaler.replicas)
     decisions = ctypes.c_long()
     state = (ctypes.c_long * n)()
@@ -372,11 +380,9 @@ def _collect_fleet(lib, handle, autoscaler) -> None:
     count = lib.kv_engine_fleet(handle, None, ctypes.byref(decisions), state, paid)
     rows = np.empty((count, 4))
     lib.kv_engine_fleet(handle, rows.ctypes.data_as(_P), None, None, None)
-    autoscaler.timeline = Timeline([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value)
-    for index, replica in enumerate(autoscaler.replicas):
-        replica.state = _STATES[state[index]]
-        replica.paid_s = paid[2 * index]
-        replica.paid_since = None if paid[2 * index + 1] < 0 else paid[2 * index + 1]
+    autoscaler.load_run([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value,
+                        [(_STATES[state[i]], paid[2 * i], None if paid[2 * i + 1] < 0 else paid[2 * i + 1])
+                         for i in range(n)])
 
 
 def _clients(workload: Any) -> int:
@@ -445,6 +451,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.step_n = 0
 
     while True:
+        # a watch (plan's early stop) checks every few rows: the core returns once the rows up to
+        # its next check are out (at most one event's rows, m, past them), not when the buffer fills
+        left = records.rows_to_watch()
+        out.req_cap = len(req) if left is None else min(len(req), left + m)
         rc = lib.kv_engine_run(handle, ctypes.byref(out))
         if rc == _NEED_INPUT:
             try:
@@ -468,9 +478,8 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     latency.extrapolated.steps += out.extrap[0]
     counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
-    for index, e in enumerate(engines):
-        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
-         e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    for index, e in enumerate(engines):  # each replica's counters, set by their owner
+        e.load_counts(*counts[KV_COUNTS * index:KV_COUNTS * (index + 1)])
     _collect_itls(lib, handle, engines)
     if fold:
         _collect_steps(lib, handle, engines)
@@ -502,8 +511,6 @@ def _collect_itls(lib, handle, engines) -> None:
     in emission order, while there are at most the store's cap; past it the core kept none and
     binned every one as the store would, and the store becomes those bins. So a run of any length
     keeps a histogram, not its gaps, and Python never touches a gap one by one."""
-    from kvsim.simcore.records import Samples
-
     stats = (ctypes.c_double * 5)()
     key0 = ctypes.c_long()
     for index, engine in enumerate(engines):
@@ -517,7 +524,29 @@ def _collect_itls(lib, handle, engines) -> None:
             continue
         counts = np.zeros(n, dtype=np.int64)
         lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
-        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+        life.itl.load_bins(count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+
+
+def _collect_tokens(lib, handle, engines) -> None:
+    """Each replica's per-request token times (csrc/tokens.c) into its Lifecycle.token_times, as
+    the Python engine fills it: request id -> every token's time, an array("d")."""
+    from array import array
+
+    total = ctypes.c_long()
+    lp = ctypes.POINTER(ctypes.c_long)
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_tokens(handle, index, ctypes.byref(total), None, None, None)
+        ids, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        times = np.empty(total.value)
+        lib.kv_engine_tokens(handle, index, None, ids.ctypes.data_as(lp), counts.ctypes.data_as(lp),
+                             times.ctypes.data_as(_P))
+        log = engine.lifecycle.token_times
+        ends = np.cumsum(counts).tolist()
+        raw = times.tobytes()
+        start = 0
+        for rid, end in zip(ids.tolist(), ends, strict=True):
+            log[rid] = array("d", raw[8 * start:8 * end])
+            start = end
 
 
 def _feed(lib, handle, chunk, closed: bool) -> None:

@@ -244,9 +244,8 @@ def _drive(lib, handle, sim, progress, fold: bool) -> Any:
     per = (ctypes.c_long * (fastcore.KV_COUNTS * len(engines)))()
     lib.kv_engine_counts(handle, per)
     k = fastcore.KV_COUNTS
-    for index, e in enumerate(engines):
-        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
-         e.policy.prefix_hit_tokens) = per[k * index:k * (index + 1)]
+    for index, e in enumerate(engines):  # each replica's counters, set by their owner
+        e.load_counts(*per[k * index:k * (index + 1)])
     fastcore._collect_itls(lib, handle, engines)
     if fold:
         fastcore._collect_steps(lib, handle, engines)

@@ -64,10 +64,11 @@ def test_a_group_that_does_not_fit_is_refused_before_any_run():
 
 
 @pytest.mark.parametrize("extra", [["--gpu", "H200"], ["--tp", "2"], ["--dp", "2"],
-                                   ["--autoscale", "--max-replicas", "3"]])
+                                   ["--autoscale", "--max-replicas", "3"], ["--autoscale", "--min-replicas", "3"]])
 def test_fleet_cli_refuses_what_it_sets_itself(extra):
     result = CliRunner().invoke(app, ["run", "--fleet", "H100-SXM-80GB:1:2", "--num-requests", "5", *extra])
     assert result.exit_code != 0 and result.stderr.startswith("kvsim: error: ") and result.stderr.count("\n") == 1
+    assert result.stdout == ""  # refused before anything is said or run
 
 
 def test_fleet_cli_reports_each_group(tmp_path):
@@ -96,6 +97,7 @@ def test_an_autoscaled_fleet_is_scaled_in_its_order_and_priced_per_group(tmp_pat
                                       "--autoscale-config", config, "--no-error-bars", "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.stderr
     assert "Autoscaling: 1-4 replicas of the fleet, started in its order" in result.stdout
+    assert "Fleet cost, every replica up ($/h):" in result.stdout  # what it pays is the Autoscaling block's
     fleet = json.loads((tmp_path / "o" / "summary.json").read_text())["autoscale"]
     assert fleet["config"]["max_replicas"] == 4 and len(fleet["replica_hours"]) == 4
     hours = fleet["replica_hours"]

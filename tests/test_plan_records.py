@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pandas as pd
 
+from kvsim.reports.capacity import SLO
 from kvsim.reports.plan import PlanResult, default_dimensions, plan, table_records
 from kvsim.reports.prices import load_prices
-from kvsim.reports.capacity import SLO
 from kvsim.simcore.catalog import get_model
 from kvsim.simcore.specs import EngineConfig
 from tests.test_plan import FAST, small_workload
