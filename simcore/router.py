@@ -11,9 +11,10 @@ GPUs; the router hands every arriving request to one of them:
     prefix-aware      llm-d's precise prefix-cache-aware scheduling: each replica is scored by
                       the share of the prompt's blocks it holds (GPU prefix cache, then its
                       CPU tier: a conversation turn's chained hashes, or the blocks of a
-                      declared shared prefix as the paged policy caches them), its free KV and its queue, weighted 2 : 1 : 1 as llm-d's
-                      guide configures precise-prefix-cache-scorer, kv-cache-utilization-scorer
-                      and queue-scorer (guides/precise-prefix-cache-aware); the highest score
+                      declared shared prefix as the paged policy caches them), its free KV
+                      and its queue, weighted 2 : 1 : 1 as llm-d's guide configures
+                      precise-prefix-cache-scorer, kv-cache-utilization-scorer and
+                      queue-scorer (guides/precise-prefix-cache-aware); the highest score
                       wins (ties: the lowest index). Scores read the replicas' real caches, as
                       llm-d's index does from vLLM's KV events, without their delay.
 
