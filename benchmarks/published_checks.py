@@ -7,7 +7,7 @@ acceptance rate, profile or option chosen to meet the figure), and the row print
 ratio, kvsim's, whether the direction agrees and the relative error. Sources and what differs
 between the setups: docs/published-checks.md.
 
-    python benchmarks/published_checks.py              # every row (a few minutes on 2 cores)
+    python benchmarks/published_checks.py              # every row (2-4 minutes on 2 shared cores)
     python benchmarks/published_checks.py --rows S1,D1 # some rows
     python benchmarks/published_checks.py --list       # the rows and their commands, nothing run
     python benchmarks/published_checks.py --rows D5 --max-rate-tpot-ms 40   # D5 at another target
