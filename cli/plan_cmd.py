@@ -33,7 +33,7 @@ from kvsim.cli.output import check_out_folder
 from kvsim.simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
-PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet", "plan.html")
 MAX_TARGET_RATES = 100  # target rates of one plan
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
@@ -567,7 +567,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max {unit} = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
-        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else "")
+                   + ", plan.html")
 
 
 def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, Any]:
@@ -597,17 +598,25 @@ def _has_pyarrow() -> bool:
 
 
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
+    import tempfile
+
     from kvsim.reports.files import write_files
     from kvsim.reports.plan import capacity_figure
+    from kvsim.reports.plan_page import plan_page
 
-    writers = {
-        "plan.csv": lambda p: table.to_csv(p, index=False),
-        "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
-        "capacity.png": lambda p: capacity_figure(result, p),
-    }
-    if _has_pyarrow():
-        writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
-    write_files(out, writers)
+    with tempfile.TemporaryDirectory(prefix="kvsim-plan-") as tmp:
+        png = Path(tmp) / "capacity.png"  # drawn once: the file and plan.html's figure
+        capacity_figure(result, png)
+        page = plan_page(json.loads(json.dumps(doc, default=str)), png)  # the page reads what plan.json holds
+        writers = {
+            "plan.csv": lambda p: table.to_csv(p, index=False),
+            "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
+            "capacity.png": lambda p: p.write_bytes(png.read_bytes()),
+            "plan.html": lambda p: p.write_text(page),
+        }
+        if _has_pyarrow():
+            writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+        write_files(out, writers)
 
 
 __all__ = ["plan"]
