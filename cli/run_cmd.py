@@ -338,7 +338,8 @@ def run(
     memory = None if disagg else resolved.memory
     out_files = (("rates.csv", "max_rate.json") if find_max_rate else
                  (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
-                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
+                 (*RUN_FILES, "fleet.html") if fleet is not None else
+                 (*RUN_FILES, "disagg.html") if disagg else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -966,6 +967,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
     elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
         files["fleet.html"] = lambda path: _fleet_html(document, result, path)
+    elif "disagg" in result.record and out is not None:  # a disaggregated run: its page per pool
+        files["disagg.html"] = lambda path: _disagg_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -1003,6 +1006,17 @@ def _fleet_html(document: dict, result, path: Path) -> None:
     from kvsim.reports.prices import load_prices
 
     path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
+
+
+def _disagg_html(document: dict, result, path: Path) -> None:
+    """disagg.html: each pool's figures and the KV transfers of a disaggregated run (reports.disagg_page)."""
+    import tempfile
+
+    from kvsim.reports.disagg_page import disagg_page
+    from kvsim.reports.prices import load_prices
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        path.write_text(disagg_page(document, step_columns(result), load_prices(), Path(tmp)))
 
 
 FIND_MAX_RATE_NO_BAND = ("each end would be a whole search, x3 the time: add --error-bars, or plan with "

@@ -162,3 +162,11 @@ def test_the_attention_backend_a_version_ran_is_stated_where_the_roofline_does_n
     assert "FlashAttention-2" in doc["engine_assumptions"]["prefill_attention"]
     text = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--engine-version", "vllm-0.6"]).stdout
     assert "prefill attention: FA3's curve, this version ran FA2 here (not modelled)" in text
+
+
+@pytest.mark.parametrize("flag", [["--engine-version", "vllm-0.6"], ["--confidence", "0.9"],
+                                  ["--usage-context", "offline"]])
+def test_plan_autoscale_refuses_what_it_would_ignore(flag):
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--gpu", "H100", "--tp", "1", *flag])
+    assert result.exit_code == 2 and f"{flag[0]} does not apply to plan --autoscale" in result.stderr
+    assert result.stderr.count("\n") == 1 and not result.stdout
