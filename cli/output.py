@@ -174,6 +174,17 @@ def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metri
         low, high = bars["metrics"].get(key, (None, None))
         if low is not None:
             lines.append(_row(label, f"{low:,.2f} .. {high:,.2f}"))
+    for key, label in (("speedup_mean_tpot_ms", "Speed-up, mean TPOT (x):"),
+                       ("speedup_output_throughput", "Speed-up, output throughput (x):")):
+        low, high = (bars.get("speculation_vs_none") or {}).get(key, (None, None))
+        if low is not None:  # --compare-no-spec: each end against the baseline at the same factor
+            lines.append(_row(label, f"{low:.3f} .. {high:.3f}"))
+    for key, label, fmt in (("gpu_hours", "GPU-hours:", ",.2f"), ("attainment", "SLO attainment (%):", ".1f"),
+                            ("mean_active_replicas", "Mean active replicas:", ".2f")):
+        low, high = (bars.get("also") or {}).get(key, (None, None))
+        if low is not None:  # --autoscale
+            scale = 100 if key == "attainment" else 1
+            lines.append(_row(label, f"{scale * low:{fmt}} .. {scale * high:{fmt}}"))
     return lines
 
 

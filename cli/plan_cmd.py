@@ -33,7 +33,7 @@ from kvsim.cli.output import check_out_folder
 from kvsim.simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
-PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet", "plan.html")
 MAX_TARGET_RATES = 100  # target rates of one plan
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
@@ -107,14 +107,19 @@ def plan(
     from kvsim.reports.plan import plan as make_plan
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.catalog import GPUS, get_gpu, get_model
-    from kvsim.simcore.specs import EngineConfig
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, EngineConfig
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
     if autoscale and slo_targets:
         raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
                           "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
-    if autoscale:
+    if autoscale:  # what it would silently ignore is refused (it plans vLLM V1 at the profile's own step times)
+        for flag, given in (("--engine-version", engine_version is not None), ("--usage-context", usage_context is not None),
+                            ("--confidence", confidence != 0.5)):
+            if given:
+                raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
+                                  "the profile's step times)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return
@@ -213,8 +218,9 @@ def plan(
     slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
+    engine = _engine_context(base, engine_version is not None, fill, usage_context or DEFAULT_USAGE_CONTEXT)
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
-        f"with {slo.text()}; workload {spec.name}, seed {seed}")
+        f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress
 
     if disagg != "off" and getattr(spec, "is_session", False):
@@ -248,6 +254,7 @@ def plan(
     from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
 
     result.context["confidence"] = confidence
+    result.context.update(engine)
     result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
         kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
         for kind, m in MEDIAN_ABS_ERROR.items()}
@@ -515,14 +522,22 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
+    version = result.context.get("engine_version")
+    if version is not None:  # every candidate's row says it (plan.csv)
+        for row in result.rows:
+            row.setdefault("engine_version", version)
+        if result._table is not None and "engine_version" not in result._table.columns:  # a table made already
+            result.table = result._table.assign(engine_version=version)
     records = result.records()  # without pandas (its import is a third of a small plan's process)
     unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
-    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+    engine = f"engine {_engine_words(result.context)}; " if version is not None else ""
+    note = (f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
             "roofline profiles]")
     doc = {
-        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "engine_version": version, "line": answer_line(a, slo) + note}
+                    for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
         "candidates": records, "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
@@ -552,7 +567,22 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max {unit} = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
-        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else "")
+                   + ", plan.html")
+
+
+def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, Any]:
+    """What every candidate assumes of the engine (issue 27): plan.json's keys."""
+    return {"engine_version": base.engine_version, "engine_version_given": given,
+            "usage_context": usage_context if fill else None, "batch_defaults_filled": sorted(fill)}
+
+
+def _engine_words(c: dict[str, Any]) -> str:
+    """`vllm-v1 (default)`, or `vllm-0.6 (vLLM's server defaults per GPU)` where --engine-version
+    filled the step limits."""
+    if c.get("batch_defaults_filled"):
+        return f"{c['engine_version']} (vLLM's {c['usage_context']} defaults per GPU)"
+    return c["engine_version"] + ("" if c.get("engine_version_given") else " (default)")
 
 
 def _percent(p: float) -> str:
@@ -568,17 +598,25 @@ def _has_pyarrow() -> bool:
 
 
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
+    import tempfile
+
     from kvsim.reports.files import write_files
     from kvsim.reports.plan import capacity_figure
+    from kvsim.reports.plan_page import plan_page
 
-    writers = {
-        "plan.csv": lambda p: table.to_csv(p, index=False),
-        "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
-        "capacity.png": lambda p: capacity_figure(result, p),
-    }
-    if _has_pyarrow():
-        writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
-    write_files(out, writers)
+    with tempfile.TemporaryDirectory(prefix="kvsim-plan-") as tmp:
+        png = Path(tmp) / "capacity.png"  # drawn once: the file and plan.html's figure
+        capacity_figure(result, png)
+        page = plan_page(json.loads(json.dumps(doc, default=str)), png)  # the page reads what plan.json holds
+        writers = {
+            "plan.csv": lambda p: table.to_csv(p, index=False),
+            "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
+            "capacity.png": lambda p: p.write_bytes(png.read_bytes()),
+            "plan.html": lambda p: p.write_text(page),
+        }
+        if _has_pyarrow():
+            writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+        write_files(out, writers)
 
 
 __all__ = ["plan"]
@@ -627,13 +665,15 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} (engine {engine.engine_version}, "
+        f"default) over workload {wl.name}: attainment "
         f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
         f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
     found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
                            prices.get(gpu_spec.name), hour_length(wl), say)
     if as_json:
-        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot},
+                               "engine_version": engine.engine_version}, indent=2))
         return
     for line in answer_lines(found, attainment):
         typer.echo(line)

@@ -83,6 +83,7 @@ from kvsim.cli.output import (
     stream_tables,
     write_outputs,
 )
+from kvsim.simcore.batch_defaults import engine_text
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.parallel import check_deployment
@@ -175,7 +176,7 @@ def run(
     sonnet_prefix_len: Annotated[int | None, typer.Option("--sonnet-prefix-len", help="--dataset-name sonnet: tokens of the head every prompt shares (a real shared prefix, cached). [default: 200]", rich_help_panel="vllm bench serve")] = None,
     metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
     percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
-    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
+    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time (at most 100,000 requests).", rich_help_panel="vllm bench serve")] = False,
     result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
     result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
     fleet: Annotated[str | None, typer.Option("--fleet", help="A heterogeneous fleet behind one router: GPU:TP:REPLICAS groups, e.g. H100-SXM-80GB:4:2,H200-141GB:2:1; each replica with its own profile, KV cache and price (instead of --gpu / --tp / --dp).")] = None,
@@ -263,6 +264,11 @@ def run(
         from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, apply_batch_defaults
 
         config = apply_batch_defaults(config, gpu_spec, model_spec, fill, usage_context or DEFAULT_USAGE_CONTEXT)
+
+    def assumed(cfg, gpu_, prof_=None, filled=fill):
+        """What this run assumes of the engine (simcore.batch_defaults.engine_assumptions)."""
+        return _assumed(cfg, model_spec, gpu_, prof_, filled, usage_context, engine_version is not None)
+
     from kvsim.simcore.config import resolve
 
     fleet_groups = None
@@ -332,23 +338,27 @@ def run(
     memory = None if disagg else resolved.memory
     out_files = (("rates.csv", "max_rate.json") if find_max_rate else
                  (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
-                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
+                 (*RUN_FILES, "fleet.html") if fleet is not None else
+                 (*RUN_FILES, "disagg.html") if disagg else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         if engine_core is not EngineCore.auto:
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
-        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
+        explicit = ctx.get_parameter_source("error_bars").name == "COMMANDLINE"
+        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json,
+                       error_bars=error_bars and explicit, engine=assumed(config, gpu_spec, prof))
         return
     if disagg:  # (--find-max-rate was refused)
         _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
                     prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
                     prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
-                    percentiles, metrics)
+                    percentiles, metrics, assumed=assumed, error_bars=error_bars)
         return
     if fleet_groups is not None:
         _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
-                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms)
+                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms, assumed=assumed,
+                   error_bars=error_bars)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -358,6 +368,8 @@ def run(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
+    engine = assumed(config, gpu_spec, prof)
+    say(f"Engine: {engine_text(engine)}")
     say(memory.describe())
     if pp > 1:
         say(f"Pipeline: {pp} stages x TP {tp}, layers {'/'.join(map(str, memory.layers_per_stage))}")
@@ -393,13 +405,31 @@ def run(
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
                            slo_ttft_p95_ms, slo_tpot_p95_ms)
-        bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
-                            result, percentiles, metrics, draft_prof, scaling) if error_bars else None
+        bands = None
+        if error_bars:
+            also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms,
+                                                                   gpu_spec.name)
+            bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
+                                result, percentiles, metrics, draft_prof, scaling, baseline,
+                                plain if baseline is not None else None, also)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
-                        fleet=fleet, bands=bands)
+                        fleet=fleet, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool) -> dict:
+    """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
+    from kvsim.simcore.batch_defaults import engine_assumptions
+
+    host = None
+    if prof is not None and cfg.policy == "continuous":
+        from kvsim.simcore.latency import host_overhead_source
+
+        host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
+    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
+                              prof.source if prof is not None else None)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
@@ -422,7 +452,7 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
 
 
 def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics,
-               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None):
+               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None, assumed=None, error_bars=False):
     """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py);
     with --autoscale, the fleet is the autoscaler's pool in its order (simcore.autoscale)."""
     from kvsim.reports.prices import load_prices
@@ -438,6 +468,10 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     for cfg, prof, count in groups:
         say(f"Fleet group: {count} x TP {cfg.engine.tensor_parallel_size} {cfg.gpu.name}; profile {prof.label} "
             f"sha256:{prof.sha256[:12]}; GPU KV cache size: {cfg.memory.num_gpu_tokens:,} tokens per replica")
+    # --fleet keeps the given step limits on every group (no per-GPU defaults): one line for all
+    engine = assumed(first.engine, first.gpu, profile, frozenset()) if assumed is not None else None
+    if engine is not None:
+        say(f"Engine: {engine_text(engine)}")
     prices = load_prices()
     usd = fleet_cost_per_hour(groups, prices)
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
@@ -465,9 +499,21 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
         if scaling is not None:
             fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
                                      prices)
+        bands = None
+        if error_bars:  # every group's profile scaled alike (profiles.uncertainty.deployment_error)
+            from kvsim.profiles.uncertainty import deployment_error, scaled_profile
+
+            def rerun(f):
+                scaled = [(cfg, scaled_profile(p, f), n) for cfg, p, n in groups]
+                return prepare(model_spec, first.gpu, first, wl, scaled[0][1], seed=seed, exact_steps=exact_steps,
+                               engine_core=engine_core.value, fleet=scaled, autoscale=scaling).run()
+
+            also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_ms, slo_tpot_ms, "")
+            bands = _bands(deployment_error([p for _, p, _ in groups]), rerun, result, percentiles, metrics,
+                           also=also)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result),
-                        fleet=fleet)
+                        fleet=fleet, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -538,14 +584,15 @@ def _fleet_lines(result) -> str:
         start += group["replicas"]
     usd = result.record.get("fleet_usd_per_hour")
     if usd is not None:
-        lines.append(f"{'Fleet cost ($/h):':<41}{usd:,.2f}")
+        label = "Fleet cost, every replica up ($/h):" if "autoscale" in result.record else "Fleet cost ($/h):"
+        lines.append(f"{label:<41}{usd:,.2f}")
     return "\n".join(lines)
 
 
 def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
                 prefill_replicas, decode_replicas, prefill_tp, decode_tp, placement, prefill_profile,
                 decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs, percentiles=(95.0, 99.0),
-                metrics=("ttft", "tpot", "itl", "e2el")) -> None:
+                metrics=("ttft", "tpot", "itl", "e2el"), assumed=None, error_bars=False) -> None:
     """`kvsim run --prefill-replicas N --decode-replicas M ...`: two pools behind vLLM's P/D proxy."""
     from dataclasses import replace
 
@@ -600,10 +647,38 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
     for name in ("prefill", "decode"):
         say(f"{name.capitalize()} pool: profile {profiles[name].label} sha256:{profiles[name].sha256[:12]}; "
             + resolved[name].memory.describe().replace(chr(10), "; "))
+    engines = {}
+    if assumed is not None:  # a pool's own --prefill-max-num-batched-tokens / --decode-max-num-seqs is not a default
+        own = {"prefill": {"max_num_batched_tokens"} if prefill_max_num_batched_tokens is not None else set(),
+               "decode": {"max_num_seqs"} if decode_max_num_seqs is not None else set()}
+        for name in ("prefill", "decode"):
+            engines[name] = assumed(pools[name], gpu_spec, profiles[name])
+            engines[name]["batch_defaults_filled"] = [f for f in engines[name]["batch_defaults_filled"]
+                                                      if f not in own[name]]
+        texts = {name: engine_text(a) for name, a in engines.items()}
+        if texts["prefill"] == texts["decode"]:
+            say(f"Engine (both pools): {texts['decode']}")
+        else:
+            for name, text in texts.items():
+                say(f"Engine ({name} pool): {text}")
     with run_staging(out) as staging:
         result = sim.run()
+        bands = None
+        if error_bars:  # both pools' step times scaled alike; the KV transfer (link bandwidth) is not
+            from kvsim.profiles.uncertainty import deployment_error, scaled_profile
+
+            def rerun(f):
+                return prepare_disagg(model_spec, gpu_spec, resolved, wl,
+                                      {k: scaled_profile(p, f) for k, p in profiles.items()}, seed=seed,
+                                      placement=placement.value if placement is not None else None,
+                                      exact_steps=exact_steps, engine_core=engine_core.value).run()
+
+            bands = _bands(deployment_error(list(profiles.values())), rerun, result, percentiles, metrics)
+        engine = None
+        if engines:
+            engine = {"engine_version": engines["decode"]["engine_version"], "pools": engines}
         fatal = _report(result, wl, slo, seed, out, as_json, staging, percentiles=percentiles, metrics=metrics,
-                        model_name=model_spec.name, extra=format_disagg)
+                        model_name=model_spec.name, extra=format_disagg, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -628,31 +703,72 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
 
 
 def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
-                percentiles, metrics, draft_prof=None, autoscale=None) -> dict:
+                percentiles, metrics, draft_prof=None, autoscale=None, baseline=None, plain=None, also=None) -> dict:
     """The run again with every step time at the low and high end of the profile's stated error
-    (profiles/uncertainty.py; a draft model's profile scaled alike): each headline metric's
-    [low, high] over the three runs (the throughputs, and mean / median / chosen percentiles of
-    the chosen latency metrics)."""
+    (profiles/uncertainty.py; a draft model's profile scaled alike); with `baseline` (the
+    --compare-no-spec run, `plain` its configuration), the baseline too at each end, for the
+    speed-ups' band."""
+    from kvsim.profiles.uncertainty import profile_error, scaled_profile
+    from kvsim.simcore.simulate import prepare
+
+    def rerun(f):
+        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
+        return prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
+                       engine_core=engine_core, draft_profile=draft, autoscale=autoscale).run()
+
+    def rerun_baseline(f):
+        return prepare(model_spec, gpu_spec, plain, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
+                       engine_core=engine_core).run()
+
+    return _bands(profile_error(prof), rerun, result, percentiles, metrics,
+                  (baseline, rerun_baseline) if baseline is not None else None, also)
+
+
+AUTOSCALE_BANDED = ("gpu_hours", "attainment", "mean_active_replicas", "peak_active_replicas")
+
+
+def _autoscale_figures(extras, slo_ttft_ms, slo_tpot_ms, gpu_name: str = ""):
+    """An autoscaled run's figures that its band covers (GPU-hours, SLO attainment, replicas)."""
+    from kvsim.cli.autoscale_out import fleet_section
+
+    def figures(result) -> dict:
+        section = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, gpu_name)
+        return {k: section.get(k) for k in AUTOSCALE_BANDED}
+
+    return figures
+
+
+def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -> dict:
+    """Each headline metric's [low, high] over `result` and `rerun(factor)` at the two ends of
+    the 90% band of `err` (the throughputs, and mean / median / chosen percentiles of the chosen
+    latency metrics); `baseline` (its result, its rerun): the speed-ups of speculation over it too,
+    each end's speculative run against the baseline at the same factor; `also(result)` -> {name:
+    value}: more figures banded alike (an autoscaled run's GPU-hours), under "also"."""
     from statistics import NormalDist
 
     from kvsim.cli.bench_result import metric_stats
-    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
-    from kvsim.simcore.simulate import prepare
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band
 
-    err = profile_error(prof)
     z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
     factors = (err.factor(-z), err.factor(z))
-    runs = [result]
-    for f in factors:
-        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
-        runs.append(prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
-                            exact_steps=exact_steps, engine_core=engine_core, draft_profile=draft,
-                            autoscale=autoscale).run())
+    runs = [result, *(rerun(f) for f in factors)]
     values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
     keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
                                                           and k.split("_")[1] in metrics)]
-    return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
-            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+    doc = {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+           "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        base, rerun_base = baseline
+        ups = [speedup_vs(result.summary, base.summary),
+               *(speedup_vs(r.summary, rerun_base(f).summary) for r, f in zip(runs[1:], factors, strict=True))]
+        doc["speculation_vs_none"] = {k: band([u.get(k) for u in ups]) for k in ups[0]
+                                      if k.startswith("speedup_") and ups[0].get(k) is not None}
+    if also is not None:
+        extra = [also(r) for r in runs]
+        doc["also"] = {k: band([e.get(k) for e in extra]) for k in extra[0] if extra[0].get(k) is not None}
+    return doc
 
 
 def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
@@ -779,7 +895,8 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None) -> str | None:
+            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None,
+            engine: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -804,6 +921,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if engine is not None:  # issue 27: every answer names the engine version it assumes
+        summary["engine_version"] = engine.get("engine_version")
+        summary["engine_assumptions"] = engine
     if bands is not None:
         summary["error_bars"] = bands
     if baseline is not None:
@@ -847,6 +967,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
     elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
         files["fleet.html"] = lambda path: _fleet_html(document, result, path)
+    elif "disagg" in result.record and out is not None:  # a disaggregated run: its page per pool
+        files["disagg.html"] = lambda path: _disagg_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -886,8 +1008,25 @@ def _fleet_html(document: dict, result, path: Path) -> None:
     path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
 
 
-def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
-    """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment."""
+def _disagg_html(document: dict, result, path: Path) -> None:
+    """disagg.html: each pool's figures and the KV transfers of a disaggregated run (reports.disagg_page)."""
+    import tempfile
+
+    from kvsim.reports.disagg_page import disagg_page
+    from kvsim.reports.prices import load_prices
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        path.write_text(disagg_page(document, step_columns(result), load_prices(), Path(tmp)))
+
+
+FIND_MAX_RATE_NO_BAND = ("each end would be a whole search, x3 the time: add --error-bars, or plan with "
+                         "`kvsim plan --confidence`")
+
+
+def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json, error_bars=False,
+                   engine=None) -> None:
+    """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment; with
+    an explicit --error-bars, the search again at each end of the profile's stated error."""
     from kvsim.reports.capacity import max_sustainable_rate, simulator
     from kvsim.simcore.simulate import KVSIM_VERSION
 
@@ -895,7 +1034,23 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Searching the highest sustained rate meeting {slo.text()} (tolerance {100 * tolerance:g}%, "
         f"{wl.num_requests} requests per run, seed {seed})")
+    if engine is not None:
+        say(f"Engine: {engine_text(engine)}")
     found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
+    bars = {"skipped": FIND_MAX_RATE_NO_BAND}
+    if error_bars:
+        from statistics import NormalDist
+
+        from kvsim.profiles.uncertainty import INTERVAL, profile_error, scaled_profile
+
+        err = profile_error(prof)
+        z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+        ends = [max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, scaled_profile(prof, err.factor(s_ * z)),
+                                               seed, slo), slo, start, tolerance) for s_ in (-1, 1)]
+        rates = [found.max_rate, *(e.max_rate for e in ends)]
+        bars = {"interval": INTERVAL, "step_time_factors": [err.factor(-z), err.factor(z)], **err.to_dict(),
+                "max_sustainable_rate": [min(rates), max(rates)], "at_least": [e.at_least for e in ends],
+                "num_runs": sum(e.num_runs for e in ends)}
     rows = [{
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
@@ -906,6 +1061,8 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
+        "error_bars": bars, **({"engine_version": engine.get("engine_version"), "engine_assumptions": engine}
+                               if engine is not None else {}),
         "record": {"kvsim_version": KVSIM_VERSION, "seed": seed, "model": model_spec.to_dict(),  # as summary.json's
                    "gpu": {"name": gpu_spec.name, "memory_gib": gpu_spec.memory_gib},
                    "config": config.engine.to_dict(),
@@ -933,6 +1090,14 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     else:
         typer.echo(f"Max sustainable rate: {found.max_rate:.3f} req/s (fails at "
                    f"{found.max_rate * (1 + tolerance):.3f}: {found.binding}); {found.num_runs} runs")
+    if "skipped" in bars:
+        typer.echo(f"Model error: no band ({bars['skipped']})")
+    else:
+        lo, hi = bars["max_sustainable_rate"]
+        typer.echo(f"Model error ({100 * bars['interval']:.0f}% band, {bars['kind']} profile, step times "
+                   f"x{bars['step_time_factors'][0]:.2f} .. x{bars['step_time_factors'][1]:.2f}): max sustainable rate "
+                   f"{lo:.3f} .. {hi:.3f} req/s" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
+                   + f"; {bars['num_runs']} more runs")
 
 
 __all__ = ["run"]

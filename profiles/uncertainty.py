@@ -93,6 +93,19 @@ def profile_error(profile: Profile) -> StepTimeError:
     return StepTimeError(kind, MEDIAN_ABS_ERROR[kind], BASIS[kind])
 
 
+def deployment_error(profiles: list[Profile]) -> StepTimeError:
+    """One step-time error for a run priced from several profiles (a disaggregated run's pools, a
+    fleet's groups): the largest of theirs. The band scales every profile by the same factor, so
+    the errors are treated as fully correlated (one model, one set of validations), which gives
+    the wider band of the two extremes."""
+    errors = [profile_error(p) for p in profiles]
+    worst = max(errors, key=lambda e: e.sigma)
+    if len({(e.kind, e.median_abs_error) for e in errors}) == 1:
+        return worst
+    return StepTimeError(worst.kind, worst.median_abs_error,
+                         f"the largest of {len(errors)} profiles' stated errors: {worst.basis}")
+
+
 def _scale_table(table: Any, factor: float) -> None:
     if not isinstance(table, dict) or "time_ms" not in table:
         return

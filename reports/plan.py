@@ -152,11 +152,11 @@ class Bounds:
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
     from kvsim.simcore.config import resolve
-    from kvsim.simcore.latency import StepLatencyModel
 
     config, model = candidate.config, candidate.model
     resolved = resolve(model, candidate.gpu, config)
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=resolved.policy.overhead)
+    # the profile's own model (built once, shared with its runs at the default engine version)
+    latency = profile.latency_model(profile.path or "profile", policy=resolved.policy.overhead)
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}

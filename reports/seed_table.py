@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.reports.regime import BLOCKED_SHARE_THRESHOLD, MEMORY_BOUND, PEAK_KV_THRESHOLD, regime_of
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION
 
 GPU = "H100-SXM-80GB"
 MODEL = "llama3-70b"
@@ -257,7 +258,9 @@ def _assumptions(report: SeedTableReport) -> list[str]:
         "- Policies: `static` = max_batch_size 64, batch timeout 0.1 s, every slot reserves max_model_len "
         "(FasterTransformer); `dynamic` = early TGI (a prefill step of its own, admission while "
         "prompt + max_tokens fits, waiting_served_ratio 1.2, max_waiting_tokens 20); `continuous` = "
-        "vLLM, paged KV, block size 16, recompute preemption.",
+        "vLLM, paged KV, block size 16, recompute preemption; its steps are priced as "
+        f"`{DEFAULT_ENGINE_VERSION}` (kvsim's default engine version: host cost and scheduler defaults; "
+        "the other policies model no vLLM version).",
         "- Engine defaults everywhere else (vLLM's): gpu_memory_utilization 0.90, max_num_seqs 256, "
         "chunked prefill on with max_num_batched_tokens 8192, swap_space 4 GiB.",
         "- Throughput is output tokens / makespan (first arrival to last completion), as "

@@ -242,6 +242,17 @@ class AutoscalingRouter:
 
     arrivals: Any = None  # the workload's SimPy process (Simulation.env sets it)
 
+    def load_run(self, rows: list[tuple[float, int, int, int]], decisions: int,
+                 replicas: list[tuple[str, float, float | None]]) -> None:
+        """What another engine core's run of this autoscaler left (simcore/fastcore.py, from
+        csrc/fleet.c), set by its owner: the timeline rows, the decisions made, and each
+        replica's (state, seconds paid, start of its unpaid stretch or None); `finish` then
+        summarises it as after a Python run."""
+        assert len(replicas) == len(self.replicas)
+        self.timeline = Timeline(list(rows), decisions)
+        for replica, (state, paid_s, paid_since) in zip(self.replicas, replicas, strict=True):
+            replica.state, replica.paid_s, replica.paid_since = state, paid_s, paid_since
+
     def _done(self) -> bool:
         """The workload has sent everything and the fleet holds nothing: stop deciding, so the
         simulation can end (its duration is its requests', not this loop's)."""

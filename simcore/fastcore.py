@@ -109,6 +109,10 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    ctypes.c_void_p]
     lib.kv_engine_spec_stats.restype = None
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
+    lib.kv_engine_tokens_on.restype = ctypes.c_int
+    lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
+    lib.kv_engine_tokens.restype = ctypes.c_long
+    lib.kv_engine_tokens.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -133,6 +137,9 @@ def unsupported(sim: Any) -> str:
     if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
         from kvsim.simcore import fastcore_disagg
 
+        if any(e.lifecycle.token_times is not None for e in sim.replicas):
+            return "per-request token times (--save-result) of a disaggregated run"
+
         return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
@@ -149,8 +156,10 @@ def unsupported(sim: Any) -> str:
         return "the simulation already started"
     if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
         return "pipeline parallelism"
-    if engine.lifecycle.token_times is not None:
-        return "per-request token times (--save-result)"
+    if any((e.lifecycle.token_times is None) != (engine.lifecycle.token_times is None) for e in engines):
+        return "per-request token times (--save-result) kept on some replicas only"
+    if engine.lifecycle.token_times:
+        return "per-request token times already recorded"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
@@ -297,7 +306,12 @@ def run(sim: Any, progress=None) -> Any:
             _autoscale(lib, handle, autoscaler)
         if speculative:
             draft = _set_speculative(lib, handle, engines)
+        tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
+        if tokens and lib.kv_engine_tokens_on(handle):
+            raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
         stats = _drive(lib, handle, sim, engines, latency, progress, fold)
+        if tokens:
+            _collect_tokens(lib, handle, engines)
         if autoscaler is not None:
             _collect_fleet(lib, handle, autoscaler)
         if speculative:
@@ -357,10 +371,8 @@ def _autoscale(lib, handle, autoscaler) -> None:
 
 
 def _collect_fleet(lib, handle, autoscaler) -> None:
-    """The autoscaler's timeline, decisions and bills as the core left them, into the Python
+    """The autoscaler's timeline, decisions and bills as the core left them, handed to the Python
     AutoscalingRouter (whose `finish` summarises them as after a Python run)."""
-    from kvsim.simcore.autoscale import Timeline
-
     n = len(autoscaler.replicas)
     decisions = ctypes.c_long()
     state = (ctypes.c_long * n)()
@@ -368,11 +380,9 @@ def _collect_fleet(lib, handle, autoscaler) -> None:
     count = lib.kv_engine_fleet(handle, None, ctypes.byref(decisions), state, paid)
     rows = np.empty((count, 4))
     lib.kv_engine_fleet(handle, rows.ctypes.data_as(_P), None, None, None)
-    autoscaler.timeline = Timeline([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value)
-    for index, replica in enumerate(autoscaler.replicas):
-        replica.state = _STATES[state[index]]
-        replica.paid_s = paid[2 * index]
-        replica.paid_since = None if paid[2 * index + 1] < 0 else paid[2 * index + 1]
+    autoscaler.load_run([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value,
+                        [(_STATES[state[i]], paid[2 * i], None if paid[2 * i + 1] < 0 else paid[2 * i + 1])
+                         for i in range(n)])
 
 
 def _clients(workload: Any) -> int:
@@ -515,6 +525,28 @@ def _collect_itls(lib, handle, engines) -> None:
         counts = np.zeros(n, dtype=np.int64)
         lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
         life.itl.load_bins(count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+
+
+def _collect_tokens(lib, handle, engines) -> None:
+    """Each replica's per-request token times (csrc/tokens.c) into its Lifecycle.token_times, as
+    the Python engine fills it: request id -> every token's time, an array("d")."""
+    from array import array
+
+    total = ctypes.c_long()
+    lp = ctypes.POINTER(ctypes.c_long)
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_tokens(handle, index, ctypes.byref(total), None, None, None)
+        ids, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        times = np.empty(total.value)
+        lib.kv_engine_tokens(handle, index, None, ids.ctypes.data_as(lp), counts.ctypes.data_as(lp),
+                             times.ctypes.data_as(_P))
+        log = engine.lifecycle.token_times
+        ends = np.cumsum(counts).tolist()
+        raw = times.tobytes()
+        start = 0
+        for rid, end in zip(ids.tolist(), ends, strict=True):
+            log[rid] = array("d", raw[8 * start:8 * end])
+            start = end
 
 
 def _feed(lib, handle, chunk, closed: bool) -> None:

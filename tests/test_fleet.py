@@ -97,6 +97,7 @@ def test_an_autoscaled_fleet_is_scaled_in_its_order_and_priced_per_group(tmp_pat
                                       "--autoscale-config", config, "--no-error-bars", "--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.stderr
     assert "Autoscaling: 1-4 replicas of the fleet, started in its order" in result.stdout
+    assert "Fleet cost, every replica up ($/h):" in result.stdout  # what it pays is the Autoscaling block's
     fleet = json.loads((tmp_path / "o" / "summary.json").read_text())["autoscale"]
     assert fleet["config"]["max_replicas"] == 4 and len(fleet["replica_hours"]) == 4
     hours = fleet["replica_hours"]

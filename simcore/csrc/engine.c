@@ -19,6 +19,7 @@
 #include "engine.h"
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -102,6 +103,7 @@ struct kv_rep {
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
 struct kv_engine {
@@ -192,6 +194,7 @@ static void rep_free(kv_rep *e) {
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     kv_spec_free(e->sp);
+    kv_tok_free(e->tt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -1191,6 +1194,7 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
@@ -1220,6 +1224,7 @@ static int end_step(kv_rep *e) {
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
+        if (e->tt) fail(e, kv_tok_leave(e->tt, e->finished[k], r->id));  /* tokens: */
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
         if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
@@ -1282,21 +1287,21 @@ static int has_room(const kv_engine *S) {
 }
 
 /* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
- * Once a replica has started a step that only decodes (every running request, one token each,
- * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * Once a replica has started a step that only decodes (every running request, one token each),
+ * the steps that follow repeat it until
  * one of them finishes a request, needs more free blocks than there are (preemption), or another
  * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
  * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
  * says why, for the Python engine. Such steps end here in closed form, the event loop's own
- * order kept (each step's end is popped off the heap, as it is the next event): every request
- * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * order kept (each step's end is popped off the heap, as it is the next event): from its second
+ * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
  * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
  * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
-/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
-   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
+   and nobody finishes at it; returns the steps after
    which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
    block size) at which their next decode needs a new block */
 static long span_setup(kv_rep *e) {
@@ -1314,7 +1319,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
-        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
     if (rem_min < 2) return 0;
@@ -1331,6 +1336,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
     long bs = e->c.block_size;
     for (long k = 0; k < e->run_len; k++) {
         kv_req *r = &e->reqs[e->run[k]];
+        if (e->tt && ended) fail(e, kv_tok_span_apply(e->tt, e->run[k]));  /* tokens: a token at each step's end */
         e->phase_count[r->nblk * bs - r->ntok] = 0;
         r->computed += ended; r->generated += ended;
         if (ended) r->last_token = last;
@@ -1338,6 +1344,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
         long nb = blocks_for(e, r->ntok);
         if (nb > r->nblk) r->nblk = nb;
     }
+    if (e->tt) kv_tok_span_end(e->tt);
 }
 
 /* After start_step of a step that may open a span: its end and those of the steps after it, in
@@ -1358,9 +1365,11 @@ static int span_run(kv_rep *e) {
         kv_event ev = ev_pop(S);
         S->now = ev.t;
         ended++;
-        double gap = S->now - last;
+        if (ended == 1)  /* step 1: each its own gap (the last tokens may differ: a prefill before) */
+            for (long k = 0; k < R; k++) itl_put(e, S->now - e->reqs[e->run[k]].last_token);
+        else itl_put_run(e, S->now - last, R);  /* then one gap for all: they all emitted at `last` */
         last = S->now;
-        itl_put_run(e, gap, R);
+        if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
         /* the next plan: the same decodes, each one slot on; new blocks for those whose last
@@ -1520,6 +1529,19 @@ int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, c
 
 void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
     kv_spec_stats(S->reps[replica].sp, ints, sums);
+}
+
+/* -- tokens: per-request token times (csrc/tokens.c), kept from the first run on ---------------- */
+int kv_engine_tokens_on(kv_engine *S) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        if (!e->tt && !(e->tt = kv_tok_new())) return KV_NOMEM;
+    }
+    return 0;
+}
+
+long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids, long *counts, double *times) {
+    return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
