@@ -1287,21 +1287,21 @@ static int has_room(const kv_engine *S) {
 }
 
 /* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
- * Once a replica has started a step that only decodes (every running request, one token each,
- * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * Once a replica has started a step that only decodes (every running request, one token each),
+ * the steps that follow repeat it until
  * one of them finishes a request, needs more free blocks than there are (preemption), or another
  * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
  * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
  * says why, for the Python engine. Such steps end here in closed form, the event loop's own
- * order kept (each step's end is popped off the heap, as it is the next event): every request
- * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * order kept (each step's end is popped off the heap, as it is the next event): from its second
+ * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
  * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
  * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
-/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
-   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
+   and nobody finishes at it; returns the steps after
    which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
    block size) at which their next decode needs a new block */
 static long span_setup(kv_rep *e) {
@@ -1319,7 +1319,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
-        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
     if (rem_min < 2) return 0;
@@ -1365,9 +1365,10 @@ static int span_run(kv_rep *e) {
         kv_event ev = ev_pop(S);
         S->now = ev.t;
         ended++;
-        double gap = S->now - last;
+        if (ended == 1)  /* step 1: each its own gap (the last tokens may differ: a prefill before) */
+            for (long k = 0; k < R; k++) itl_put(e, S->now - e->reqs[e->run[k]].last_token);
+        else itl_put_run(e, S->now - last, R);  /* then one gap for all: they all emitted at `last` */
         last = S->now;
-        itl_put_run(e, gap, R);
         if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
