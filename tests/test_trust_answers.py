@@ -76,6 +76,13 @@ def test_a_disaggregated_run_has_a_band_and_names_each_pools_engine():
     assert "Engine (both pools): vllm-v1 (default)" in text and "Model error (90% band)" in text
 
 
+def test_a_fleet_runs_page_names_its_engine(tmp_path):
+    result = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1",
+                                      "--out", str(tmp_path / "f")])
+    assert result.exit_code == 0, result.stderr
+    assert ">Engine</th><td>vllm-v1 (default), max_num_seqs 256" in (tmp_path / "f" / "fleet.html").read_text()
+
+
 def test_a_fleet_run_has_a_band_from_its_least_certain_profile():
     doc = _json([*RUN, "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"])
     _inside(doc["error_bars"], doc)
