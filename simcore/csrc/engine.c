@@ -19,6 +19,7 @@
 #include "engine.h"
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
 #include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
@@ -103,6 +104,7 @@ struct kv_rep {
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
@@ -142,6 +144,16 @@ static int dg_event(kv_engine *S, const kv_event *ev);
 static long *dg_extrap(kv_rep *e);
 static void dg_free(kv_engine *S);
 static void wq_remove(kv_rep *e, long s);
+/* hooks of the reservation policies (batching.c, included at the end of this file) */
+struct kv_batch;
+static void bt_free(struct kv_batch *b);
+static long bt_check(kv_rep *e, const kv_req *r);
+static int bt_schedule(kv_rep *e);
+static int bt_end(kv_rep *e, long nf);
+static void bt_row(const kv_rep *e, double *row);
+static int bt_idle(kv_rep *e);
+static int bt_wake(kv_rep *e);
+static int bt_event(kv_engine *S, const kv_event *ev);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -195,6 +207,7 @@ static void rep_free(kv_rep *e) {
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     kv_spec_free(e->sp);
     kv_tok_free(e->tt);
+    bt_free(e->bt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -721,6 +734,7 @@ static int send(kv_engine *S, long i, double stamp, long client) {
     e->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
+    else if (e->bt) kind = bt_check(e, &r);  /* bt: the reservation policy's own checks */
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
@@ -739,7 +753,7 @@ static int send(kv_engine *S, long i, double stamp, long client) {
         e->eng = ENG_WAKE;
         return ev_push(S, S->now, EV_ENGINE, e->index);
     }
-    return 0;
+    return e->bt ? bt_wake(e) : 0;  /* bt: static batching's engine may wait on its timer too */
 }
 
 /* The open-loop arrival process, from where it stands: send the requests planned at the same
@@ -955,6 +969,7 @@ static long swap_in(kv_rep *e, long *n, long budget) {
 
 /* returns 1 when a step is planned */
 static int schedule(kv_rep *e) {
+    if (e->bt) return bt_schedule(e);  /* bt: (negative: an error) */
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
@@ -1206,6 +1221,10 @@ static int end_step(kv_rep *e) {
         int rc = spec_truncate(e);
         if (rc) return rc;
     }
+    if (e->bt) {  /* bt: the ledger's snapshot, the finished's reservations let go */
+        int rc = bt_end(e, nf);
+        if (rc) return rc;
+    }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
         int rc = pc_cache_full(e, &e->reqs[e->filling[k]]);
         if (rc) return rc;
@@ -1259,6 +1278,7 @@ static void record_step(kv_rep *e, long allocated, long internal, int decode_onl
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
+    if (e->bt) bt_row(e, row);  /* bt: the reservation ledger's KV breakdown */
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
@@ -1393,7 +1413,9 @@ static int engine_event(kv_rep *e) {
         if (rc) return rc;
     }
     for (;;) {
-        if (!schedule(e)) break;
+        int planned = schedule(e);
+        if (planned < 0) return planned;
+        if (!planned) break;
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1411,6 +1433,7 @@ static int engine_event(kv_rep *e) {
         int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
         if (rc) return rc;
     }
+    if (e->bt && bt_idle(e)) return 0;  /* bt: static batching waits for its wakeup or its batch timer */
     e->eng = ENG_IDLE;
     return 0;
 }
@@ -1481,6 +1504,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             break;
         case EV_THINK: S->taking = ev.arg; break;
         case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
+        case EV_BT_TIMER: case EV_BT_WAKE: rc = bt_event(S, &ev); break;  /* bt: static batching's idle */
         default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
         }
         if (rc) return rc;
@@ -1544,4 +1568,5 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
     return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
+#include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
