@@ -106,9 +106,10 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
     lines.append(_row("Offered load:", _load_label(s)))
     for key, label in (("offered_rate", "Offered rate once warm (req/s):"),
                        ("completed_rate_warm", "Completed rate once warm (req/s):"),
-                       ("queue_wait_slope", "Queueing delay growth (s per s):")):
+                       ("queue_wait_slope", "Queueing delay growth (s per s):"),
+                       ("session_queue_slope", "  while sessions start (s per s):")):
         if s.get(key) is not None:
-            lines.append(_row(label, s[key], ".3f" if key == "queue_wait_slope" else ".2f"))
+            lines.append(_row(label, s[key], ".3f" if key.endswith("_slope") else ".2f"))
     lines.append(_section("KV cache"))
     if "regime" in s:
         lines.append(_row("Regime:", s["regime"]))

@@ -908,17 +908,23 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         typer.echo(f"WARNING {warning}", err=True)
     for line in rejected_lines(result.records):
         typer.echo(line, err=True)
-    if result.summary.get("saturation") == "overloaded":
-        s = result.summary
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
-                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     from kvsim.reports.capacity import summary_with_goodput
     from kvsim.reports.regime import regime_of
 
     regime = regime_of(result)
+    # a session workload is judged as sweep and plan judge it (reports.capacity.judge_sessions)
+    judged = summary_with_goodput(result, slo, wl, seed)
+    if judged.get("sessions_overloaded"):
+        typer.echo(f"WARNING overloaded: queueing delay grows {judged['session_queue_slope']:.2f} s per s while "
+                   "sessions start (turns wait on their answers, so an overloaded server slows its own "
+                   "arrivals and the completed rate keeps pace)", err=True)
+    elif judged.get("saturation") == "overloaded":
+        s = judged
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
-        **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
+        **judged, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
     if engine is not None:  # issue 27: every answer names the engine version it assumes
