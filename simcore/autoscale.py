@@ -287,32 +287,37 @@ class AutoscalingRouter:
 def hourly_attainment(arrival_s, ttft_s, tpot_s, ttft_slo_ms: float, tpot_slo_ms: float | None,
                       hour_s: float = 3600.0) -> list[dict[str, Any]]:
     """Per hour of arrival: requests, and the share meeting the TTFT SLO (and TPOT where given;
-    a one-token answer has no TPOT and meets it). Rejected requests (no TTFT) miss."""
+    a one-token answer has no TPOT and meets it). Rejected requests (no TTFT) miss. The same
+    count as a run's records keep as rows leave (simcore.records.AttainmentTally)."""
     import numpy as np
 
-    arrival, ttft, tpot = (np.asarray(a, dtype=float) for a in (arrival_s, ttft_s, tpot_s))
-    ok = np.nan_to_num(ttft, nan=np.inf) <= ttft_slo_ms / 1e3
-    if tpot_slo_ms is not None:
-        ok &= np.nan_to_num(tpot, nan=0.0) <= tpot_slo_ms / 1e3
-    hours = np.floor(arrival / hour_s).astype(np.int64)
-    out = []
-    for h in range(int(hours.max()) + 1 if len(hours) else 0):
-        sel = hours == h
-        n = int(sel.sum())
-        out.append({"hour": h, "requests": n, "attainment": float(ok[sel].mean()) if n else None})
-    return out
+    from kvsim.simcore.records import AttainmentTally
+
+    tally = AttainmentTally(hour_s, ttft_slo_ms, tpot_slo_ms)
+    tally.add(*(np.asarray(a, dtype=float) for a in (arrival_s, ttft_s, tpot_s)))
+    return [{k: row[k] for k in ("hour", "requests", "attainment")} for row in tally.rows()]
 
 
 def run_attainment(result, ttft_slo_ms: float, tpot_slo_ms: float | None,
                    hour_s: float) -> tuple[float | None, list[dict[str, Any]]]:
-    """(share of a run's requests meeting the SLOs, or None without requests; the hourly rows)."""
-    from kvsim.simcore.records import derived_latencies
+    """(share of a run's requests meeting the SLOs, or None without requests; the hourly rows).
+    From the counts the run kept as its rows left (`attainment=` of simcore.simulate.prepare:
+    any number of requests), else from its kept rows (at most simcore.records.REQUEST_ROWS_CAP)."""
+    from kvsim.simcore.errors import KvsimError
+    from kvsim.simcore.records import AttainmentTally, derived_latencies
 
-    cols = result.records.columns()
-    ttft, _, tpot = derived_latencies(cols)
-    hours = hourly_attainment(cols["arrival_s"], ttft, tpot, ttft_slo_ms, tpot_slo_ms, hour_s)
-    n = sum(h["requests"] for h in hours)
-    met = sum(h["requests"] * h["attainment"] for h in hours if h["requests"])
+    records = result.records
+    tally = records.attainment
+    if tally is None or not tally.matches(hour_s, ttft_slo_ms, tpot_slo_ms):
+        if not records.kept:
+            raise KvsimError(f"SLO attainment of a run of more than {records.cap:,} requests is counted while it "
+                             "runs: give the SLOs and hour before it (simulate(..., attainment=...))")
+        cols = records.columns()
+        ttft, _, tpot = derived_latencies(cols)
+        tally = AttainmentTally(hour_s, ttft_slo_ms, tpot_slo_ms)
+        tally.add(cols["arrival_s"], ttft, tpot)
+    hours = [{k: row[k] for k in ("hour", "requests", "attainment")} for row in tally.rows()]
+    n, met = int(tally.requests.sum()), int(tally.met.sum())
     return (met / n if n else None), hours
 
 

@@ -76,6 +76,8 @@ def _reset_stores(engines: list[Any]) -> None:
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
+    if old.attainment is not None:
+        records.count_attainment(*old.attainment.key)
     for engine in engines:
         engine.fresh_stores(records)
 
