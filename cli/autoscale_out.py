@@ -12,7 +12,10 @@ from kvsim.simcore.errors import ConfigError
 
 DEFAULT_TTFT_SLO_MS = 1000.0  # attainment thresholds unless --autoscale-config or --slo-* say otherwise
 DEFAULT_TPOT_SLO_MS = 100.0
+# scale_up/down_cooldown_s are the HPA's scaleUp/scaleDown stabilization windows; the rate policies
+# follow (simcore.autoscale's docstring)
 _KEYS = {"metric", "target", "interval_s", "tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s",
+         "scale_up_percent", "scale_up_pods", "scale_up_period_s", "scale_down_percent", "scale_down_period_s",
          "model_load_gbps", "warmup_s", "ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour"}
 
 

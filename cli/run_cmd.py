@@ -154,7 +154,7 @@ def run(
     min_replicas: Annotated[int | None, typer.Option(help="--autoscale: replicas always up (and at the start). [default: 1]")] = None,
     max_replicas: Annotated[int | None, typer.Option(help="--autoscale: most replicas. [default: 4]")] = None,
     provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds for a new replica's node to come up, before its model loads (weights / model_load_gbps) and warms up. [default: 120]")] = None,
-    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s, scale_down_cooldown_s, model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
+    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s and scale_down_cooldown_s (the HPA's scale-up / scale-down stabilization windows, 0 / 300 s), scale_up_percent, scale_up_pods, scale_up_period_s (100, 4, 15), scale_down_percent, scale_down_period_s (100, 15), model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
     speculative_config: SpeculativeConfigOpt = None,
     compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
     prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,

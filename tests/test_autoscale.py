@@ -4,6 +4,7 @@ cold starts are paid and cost SLO attainment around the ramps, draining loses no
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import pytest
 from typer.testing import CliRunner
@@ -103,6 +104,37 @@ def test_the_hpa_rule():
     assert router([10.5, 10.5]).desired() == 2  # within 10%: stay
     assert router([0, 0]).desired() == 1
     assert router([200, 200]).desired() == 8
+
+
+def test_the_hpa_behavior_by_hand():
+    """AutoscalingRouter.normalized, the HPA's behavior, on raw recommendations by hand (kubernetes
+    horizontal.go): the knobs keep their names, scale_up/down_cooldown_s now the stabilization
+    windows, and the rate policies per period."""
+    from kvsim.simcore.autoscale import AutoscalingRouter
+
+    def hpa(**kw):
+        r = AutoscalingRouter.__new__(AutoscalingRouter)
+        r.config = AutoscaleConfig(min_replicas=1, max_replicas=20, **kw)
+        r._recommendations, r._events = deque(), deque()
+        return r
+
+    down = hpa(scale_down_cooldown_s=60.0)  # scale-down window 60 s: the highest of the last 60 s
+    assert [down.normalized(t, raw, 6) for t, raw in ((0.0, 6), (15.0, 2), (30.0, 3), (45.0, 1))] == [6, 6, 6, 6]
+    assert down.normalized(60.0, 1, 6) == 3  # (0, 60] holds 2, 3, 1 and now 1: the 6 at t = 0 is out
+    assert down.normalized(75.0, 1, 3) == 3 and down.normalized(90.0, 1, 3) == 1
+    up = hpa(scale_up_cooldown_s=30.0)  # scale-up window 30 s: the lowest of the last 30 s
+    assert [up.normalized(t, raw, 2) for t, raw in ((0.0, 2), (15.0, 9), (30.0, 9))] == [2, 2, 6]
+    # ... and at t = 30 the rate held 9 to 2 + 4 pods (> 2 x 100%) per 15 s; the next period allows doubling
+    up._scaled(30.0, 4)
+    assert up.normalized(45.0, 9, 6) == 9  # start 6: max(12, 10), the 9 wanted
+    rate = hpa(scale_up_percent=50.0, scale_up_pods=1, scale_up_period_s=60.0, scale_down_percent=50.0,
+               scale_down_period_s=60.0, scale_down_cooldown_s=0.0)
+    assert rate.normalized(0.0, 20, 4) == 6  # ceil(4 x 1.5) beats 4 + 1
+    rate._scaled(0.0, 2)
+    assert rate.normalized(30.0, 20, 6) == 6  # the period still holds those 2: start 4
+    assert rate.normalized(60.0, 20, 6) == 9  # period over: ceil(6 x 1.5)
+    rate._scaled(60.0, 3)
+    assert rate.normalized(61.0, 1, 9) == 3  # down 50% of the period's start (6: 9 less the 3 added)
 
 
 @pytest.mark.parametrize(("args", "words"), [
