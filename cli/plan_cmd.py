@@ -33,7 +33,7 @@ from kvsim.cli.output import check_out_folder
 from kvsim.simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
-PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet", "plan.html")
 MAX_TARGET_RATES = 100  # target rates of one plan
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
@@ -107,14 +107,19 @@ def plan(
     from kvsim.reports.plan import plan as make_plan
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.catalog import GPUS, get_gpu, get_model
-    from kvsim.simcore.specs import EngineConfig
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, EngineConfig
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
     if autoscale and slo_targets:
         raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
                           "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
-    if autoscale:
+    if autoscale:  # what it would silently ignore is refused (it plans vLLM V1 at the profile's own step times)
+        for flag, given in (("--engine-version", engine_version is not None), ("--usage-context", usage_context is not None),
+                            ("--confidence", confidence != 0.5)):
+            if given:
+                raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
+                                  "the profile's step times)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return
@@ -348,12 +353,15 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     if agg is not None:
         agg_table = agg.table.assign(layout="agg")
         agg.table = agg_table
+    for answer in answers:  # issue 27: each answer names the engine version it assumes
+        answer["engine_version"] = base.engine_version
     doc_disagg = {"answers": answers, "candidates": _records(table) if len(table) else [], "num_runs": runs,
                   "ratios": [f"{p}:{d}" for p, d in ratios], "placement": placement or "default"}
     if agg is not None:
         _emit(agg, slo, prices, out, as_json, wall, extra={"disagg": doc_disagg})
     elif as_json:
-        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe()}, indent=2, default=str))
+        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe(), "engine_version": base.engine_version},
+                              indent=2, default=str))
     if as_json:
         return
     for answer in answers:
@@ -562,7 +570,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max {unit} = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
-        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else "")
+                   + ", plan.html")
 
 
 def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, Any]:
@@ -592,17 +601,25 @@ def _has_pyarrow() -> bool:
 
 
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
+    import tempfile
+
     from kvsim.reports.files import write_files
     from kvsim.reports.plan import capacity_figure
+    from kvsim.reports.plan_page import plan_page
 
-    writers = {
-        "plan.csv": lambda p: table.to_csv(p, index=False),
-        "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
-        "capacity.png": lambda p: capacity_figure(result, p),
-    }
-    if _has_pyarrow():
-        writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
-    write_files(out, writers)
+    with tempfile.TemporaryDirectory(prefix="kvsim-plan-") as tmp:
+        png = Path(tmp) / "capacity.png"  # drawn once: the file and plan.html's figure
+        capacity_figure(result, png)
+        page = plan_page(json.loads(json.dumps(doc, default=str)), png)  # the page reads what plan.json holds
+        writers = {
+            "plan.csv": lambda p: table.to_csv(p, index=False),
+            "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
+            "capacity.png": lambda p: p.write_bytes(png.read_bytes()),
+            "plan.html": lambda p: p.write_text(page),
+        }
+        if _has_pyarrow():
+            writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+        write_files(out, writers)
 
 
 __all__ = ["plan"]
@@ -646,13 +663,15 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} (engine {engine.engine_version}, "
+        f"default) over workload {wl.name}: attainment "
         f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
         f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
     found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
                            prices.get(gpu_spec.name), hour_length(wl), say)
     if as_json:
-        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot},
+                               "engine_version": engine.engine_version}, indent=2))
         return
     for line in answer_lines(found, attainment):
         typer.echo(line)

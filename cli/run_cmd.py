@@ -176,7 +176,7 @@ def run(
     sonnet_prefix_len: Annotated[int | None, typer.Option("--sonnet-prefix-len", help="--dataset-name sonnet: tokens of the head every prompt shares (a real shared prefix, cached). [default: 200]", rich_help_panel="vllm bench serve")] = None,
     metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
     percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
-    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
+    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time (at most 100,000 requests).", rich_help_panel="vllm bench serve")] = False,
     result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
     result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
     fleet: Annotated[str | None, typer.Option("--fleet", help="A heterogeneous fleet behind one router: GPU:TP:REPLICAS groups, e.g. H100-SXM-80GB:4:2,H200-141GB:2:1; each replica with its own profile, KV cache and price (instead of --gpu / --tp / --dp).")] = None,
@@ -338,7 +338,8 @@ def run(
     memory = None if disagg else resolved.memory
     out_files = (("rates.csv", "max_rate.json") if find_max_rate else
                  (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
-                 (*RUN_FILES, "fleet.html") if fleet is not None else RUN_FILES)
+                 (*RUN_FILES, "fleet.html") if fleet is not None else
+                 (*RUN_FILES, "disagg.html") if disagg else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
@@ -967,6 +968,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
     elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
         files["fleet.html"] = lambda path: _fleet_html(document, result, path)
+    elif "disagg" in result.record and out is not None:  # a disaggregated run: its page per pool
+        files["disagg.html"] = lambda path: _disagg_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -1004,6 +1007,17 @@ def _fleet_html(document: dict, result, path: Path) -> None:
     from kvsim.reports.prices import load_prices
 
     path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
+
+
+def _disagg_html(document: dict, result, path: Path) -> None:
+    """disagg.html: each pool's figures and the KV transfers of a disaggregated run (reports.disagg_page)."""
+    import tempfile
+
+    from kvsim.reports.disagg_page import disagg_page
+    from kvsim.reports.prices import load_prices
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        path.write_text(disagg_page(document, step_columns(result), load_prices(), Path(tmp)))
 
 
 FIND_MAX_RATE_NO_BAND = ("each end would be a whole search, x3 the time: add --error-bars, or plan with "

@@ -141,9 +141,12 @@ def _format_cell(column: str, value: Any) -> str:
 
 
 def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`, one
+    """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`, or as
+    `mean (low to high)` when an end was cut at what the metric can take (a latency below 0); one
     with a model-error band (--error-bars) as `value [low..high]`."""
     import pandas as pd
+
+    from kvsim.reports.sweep import cut_ends
 
     cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high", "_band_low", "_band_high"))]
     cells = []
@@ -153,13 +156,24 @@ def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             text = _format_cell(c, row[c])
             low, high = row.get(f"{c}_ci95_low"), row.get(f"{c}_ci95_high")
             if text and low is not None and high is not None and not pd.isna(low) and not pd.isna(high):
-                text += " ±" + _format_cell(c, (high - low) / 2)
+                if any(cut_ends(c, row[c], low, high)):
+                    text += f" ({_format_cell(c, low)} to {_format_cell(c, high)})"
+                else:
+                    text += " ±" + _format_cell(c, (high - low) / 2)
             low, high = row.get(f"{c}_band_low"), row.get(f"{c}_band_high")  # --error-bars: the model's 90% band
             if text and low is not None and high is not None and not pd.isna(low) and not pd.isna(high):
                 text += f" [{_format_cell(c, low)}..{_format_cell(c, high)}]"
             line.append(text)
         cells.append(line)
     return cols, cells
+
+
+def interval_note(n: int) -> str:
+    """How to read the intervals over `n` seeds: Student-t, so wide over few (t = 12.71 for 2)."""
+    from kvsim.reports.sweep_runner import t975
+
+    wide = ", so wide" if n < 5 else ""
+    return f"mean ±95% interval, Student-t: t = {t975(n):.2f} for {n} seeds{wide}; cut at 0 and 100%"
 
 
 def format_table(frame) -> str:
@@ -522,7 +536,7 @@ def _print(frame, best: dict[str, int | None] | None, sweepable, as_json: bool, 
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     wl, seeds = context["workload"], context["seeds"]
-    said = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} (mean ±95% interval)"
+    said = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} ({interval_note(len(seeds))})"
     version = context.get("engine_version")
     engine = "" if version is None else f", engine {version}" + ("" if context.get("engine_version_given") else
                                                                  " (default)")

@@ -27,6 +27,10 @@ th { background: #f6f6f6; position: sticky; top: 0; white-space: normal; min-wid
 th.key, td.key { position: sticky; left: 0; z-index: 1; background: #fff; }
 th.key { z-index: 2; background: #f6f6f6; } td.key { font-weight: 600; }
 td.wrap { white-space: normal; min-width: 9em; }
+tr.ruled td { color: #777; } tr.ruled td.key { font-weight: normal; }
+pre.serve { background: #f3f3f3; padding: .5em .8em; white-space: pre-wrap; overflow-wrap: anywhere; margin: .3em 0; }
+.answer p { margin: .3em 0; }
+.ci { display: block; font-size: .8em; color: #666; font-weight: normal; white-space: normal; }
 table.md td { white-space: normal; } table.md td.key { white-space: nowrap; }
 tr.overloaded td { background: repeating-linear-gradient(135deg, #f1f1f1 0 6px, #e4e4e4 6px 12px); color: #666; }
 tr.overloaded td.key { background: #e9e9e9; }
@@ -173,13 +177,16 @@ def _head_text(name: str) -> str:
 
 def table(frame: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None = None,
           row_class: Sequence[str] | None = None, caption: str = "", key: Sequence[str] = (),
-          lift_constants: bool = True, wrap: Sequence[str] = ()) -> str:
+          lift_constants: bool = True, wrap: Sequence[str] = (),
+          below: dict[str, Sequence[str]] | None = None) -> str:
     """A sortable table: each cell shows its formatted text (numbers rounded by `number` unless
     `formats` says otherwise) and keeps its raw value for sorting. Columns with one value in every
     row go to a line above it (`lift_constants`); the `key` columns come first and stay visible
-    at the left edge when the table scrolls sideways; `wrap` columns (long text) may wrap."""
+    at the left edge when the table scrolls sideways; `wrap` columns (long text) may wrap; `below`
+    (column -> a text per row) adds a small second line to a cell (a 95% interval under its mean)."""
     formats = formats or {}
-    constants = constant_columns(frame, keep=key) if lift_constants else {}
+    below = below or {}
+    constants = constant_columns(frame, keep=[*key, *below]) if lift_constants else {}
     frame = frame[[c for c in key if c in frame.columns]
                   + [c for c in frame.columns if c not in constants and c not in key]]
     text_cols = {c for c in frame.columns if not pd.api.types.is_numeric_dtype(frame[c])
@@ -198,7 +205,9 @@ def table(frame: pd.DataFrame, formats: dict[str, Callable[[Any], str]] | None =
             value = _plain_value(value)
             shown = "" if _is_missing(value) else formats.get(col, number)(value)
             raw = "" if _is_missing(value) else str(value)
-            cells.append(f'<td{classes(col)} data-value="{html.escape(raw)}">{html.escape(shown)}</td>')
+            extra = below[col][i] if col in below else ""
+            extra = f'<span class="ci">{html.escape(extra)}</span>' if extra and shown else ""
+            cells.append(f'<td{classes(col)} data-value="{html.escape(raw)}">{html.escape(shown)}{extra}</td>')
         cls = f' class="{row_class[i]}"' if row_class and row_class[i] else ""
         body.append(f"<tr{cls}>{''.join(cells)}</tr>")
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""

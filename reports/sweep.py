@@ -56,6 +56,10 @@ METRIC_COLUMNS = tuple(METRIC_SOURCES)
 INT_COLUMNS = ("gpus", "kv_cache_tokens", "preemptions")
 CONFIG_METRICS = ("gpus", "kv_cache_tokens")
 LABEL_METRICS = ("load", "regime")  # text; with several seeds, "mixed: ..." when they disagree
+# the range every numeric metric lives in (a rate, a latency, a count: >= 0; a share: <= 1 too), where
+# a 95% interval over few seeds is cut (reports.sweep_runner.mean_ci95)
+METRIC_BOUNDS: dict[str, tuple[float | None, float | None]] = {"kv_waste": (0.0, 1.0)}
+DEFAULT_BOUNDS = (0.0, None)
 
 
 def _shown(text: str) -> str:
@@ -250,7 +254,8 @@ _SHORT = {k: col for k, (_, col) in SWEEPABLE.items()}
 
 def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per grid cell in grid order: the swept values, then each metric's mean over seeds;
-    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval) and `seeds`.
+    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval, cut at the least and
+    greatest value the metric can take: METRIC_BOUNDS) and `seeds`.
     `extra` (printed column -> row column) adds metrics after the p95s, e.g. an SLO's p99."""
     import pandas as pd
 
@@ -273,7 +278,8 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, 
                 row[col] = labels[0] if len(set(labels)) == 1 else "mixed: " + ", ".join(
                     f"{lab} x{labels.count(lab)}" for lab in sorted(set(labels)))
                 continue
-            mean, low, high = mean_ci95(pd.to_numeric(group[src], errors="coerce").tolist())
+            mean, low, high = mean_ci95(pd.to_numeric(group[src], errors="coerce").tolist(),
+                                        *METRIC_BOUNDS.get(col, DEFAULT_BOUNDS))
             row[col] = None if math.isnan(mean) else mean
             if col in CONFIG_METRICS:  # set by the configuration, the same for every seed
                 row[col] = None if math.isnan(mean) else int(mean)
@@ -294,6 +300,19 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, 
     else:
         frame = frame.astype({c: "Int64" for c in CONFIG_METRICS if c in frame.columns})
     return frame
+
+
+def cut_ends(col: str, mean: Any, low: Any, high: Any) -> tuple[bool, bool]:
+    """Which ends of `col`'s interval summarize_points cut at the metric's bounds (an end sitting on
+    a bound the mean is not on: the t interval went past it)."""
+    lower, upper = METRIC_BOUNDS.get(col, DEFAULT_BOUNDS)
+    try:
+        if any(v is None or math.isnan(float(v)) for v in (mean, low, high)):
+            return False, False
+    except (TypeError, ValueError):  # pandas' NA: no value
+        return False, False
+    return (lower is not None and float(low) <= lower < float(mean),
+            upper is not None and float(high) >= upper > float(mean))
 
 
 def _plain(value: Any) -> Any:

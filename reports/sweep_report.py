@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, summarize_points
+from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, cut_ends, summarize_points
 from kvsim.simcore.errors import ConfigError
 
 HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
@@ -430,7 +430,7 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
                   "its latencies grow with the run's length).")
     if n_cut:
         notes += (f" {n_cut} interval end{'s' if n_cut != 1 else ''} ran past the axis (a 95% interval over few seeds "
-                  "can reach below zero): cut at the axis and marked with a triangle.")
+                  "is wide): cut at the axis and marked with a triangle.")
     return (f"TTFT p95 and TPOT p95 (ms) against output throughput (tok/s) as the {load_label} "
             f"rises (each point labelled with it), one line per "
             f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; held: {_held_text(held)}. "
@@ -447,10 +447,70 @@ def _formats() -> dict[str, Any]:
     out["gpu_mem_util"] = lambda v: f"{float(v):g}"
     out.update({"kv_waste": lambda v: f"{100 * float(v):.1f}%", "kv_cache_tokens": num(",.0f"),
                 "meets_slo": lambda v: "yes" if v else "no", "gpus": num(".0f")})
-    for col in list(out):
-        for side in ("low", "high"):
-            out[f"{col}_ci95_{side}"] = out[col]
     return out
+
+
+CUT = "\u2020"  # marks an interval end cut at what the metric can take
+
+
+def intervals(cells: pd.DataFrame, formats: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """(the cells without their `_ci95_low/high` and `_band_low/high` columns, column -> the text under
+    each row's value): a mean's 95% interval over seeds, "(low-high)", and the model-error band of
+    --error-bars, "model low..high", go under it in the same cell, so neither triples the table's
+    width; an interval end cut at the metric's bound (a latency's 0) carries CUT."""
+    from kvsim.reports import html
+
+    def given(*values: Any) -> bool:
+        return not any(v is None or pd.isna(v) for v in values)
+
+    below: dict[str, list[str]] = {}
+    for col in cells.columns:
+        has_ci, has_band = f"{col}_ci95_low" in cells.columns, f"{col}_band_low" in cells.columns
+        if not (has_ci or has_band):
+            continue
+        fmt = formats.get(col, html.number)
+        texts = []
+        for i in range(len(cells)):
+            mean, parts = cells[col].iloc[i], []
+            if has_ci:
+                low, high = cells[f"{col}_ci95_low"].iloc[i], cells[f"{col}_ci95_high"].iloc[i]
+                if given(mean, low, high) and float(low) != float(high):  # equal: every seed gave this value
+                    cut_low, cut_high = cut_ends(col, mean, low, high)
+                    parts.append(f"({fmt(low)}{CUT if cut_low else ''}\u2013{fmt(high)}{CUT if cut_high else ''})")
+            if has_band:
+                low, high = cells[f"{col}_band_low"].iloc[i], cells[f"{col}_band_high"].iloc[i]
+                if given(mean, low, high):
+                    parts.append(f"model {fmt(low)}..{fmt(high)}")
+            texts.append(" ".join(parts))
+        below[col] = texts
+    return cells[[c for c in cells.columns
+                  if not c.endswith(("_ci95_low", "_ci95_high", "_band_low", "_band_high"))]], below
+
+
+def _interval_note(report: SweepReport, below: dict[str, list[str]]) -> str:
+    """The note under a table with intervals: what they are, how wide few seeds make them, the cuts."""
+    from kvsim.reports.sweep_runner import t975
+
+    n = len(report.context["seeds"])
+    band = any("model " in t for texts in below.values() for t in texts)
+    band_text = (" Under a value, \"model low..high\": its 90% band under the profile's stated error "
+                 "(--error-bars).") if band else ""
+    if n < 2:
+        return f'<p class="note">{band_text.strip()}</p>'
+    text = (f"Each cell: the mean over {n} seeds, its 95% Student-t interval under it (t = {t975(n):.2f} for "
+            f"{n} seeds")
+    if n == 2:
+        text += ": the interval spans the mean \u00b1 6.35 x the gap between the two seeds' values, so it is wide; "
+        text += "more seeds narrow it (t = 2.78 for 5)"
+    elif n < 5:
+        text += ", wide with so few seeds"
+    text += "); no interval: every seed gave the same value."
+    cut = sum(t.count(CUT) for texts in below.values() for t in texts)
+    if cut:
+        text += (f" {CUT} ({cut} end{'s' if cut != 1 else ''}): the t interval ran past what the quantity can take "
+                 "(below 0, or a share above 100%) and is cut there; the true mean lies in that range, so the "
+                 "cut interval covers it as often.")
+    return f'<p class="note">{text}{band_text}</p>'
 
 
 def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: str) -> str:
@@ -463,7 +523,7 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
         "Command": html.code(command),
         "Table": html.code(str(report.table)) + f" ({ctx['num_points']} rows, made by kvsim {ctx['kvsim_versions']})",
         "Model / workload": f"{ctx['model']}; workload {ctx['workload']}, {ctx['num_requests']} requests per point",
-        "Seeds": ", ".join(map(str, ctx["seeds"])) + (" (cells show the mean; tables give 95% intervals)"
+        "Seeds": ", ".join(map(str, ctx["seeds"])) + (" (cells show the mean, its 95% interval under it)"
                                                        if len(ctx["seeds"]) > 1 else ""),
         "Swept": ", ".join(f"{k} ({report.cells[k].nunique()} values)" for k in report.varying) or "nothing",
         "SLO": html.escape_text(_slo_text(report)),
@@ -489,8 +549,11 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
     formats = _formats()
     if over:
         formats["load"] = lambda v: f"\u26a0 {v}" if v == OVERLOADED else str(v)
+    shown, below = intervals(report.cells, formats)
     body += ["<h2>Every cell (click a header to sort)</h2>",
-             html.table(report.cells, formats, classes, key=report.varying),
+             html.table(shown, formats, classes, key=report.varying, below=below,
+                        wrap=[c for c in ("load", "regime") if c in shown.columns]),
+             _interval_note(report, below) if below else "",
              "<h2>Figures</h2>"]
     body += [html.figure(png, caption) for png, caption in figures]
     if not figures:

@@ -314,9 +314,23 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.052, 2.048, 2.045, 2.042)
 
 
-def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
+def t975(n: int) -> float:
+    """The two-sided 95% Student-t multiplier for a mean over `n` >= 2 values (12.71 for 2: with two
+    seeds an interval is the mean +- 6.35 x the gap between them, which is why it is wide)."""
+    df = n - 1
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci95(values: Sequence[float], lower: float | None = None,
+              upper: float | None = None) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its 95% Student-t interval over seeds; NaNs dropped; one value
-    (or none) gives an interval of NaN, since one draw says nothing about the spread."""
+    (or none) gives an interval of NaN, since one draw says nothing about the spread.
+
+    `lower` / `upper`: the least / greatest value the quantity can take (0 for a throughput, a latency,
+    a count; 1 for a share). The t interval ignores them and, over few seeds, can reach below zero
+    (-1,436.8 tok/s); since the true mean lies inside [lower, upper], cutting the interval there
+    loses no coverage, so it is cut (the callers mark a cut end). The estimate stays the mean: an
+    interval on the log scale would be one for the geometric mean instead, another quantity."""
     xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     if not xs:
         return math.nan, math.nan, math.nan
@@ -324,10 +338,13 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
     if len(xs) == 1:
         return mean, math.nan, math.nan
     var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
-    df = len(xs) - 1
-    t = _T975[df - 1] if df <= len(_T975) else 1.96
-    half = t * math.sqrt(var / len(xs))
-    return mean, mean - half, mean + half
+    half = t975(len(xs)) * math.sqrt(var / len(xs))
+    low, high = mean - half, mean + half
+    if lower is not None:
+        low = max(low, lower)
+    if upper is not None:
+        high = min(high, upper)
+    return mean, low, high
 
 
 MAX_REPEATS = 10_000  # each repeat reruns every point; a 95% interval needs a handful, not millions

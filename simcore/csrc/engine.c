@@ -19,6 +19,8 @@
 #include "engine.h"
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
+#include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -102,6 +104,8 @@ struct kv_rep {
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
+    kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
 struct kv_engine {
@@ -140,6 +144,16 @@ static int dg_event(kv_engine *S, const kv_event *ev);
 static long *dg_extrap(kv_rep *e);
 static void dg_free(kv_engine *S);
 static void wq_remove(kv_rep *e, long s);
+/* hooks of the reservation policies (batching.c, included at the end of this file) */
+struct kv_batch;
+static void bt_free(struct kv_batch *b);
+static long bt_check(kv_rep *e, const kv_req *r);
+static int bt_schedule(kv_rep *e);
+static int bt_end(kv_rep *e, long nf);
+static void bt_row(const kv_rep *e, double *row);
+static int bt_idle(kv_rep *e);
+static int bt_wake(kv_rep *e);
+static int bt_event(kv_engine *S, const kv_event *ev);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -192,6 +206,8 @@ static void rep_free(kv_rep *e) {
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     kv_spec_free(e->sp);
+    kv_tok_free(e->tt);
+    bt_free(e->bt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -718,6 +734,7 @@ static int send(kv_engine *S, long i, double stamp, long client) {
     e->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
+    else if (e->bt) kind = bt_check(e, &r);  /* bt: the reservation policy's own checks */
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
@@ -736,7 +753,7 @@ static int send(kv_engine *S, long i, double stamp, long client) {
         e->eng = ENG_WAKE;
         return ev_push(S, S->now, EV_ENGINE, e->index);
     }
-    return 0;
+    return e->bt ? bt_wake(e) : 0;  /* bt: static batching's engine may wait on its timer too */
 }
 
 /* The open-loop arrival process, from where it stands: send the requests planned at the same
@@ -952,6 +969,7 @@ static long swap_in(kv_rep *e, long *n, long budget) {
 
 /* returns 1 when a step is planned */
 static int schedule(kv_rep *e) {
+    if (e->bt) return bt_schedule(e);  /* bt: (negative: an error) */
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
@@ -1191,6 +1209,7 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
@@ -1200,6 +1219,10 @@ static int end_step(kv_rep *e) {
     }
     if (e->sp) {  /* spec: each verify's rejected tail freed (PagedAllocator.truncate) */
         int rc = spec_truncate(e);
+        if (rc) return rc;
+    }
+    if (e->bt) {  /* bt: the ledger's snapshot, the finished's reservations let go */
+        int rc = bt_end(e, nf);
         if (rc) return rc;
     }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
@@ -1220,6 +1243,7 @@ static int end_step(kv_rep *e) {
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
+        if (e->tt) fail(e, kv_tok_leave(e->tt, e->finished[k], r->id));  /* tokens: */
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
         if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
@@ -1254,6 +1278,7 @@ static void record_step(kv_rep *e, long allocated, long internal, int decode_onl
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
+    if (e->bt) bt_row(e, row);  /* bt: the reservation ledger's KV breakdown */
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
@@ -1282,21 +1307,21 @@ static int has_room(const kv_engine *S) {
 }
 
 /* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
- * Once a replica has started a step that only decodes (every running request, one token each,
- * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * Once a replica has started a step that only decodes (every running request, one token each),
+ * the steps that follow repeat it until
  * one of them finishes a request, needs more free blocks than there are (preemption), or another
  * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
  * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
  * says why, for the Python engine. Such steps end here in closed form, the event loop's own
- * order kept (each step's end is popped off the heap, as it is the next event): every request
- * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * order kept (each step's end is popped off the heap, as it is the next event): from its second
+ * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
  * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
  * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
-/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
-   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
+   and nobody finishes at it; returns the steps after
    which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
    block size) at which their next decode needs a new block */
 static long span_setup(kv_rep *e) {
@@ -1314,7 +1339,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
-        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
     if (rem_min < 2) return 0;
@@ -1331,6 +1356,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
     long bs = e->c.block_size;
     for (long k = 0; k < e->run_len; k++) {
         kv_req *r = &e->reqs[e->run[k]];
+        if (e->tt && ended) fail(e, kv_tok_span_apply(e->tt, e->run[k]));  /* tokens: a token at each step's end */
         e->phase_count[r->nblk * bs - r->ntok] = 0;
         r->computed += ended; r->generated += ended;
         if (ended) r->last_token = last;
@@ -1338,6 +1364,7 @@ static void span_apply(kv_rep *e, long ended, long planned, double last) {
         long nb = blocks_for(e, r->ntok);
         if (nb > r->nblk) r->nblk = nb;
     }
+    if (e->tt) kv_tok_span_end(e->tt);
 }
 
 /* After start_step of a step that may open a span: its end and those of the steps after it, in
@@ -1358,9 +1385,11 @@ static int span_run(kv_rep *e) {
         kv_event ev = ev_pop(S);
         S->now = ev.t;
         ended++;
-        double gap = S->now - last;
+        if (ended == 1)  /* step 1: each its own gap (the last tokens may differ: a prefill before) */
+            for (long k = 0; k < R; k++) itl_put(e, S->now - e->reqs[e->run[k]].last_token);
+        else itl_put_run(e, S->now - last, R);  /* then one gap for all: they all emitted at `last` */
         last = S->now;
-        itl_put_run(e, gap, R);
+        if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
         /* the next plan: the same decodes, each one slot on; new blocks for those whose last
@@ -1384,7 +1413,9 @@ static int engine_event(kv_rep *e) {
         if (rc) return rc;
     }
     for (;;) {
-        if (!schedule(e)) break;
+        int planned = schedule(e);
+        if (planned < 0) return planned;
+        if (!planned) break;
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1402,6 +1433,7 @@ static int engine_event(kv_rep *e) {
         int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
         if (rc) return rc;
     }
+    if (e->bt && bt_idle(e)) return 0;  /* bt: static batching waits for its wakeup or its batch timer */
     e->eng = ENG_IDLE;
     return 0;
 }
@@ -1472,6 +1504,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             break;
         case EV_THINK: S->taking = ev.arg; break;
         case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
+        case EV_BT_TIMER: case EV_BT_WAKE: rc = bt_event(S, &ev); break;  /* bt: static batching's idle */
         default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
         }
         if (rc) return rc;
@@ -1522,4 +1555,18 @@ void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *
     kv_spec_stats(S->reps[replica].sp, ints, sums);
 }
 
+/* -- tokens: per-request token times (csrc/tokens.c), kept from the first run on ---------------- */
+int kv_engine_tokens_on(kv_engine *S) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        if (!e->tt && !(e->tt = kv_tok_new())) return KV_NOMEM;
+    }
+    return 0;
+}
+
+long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids, long *counts, double *times) {
+    return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
+}
+
+#include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
