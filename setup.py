@@ -56,8 +56,8 @@ setup(
     ext_modules=[
         Extension(
             "kvsim.simcore._core",
-            sources=[f"{CSRC}/module.c", f"{CSRC}/engine.c", f"{CSRC}/pricing.c"],
-            depends=[f"{CSRC}/engine.h", f"{CSRC}/pricing.h"],
+            sources=[f"{CSRC}/module.c", f"{CSRC}/engine.c", f"{CSRC}/pricing.c", f"{CSRC}/sessions.c"],
+            depends=[f"{CSRC}/engine.h", f"{CSRC}/pricing.h", f"{CSRC}/sessions.h"],
             extra_compile_args=["-std=c99", "-O2", "-ffp-contract=off", "-fno-fast-math"],
             libraries=["m"],
             py_limited_api=True,

@@ -51,7 +51,8 @@ typedef struct {
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
-enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1 };
+enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1,
+       KV_ROUTER_SESSION_AFFINITY = 2, KV_ROUTER_PREFIX_AWARE = 3 };  /* sessions.h: the last two */
 
 typedef struct {
     double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */
