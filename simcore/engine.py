@@ -160,6 +160,11 @@ class Engine:
                     yield _first_of(env, self._wakeup, env.timeout(timeout))
                 self._wakeup = None
                 continue
+            if not plan.num_scheduled:
+                # preemptions alone (a running request could not grow: the free blocks went to
+                # loads from the CPU tier, which hold theirs while they wait): applied, look again
+                life.begin_step(plan, env.now)
+                continue
             start = env.now
             life.begin_step(plan, start)
             if self._drained is not None and len(life.waiting) <= self.hold_at // 2:

@@ -137,7 +137,8 @@ def test_the_c_core_runs_sessions_the_cpu_tier_and_both_routers_but_not_the_tier
 
 @pytest.mark.parametrize("fields", [{"kv_offloading_size": -1.0}, {"kv_offloading_size": float("nan")},
                                     {"kv_offloading_size": 1.0, "enable_chunked_prefill": False},
-                                    {"kv_offloading_size": 1.0, "enable_prefix_caching": False}])
+                                    {"kv_offloading_size": 1.0, "enable_prefix_caching": False},
+                                    {"kv_offloading_size": 1.0, "preemption_mode": "swap"}])
 def test_bad_offloading_sizes_are_refused(fields):
     with pytest.raises(ConfigError, match="kv-offloading-size"):
         prepare(TINY, H100, EngineConfig(max_model_len=64, **fields), ListWorkload([req(0, 0.0, 8, 2)]), flat_profile())
@@ -347,11 +348,10 @@ def test_the_cpu_tier_in_the_core_matches(dp):
                                  think_time_s=float(rng.choice([0.002, 0.02])), max_model_len=mml)
         blocks = -(-mml // config.block_size)
         config = dataclasses.replace(config, enable_chunked_prefill=True, enable_prefix_caching=True,
-                                     max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                     preemption_mode="recompute", max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
                                      num_gpu_blocks_override=blocks + int(rng.integers(0, 2 * blocks)),
                                      kv_offloading_size=float(rng.choice([0.00002, 0.0001, 0.01])),
                                      data_parallel_size=dp, router=str(rng.choice(["prefix-aware", "least-loaded"])))
         core, _ = _same_in_both_cores(config, wl, f"tier dp {dp} case {case}: {config}", seed=case)
         loaded += core.summary.get("offload_loaded_blocks", 0) > 0
-    print(loaded)
     assert loaded >= 3, "the cases should load turns back from the CPU tier"

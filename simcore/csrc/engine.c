@@ -31,7 +31,8 @@ typedef struct {
     double arrival, first_sched, first_token;
     /* SESSIONS: a conversation's turn (tok): its blocks are keyed by hk[i] (hash ids of its
        session's blocks) in the replica's hash group; a load from the CPU tier in flight */
-    const long *hk; long tok, off_cached, off_loaded; int loading; double ready;
+    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready;
+    int loading;  /* 1: loading; 2: admitted, its load done, this step */
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,
@@ -101,7 +102,8 @@ struct kv_rep {
     int itl_done;  /* the last partial block is in the sum */
     /* SESSIONS: the CPU KV tier (NULL: none), when its host link is free, what it loaded; the
        idle timer's generation (a stale timer does nothing) */
-    kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen;
+    kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
+    long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
 };
 
 struct kv_engine {
@@ -182,6 +184,7 @@ static void rep_free(kv_rep *e) {
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     if (e->tier) { kvt_free(e->tier); free(e->tier); }
+    free(e->loads);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -959,19 +962,30 @@ static long swap_in(kv_rep *e, long *n, long budget) {
 
 /* SESSIONS: ContinuousPagedPolicy._start_load: if r's prefix continues in the CPU tier past its
    `hit` GPU blocks, take GPU blocks for both and queue the load on the host link; 1 if it did */
-static int start_load(kv_rep *e, kv_req *r, long hit) {
+static int start_load(kv_rep *e, long s, long hit) {
+    kv_req *r = &e->reqs[s];
     long bs = e->c.block_size, nt = r->prompt + r->generated, nb = nt / bs;
     kvt_touch(e->tier, r->hk, nb);  /* get_num_new_matched_tokens touches the request's blocks */
     long loaded = kvt_hits(e->tier, r->hk, hit, nb), most = (nt - 1) / bs - hit;
     if (loaded > most) loaded = most;
     if (loaded <= 0) return 0;
-    if (pc_need(e, r, hit, nt - hit * bs) > e->free_blocks) return 0;  /* the whole prompt must fit now */
+    long need = pc_need(e, r, hit, nt - hit * bs);
+    if (need + e->load_reserved > e->free_blocks) return 0;  /* the whole prompt must fit now, beside the queued loads' */
     if (pc_need(e, r, hit, loaded * bs) > e->free_blocks) return 0;
     fail(e, pc_admit(e, r, hit, loaded * bs));
     double now = e->S->now, ready = (now > e->link_free ? now : e->link_free) + (double)loaded * e->S->load_block_s;
     e->link_free = ready;
     r->loading = 1; r->ready = ready; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
     e->off_loaded_blocks += loaded;
+    r->off_rest = blocks_for(e, nt) - r->nblk;
+    e->load_reserved += r->off_rest;
+    if (e->nload == e->load_cap) {
+        long nc = e->load_cap ? 2 * e->load_cap : 64;
+        long *l = realloc(e->loads, sizeof(long) * nc);
+        if (!l) { fail(e, KV_NOMEM); return 1; }
+        e->loads = l; e->load_cap = nc;
+    }
+    e->loads[e->nload++] = s;
     return 1;
 }
 
@@ -1011,28 +1025,41 @@ static int schedule(kv_rep *e) {
         if (e->num_swapped_in < e->sq_len) return e->num_parts > 0;
     }
     long num_seqs = n;
-    for (long j = 0; j < e->wq_len; j++) {
+    int stopped = 0;
+    /* SESSIONS: requests loading from the CPU tier first, in the order their loads started (vLLM
+       puts the requests it skipped back at the front of its queue); each passed over until done */
+    for (long k = 0; k < e->nload; k++) {
+        long s = e->loads[k];
+        kv_req *r = &e->reqs[s];
+        if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) { stopped = 1; break; }
+        if (r->ready > e->S->now) continue;
+        long num_new = r->prompt + r->generated - r->off_cached;
+        if (num_new > budget) num_new = budget;
+        if (!grow_seq(e, r, num_new)) { stopped = 1; break; }
+        r->loading = 2;
+        e->load_reserved -= r->off_rest;
+        e->prefix_query_tokens += r->prompt + r->generated;
+        e->prefix_hit_tokens += r->off_cached - r->off_loaded;
+        e->off_hit_tokens += r->off_loaded;
+        r->adm_cached = r->off_cached;
+        e->admitted[e->num_admitted++] = s;
+        plan_add(e, s, num_new, r->off_cached);
+        num_seqs += 1;
+        budget -= num_new;
+    }
+    if (e->num_admitted) {  /* the loads still in flight, in order */
+        long w = 0;
+        for (long k = 0; k < e->nload; k++)
+            if (e->reqs[e->loads[k]].loading == 1) e->loads[w++] = e->loads[k];
+        e->nload = w;
+    }
+    for (long j = 0; !stopped && j < e->wq_len; j++) {
         long s = wq_at(e, j);
         kv_req *r = &e->reqs[s];
+        if (r->loading) continue;  /* looked at above */
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
-        if (r->loading) {  /* SESSIONS: its load from the CPU tier: passed over until done */
-            if (r->ready > e->S->now) continue;
-            long num_new = r->prompt + r->generated - r->off_cached;
-            if (num_new > budget) num_new = budget;
-            if (!grow_seq(e, r, num_new)) break;
-            r->loading = 0;
-            e->prefix_query_tokens += r->prompt + r->generated;
-            e->prefix_hit_tokens += r->off_cached - r->off_loaded;
-            e->off_hit_tokens += r->off_loaded;
-            r->adm_cached = r->off_cached;
-            e->admitted[e->num_admitted++] = s;
-            plan_add(e, s, num_new, r->off_cached);
-            num_seqs += 1;
-            budget -= num_new;
-            continue;
-        }
         long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
-        if (e->tier && r->tok && (r->prompt + r->generated) / e->c.block_size && start_load(e, r, hit)) continue;
+        if (e->tier && r->tok && (r->prompt + r->generated) / e->c.block_size && start_load(e, s, hit)) continue;
         long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
         if ((hit ? pc_need(e, r, hit, num_new) : blocks_for(e, num_new)) > e->free_blocks) break;
@@ -1062,6 +1089,7 @@ static int begin_step(kv_rep *e) {
     for (long k = 0; k < e->num_admitted; k++) {
         long s = e->admitted[k];
         wq_take(e, s);
+        e->reqs[s].loading = 0;
         kv_req *r = &e->reqs[s];
         r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
@@ -1289,7 +1317,11 @@ static int engine_event(kv_rep *e) {
         int rc = end_step(e);
         if (rc) return rc;
     }
-    if (schedule(e)) {
+    while (!schedule(e) && e->num_preempted) {  /* SESSIONS: preemptions alone: applied, look again */
+        int rc = begin_step(e);
+        if (rc) return rc;
+    }
+    if (e->num_parts) {
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1299,13 +1331,12 @@ static int engine_event(kv_rep *e) {
         }
         return start_step(e);
     }
-    if (e->num_preempted) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
     e->eng = ENG_IDLE;
     if (e->tier && e->wq_len) {  /* SESSIONS: policy.idle_timeout: it also wakes when the next load is done */
         double next = 0.0; int any = 0;
         for (long j = 0; j < e->wq_len; j++) {
             const kv_req *r = &e->reqs[wq_at(e, j)];
-            if (r->loading && r->ready > S->now && (!any || r->ready < next)) { next = r->ready; any = 1; }
+            if (r->loading == 1 && r->ready > S->now && (!any || r->ready < next)) { next = r->ready; any = 1; }
         }
         if (any) {
             e->eng = ENG_IDLE_T;
