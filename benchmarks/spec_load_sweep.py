@@ -5,8 +5,8 @@ at which its speed-up crosses 1 (issue 26's "done when").
         [--speculative-config '{"method": "eagle", "num_speculative_tokens": 3}']
         [--rates 0.5,1,2,4,8,12,16,20,24] [--num-requests 600] [--workload sharegpt]
 
-Each rate runs the same requests (same seed) twice: with the speculative config (Python engine)
-and without it. Prints a markdown table and the crossing rate.
+Each rate runs the same requests (same seed) twice: with the speculative config and
+without it (both in the compiled core where it is built, else the Python engine). Prints a markdown table and the crossing rate.
 """
 
 from __future__ import annotations

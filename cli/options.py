@@ -68,6 +68,7 @@ MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of o
 EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
 EnablePrefixCaching = Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes (vLLM V1's automatic prefix caching). [default: on]")]
 EngineVersion = Annotated[str | None, typer.Option(help="vLLM version the engine's host cost and scheduler defaults model: vllm-v0 (Ray workers, synchronous output processing, no chunked prefill), vllm-0.6 (multi-step scheduling, 10 steps), vllm-v1. [default: vllm-v1]")]
+UsageContextOpt = Annotated[str | None, typer.Option("--usage-context", help="With --engine-version: whose defaults fill an unset --max-num-seqs / --max-num-batched-tokens, vLLM's per GPU (simcore/batch_defaults.py): server (vllm serve) or offline (the LLM class, vllm bench throughput). [default: server]")]
 SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
 KvOffloadingSize = Annotated[float | None, typer.Option("--kv-offloading-size", help="CPU KV tier of a replica in GiB, summed over its GPUs (vLLM's native KV offloading): prefix-cache blocks are written through to host memory (LRU) and loaded back over PCIe on a hit. [default: none]")]
 Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
@@ -92,7 +93,7 @@ QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantizatio
 PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]
 RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requests are spread over data-parallel replicas: round-robin, least-loaded, session-affinity (a conversation stays on its first replica), prefix-aware (llm-d's precise prefix-cache scorer: cached prefix, free KV and queue, weighted 2:1:1). [default: least-loaded]")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-SpeculativeConfigOpt = Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding, as vLLM's JSON: {\"method\": \"eagle\" | \"eagle3\" | \"mtp\" | \"ngram\" | \"draft_model\", \"model\": ..., \"num_speculative_tokens\": k}, plus kvsim's \"acceptance_rate\" (per draft token, given the ones before were accepted) or \"acceptance_rates\" (one per position), else a published default for the method. Python engine only.")]
+SpeculativeConfigOpt = Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding, as vLLM's JSON: {\"method\": \"eagle\" | \"eagle3\" | \"mtp\" | \"ngram\" | \"draft_model\", \"model\": ..., \"num_speculative_tokens\": k}, plus kvsim's \"acceptance_rate\" (per draft token, given the ones before were accepted) or \"acceptance_rates\" (one per position), else a published default for the method.")]
 Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]
 SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
 SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]
@@ -153,6 +154,22 @@ def apply_engine_preset(fields: dict[str, Any], policy: str) -> None:
     for name, value in ENGINE_PRESETS[version].items():
         if name in spec.options:
             fields.setdefault(name, value)
+
+
+def batch_default_fields(engine_version: str | None, usage_context: str | None, fleet: bool = False,
+                         **given: int | None) -> frozenset[str]:
+    """The step limits --engine-version fills per GPU (simcore.batch_defaults): those not given,
+    only with --engine-version; --usage-context is refused without it."""
+    from kvsim.simcore.batch_defaults import USAGE_CONTEXTS
+
+    if usage_context is not None:
+        if usage_context not in USAGE_CONTEXTS:
+            raise ConfigError(f"--usage-context must be one of {', '.join(USAGE_CONTEXTS)}, got {usage_context!r}")
+        if engine_version is None:
+            raise ConfigError("--usage-context applies only with --engine-version (it picks that version's defaults)")
+    if engine_version is None or fleet:
+        return frozenset()
+    return frozenset(name for name, value in given.items() if value is None)
 
 
 def workload_overrides(

@@ -86,7 +86,7 @@ def plan(
     engine_version: EngineVersion = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
-    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Searched on the Python engine.")] = None,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'.")] = None,
     disagg: Annotated[str, typer.Option(help="Disaggregated prefill/decode candidates: off (aggregated only), on (disaggregated only) or auto (both; says which is cheaper). Disaggregated runs use the Python engine: seconds per candidate.")] = "off",
     disagg_ratios: Annotated[str | None, typer.Option(help=f"Prefill:decode instance ratios of a disaggregated unit, e.g. 1:1,2:1. {LIST} [default: 1:1,2:1,1:2]")] = None,
     disagg_placement: Annotated[str | None, typer.Option(help="Where a disaggregated unit's pools sit: same-node or cross-node. [default: same-node when a unit fits in one node]")] = None,
@@ -232,12 +232,37 @@ def plan(
     result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
         kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
         for kind, m in MEDIAN_ABS_ERROR.items()}
+    _slo_probabilities(result, confidence, spec, confirm_requests, seed, slo)
     if disagg == "auto":
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                      confirm_requests, disagg_placement, kv_cache_dtype, quantization, result, out, as_json, started)
         return
     wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
+
+
+def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, seed: int, slo) -> None:
+    """Each answer's probability of meeting the SLO under its profile's stated error
+    (reports/plan_confidence.py), as `slo_probability` on the answer; its runs are counted."""
+    import dataclasses
+    from statistics import NormalDist
+
+    from kvsim.profiles.uncertainty import profile_error
+    from kvsim.reports.plan import _cell_value
+    from kvsim.reports.plan_confidence import slo_probability
+
+    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    z = NormalDist().inv_cdf(confidence) if confidence != 0.5 else 0.0
+    for answer in result.answers:
+        best = answer["best"]
+        if best is None:
+            continue
+        a = next(a for a in result.assessments[answer["model"]]
+                 if a.profile is not None and all(best.get(k) == _cell_value(k, v) for k, v in a.candidate.values))
+        error = profile_error(a.profile)
+        p = slo_probability(a, best["replicas"], answer["target_rate"], spec_confirm, seed, slo, error.sigma, z)
+        result.num_runs += p["runs"]
+        answer["slo_probability"] = {**p, "model_error": error.to_dict()}
 
 
 def _profiles_at(confidence: float):
@@ -484,6 +509,11 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     for answer, shown in zip(result.answers, doc["answers"], strict=True):
         typer.echo("Answer: " + shown["line"])
         best = answer["best"]
+        p = answer.get("slo_probability")
+        if p is not None:
+            typer.echo(f"Meets the SLO with probability {_percent(p['probability'])} under the profile's stated "
+                       f"error (median {100 * p['model_error']['median_abs_error']:g}% per step; between "
+                       f"{_percent(p['low'])} and {_percent(p['high'])}, {p['runs']} re-runs of the confirmation)")
         if best is not None and best.get("vllm_serve"):
             typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
                        + (" behind a load balancer" if best["replicas"] > 1 else ""))
@@ -491,6 +521,10 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
         typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+
+
+def _percent(p: float) -> str:
+    return f"{100 * p:.1f}%" if 0.001 < p < 0.999 else f"{100 * p:.2f}%"
 
 
 def _has_pyarrow() -> bool:

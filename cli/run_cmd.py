@@ -54,8 +54,10 @@ from kvsim.cli.options import (
     SpeculativeConfigOpt,
     SwapSpace,
     ThinkTime,
+    UsageContextOpt,
     Workload,
     apply_engine_preset,
+    batch_default_fields,
     check_common,
     check_inputs_kept,
     check_sample_width,
@@ -109,11 +111,12 @@ def run(
     reservation: Reservation = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block (power of two).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory the engine may use, (0, 1].")] = 0.90,
-    max_num_seqs: Annotated[int, typer.Option(help="Most sequences in one step.")] = 256,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one step. [default: 256; with --engine-version, that vLLM's default on the GPU]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     engine_version: EngineVersion = None,
+    usage_context: UsageContextOpt = None,
     error_bars: Annotated[bool, typer.Option("--error-bars/--no-error-bars", help="Also run with every step time at the 5th and 95th percentile of the profile's stated error (profiles/uncertainty.py) and print each headline metric's 90% band.")] = True,
     swap_space: SwapSpace = None,
     kv_offloading_size: KvOffloadingSize = None,
@@ -237,12 +240,18 @@ def run(
         fields["router"] = router.value
     config = EngineConfig(
         block_size=block_size, gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
+        max_num_seqs=256 if max_num_seqs is None else max_num_seqs, tensor_parallel_size=tp, data_parallel_size=dp,
         pipeline_parallel_size=pp, kv_cache_dtype=kv_cache_dtype.value,
         quantization=quantization.value if quantization else None, policy=policy.value,
         enable_expert_parallel=enable_expert_parallel, **fields,
     )
     model_spec = config.resolve_model(model_spec)
+    fill = batch_default_fields(engine_version, usage_context, fleet is not None, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens)
+    if fill:  # --engine-version: vLLM's per-GPU step limits for those not given (simcore/batch_defaults.py)
+        from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, apply_batch_defaults
+
+        config = apply_batch_defaults(config, gpu_spec, model_spec, fill, usage_context or DEFAULT_USAGE_CONTEXT)
     from kvsim.simcore.config import resolve
 
     fleet_groups = None

@@ -44,8 +44,10 @@ from kvsim.cli.options import (
     Reservation,
     SwapSpace,
     ThinkTime,
+    UsageContextOpt,
     Workload,
     apply_engine_preset,
+    batch_default_fields,
     check_common,
     check_inputs_kept,
     check_sample_width,
@@ -219,11 +221,12 @@ def sweep(
     reservation: Reservation = None,
     block_size: Annotated[str | None, typer.Option(help=f"Tokens per KV block (power of two). {LIST_HELP} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Share of GPU memory the engine may use. {LIST_HELP} [default: 0.9]")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: 256]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: 256; with --engine-version, that vLLM's default on each GPU]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
     engine_version: EngineVersion = None,
+    usage_context: UsageContextOpt = None,
     swap_space: SwapSpace = None,
     kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier of a replica in GiB (0 or none: no tier). {LIST_HELP} [default: none]")] = None,
     preemption_mode: Preemption = None,
@@ -254,7 +257,7 @@ def sweep(
     executor: Annotated[ExecutorName, typer.Option(help="Where points run: local processes, or a Ray cluster (pip install '.[ray]' in kvsim's source folder).")] = ExecutorName.local,
     address: Annotated[str | None, typer.Option(help="Ray cluster: auto or HOST:PORT. [default: start a local Ray]")] = None,
     as_json: AsJson = False,
-    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'. Python engine only.")] = None,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding as vLLM's JSON (see kvsim run), or a JSON list of them to sweep, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'.")] = None,
 ) -> None:
     """Simulate every combination of the listed settings (x seeds) in parallel; one row per point."""
     import numpy as np
@@ -322,11 +325,16 @@ def sweep(
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,
         beam_width=beam_width, think_time_s=think_time_s,
     )
+    fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens)
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
+
     plan = plan_sweep(
         model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
         _profiles(profile, len(model_specs) * len(gpu_specs)), seed_list,
         {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
          "slo_tpot_p95_ms": slo_tpot_p95_ms}, zipped,
+        batch_defaults=(fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None,
     )
     for point in plan.points:  # a request no step can hold: refused before any point runs
         if not point.does_not_fit and point.resolved is not None:

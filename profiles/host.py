@@ -8,9 +8,17 @@ engine (microsoft/vidur `data/profiling/a100/cpu_overheads.csv` at commit 0633ef
 Sarathi with `scheduler_type="vllm"`, TP workers as Ray actors, A100 hosts; median ms per step of
 each engine phase, decode batches 8..64, Llama-2-7B at TP 1/2/4). Each phase's (intercept, slope
 per sequence) is the line through its batch-8 and batch-64 medians at that TP (intercept rounded to
-0.01 ms, slope to 0.001 ms as before). At TP > 1 a phase that grows with the ranks (a remote call
-per worker, one more process to wait for) is taken as linear in the worker count `tp - 1` through
-the TP 2 and TP 4 lines; TP 8 is an extrapolation of that line (no TP 8 row was published).
+0.01 ms, slope to 0.001 ms as before). No TP 8 row was published, so past TP 4 each phase follows
+its mechanism. Ray's driver-to-worker calls are one remote call per worker, each carrying the
+step's batch (V0's `_run_workers`): linear in the worker count `tp - 1` through the TP 2 and TP 4
+lines. Every other phase is work the driver does once, or each rank does for itself in parallel
+(a V1 worker prepares its own inputs: vllm-project/vllm PR #9856, "All processes run
+prepare_inputs"), and keeps its TP 4 line, the largest TP measured. (Until issue 27's second round
+every phase was extrapolated linearly; that put V1's rank wait at +0.062 ms per sequence at TP 8,
+three times TP 4's, from two points, and made TP 8 H100 serving of a 70B model slower than TP 4.
+How the slowest of 8 ranks' parallel work compares with the slowest of 4 is not in any data we
+know of; the TP 4 line is a floor if it only grows, and profiles/uncertainty.py's error covers the
+rest.)
 
 Which phases sit on the step's critical path is what distinguishes the engine versions:
 
@@ -47,6 +55,8 @@ VIDUR_MEDIANS = {  # phase -> TP -> (batch 8, batch 64)
     "post_prepare_inputs_barrier": {1: (0.078, 0.073), 2: (0.141, 0.150), 4: (0.622, 1.791)},
     "ray_comm_time": {1: (0.156, 0.455), 2: (3.063, 6.490), 4: (3.125, 8.342)},
 }
+MAX_MEASURED_TP = 4  # the largest TP of Vidur's published CPU-overhead rows
+PER_WORKER_PHASES = ("ray_comm_time",)  # one remote call per worker per step: grows with the workers
 LOOP = ("schedule", "prepare_inputs_e2e", "sampler_e2e")  # the engine loop's own work
 # vLLM 0.6.0 benchmarks ran multi-step scheduling with --num-scheduler-steps 10 (blog.vllm.ai 2024-09-05).
 MULTI_STEP = 10
@@ -67,11 +77,14 @@ def _line(points: tuple[float, float]) -> tuple[float, float]:
 
 
 def phase_line(phase: str, tp: int) -> tuple[float, float]:
-    """A phase's (intercept, slope) at this TP: measured at TP 1, 2, 4; elsewhere linear in the
-    worker count tp - 1 through TP 2 and TP 4 (TP 8: an extrapolation)."""
+    """A phase's (intercept, slope) at this TP: measured at TP 1, 2, 4; between them, and past
+    TP 4 for the per-worker calls (PER_WORKER_PHASES), linear in the worker count tp - 1 through
+    TP 2 and TP 4; past TP 4 every other phase keeps its TP 4 line (see the module docstring)."""
     by_tp = VIDUR_MEDIANS[phase]
     if tp in by_tp:
         return _line(by_tp[tp])
+    if tp > MAX_MEASURED_TP and phase not in PER_WORKER_PHASES:
+        return _line(by_tp[MAX_MEASURED_TP])
     (a2, s2), (a4, s4) = _line(by_tp[2]), _line(by_tp[4])
     w = tp - 1  # workers besides the driver; TP 2 has 1, TP 4 has 3
     return a2 + (a4 - a2) * (w - 1) / 2, s2 + (s4 - s2) * (w - 1) / 2

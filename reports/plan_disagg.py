@@ -5,7 +5,7 @@ and priced like the aggregated ones (reports.plan), so a plan can say which layo
                  for every A, B in --tp and every P:D in --disagg-ratios; both pools must fit
                  (memory) and their single-step bounds must not already miss the SLO (prefill
                  alone for TTFT at TP A, one decode step alone for TPOT at TP B)
-    search       the max sustainable rate of ONE unit (reports.capacity's search, Python engine),
+    search       the max sustainable rate of ONE unit (reports.capacity's search),
                  cheapest GPUs per unit first; a unit that could not beat the cheapest deployment
                  found so far (aggregated ones included, with --disagg auto) even at one unit per
                  target is skipped, and a search stops as soon as the unit fails at the rate it
@@ -18,8 +18,8 @@ and priced like the aggregated ones (reports.plan), so a plan can say which layo
                  busier pool), up to two; if it still fails, the next cheapest (up to three)
 
 Scaling by whole units keeps the searched P:D ratio; a deployment between two units' sizes (an
-extra decode instance only) is not searched. Each run simulates in the Python engine (the
-compiled core refuses disaggregated runs), so a disaggregated plan costs seconds per candidate.
+extra decode instance only) is not searched. Each run simulates in the compiled core where it
+runs both pools (simcore.fastcore_disagg; else the Python engine, seconds per candidate).
 """
 
 from __future__ import annotations

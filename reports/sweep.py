@@ -173,12 +173,16 @@ def plan_sweep(
     lists: dict[str, Sequence[Any]], load_workload: Callable[[dict[str, Any], int], Any],
     profile_for: Callable[..., Any], seeds: Sequence[int], fixed: dict[str, Any],
     zipped: Sequence[Sequence[str]] = (),
+    batch_defaults: tuple[frozenset[str], str] | None = None,
 ) -> SweepPlan:
     """Build and validate every point before anything runs: a bad value (vLLM's cross-field rules
     included) is a ConfigError for the whole sweep, a model that does not fit a cell is a point
     marked so. `fixed` are extra option columns (SLOs, profile). Several models are a dimension
     of the grid (the slowest-varying one), so a model column appears; one model keeps the table
-    (and the point ids) as before."""
+    (and the point ids) as before. `batch_defaults` (fields, usage context): --engine-version's
+    per-GPU step limits fill those fields at every point where they are not swept
+    (simcore.batch_defaults)."""
+    from kvsim.simcore.batch_defaults import apply_batch_defaults
     from kvsim.simcore.config import resolve
 
     models = [models] if isinstance(models, ModelSpec) else list(models)
@@ -203,6 +207,9 @@ def plan_sweep(
         engine = {k: v for k, v in values.items() if k not in ("model", "gpu", *WORKLOAD_DIMS)}
         load = {k: v for k, v in values.items() if k in WORKLOAD_DIMS}
         config = replace(base, **engine)  # re-runs EngineConfig validation
+        if batch_defaults is not None:
+            config = apply_batch_defaults(config, gpu, config.resolve_model(model), batch_defaults[0] - set(engine),
+                                          batch_defaults[1])
         try:  # refuses what simulate() refuses, for every point before any runs; plans memory once
             resolved, reason = resolve(model, gpu, config), ""
         except DoesNotFitError as exc:

@@ -347,15 +347,16 @@ POOLS = ("prefill", "decode")
 @dataclass
 class DisaggSimulation(Simulation):
     """A prefill pool and a decode pool (each a prepared `Simulation` of its own configuration,
-    profile and memory plan) behind a `DisaggProxy`. Runs in the Python engine only: the compiled
-    core refuses it (simcore.fastcore.unsupported)."""
+    profile and memory plan) behind a `DisaggProxy`. The compiled core runs it when it runs both
+    pools (simcore.fastcore_disagg, csrc/disagg.c; the same run as the Python engine's
+    --exact-steps, tests/test_disagg_core.py); else the Python engine does."""
 
     pools: dict[str, Simulation] = field(default_factory=dict)
     proxy: DisaggProxy | None = None
 
     @property
     def disagg(self) -> DisaggProxy | None:
-        """What simcore.fastcore.unsupported looks for."""
+        """What simcore.fastcore.unsupported looks for (then simcore.fastcore_disagg's checks)."""
         return self.proxy
 
     @property
@@ -373,10 +374,26 @@ class DisaggSimulation(Simulation):
         return self._env
 
     def run(self) -> Result:
+        from kvsim.simcore import cores
+        from kvsim.simcore.simulate import _say_python_core_once
+
         core, why = self.choose_core()
-        assert core == "python", "the compiled core refuses disaggregated runs"
-        self.env.run()
-        stats = self.arrivals.value
+        stats = None
+        if core != cores.PYTHON:  # the compiled core (simcore.fastcore_disagg)
+            try:
+                stats = cores.get(core).run(self, cores.Hooks(self.progress))
+            except cores.CoreUnavailable as exc:
+                if self.engine_core == core:
+                    raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
+                if not exc.clean:
+                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                                      "run it with --engine-core python") from None
+                core, why = cores.PYTHON, str(exc)
+        if core == cores.PYTHON:
+            if self.engine_core == "auto":
+                _say_python_core_once(why)
+            self.env.run()
+            stats = self.arrivals.value
         engines = self.replicas
         stalled = sum(e.lifecycle.num_unfinished for e in engines)
         if stalled:

@@ -80,7 +80,7 @@ def _reset_stores(engines: list[Any]) -> None:
         life = engine.lifecycle
         life.records, life.itl = records, Samples()
         rec = engine.recorder
-        fresh = StepRecorder(engine.latency, rec.cap)
+        fresh = StepRecorder(engine.spec_cost or engine.latency, rec.cap)
         fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
         engine.recorder = fresh
 
@@ -112,6 +112,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
     lib.kv_engine_tier_counts.restype = None
     lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_spec.restype = ctypes.c_int
+    lib.kv_engine_spec.argtypes = [ctypes.c_void_p, ctypes.POINTER(_SpecConfig), _P, ctypes.POINTER(ctypes.c_ulong),
+                                   ctypes.c_void_p]
+    lib.kv_engine_spec_stats.restype = None
+    lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -120,6 +125,7 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.engine import Engine
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
+    from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
 
     sessions = getattr(sim.workload, "is_session", False)
     if (getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None) and not sessions
@@ -131,12 +137,16 @@ def unsupported(sim: Any) -> str:
         return "a heterogeneous fleet (replicas of several GPU types or TPs)"
     if getattr(sim, "autoscaler", None) is not None:
         return "autoscaling (replicas started and drained during the run)"
-    engine_config = getattr(sim.config, "engine", None)
-    if (getattr(engine_config, "speculative_config", None) is not None
-            or any(getattr(e, "spec_cost", None) is not None for e in sim.replicas)):
-        return "speculative decoding"
-    if getattr(sim, "disagg", None) is not None:
-        return "disaggregated prefill/decode (two pools and KV transfers; simcore.disagg)"
+    spec_reason = _speculative_unsupported(sim)
+    if spec_reason:
+        return spec_reason
+    if (sessions or getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None)) and (
+            getattr(getattr(sim.config, "engine", None), "speculative_config", None) is not None):
+        return "speculative decoding with sessions or the CPU KV tier"
+    if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
@@ -151,7 +161,7 @@ def unsupported(sim: Any) -> str:
     if engine.lifecycle.token_times is not None:
         return "per-request token times (--save-result)"
     policy = engine.policy
-    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy):
+    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
     if any(type(e.policy) is not type(policy) for e in engines):
         return "replicas with different policies"
@@ -183,6 +193,81 @@ def _unavailable_core() -> str:
     return ""
 
 
+def _speculative_unsupported(sim: Any) -> str:
+    """Why the core cannot run this run's speculative decoding ("" when it can, or there is none):
+    csrc/spec.c draws acceptance from the policy's own numpy PCG64 stream, and prices a step as
+    simcore.speculative_cost does (a head, n-gram lookup, or a draft model's own profile)."""
+    engine_config = getattr(sim.config, "engine", None)
+    spec = getattr(engine_config, "speculative_config", None)
+    costs = [getattr(e, "spec_cost", None) for e in sim.replicas]
+    if spec is None and all(c is None for c in costs):
+        return ""
+    if spec is None or any(c is None or c.spec is not spec for c in costs):
+        return "speculative decoding on some replicas only"
+    if spec.method not in _SPEC_METHODS:
+        return f"speculative decoding with method {spec.method}"
+    if spec.method == "draft_model" and type(costs[0].draft).__name__ != "StepLatencyModel":
+        return "speculative decoding with a draft model that is not priced from a profile's tables"
+    for e in sim.replicas:
+        rng = getattr(e.policy, "accept_rng", None)
+        if rng is None or rng.bit_generator.state.get("bit_generator") != "PCG64":
+            return "speculative decoding with an acceptance stream other than numpy's PCG64"
+    return ""
+
+
+_SPEC_METHODS = {"eagle": 0, "eagle3": 0, "mtp": 0, "ngram": 1, "draft_model": 2}  # csrc/spec.h KV_SPEC_*
+
+
+class _SpecConfig(ctypes.Structure):  # csrc/spec.h kv_spec_config
+    _fields_ = [("k", ctypes.c_long), ("method", ctypes.c_long), ("head_layers", ctypes.c_double),
+                ("ngram_ms_per_seq", ctypes.c_double)]
+
+
+def _set_speculative(lib, handle, engines) -> Any:
+    """Every replica's speculative decoding into the core (its acceptance stream where the
+    policy's stands now); returns the draft model's kv_pricing to free after the run (or None)."""
+    from kvsim.simcore import ccore
+    from kvsim.simcore.speculative import NGRAM_HOST_MS_PER_SEQ
+
+    cost = engines[0].spec_cost
+    spec = cost.spec
+    cfg = _SpecConfig(spec.num_speculative_tokens, _SPEC_METHODS[spec.method], float(cost.head_layers),
+                      NGRAM_HOST_MS_PER_SEQ)
+    rates = np.ascontiguousarray(spec.rates, dtype=np.float64)
+    mask = (1 << 64) - 1
+    words = []
+    for e in engines:  # numpy PCG64's 128-bit state and increment, high word first
+        st = e.policy.accept_rng.bit_generator.state["state"]
+        words += [st["state"] >> 64, st["state"] & mask, st["inc"] >> 64, st["inc"] & mask]
+    rng = (ctypes.c_ulong * len(words))(*words)
+    draft = None
+    if cost.draft is not None:
+        blob = ccore.pricing_blob(cost.draft)
+        draft = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+        if not draft:
+            raise RuntimeError("kvsim: csrc/pricing.c refused the draft model's blob")
+    if lib.kv_engine_spec(handle, ctypes.byref(cfg), rates.ctypes.data_as(_P), rng, draft):
+        if draft:
+            lib.kv_pricing_free(draft)
+        raise MemoryError("kvsim: the C engine core could not allocate its speculative-decoding state")
+    return draft
+
+
+def _collect_speculative(lib, handle, engines) -> None:
+    """Each replica's spec-decode counters into its policy and its pricer's sums (what the
+    Python engine leaves there: simulate.speculative_summary reads them)."""
+    k = engines[0].spec_cost.spec.num_speculative_tokens
+    ints = (ctypes.c_long * (3 + 2 * k))()
+    sums = (ctypes.c_double * 2)()
+    for index, e in enumerate(engines):
+        lib.kv_engine_spec_stats(handle, index, ints, sums)
+        policy = e.policy
+        policy.num_drafts, policy.num_draft_tokens, policy.num_accepted_tokens = ints[0], ints[1], ints[2]
+        policy.accepted_at = np.array(ints[3:3 + k], dtype=np.int64)
+        policy.drafted_at = np.array(ints[3 + k:3 + 2 * k], dtype=np.int64)
+        e.spec_cost.verify_ms, e.spec_cost.draft_ms = sums[0], sums[1]
+
+
 def run(sim: Any, progress=None) -> Any:
     """Run `sim` (prepared, not started, `unsupported(sim)` == "") in C, filling its engines'
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
@@ -191,6 +276,10 @@ def run(sim: Any, progress=None) -> Any:
     from kvsim.simcore import metrics as metrics_module
     from kvsim.simcore import records as records_module
 
+    if getattr(sim, "disagg", None) is not None:
+        from kvsim.simcore import fastcore_disagg
+
+        return fastcore_disagg.run(sim, progress)
     lib = ccore.library()
     _declare(lib)
     engines = sim.replicas
@@ -201,10 +290,12 @@ def run(sim: Any, progress=None) -> Any:
     sessions = getattr(sim.workload, "is_session", False)
     clients = 0 if sessions else _clients(sim.workload)
     fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
+    speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
     cfg = _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, 1, int(policy.swap),
+        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, int(not speculative),
+        int(policy.swap),
         alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
         int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
         recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
@@ -214,6 +305,7 @@ def run(sim: Any, progress=None) -> Any:
     if not pricing:
         raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
     handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
+    draft = None
     try:
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
@@ -221,7 +313,12 @@ def run(sim: Any, progress=None) -> Any:
         tier = getattr(policy, "host_tier", None)
         if tier is not None and lib.kv_engine_offload(handle, tier.num_blocks, float(policy.load_block_s), nkeys):
             raise MemoryError("kvsim: the C engine core could not allocate the CPU KV tier")
-        return _drive(lib, handle, sim, engines, latency, progress, fold)
+        if speculative:
+            draft = _set_speculative(lib, handle, engines)
+        stats = _drive(lib, handle, sim, engines, latency, progress, fold)
+        if speculative:
+            _collect_speculative(lib, handle, engines)
+        return stats
     except CoreUnavailable as exc:
         # nothing went out to the caller yet
         exc.clean = engine.lifecycle.records.kept and not any(e.recorder.streaming for e in engines)
@@ -231,6 +328,8 @@ def run(sim: Any, progress=None) -> Any:
     finally:
         lib.kv_engine_free(handle)
         lib.kv_pricing_free(pricing)
+        if draft:
+            lib.kv_pricing_free(draft)
 
 
 def _clients(workload: Any) -> int:

@@ -37,6 +37,7 @@ tests/test_latency.py compares them bit for bit with the formulas written out pl
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -242,17 +243,26 @@ class Profile:
     # tables twice; later calls build their own. Not compared, printed or pickled.
     _unused_model: StepLatencyModel | None = field(default=None, init=False, repr=False, compare=False)
 
+    # Models built once per (where, policy, engine version), copied for each simulation
+    # (StepLatencyModel.fresh): a planner runs hundreds of simulations of one profile, and
+    # parsing its tables cost more than a compiled-core run. Not compared, printed or pickled.
+    _templates: dict[tuple, StepLatencyModel] = field(default_factory=dict, init=False, repr=False, compare=False)
+
     def latency_model(self, where: str = "profile", policy: str = "continuous",
                       engine_version: str = DEFAULT_ENGINE_VERSION) -> StepLatencyModel:
         """A fresh StepLatencyModel of this profile for one simulation (its steps priced as
         `engine_version` where the profile has that version's host terms)."""
-        model, self._unused_model = self._unused_model, None
-        if model is not None and model.policy == policy and model.engine_version == engine_version:
-            return model
-        return StepLatencyModel(self.data, where, policy=policy, engine_version=engine_version)
+        key = (where, policy, engine_version)
+        template = self._templates.get(key)
+        if template is None:
+            model, self._unused_model = self._unused_model, None
+            if model is None or model.policy != policy or model.engine_version != engine_version:
+                model = StepLatencyModel(self.data, where, policy=policy, engine_version=engine_version)
+            template = self._templates[key] = model
+        return template.fresh()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_unused_model": None}
+        return {**self.__dict__, "_unused_model": None, "_templates": {}}
 
     @property
     def source(self) -> str:
@@ -583,6 +593,15 @@ class StepLatencyModel:
         elif data.get("collective"):
             self.collective = _table1d(data["collective"], "num_tokens", f"{where}.collective")
         self._coll_memo: dict[tuple[int, int], float] = {}
+
+    def fresh(self) -> StepLatencyModel:
+        """A copy for another simulation: the same tables (read-only; their memos are pure), its
+        own extrapolation counter, memos and decode-table choice."""
+        new = copy.copy(self)
+        new.extrapolated = ExtrapolationCounter()
+        new._last_key, new._last_chunks, new._last_parts = None, [], (0.0, 0.0, 0.0)
+        new._fixed_memo, new._span_memo, new._coll_memo = {}, {}, {}
+        return new
 
     def set_block_size(self, block_size: int) -> bool:
         """Use the decode table of this block size, else the nearest one; True if exact."""

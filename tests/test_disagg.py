@@ -117,10 +117,28 @@ def test_held_kv_keeps_the_prefill_instance_from_new_prompts():
     assert math.isclose(rows["prefilled_s"][1], 0.007 + STEP, abs_tol=1e-12)
 
 
-def test_compiled_core_refuses_disaggregated_runs():
-    sim = disagg([req(0, 0.0, 64, 4)])
-    assert "disaggregated" in fastcore.unsupported(sim)
-    with pytest.raises(ConfigError, match="disaggregated"):
+def test_compiled_core_runs_the_hand_computed_timeline():
+    # the first test's request through the compiled core (simcore/csrc/disagg.c; equivalence on
+    # many cases: tests/test_disagg_core.py), and what it refuses, by name
+    from kvsim.simcore import ccore
+    from tests.test_fastcore_equivalence import ArraysWorkload
+
+    if ccore.library() is None:
+        pytest.skip("no compiled core")
+    configs = {"prefill": EngineConfig(), "decode": EngineConfig()}
+    profiles = {"prefill": flat_profile(), "decode": flat_profile()}
+    sim = prepare_disagg(TINY, H100, configs, ArraysWorkload([0.0], [64], [4]), profiles, link=LINK)
+    assert fastcore.unsupported(sim) == ""
+    result = sim.run()
+    assert result.record["engine_core"] == "c"
+    row = result.requests.iloc[0]
+    assert math.isclose(row["ttft_s"], 2 * STEP + 0.005, abs_tol=1e-12)
+    assert math.isclose(row["e2el_s"], 2 * STEP + 0.005 + 3 * STEP, abs_tol=1e-12)
+    assert math.isclose(result.transfers.columns()["end_s"][0], STEP + 0.005, abs_tol=1e-12)
+    assert result.summary["pools"]["prefill"]["num_steps"] == 1 and result.summary["pools"]["decode"]["num_steps"] == 4
+    sim = disagg([req(0, 0.0, 64, 4)])  # a workload that is not arrays: the Python engine runs it
+    assert "prefill pool" in fastcore.unsupported(sim)
+    with pytest.raises(ConfigError, match="cannot run"):
         disagg([req(0, 0.0, 64, 4)], engine_core="c").run()
 
 
@@ -156,7 +174,7 @@ def test_cli_disagg_run_cross_node_never_faster_than_same_node():
     same, cross = (docs[p]["summary"] for p in ("same-node", "cross-node"))
     assert cross["kv_transfer"]["mean_transfer_ms"] > same["kv_transfer"]["mean_transfer_ms"]
     assert cross["mean_e2el_ms"] >= same["mean_e2el_ms"] and cross["mean_ttft_ms"] >= same["mean_ttft_ms"]
-    assert docs["same-node"]["record"]["engine_core"] == "python"
+    assert docs["same-node"]["record"]["engine_core"] == "c"  # the compiled core runs it (test_disagg_core.py)
     assert docs["same-node"]["record"]["disagg"]["link"]["connector"] == "NixlConnector"
 
 

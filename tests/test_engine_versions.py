@@ -20,16 +20,21 @@ def test_phase_lines_go_through_the_published_medians():
         for tp, (b8, b64) in by_tp.items():
             a, s = phase_line(phase, tp)
             assert a + 8 * s == pytest.approx(b8) and a + 64 * s == pytest.approx(b64)
-    # TP 8 is the line through TP 2 and TP 4 in the worker count (1, 3 -> 7 workers)
+    # Ray's per-worker calls at TP 8: the line through TP 2 and TP 4 in the worker count (1, 3 -> 7)
     (a2, s2), (a4, s4), (a8, s8) = (phase_line("ray_comm_time", tp) for tp in (2, 4, 8))
     assert a8 == pytest.approx(a2 + 3 * (a4 - a2)) and s8 == pytest.approx(s2 + 3 * (s4 - s2))
+    # every other phase is not extrapolated past the largest measured TP: TP 8 keeps TP 4's line
+    for phase in set(VIDUR_MEDIANS) - {"ray_comm_time"}:
+        assert phase_line(phase, 8) == phase_line(phase, 4)
 
 
 def test_tp1_continuous_host_is_unchanged_and_v1_grows_with_the_ranks():
     assert DEFAULT_ENGINE_VERSION == "vllm-v1"
     assert engine_host("vllm-v1", 1) == (1.04, 0.038)  # the pre-version default at TP 1
-    steps = [engine_host("vllm-v1", tp) for tp in (1, 2, 4, 8)]
+    steps = [engine_host("vllm-v1", tp) for tp in (1, 2, 4)]
     assert all(a < b for a, b in zip(steps, steps[1:], strict=False))  # more ranks to wait for
+    assert engine_host("vllm-v1", 8) == engine_host("vllm-v1", 4)  # no TP 8 measurement: TP 4's terms
+    assert engine_host("vllm-v0", 8)[1] > engine_host("vllm-v0", 4)[1]  # one Ray call per worker
     assert all(engine_host("vllm-v0", tp)[0] > engine_host("vllm-v1", tp)[0] for tp in (1, 2, 4, 8))
     assert all(engine_host("vllm-0.6", tp)[0] < engine_host("vllm-v1", tp)[0] for tp in (1, 2, 4, 8))
     with pytest.raises(ValueError, match="unknown engine version"):

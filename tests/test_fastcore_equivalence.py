@@ -99,10 +99,11 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, ArraysWorkload
     return config, ArraysWorkload(arrivals, prompt, output)
 
 
-def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY, profile=None):
+def _compare(config: EngineConfig, workload, seed: int, context: str, model=TINY, profile=None, **extra):
+    """Both cores on one run (`extra`: more arguments of simulate, e.g. draft_profile)."""
     profile = profile or _profile()
-    core = simulate(model, H100, config, workload, profile, seed=seed, engine_core="c")
-    exact = simulate(model, H100, config, workload, profile, seed=seed, exact_steps=True)
+    core = simulate(model, H100, config, workload, profile, seed=seed, engine_core="c", **extra)
+    exact = simulate(model, H100, config, workload, profile, seed=seed, exact_steps=True, **extra)
     assert core.record["engine_core"] == "c" and exact.record["engine_core"] == "python", context
     rc, re_ = core.requests, exact.requests
     assert_same_requests(rc, re_, context)

@@ -1,5 +1,6 @@
 """Speculative decoding: config parsing, acceptance sampling, the block math under rejection,
-hand-computed steps, the memory plan, and the C core's refusal."""
+hand-computed steps, the memory plan, and which core runs it (tests/test_fastcore_speculative.py
+holds the two cores equal)."""
 
 from __future__ import annotations
 
@@ -242,19 +243,19 @@ def test_draft_weights_and_kv_come_out_of_the_kv_plan():
     assert "draft_weights_gib_per_gpu" in draft.to_dict() and "draft_weights_gib_per_gpu" not in plain.to_dict()
 
 
-def test_the_compiled_core_refuses_speculation():
+def test_the_compiled_core_runs_speculation():
     from kvsim.workloads import load_workload
 
     cfg = EngineConfig(speculative_config=spec('{"method": "ngram", "num_speculative_tokens": 2}'))
     wl = load_workload("sharegpt", {"num_requests": 3, "rate": 1.0})
     sim = prepare(TINY, H100, cfg, wl, flat_profile(), seed=0)
-    assert fastcore.unsupported(sim) == "speculative decoding"
-    with pytest.raises(ConfigError, match="speculative decoding"):
-        prepare(TINY, H100, cfg, wl, flat_profile(), engine_core="c").run()
-    assert sim.run().record["engine_core"] == "python"
+    assert fastcore.unsupported(sim) == ""
+    ran = prepare(TINY, H100, cfg, wl, flat_profile(), engine_core="c").run()
+    assert ran.record["engine_core"] == "c" and ran.summary["spec_num_drafts"] > 0
+    assert sim.run().summary == ran.summary  # auto picks the core: the same run
     replicas = prepare(TINY, H100, EngineConfig(data_parallel_size=2, speculative_config=cfg.speculative_config),
-                       wl, flat_profile(), seed=0)  # the core runs replicas now, but not these
-    assert fastcore.unsupported(replicas) == "speculative decoding"
+                       wl, flat_profile(), seed=0)
+    assert fastcore.unsupported(replicas) == ""
 
 
 def test_refused_combinations():

@@ -18,6 +18,7 @@
 
 #include "engine.h"
 #include "sessions.h"  /* sessions, the CPU KV tier, block-hash keys (sessions.c): hooks marked SESSIONS */
+#include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -33,6 +34,7 @@ typedef struct {
        session's blocks) in the replica's hash group; a load from the CPU tier in flight */
     const long *hk; long tok, off_cached, off_loaded, off_rest; double ready;
     int loading;  /* 1: loading; 2: admitted, its load done, this step */
+    long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,
@@ -104,6 +106,7 @@ struct kv_rep {
        idle timer's generation (a stale timer does nothing) */
     kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
     long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
+    kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
 };
 
 struct kv_engine {
@@ -132,7 +135,18 @@ struct kv_engine {
     /* SESSIONS: the session workload (NULL: arrays), the group keyed by hash ids (-1: none yet),
        the CPU tier's size per replica, seconds per block loaded, keys */
     kv_sessions *sess; long hash_group; long tier_blocks; double load_block_s; long nkeys;
+    struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
+
+/* hooks of disaggregated prefill/decode (disagg.c, included at the end of this file) */
+static int dg_accept(kv_engine *S, long i, double stamp, long client);
+static int dg_left(kv_rep *e, kv_req *r);
+static int dg_holds(const kv_rep *e);
+static int dg_admit(kv_rep *e, long s, long *num_seqs, long *budget);
+static int dg_event(kv_engine *S, const kv_event *ev);
+static long *dg_extrap(kv_rep *e);
+static void dg_free(kv_engine *S);
+static void wq_remove(kv_rep *e, long s);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -185,6 +199,7 @@ static void rep_free(kv_rep *e) {
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     if (e->tier) { kvt_free(e->tier); free(e->tier); }
     free(e->loads);
+    kv_spec_free(e->sp);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -248,6 +263,7 @@ void kv_engine_free(kv_engine *S) {
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     kvs_free(S->sess);
     free_input(S);
+    dg_free(S);
     free(S);
 }
 
@@ -305,14 +321,6 @@ static void wq_push_front(kv_rep *e, long s) {
 }
 static long wq_pop_front(kv_rep *e) {
     long s = e->wq[e->wq_head]; e->wq_head = (e->wq_head + 1) % e->wq_cap; e->wq_len--; return s;
-}
-/* Lifecycle.admit: the head, or (SESSIONS: past a request loading from the CPU tier) from inside */
-static void wq_take(kv_rep *e, long s) {
-    if (e->wq[e->wq_head] == s) { wq_pop_front(e); return; }
-    long i = 1;
-    while (wq_at(e, i) != s) i++;
-    for (; i + 1 < e->wq_len; i++) e->wq[(e->wq_head + i) % e->wq_cap] = wq_at(e, i + 1);
-    e->wq_len--;
 }
 
 static int sq_push_back(kv_rep *e, long s) {
@@ -633,6 +641,7 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
     e->num_done++;
+    if (S->dg && !rejected) return dg_left(e, (kv_req *)r);  /* the proxy's next hop (disagg.c) */
     if (r->client >= 0) {
         if (S->sess) kvs_left(S->sess, r->client, rejected);  /* SESSIONS: client = the session */
         return ev_push(S, S->now, EV_DONE, r->client);
@@ -747,6 +756,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
 }
 
 static int send(kv_engine *S, long i, double stamp, long client) {
+    if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
     return send_req(S, S->in_id[i], S->in_prompt[i], S->in_output[i], S->in_max[i], S->in_pid[i], S->in_npt[i],
                     stamp, client, NULL, 0);
 }
@@ -844,6 +854,7 @@ static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
+    if (e->sp) kv_spec_reset(e->sp);
 }
 
 /* ContinuousPagedPolicy._add: a decode when one new token after generated ones, else a chunk */
@@ -852,10 +863,18 @@ static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
     if (num_new == 1 && r->generated) {
         e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += r->computed + 1; e->num_sampled += 1;
+        if (e->sp) kv_spec_drafting(e->sp, r->computed + 1);  /* spec: it samples, so it drafts next */
+    } else if (e->sp && r->generated && computed + 1 == r->prompt + r->generated) {
+        /* spec: a verify (its last token and num_new - 1 drafts), one decode in the plan's counts */
+        e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += computed + 1; e->num_sampled += 1;
+        kv_spec_verify(e->sp, e->num_parts - 1, num_new - 1, computed);
     } else {
         e->num_tokens += num_new;
         e->chunk_tokens[e->num_chunks] = num_new; e->chunk_ctx[e->num_chunks++] = computed;
-        if (computed + num_new == r->prompt + r->generated) e->num_sampled += 1;
+        if (computed + num_new == r->prompt + r->generated) {
+            e->num_sampled += 1;
+            if (e->sp) kv_spec_drafting(e->sp, computed + num_new);  /* spec */
+        }
         if (e->pc && (computed < r->npt || r->tok) && r->npb) e->filling[e->num_filling++] = s;
     }
 }
@@ -888,6 +907,8 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
         kv_req *r = &e->reqs[s];
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
+        if (e->sp && r->generated && left == 1)  /* spec: a decoding request verifies its drafts */
+            num_new = 1 + kv_spec_drafts(e->sp, r->target - r->generated - 1, budget - 1);
         int ok = grow_seq(e, r, num_new);
         while (!ok) {  /* ContinuousPagedPolicy._preempt: swap while the CPU pool has room */
             long v = e->run[--*n];
@@ -1058,6 +1079,10 @@ static int schedule(kv_rep *e) {
         kv_req *r = &e->reqs[s];
         if (r->loading) continue;  /* looked at above */
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
+        if (r->dg_state) {  /* its prompt's KV is on a prefill instance (disagg.c) */
+            if (dg_admit(e, s, &num_seqs, &budget)) break;
+            continue;
+        }
         long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
         if (e->tier && r->tok && (r->prompt + r->generated) / e->c.block_size && start_load(e, s, hit)) continue;
         long num_new = r->prompt + r->generated - hit * e->c.block_size;
@@ -1088,8 +1113,9 @@ static int begin_step(kv_rep *e) {
     }
     for (long k = 0; k < e->num_admitted; k++) {
         long s = e->admitted[k];
-        wq_take(e, s);
-        e->reqs[s].loading = 0;
+        if (wq_at(e, 0) == s) wq_pop_front(e);
+        else wq_remove(e, s);  /* disaggregated: requests loading remote KV stay queued ahead */
+        e->reqs[s].loading = 0;  /* SESSIONS */
         kv_req *r = &e->reqs[s];
         r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
@@ -1101,16 +1127,20 @@ static int begin_step(kv_rep *e) {
 static int start_step(kv_rep *e) {
     kv_engine *S = e->S;
     long prefill_out = 0;
-    int mask = kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
-                             e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
-    long *x = S->out->extrap;
+    double spec_ms = 0.0;
+    int mask = e->sp  /* spec: acceptance drawn, verify + drafter priced */
+        ? kv_spec_price(e->sp, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx, e->num_decode_seqs,
+                        e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out, &spec_ms)
+        : kv_step_parts(e->pricing, e->num_tokens, e->num_chunks, e->chunk_tokens, e->chunk_ctx,
+                        e->num_decode_seqs, e->decode_ctx, e->num_sampled, e->parts_ms, &prefill_out);
+    long *x = S->dg ? dg_extrap(e) : S->out->extrap;  /* (a disaggregated run counts per pool) */
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;
     if (mask & KV_OUT_DECODE) x[3]++;
     if (mask || prefill_out) x[0]++;
     double *p = e->parts_ms;
     e->step_start = S->now;
-    e->step_dt = (p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
+    e->step_dt = (e->sp ? spec_ms : p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
     e->eng = ENG_STEP;
     return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
 }
@@ -1216,6 +1246,25 @@ static void flush_span(kv_rep *e) {
     e->span_open = 0;
 }
 
+/* spec: SpeculativePagedPolicy.end_step's truncate: a verify's blocks past its computed tokens
+   go back, the last first */
+static int spec_truncate(kv_rep *e) {
+    for (long k = 0; k < e->num_parts; k++) {
+        if (kv_spec_accepted(e->sp, k) < 0) continue;
+        kv_req *r = &e->reqs[e->part_slot[k]];
+        long keep = blocks_for(e, r->computed);
+        if (e->pc)
+            for (long pos = r->nblk - 1; pos >= keep; pos--) {
+                int rc = pc_decref(e, r, pos);
+                if (rc) return rc;
+            }
+        else e->free_blocks += r->nblk - keep;
+        e->gpu_tokens -= r->ntok - r->computed;
+        r->ntok = r->computed; r->nblk = keep;
+    }
+    return 0;
+}
+
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
 static int end_step(kv_rep *e) {
@@ -1224,14 +1273,25 @@ static int end_step(kv_rep *e) {
     long nf = 0;
     for (long k = 0; k < e->num_parts; k++) {
         kv_req *r = &e->reqs[e->part_slot[k]];
-        r->computed += e->part_new[k];
-        if (r->computed == r->prompt + r->generated) {  /* == num_tokens: a token out */
+        long accepted = e->sp ? kv_spec_accepted(e->sp, k) : -1, emitted;
+        if (accepted >= 0) {  /* spec: a verify keeps its accepted drafts and emits them + 1 at once */
+            r->computed += 1 + accepted;
+            emitted = 1 + accepted;
+        } else {
+            r->computed += e->part_new[k];
+            emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
+        }
+        if (emitted) {
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
-            r->generated++;
+            r->generated += emitted;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
+    }
+    if (e->sp) {  /* spec: each verify's rejected tail freed (PagedAllocator.truncate) */
+        int rc = spec_truncate(e);
+        if (rc) return rc;
     }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
         int rc = cache_blocks(e, &e->reqs[e->filling[k]]);
@@ -1252,13 +1312,13 @@ static int end_step(kv_rep *e) {
         internal = 0;
         for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
     }
+    int held = e->S->dg && dg_holds(e);  /* a prefill instance keeps the KV until it is read (disagg.c) */
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
-        release(e, r);
-        free(r->pt); r->pt = NULL;
+        if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
-        e->free_slots[e->num_free_slots++] = e->finished[k];
+        if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
         r->id = -1;  /* finished: dropped from running below */
     }
     if (nf) {
@@ -1426,9 +1486,30 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             }
             break;
         }
-        default: rc = kvs_event(S->sess, ev.kind, ev.arg); break;  /* SESSIONS: starts, think times */
+        default:
+            if (S->dg) rc = dg_event(S, &ev);  /* the proxy's and the KV links' (disagg.c) */
+            else rc = kvs_event(S->sess, ev.kind, ev.arg);  /* SESSIONS: starts, think times */
+            break;
         }
         if (rc) return rc;
         if (S->err) return S->err;
     }
 }
+
+/* -- spec: speculative decoding's setup and totals (csrc/spec.c) --------------------------- */
+int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, const unsigned long *rng,
+                   const kv_pricing *draft) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        kv_spec_free(e->sp);
+        e->sp = kv_spec_new(c, rates, rng + 4 * i, e->pricing, draft, e->c.max_num_seqs + 2);
+        if (!e->sp) return KV_NOMEM;
+    }
+    return 0;
+}
+
+void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
+    kv_spec_stats(S->reps[replica].sp, ints, sums);
+}
+
+#include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */

@@ -354,3 +354,46 @@ int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const l
         *prefill_out = prefill_outside;
     return mask;
 }
+
+/* --- building blocks for csrc/spec.c (a speculative step is priced from the same tables) --- */
+
+double kv_p_layers(const kv_pricing *p) { return p->num_layers; }
+double kv_p_linear(const kv_pricing *p, long n) { return t1_call(&p->linear, (double)n); }
+int kv_p_linear_outside(const kv_pricing *p, long n) { return t1_outside(&p->linear, (double)n); }
+double kv_p_lm_head(const kv_pricing *p, long n) { return t1_call(&p->lm_head, (double)n); }
+double kv_p_decode(const kv_pricing *p, long num_seqs, double context) { return t2_call(&p->decode, num_seqs, context); }
+double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) {
+    return collectives_ms(p, num_tokens, num_sampled);
+}
+double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
+    return host_ms(p, num_seqs, num_prefill_tokens);
+}
+
+/* One layer's attention as kv_step_parts works it out (before the num_layers factor):
+   SpeculativeStepCost._attention_ms. Returns KV_OUT_PREFILL / KV_OUT_DECODE bits. */
+int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,
+                   long num_decode_seqs, long decode_context_tokens, double *ms_out, long *prefill_out) {
+    int mask = 0;
+    long prefill_outside = 0;
+    double ms = 0.0;
+    if (num_chunks > 0) {
+        for (long k = 0; k < num_chunks; k++) {
+            ms += t2_call(&p->prefill, chunk_tokens[k], (double)chunk_context[k]);
+            if (t2_outside(&p->prefill, (double)chunk_tokens[k], (double)chunk_context[k]))
+                prefill_outside++;
+        }
+        if (p->has_occupancy)
+            ms = p->floor_ms + ms / occupancy_share(p, num_chunks, chunk_tokens);
+    }
+    if (num_decode_seqs != 0) {
+        double mean_ctx = (double)decode_context_tokens / (double)num_decode_seqs;
+        ms += t2_call(&p->decode, num_decode_seqs, mean_ctx);
+        if (t2_outside(&p->decode, (double)num_decode_seqs, mean_ctx))
+            mask |= KV_OUT_DECODE;
+    }
+    if (prefill_outside)
+        mask |= KV_OUT_PREFILL;
+    *ms_out = ms;
+    *prefill_out = prefill_outside;
+    return mask;
+}

@@ -34,4 +34,15 @@ int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const l
                   const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
                   long num_sampled, double out[4], long *prefill_out);
 
+/* The tables and terms one by one, for csrc/spec.c (same arithmetic as kv_step_parts') */
+double kv_p_layers(const kv_pricing *p);
+double kv_p_linear(const kv_pricing *p, long n);
+int kv_p_linear_outside(const kv_pricing *p, long n);
+double kv_p_lm_head(const kv_pricing *p, long n);
+double kv_p_decode(const kv_pricing *p, long num_seqs, double context);
+double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled);
+double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens);
+int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,
+                   long num_decode_seqs, long decode_context_tokens, double *ms_out, long *prefill_out);
+
 #endif

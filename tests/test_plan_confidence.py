@@ -1,0 +1,41 @@
+"""kvsim plan: each answer's probability of meeting the SLO under its profile's stated error."""
+
+from __future__ import annotations
+
+import json
+import math
+from statistics import NormalDist
+
+from typer.testing import CliRunner
+
+import kvsim.reports.plan_confidence as pc
+from kvsim.cli.main import app
+
+PLAN = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", "--input-len", "256",
+        "--output-len", "64", "--search-requests", "100", "--confirm-requests", "150", "--tolerance", "0.15",
+        "--slo-ttft-p95-ms", "150", "--slo-tpot-p95-ms", "12", "--rate", "20", "--json"]
+
+
+def test_bisection_finds_the_largest_passing_factor(monkeypatch):
+    sigma, z_star = 0.13, 0.8  # the deployment passes while step times are at most x exp(0.8 sigma)
+    monkeypatch.setattr(pc, "_meets", lambda a, n, t, s, seed, slo, factor: math.log(factor) <= z_star * sigma + 1e-12)
+    p = pc.slo_probability(None, 1, 1.0, None, 0, None, sigma)
+    phi = NormalDist().cdf
+    assert p["low"] <= phi(z_star) <= p["high"] and p["runs"] == 1 + pc.BISECTIONS
+    assert abs(p["probability"] - phi(z_star)) < 0.02
+    # planned at z = 1 (step times x exp(sigma)), where it passed: the factor is relative to that profile
+    monkeypatch.setattr(pc, "_meets", lambda a, n, t, s, seed, slo, factor: math.log(factor) <= 0.5 * sigma + 1e-12)
+    p = pc.slo_probability(None, 1, 1.0, None, 0, None, sigma, planned_z=1.0)
+    assert p["low"] <= phi(1.5) <= p["high"]
+    monkeypatch.setattr(pc, "_meets", lambda *args: True)  # passes even at +3 sigma: one run
+    assert pc.slo_probability(None, 1, 1.0, None, 0, None, sigma)["runs"] == 1
+
+
+def test_each_answer_carries_its_probability_and_a_confident_plan_is_at_least_that_likely():
+    for confidence in (0.5, 0.9):
+        result = CliRunner().invoke(app, [*PLAN, "--confidence", str(confidence)])
+        assert result.exit_code == 0, result.stderr
+        p = json.loads(result.stdout)["answers"][0]["slo_probability"]
+        assert p["low"] <= p["probability"] <= p["high"] and 1 <= p["runs"] <= 1 + pc.BISECTIONS
+        assert p["model_error"]["kind"] == "roofline"
+        assert p["low"] >= confidence - 1e-9  # its confirmation passed at the planned quantile
