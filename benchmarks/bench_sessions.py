@@ -33,7 +33,7 @@ def run(args: list[str]) -> tuple[dict, float, str]:
     start = time.perf_counter()
     out = subprocess.run(BASE + args, capture_output=True, text=True, check=True).stdout
     record = json.loads(out)
-    return record["summary"], time.perf_counter() - start, record.get("engine_core", "?")
+    return record["summary"], time.perf_counter() - start, record.get("record", {}).get("engine_core", "?")
 
 
 def main() -> None:
