@@ -124,7 +124,8 @@ def format_fleet(fleet: dict[str, Any]) -> str:
     peak = next((row for row in fleet.get("static", []) if row["sized_for"] == "the peak"), None)
     saving = fleet.get("saving_vs_peak_fleet")
     if peak is not None and saving is not None:
-        verdict = f"{100 * saving:.0f}% fewer GPU-hours" if saving >= 0 else f"{-100 * saving:.0f}% more GPU-hours"
+        unit = ("lower cost", "higher cost") if fleet.get("saving_basis") == "usd" else ("fewer GPU-hours", "more GPU-hours")
+        verdict = f"{100 * saving:.0f}% {unit[0]}" if saving >= 0 else f"{-100 * saving:.0f}% {unit[1]}"
         lines.append(f"{'Autoscaling vs the static peak fleet:':<41}{verdict}, attainment "
                      f"{100 * (fleet['attainment'] or 0):.1f}% vs {100 * peak['attainment']:.1f}%")
     return "\n".join(lines)
@@ -147,6 +148,8 @@ def write_figure(fleet: dict[str, Any], path) -> None:
              label="paid (incl. starting, draining)")
     for row in fleet.get("static", []):
         ax1.axhline(row["replicas"], color="grey", linewidth=0.8, linestyle=":")
+        ax1.annotate(f"static, {row['sized_for']}", (0, row["replicas"]), xycoords=("axes fraction", "data"),
+                     xytext=(2, 2), textcoords="offset points", fontsize=7, color="#555")
     ax1.set_ylabel("replicas")
     ax1.legend(loc="upper left", fontsize=8)
     ax2.set_ylim(0, 100)

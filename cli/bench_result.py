@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.metrics import metric_stats, p_word, per_request_rows  # noqa: F401  (this module's API too)
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES = (95.0, 99.0)  # kvsim prints P95 and P99 unless told (vLLM: 99 alone)
@@ -55,54 +56,6 @@ def parse_metrics(text: str | None) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ConfigError("--percentile-metrics: a metric is given twice")
     return tuple(names)
-
-
-def p_word(p: float) -> str:
-    """vLLM's spelling of a percentile in keys and labels: 99 -> "99", 99.9 -> "99.9"."""
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def per_request_rows(result: Any) -> dict[str, np.ndarray] | None:
-    """Every request's raw columns and derived latencies (None past the rows kept in memory)."""
-    if not result.records.kept:
-        return None
-    from kvsim.simcore.records import FINISHED, derived_latencies
-
-    cols = result.records.columns()
-    ttft, e2el, tpot = derived_latencies(cols)
-    return {**cols, "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot, "done": cols["status"] == FINISHED}
-
-
-def metric_stats(result: Any, qs: tuple[float, ...], metrics: tuple[str, ...]) -> dict[str, Any]:
-    """mean / median / std / p{q} in ms of each metric (vLLM's keys); std None where the values
-    were binned (past the memory caps)."""
-    from kvsim.simcore import quantiles
-
-    out: dict[str, Any] = {}
-    rows = per_request_rows(result)
-    for metric in metrics:
-        keys = [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", *(f"p{p_word(q)}_{metric}_ms" for q in qs)]
-        samples = result.itl if metric == "itl" else (None if rows is not None else getattr(result.records.bounded, metric))
-        if samples is not None and (metric != "itl" or not samples.exact):
-            if not len(samples):
-                out.update(dict.fromkeys(keys, None))
-                continue
-            stats: dict[str, Any] = {}
-            samples.stats(metric, stats)
-            values = [stats[f"mean_{metric}_ms"], *(v * 1000.0 for v in samples.percentiles((50.0, *qs)))]
-            out.update(zip(keys, [values[0], values[1], None, *values[2:]], strict=True))
-            continue
-        if metric == "itl":
-            v = samples.values() * 1000.0
-        else:
-            v = rows[f"{metric}_s"][rows["done"]]
-            v = v[~np.isnan(v)] * 1000.0
-        if not len(v):
-            out.update(dict.fromkeys(keys, None))
-            continue
-        out.update(zip(keys, [float(np.mean(v)), quantiles.median(v), float(np.std(v)),
-                              *quantiles.percentiles(v, qs)], strict=True))
-    return out
 
 
 def peak_concurrency(result: Any) -> int | None:
@@ -158,7 +111,10 @@ def flat_result(summary: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any
 
 def per_request_arrays(result: Any, times: dict[int, list[float]] | None) -> dict[str, list]:
     """vLLM's per-request arrays, in request order: input_lens, output_lens, ttfts, itls (seconds
-    between a request's tokens), latencies, start_times, errors ("" for a success)."""
+    between a request's tokens), latencies, start_times, errors ("" for a success). Tokens that
+    arrive together (a speculative step's burst shares one time) are one streamed chunk, and
+    `vllm bench serve` appends one ITL per chunk (vllm/benchmarks/lib/endpoint_request_func.py),
+    so a burst adds one gap, not zeros: the same gaps the summary pools (Lifecycle.emit_spec)."""
     rows = per_request_rows(result)
     if rows is None:
         raise ConfigError("--save-result needs every request row in memory")
@@ -173,7 +129,7 @@ def per_request_arrays(result: Any, times: dict[int, list[float]] | None) -> dic
         out["output_lens"].append(int(rows["num_positions"][i]) * int(rows["n"][i]) if done else 0)
         out["ttfts"].append(float(rows["ttft_s"][i]) if done else 0.0)
         stamps = (times or {}).get(rid, [])
-        out["itls"].append([b - a for a, b in zip(stamps, stamps[1:], strict=False)] if done else [])
+        out["itls"].append([b - a for a, b in zip(stamps, stamps[1:], strict=False) if b != a] if done else [])
         out["latencies"].append(float(rows["e2el_s"][i]) if done else 0.0)
         out["start_times"].append(float(rows["arrival_s"][i]))
         out["errors"].append("" if done else f"rejected: {reasons[int(rows['reason'][i])]}")

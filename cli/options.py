@@ -95,6 +95,7 @@ RouterOpt = Annotated[RouterName | None, typer.Option("--router", help="How requ
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 SpeculativeConfigOpt = Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding, as vLLM's JSON: {\"method\": \"eagle\" | \"eagle3\" | \"mtp\" | \"ngram\" | \"draft_model\", \"model\": ..., \"num_speculative_tokens\": k}, plus kvsim's \"acceptance_rate\" (per draft token, given the ones before were accepted) or \"acceptance_rates\" (one per position), else a published default for the method.")]
 Goodput = Annotated[list[str] | None, typer.Option("--goodput", help="Per-request SLOs in ms as `vllm bench serve --goodput`: ttft:500 tpot:50 e2el:20000 (space- or comma-separated, or repeated); adds request_goodput.")]
+SloTargets = Annotated[list[str] | None, typer.Option("--slo", help="SLO at any percentile: METRIC:pP:MS with METRIC ttft, tpot, itl or e2el (vllm bench serve's metric names), e.g. --slo ttft:p99:800 --slo tpot:p90:50; repeatable. --slo-ttft-p95-ms 800 is ttft:p95:800.")]
 SloTtftP95 = Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")]
 SloTpotP95 = Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")]
 

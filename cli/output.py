@@ -37,6 +37,8 @@ def format_disagg(s: dict[str, Any]) -> str:
         lines.append(_row("Preemptions:", pool.get("num_preemptions")))
         if pool.get("kv_waste_rate") is not None:
             lines.append(_row("KV cache waste (%):", 100 * pool["kv_waste_rate"]))
+        if pool.get("prefix_cache_hit_rate") is not None:
+            lines.append(_row("Prefix cache hit rate (%):", 100 * pool["prefix_cache_hit_rate"]))
     t = s.get("kv_transfer", {})
     if t.get("num_transfers"):
         lines.append(_section("KV transfer"))
@@ -172,6 +174,17 @@ def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metri
         low, high = bars["metrics"].get(key, (None, None))
         if low is not None:
             lines.append(_row(label, f"{low:,.2f} .. {high:,.2f}"))
+    for key, label in (("speedup_mean_tpot_ms", "Speed-up, mean TPOT (x):"),
+                       ("speedup_output_throughput", "Speed-up, output throughput (x):")):
+        low, high = (bars.get("speculation_vs_none") or {}).get(key, (None, None))
+        if low is not None:  # --compare-no-spec: each end against the baseline at the same factor
+            lines.append(_row(label, f"{low:.3f} .. {high:.3f}"))
+    for key, label, fmt in (("gpu_hours", "GPU-hours:", ",.2f"), ("attainment", "SLO attainment (%):", ".1f"),
+                            ("mean_active_replicas", "Mean active replicas:", ".2f")):
+        low, high = (bars.get("also") or {}).get(key, (None, None))
+        if low is not None:  # --autoscale
+            scale = 100 if key == "attainment" else 1
+            lines.append(_row(label, f"{scale * low:{fmt}} .. {scale * high:{fmt}}"))
     return lines
 
 
@@ -203,7 +216,7 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     def writer(content: Any):
         def write(path: Path) -> None:
-            if path.name.endswith(".png"):  # a figure: the callable draws it into the path
+            if path.name.endswith((".png", ".html")):  # a figure or a page: the callable writes it there
                 content(path)
                 return
             value = content() if callable(content) else content

@@ -20,18 +20,20 @@ from kvsim.cli.options import (
     Goodput,
     InputLen,
     OutputLen,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
+    UsageContextOpt,
     Workload,
+    batch_default_fields,
     check_inputs_kept,
-    check_slos,
     parse_goodput,
 )
 from kvsim.cli.output import check_out_folder
 from kvsim.simcore.errors import ConfigError
 
 LIST = "Comma-separated list."
-PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet")
+PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet", "plan.html")
 MAX_TARGET_RATES = 100  # target rates of one plan
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
@@ -66,15 +68,18 @@ def plan(
     burstiness: Burstiness = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     goodput: Goodput = None,
     tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
     block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Memory utilisations to try. {LIST} [default: 0.9]")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256; with --engine-version, that vLLM's default on each GPU]")] = None,
     chunked_prefill: Annotated[str | None, typer.Option(help=f"Chunked prefill on and/or off. {LIST} [default: on]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option(help=f"KV-cache dtypes to try (auto, fp8). {LIST} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option(help=f"Weight quantizations to try (none, fp8). {LIST} [default: none]")] = None,
     pp: Annotated[str | None, typer.Option("--pp", help=f"Pipeline-parallel sizes to try (stages across nodes). {LIST} [default: 1]")] = None,
+    router: Annotated[str | None, typer.Option("--router", help=f"Routers to try over the replicas: round-robin, least-loaded, prefix-aware, session-affinity (each candidate is confirmed with its own). {LIST} [default: least-loaded]")] = None,
+    kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier sizes to try, GiB per replica (none: no tier). {LIST} [default: none]")] = None,
     price: Annotated[list[str] | None, typer.Option(help="GPU=USD per GPU-hour (e.g. H100-SXM-80GB=3.5), or a YAML file of them; repeatable.")] = None,
     tolerance: Annotated[float, typer.Option(help="Relative width of each max-rate bracket.")] = 0.04,
     search_requests: Annotated[int, typer.Option(help="Requests per rate-search run.")] = 600,
@@ -84,6 +89,7 @@ def plan(
     jobs: Annotated[int, typer.Option(help="Candidates searched at once, each in its own process.")] = 1,
     confidence: Annotated[float, typer.Option(help="Plan so that the SLO holds with this probability under the profile's stated step-time error (profiles/uncertainty.py): step times are scaled by its quantile, x1 at 0.5.")] = 0.5,
     engine_version: EngineVersion = None,
+    usage_context: UsageContextOpt = None,
     out: Annotated[Path | None, typer.Option(help="Folder for plan.csv, plan.parquet (with pyarrow), plan.json and capacity.png.")] = None,
     as_json: AsJson = False,
     speculative_config: Annotated[str | None, typer.Option("--speculative-config", help="Speculative decoding to try, as vLLM's JSON (see kvsim run), or a JSON list of them, null for none: '[null, {\"method\": \"eagle\", \"num_speculative_tokens\": 3}]'.")] = None,
@@ -101,11 +107,19 @@ def plan(
     from kvsim.reports.plan import plan as make_plan
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.catalog import GPUS, get_gpu, get_model
-    from kvsim.simcore.specs import EngineConfig
+    from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, EngineConfig
     from kvsim.workloads import load_workload
 
     started = time.perf_counter()
-    if autoscale:
+    if autoscale and slo_targets:
+        raise ConfigError("--slo does not apply with --autoscale (its SLOs are per-request limits: "
+                          "--slo-ttft-p95-ms / --slo-tpot-p95-ms with --attainment)")
+    if autoscale:  # what it would silently ignore is refused (it plans vLLM V1 at the profile's own step times)
+        for flag, given in (("--engine-version", engine_version is not None), ("--usage-context", usage_context is not None),
+                            ("--confidence", confidence != 0.5)):
+            if given:
+                raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
+                                  "the profile's step times)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return
@@ -116,7 +130,9 @@ def plan(
     if rate is None:
         raise ConfigError("--rate is required: the target request rate(s) in req/s (or plan a day with --autoscale)")
     goodput_ms = parse_goodput(goodput, ctx.args)
-    check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from kvsim.reports.capacity import parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
     rates = _list("--rate", rate, float, [])
     if len(rates) > MAX_TARGET_RATES:  # each target is sized and confirmed with its own runs
         raise ConfigError(f"--rate: at most {MAX_TARGET_RATES} target rates in one plan, got {len(rates):,}")
@@ -176,6 +192,7 @@ def plan(
         quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
         pipeline_parallel_size=_list("--pp", pp, int, []),
         speculative_config=_speculative(speculative_config),
+        **_tier_lists(router, kv_offloading_size),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
     if size > MAX_CANDIDATES:  # each candidate is planned, bounded and searched with simulations
@@ -187,20 +204,28 @@ def plan(
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
     from kvsim.reports.plan import expand, refuse_unconfigurable
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
 
+    fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs, max_num_batched_tokens=None)
+    batch = (fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None  # per candidate GPU
     for m in models:  # a model no candidate can be configured for (e.g. --tp dividing none of its heads)
-        refuse_unconfigurable(m, expand(m, dims, base))
+        refuse_unconfigurable(m, expand(m, dims, base, batch))
     max_len = min(base.resolved_max_model_len(m) for m in models)
     overrides = {"rate": max(rates), "num_requests": max(search_requests, confirm_requests),
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
     _check_trace_prompts(spec, max_len, as_json)
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} req/s "
-        f"with {slo.text()}; workload {spec.name}, seed {seed}")
+    unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
+    engine = _engine_context(base, engine_version is not None, fill, usage_context or DEFAULT_USAGE_CONTEXT)
+    say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
+        f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress
 
+    if disagg != "off" and getattr(spec, "is_session", False):
+        raise ConfigError(f"--disagg {disagg} does not plan session workloads ({spec.name}) yet: plan them "
+                          "aggregated (--disagg off)")
     if disagg == "on":  # disaggregated candidates only
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                      confirm_requests, disagg_placement, kv_cache_dtype, quantization, None, out, as_json, started)
@@ -215,7 +240,7 @@ def plan(
         result = make_plan(models, dims, base, rates, spec, slo, prices, seed=seed, tolerance=tolerance,
                            search_requests=search_requests, confirm_requests=confirm_requests,
                            confirm_top=confirm_top, progress=progress.update, map_fn=pool.map if pool else map,
-                           batch=jobs, profile_for=_profiles_at(confidence))
+                           batch=jobs, profile_for=_profiles_at(confidence), batch_defaults=batch)
     except KeyboardInterrupt:
         if pool is not None:
             from kvsim.reports.sweep_runner import stop_workers
@@ -229,6 +254,7 @@ def plan(
     from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
 
     result.context["confidence"] = confidence
+    result.context.update(engine)
     result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
         kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
         for kind, m in MEDIAN_ABS_ERROR.items()}
@@ -244,14 +270,13 @@ def plan(
 def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, seed: int, slo) -> None:
     """Each answer's probability of meeting the SLO under its profile's stated error
     (reports/plan_confidence.py), as `slo_probability` on the answer; its runs are counted."""
-    import dataclasses
     from statistics import NormalDist
 
     from kvsim.profiles.uncertainty import profile_error
-    from kvsim.reports.plan import _cell_value
+    from kvsim.reports.plan import _cell_value, sized
     from kvsim.reports.plan_confidence import slo_probability
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)  # (a session workload keeps whole sessions)
     z = NormalDist().inv_cdf(confidence) if confidence != 0.5 else 0.0
     for answer in result.answers:
         best = answer["best"]
@@ -376,17 +401,20 @@ def _disagg_table(rows) -> str:
     return "\n".join(lines)
 
 
+def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str, list]:
+    """--router and --kv-offloading-size as plan dimensions (kvsim sweep's parsing)."""
+    from kvsim.cli.sweep_cmd import _tier_lists as lists
+
+    return lists(router, kv_offloading_size)
+
+
 def _speculative(text: str | None) -> list:
     """--speculative-config as a plan dimension (empty: not searched)."""
     if text is None:
         return []
     from kvsim.simcore.speculative import parse_speculative_configs
 
-    specs = parse_speculative_configs(text)
-    if any(s is not None and s.method == "draft_model" for s in specs):
-        raise ConfigError("--speculative-config: kvsim plan does not price a draft_model's own profile yet; "
-                          "use an eagle / eagle3 / mtp / ngram config")
-    return specs
+    return parse_speculative_configs(text)
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):
@@ -397,10 +425,16 @@ def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_le
 
     want = overrides.pop("num_requests")
     spec = load_workload(name, overrides, max_model_len=max_len)
-    if getattr(spec, "is_session", False):  # its rate search rescales planned arrival times
-        raise ConfigError(f"kvsim plan does not size multi-turn session workloads ({spec.name}) yet: its "
-                          "search rescales planned arrival times, and a turn's time depends on the answer "
-                          "before it; sweep --rate, --dp, --router and --kv-offloading-size instead")
+    if getattr(spec, "is_session", False):  # --rate is sessions/s; enough whole sessions for `want` turns
+        from kvsim.reports.capacity import rate_scaler
+        from kvsim.reports.plan import sized
+
+        if spec.trace is None:  # drawn sessions: as many as the runs need, whatever the file's count
+            per = spec.num_requests / int(spec.num_sessions)
+            spec = dataclasses.replace(spec, num_sessions=max(1, math.ceil(want / per)))
+        spec = sized(spec, want)
+        rate_scaler(spec)  # refuses what a rate search cannot rescale (a closed loop), before any work
+        return spec
     if spec.trace is not None:
         first, last = window_rows(spec.trace, spec.trace_options)
         want = min(want, last - first)
@@ -411,7 +445,7 @@ def _check_trace_prompts(spec, max_len: int, as_json: bool) -> None:
     """Trace prompts longer than max_model_len are rejected by every deployment (as vLLM rejects
     them, and as `kvsim run` reports them): all of them is no workload to plan for; some of them
     is a warning, and the plan sizes for the requests that are served."""
-    if spec.trace is None:
+    if spec.trace is None or getattr(spec, "is_session", False):
         return
     from kvsim.workloads.traces import window_rows
 
@@ -444,9 +478,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
-def _text_table(rows) -> str:
+def _text_table(rows, slo=None, unit: str = "req/s") -> str:
     from kvsim.reports.plan import _KNOBS
 
+    extra = list(slo.percentile_ms) if slo is not None else []  # targets beyond the two p95 columns
+    columns = [*COLUMNS[:6], ("max_rate", f"max {unit}"), *COLUMNS[7:10], *((t.column, f"{t.name} ms") for t in extra),
+               *COLUMNS[10:]]
     lines, cells = [], []
     rank = 0
     for r in rows:
@@ -462,11 +499,12 @@ def _text_table(rows) -> str:
             if ok and r["max_rate"] is not None else "-",
             _cell(100 * r["headroom"], "+.0f") + "%" if ok and r["headroom"] is not None else "-",
             _cell(r["ttft_p95_ms"], ",.0f"), _cell(r["tpot_p95_ms"], ".1f"),
+            *(_cell(r.get(t.column), ",.1f") for t in extra),
             _cell(r.get("usd_per_m_output_tokens"), ".2f"),
             r["confirmed"] if ok else _clip(str(r["status"]), 110),
         ])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(COLUMNS)]
-    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(COLUMNS, widths, strict=True)).rstrip())
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(columns)]
+    lines.append("  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True)).rstrip())
     for c in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
     return "\n".join(lines)
@@ -484,27 +522,36 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     from kvsim.reports.plan import answer_line
     from kvsim.reports.prices import PRICE_SOURCE, PRICES_AS_OF
 
-    table = result.table
+    version = result.context.get("engine_version")
+    if version is not None:  # every candidate's row says it (plan.csv)
+        for row in result.rows:
+            row.setdefault("engine_version", version)
+        if result._table is not None and "engine_version" not in result._table.columns:  # a table made already
+            result.table = result._table.assign(engine_version=version)
+    records = result.records()  # without pandas (its import is a third of a small plan's process)
+    unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
     factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
-    note = (f" [at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
+    engine = f"engine {_engine_words(result.context)}; " if version is not None else ""
+    note = (f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
             "roofline profiles]")
     doc = {
-        "answers": [{**a, "confidence": conf, "line": answer_line(a, slo) + note} for a in result.answers],
+        "answers": [{**a, "confidence": conf, "engine_version": version, "line": answer_line(a, slo) + note}
+                    for a in result.answers],
         # no wall time here: the same command and seed write the same plan.json (it is printed instead)
-        "candidates": _records(table), "num_runs": result.num_runs,
+        "candidates": records, "num_runs": result.num_runs,
         "prices_usd_per_gpu_hour": prices, "prices_as_of": PRICES_AS_OF, "price_source": PRICE_SOURCE,
         **result.context, **(extra or {}),
     }
     if out is not None:
-        _write(out, table, doc, result)
+        _write(out, result.table, doc, result)
     if as_json:
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     for answer in result.answers:
-        part = table[(table["model"] == answer["model"]) & (table["target_rate"] == answer["target_rate"])]
-        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} req/s")
-        typer.echo(_text_table(_records(part)))
+        part = [r for r in records if r["model"] == answer["model"] and r["target_rate"] == answer["target_rate"]]
+        typer.echo(f"\n{answer['model']} at {answer['target_rate']:g} {unit}")
+        typer.echo(_text_table(part, slo, unit))
     typer.echo("")
     for answer, shown in zip(result.answers, doc["answers"], strict=True):
         typer.echo("Answer: " + shown["line"])
@@ -517,10 +564,25 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         if best is not None and best.get("vllm_serve"):
             typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"
                        + (" behind a load balancer" if best["replicas"] > 1 else ""))
-    typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max req/s = replicas x one replica's "
+    typer.echo(f"Planned in {wall:.1f} s ({result.num_runs} simulations; max {unit} = replicas x one replica's "
                f"max sustainable rate, within {100 * result.context['tolerance']:g}%; prices as of {PRICES_AS_OF}).")
     if out is not None:
-        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else ""))
+        typer.echo(f"Wrote {out}/plan.csv, plan.json, capacity.png" + (", plan.parquet" if _has_pyarrow() else "")
+                   + ", plan.html")
+
+
+def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, Any]:
+    """What every candidate assumes of the engine (issue 27): plan.json's keys."""
+    return {"engine_version": base.engine_version, "engine_version_given": given,
+            "usage_context": usage_context if fill else None, "batch_defaults_filled": sorted(fill)}
+
+
+def _engine_words(c: dict[str, Any]) -> str:
+    """`vllm-v1 (default)`, or `vllm-0.6 (vLLM's server defaults per GPU)` where --engine-version
+    filled the step limits."""
+    if c.get("batch_defaults_filled"):
+        return f"{c['engine_version']} (vLLM's {c['usage_context']} defaults per GPU)"
+    return c["engine_version"] + ("" if c.get("engine_version_given") else " (default)")
 
 
 def _percent(p: float) -> str:
@@ -536,17 +598,25 @@ def _has_pyarrow() -> bool:
 
 
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
+    import tempfile
+
     from kvsim.reports.files import write_files
     from kvsim.reports.plan import capacity_figure
+    from kvsim.reports.plan_page import plan_page
 
-    writers = {
-        "plan.csv": lambda p: table.to_csv(p, index=False),
-        "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
-        "capacity.png": lambda p: capacity_figure(result, p),
-    }
-    if _has_pyarrow():
-        writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
-    write_files(out, writers)
+    with tempfile.TemporaryDirectory(prefix="kvsim-plan-") as tmp:
+        png = Path(tmp) / "capacity.png"  # drawn once: the file and plan.html's figure
+        capacity_figure(result, png)
+        page = plan_page(json.loads(json.dumps(doc, default=str)), png)  # the page reads what plan.json holds
+        writers = {
+            "plan.csv": lambda p: table.to_csv(p, index=False),
+            "plan.json": lambda p: p.write_text(json.dumps(doc, indent=2, default=str) + "\n"),
+            "capacity.png": lambda p: p.write_bytes(png.read_bytes()),
+            "plan.html": lambda p: p.write_text(page),
+        }
+        if _has_pyarrow():
+            writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+        write_files(out, writers)
 
 
 __all__ = ["plan"]
@@ -586,17 +656,24 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
     wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
+    from kvsim.simcore import records as records_module
+
+    if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:  # as run --autoscale: attainment reads every row
+        raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                          f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
     prices = load_prices(price)
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
-    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} over workload {wl.name}: attainment "
+    say(f"Planning autoscaling for {model_spec.name} on {gpu_spec.name} TP {tp_n} (engine {engine.engine_version}, "
+        f"default) over workload {wl.name}: attainment "
         f">= {100 * attainment:g}% of requests with TTFT <= {ttft:g} ms and TPOT <= {tpot:g} ms; cold start "
         f"{policy.provisioning_s:g} s + load + {policy.warmup_s:g} s warm-up")
     found = plan_autoscale(model_spec, gpu_spec, engine, wl, profile, seed, attainment, ttft, tpot, cap, policy,
                            prices.get(gpu_spec.name), hour_length(wl), say)
     if as_json:
-        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot}}, indent=2))
+        typer.echo(json.dumps({**found, "goal": attainment, "slo": {"ttft_ms": ttft, "tpot_ms": tpot},
+                               "engine_version": engine.engine_version}, indent=2))
         return
     for line in answer_lines(found, attainment):
         typer.echo(line)

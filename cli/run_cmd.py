@@ -49,6 +49,7 @@ from kvsim.cli.options import (
     Rate,
     Reservation,
     RouterOpt,
+    SloTargets,
     SloTpotP95,
     SloTtftP95,
     SpeculativeConfigOpt,
@@ -82,6 +83,7 @@ from kvsim.cli.output import (
     stream_tables,
     write_outputs,
 )
+from kvsim.simcore.batch_defaults import engine_text
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.parallel import check_deployment
@@ -93,6 +95,7 @@ SAVE_RESULT_MAX_REQUESTS = 100_000  # ~300 tokens each: ~240 MB of token times
 class DatasetName(str, Enum):
     random = "random"
     sharegpt = "sharegpt"
+    sonnet = "sonnet"
 
 
 def run(
@@ -140,6 +143,7 @@ def run(
     goodput: Goodput = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
     find_max_rate: Annotated[bool, typer.Option("--find-max-rate", help="Search the highest rate (same requests, rescaled arrivals) at which the run is sustained and meets the --slo-* / --goodput targets; --rate is where the search starts.")] = False,
     tolerance: Annotated[float, typer.Option(help="--find-max-rate: relative width of the answer's bracket.")] = 0.02,
     out: Annotated[Path | None, typer.Option(help="Folder for requests.csv, steps.csv and summary.json.")] = None,
@@ -167,16 +171,19 @@ def run(
     random_input_len: Annotated[int | None, typer.Option("--random-input-len", help="--dataset-name random: prompt length. [default: 1024]", rich_help_panel="vllm bench serve")] = None,
     random_output_len: Annotated[int | None, typer.Option("--random-output-len", help="--dataset-name random: output length. [default: 128]", rich_help_panel="vllm bench serve")] = None,
     random_range_ratio: Annotated[float | None, typer.Option("--random-range-ratio", help="--dataset-name random: lengths uniform in [L(1-r), L(1+r)], r in [0, 1). [default: 0]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_input_len: Annotated[int | None, typer.Option("--sonnet-input-len", help="--dataset-name sonnet: prompt length in tokens (estimated, 4 characters per token). [default: 550]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_output_len: Annotated[int | None, typer.Option("--sonnet-output-len", help="--dataset-name sonnet: output length. [default: 150]", rich_help_panel="vllm bench serve")] = None,
+    sonnet_prefix_len: Annotated[int | None, typer.Option("--sonnet-prefix-len", help="--dataset-name sonnet: tokens of the head every prompt shares (a real shared prefix, cached). [default: 200]", rich_help_panel="vllm bench serve")] = None,
     metric_percentiles: Annotated[str | None, typer.Option("--metric-percentiles", help="Percentiles printed and in --json, e.g. 50,90,99. [default: 95,99]", rich_help_panel="vllm bench serve")] = None,
     percentile_metrics: Annotated[str | None, typer.Option("--percentile-metrics", help="Metrics whose statistics are printed: any of ttft,tpot,itl,e2el. [default: all four]", rich_help_panel="vllm bench serve")] = None,
-    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time, so the run uses the Python engine.", rich_help_panel="vllm bench serve")] = False,
+    save_result: Annotated[bool, typer.Option("--save-result", help="Write vLLM's result JSON (flat keys and per-request arrays: ttfts, itls, input_lens, ...); records every token's time (at most 100,000 requests).", rich_help_panel="vllm bench serve")] = False,
     result_dir: Annotated[Path | None, typer.Option("--result-dir", help="--save-result: folder of the result file. [default: the current folder]", rich_help_panel="vllm bench serve")] = None,
     result_filename: Annotated[str | None, typer.Option("--result-filename", help="--save-result: file name. [default: kvsim-{rate}qps[-concurrency{N}]-{model}-{date}.json, vLLM's pattern]", rich_help_panel="vllm bench serve")] = None,
     fleet: Annotated[str | None, typer.Option("--fleet", help="A heterogeneous fleet behind one router: GPU:TP:REPLICAS groups, e.g. H100-SXM-80GB:4:2,H200-141GB:2:1; each replica with its own profile, KV cache and price (instead of --gpu / --tp / --dp).")] = None,
 ) -> None:
     """Simulate a deployment (one engine replica, or --dp replicas behind a router) serving a workload;
     print vLLM's KV cache size and a `vllm bench serve`-style summary."""
-    from kvsim.profiles import check_profile_matches, default_profile, load_named_profile
+    from kvsim.profiles import check_profile_matches, default_profile, draft_profile, load_named_profile
     from kvsim.workloads import load_workload
 
     disagg = {name: value for name, value in (
@@ -188,7 +195,7 @@ def run(
         given_layout = [flag for flag, name in (("--gpu", "gpu"), ("--tp", "tp"), ("--dp", "dp"), ("--pp", "pp"),
                                                 ("--profile", "profile"))
                         if ctx.get_parameter_source(name).name == "COMMANDLINE"]
-        for flag, on in (("--autoscale", autoscale), ("--find-max-rate", find_max_rate), ("--save-result", save_result),
+        for flag, on in (("--find-max-rate", find_max_rate), ("--save-result", save_result),
                          ("--speculative-config", speculative_config is not None), ("disaggregation", bool(disagg))):
             if on:
                 given_layout.append(flag)
@@ -218,7 +225,12 @@ def run(
     apply_engine_preset(fields, policy.value)
     goodput_ms = parse_goodput(goodput, ctx.args)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
-    from kvsim.reports.capacity import MIN_TOLERANCE
+    from kvsim.reports.capacity import MIN_TOLERANCE, parse_slo_targets
+
+    targets = parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    if slo_targets and not find_max_rate:  # one run prints every percentile: --metric-percentiles
+        raise ConfigError("--slo applies only with --find-max-rate (a single run prints any percentile with "
+                          "--metric-percentiles)")
 
     if not MIN_TOLERANCE <= tolerance < 1:  # NaN fails too
         raise ConfigError(f"--tolerance must be from {MIN_TOLERANCE:g} to below 1, got {tolerance}")
@@ -252,6 +264,11 @@ def run(
         from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, apply_batch_defaults
 
         config = apply_batch_defaults(config, gpu_spec, model_spec, fill, usage_context or DEFAULT_USAGE_CONTEXT)
+
+    def assumed(cfg, gpu_, prof_=None, filled=fill):
+        """What this run assumes of the engine (simcore.batch_defaults.engine_assumptions)."""
+        return _assumed(cfg, model_spec, gpu_, prof_, filled, usage_context, engine_version is not None)
+
     from kvsim.simcore.config import resolve
 
     fleet_groups = None
@@ -262,6 +279,16 @@ def run(
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
+        if scaling is not None:  # the pool is the fleet, in its order (simcore.autoscale)
+            from dataclasses import replace
+
+            total = sum(n for _, _, n in fleet_groups)
+            if max_replicas is not None and max_replicas != total:
+                raise ConfigError(f"--autoscale over a --fleet scales its {total} replicas: --max-replicas must be "
+                                  f"{total} (or left out), got {max_replicas}")
+            if scaling.min_replicas > total:
+                raise ConfigError(f"--min-replicas ({scaling.min_replicas}) is more than the fleet's {total} replicas")
+            scaling = replace(scaling, max_replicas=total)
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
@@ -278,7 +305,8 @@ def run(
     if save_result and find_max_rate:
         raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
-                    workload, overrides, seed, config.resolved_max_model_len(model_spec))
+                    workload, overrides, seed, config.resolved_max_model_len(model_spec),
+                    (sonnet_input_len, sonnet_output_len, sonnet_prefix_len))
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
         check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
@@ -297,39 +325,40 @@ def run(
         check_profile_matches(prof, model_spec, tp, gpu_spec, ep=config.expert_parallel_size)
     else:
         prof = default_profile(gpu_spec, model_spec, tp, config.expert_parallel_size)
-    draft_prof = None
-    if spec is not None and spec.method == "draft_model":  # the draft is priced from its own profile
-        draft_prof = default_profile(gpu_spec, spec.draft_model_spec(), spec.draft_tp(tp))
-    if draft_prof is not None and find_max_rate:
-        raise ConfigError("--find-max-rate does not price a draft_model's own profile yet; search with an "
-                          "eagle / eagle3 / mtp / ngram config, or run single rates with --compare-no-spec")
+    draft_prof = draft_profile(gpu_spec, config)  # a draft_model is priced from its own profile
 
     from kvsim.reports.capacity import SLO
 
-    slo = SLO(slo_ttft_p95_ms, slo_tpot_p95_ms, tuple(goodput_ms.items()))
+    slo = SLO.of(targets, tuple(goodput_ms.items()))
     from kvsim.simcore import records
 
     if goodput_ms and int(wl.num_requests) > records.REQUEST_ROWS_CAP:  # before any work
         raise ConfigError(f"--goodput needs every request row in memory; {int(wl.num_requests):,} requests "
                           f"exceed the {records.REQUEST_ROWS_CAP:,} kept (use --slo-ttft-p95-ms / --slo-tpot-p95-ms)")
     memory = None if disagg else resolved.memory
-    out_files = ("rates.csv", "max_rate.json") if find_max_rate else (*RUN_FILES, "autoscale.png") if autoscale else RUN_FILES
+    out_files = (("rates.csv", "max_rate.json") if find_max_rate else
+                 (*RUN_FILES, "autoscale.png", "autoscale.html") if autoscale else
+                 (*RUN_FILES, "fleet.html") if fleet is not None else
+                 (*RUN_FILES, "disagg.html") if disagg else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         if engine_core is not EngineCore.auto:
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
-        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json)
+        explicit = ctx.get_parameter_source("error_bars").name == "COMMANDLINE"
+        _find_max_rate(model_spec, gpu_spec, resolved, wl, prof, seed, slo, tolerance, out, as_json,
+                       error_bars=error_bars and explicit, engine=assumed(config, gpu_spec, prof))
         return
     if disagg:  # (--find-max-rate was refused)
         _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
                     prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
                     prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
-                    percentiles, metrics)
+                    percentiles, metrics, assumed=assumed, error_bars=error_bars)
         return
     if fleet_groups is not None:
         _run_fleet(model_spec, fleet_groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles,
-                   metrics)
+                   metrics, scaling, scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms, assumed=assumed,
+                   error_bars=error_bars)
         return
     if engine_core is EngineCore.c:  # refuse before any output what the compiled core cannot run
         from kvsim.simcore.simulate import prepare
@@ -339,6 +368,8 @@ def run(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(describe_run(wl.describe(), config.to_dict(), model_spec, gpu_spec.name))
     say(f"Profile: {prof.label} sha256:{prof.sha256[:12]}")
+    engine = assumed(config, gpu_spec, prof)
+    say(f"Engine: {engine_text(engine)}")
     say(memory.describe())
     if pp > 1:
         say(f"Pipeline: {pp} stages x TP {tp}, layers {'/'.join(map(str, memory.layers_per_stage))}")
@@ -374,13 +405,31 @@ def run(
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
                            slo_ttft_p95_ms, slo_tpot_p95_ms)
-        bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
-                            result, percentiles, metrics, draft_prof, scaling) if error_bars else None
+        bands = None
+        if error_bars:
+            also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms,
+                                                                   gpu_spec.name)
+            bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
+                                result, percentiles, metrics, draft_prof, scaling, baseline,
+                                plain if baseline is not None else None, also)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
-                        fleet=fleet, bands=bands)
+                        fleet=fleet, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool) -> dict:
+    """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
+    from kvsim.simcore.batch_defaults import engine_assumptions
+
+    host = None
+    if prof is not None and cfg.policy == "continuous":
+        from kvsim.simcore.latency import host_overhead_source
+
+        host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
+    return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
+                              prof.source if prof is not None else None)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
@@ -402,15 +451,14 @@ def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile
         raise ConfigError("a disaggregated run needs --policy continuous (vLLM V1 instances with a KV connector)")
 
 
-def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics):
-    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py)."""
+def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, engine_core, percentiles, metrics,
+               scaling=None, scaling_extras=None, slo_ttft_ms=None, slo_tpot_ms=None, assumed=None, error_bars=False):
+    """`kvsim run --fleet ...`: replicas of several GPU types / TPs behind one router (simcore/fleet.py);
+    with --autoscale, the fleet is the autoscaler's pool in its order (simcore.autoscale)."""
     from kvsim.reports.prices import load_prices
     from kvsim.simcore.fleet import fleet_cost_per_hour
     from kvsim.simcore.simulate import prepare
 
-    if engine_core is EngineCore.c:
-        raise ConfigError("--engine-core c cannot run this simulation: a heterogeneous fleet (replicas of several "
-                          "GPU types or TPs)")
     first, profile, _ = groups[0]
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     desc = describe_run(wl.describe(), first.engine.to_dict(), model_spec, first.gpu.name)
@@ -420,25 +468,105 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     for cfg, prof, count in groups:
         say(f"Fleet group: {count} x TP {cfg.engine.tensor_parallel_size} {cfg.gpu.name}; profile {prof.label} "
             f"sha256:{prof.sha256[:12]}; GPU KV cache size: {cfg.memory.num_gpu_tokens:,} tokens per replica")
+    # --fleet keeps the given step limits on every group (no per-GPU defaults): one line for all
+    engine = assumed(first.engine, first.gpu, profile, frozenset()) if assumed is not None else None
+    if engine is not None:
+        say(f"Engine: {engine_text(engine)}")
     prices = load_prices()
     usd = fleet_cost_per_hour(groups, prices)
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
     say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
         + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    if scaling is not None:
+        from kvsim.simcore import records as records_module
+
+        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
+            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
+                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of the fleet, started in its order "
+            f"(drained in reverse), metric {scaling.metric} target {scaling.target:g}, every {scaling.interval_s:g} s")
     with run_staging(out) as staging:
         progress = LiveProgress("simulating", int(wl.num_requests), "requests finished")
         try:
             sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
                           exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
-                          fleet=groups)
+                          fleet=groups, autoscale=scaling)
             result = sim.run()
         finally:
             progress.stop()
         result.record["fleet_usd_per_hour"] = usd
+        fleet = None
+        if scaling is not None:
+            fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
+                                     prices)
+        bands = None
+        if error_bars:  # every group's profile scaled alike (profiles.uncertainty.deployment_error)
+            from kvsim.profiles.uncertainty import deployment_error, scaled_profile
+
+            def rerun(f):
+                scaled = [(cfg, scaled_profile(p, f), n) for cfg, p, n in groups]
+                return prepare(model_spec, first.gpu, first, wl, scaled[0][1], seed=seed, exact_steps=exact_steps,
+                               engine_core=engine_core.value, fleet=scaled, autoscale=scaling).run()
+
+            also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_ms, slo_tpot_ms, "")
+            bands = _bands(deployment_error([p for _, p, _ in groups]), rerun, result, percentiles, metrics,
+                           also=also)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
-                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result))
+                        metrics=metrics, model_name=model_spec.name, extra=lambda summary: _fleet_lines(result),
+                        fleet=fleet, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
+
+
+def _prefix(groups, replicas: int) -> list:
+    """The first `replicas` replicas of a fleet, in its order (a static fleet the autoscaler's
+    priority would have kept up)."""
+    out, left = [], replicas
+    for cfg, prof, n in groups:
+        if left <= 0:
+            break
+        out.append((cfg, prof, min(n, left)))
+        left -= n
+    return out
+
+
+def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices):
+    """An autoscaled fleet's section (as `_fleet` makes it for one GPU type): each replica billed for
+    its own GPUs at its group's price (or --autoscale-config's one price), and static fleets of the
+    first peak / mean replicas in the fleet's order run on the same workload."""
+    from kvsim.cli.autoscale_out import fleet_section, static_row
+    from kvsim.simcore.simulate import prepare
+
+    fleet = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, "")
+    per_replica = [(cfg.engine.tensor_parallel_size * cfg.engine.pipeline_parallel_size,
+                    extras.get("price_usd_per_gpu_hour", prices.get(cfg.gpu.name))) for cfg, _, n in groups for _ in range(n)]
+    priced = all(price is not None for _, price in per_replica)
+    duration = fleet["duration_s"]
+
+    def usd(hours: list[float]) -> float | None:
+        return sum(h * g * p for h, (g, p) in zip(hours, per_replica, strict=False)) if priced else None
+
+    fleet["usd"] = usd(fleet["replica_hours"])
+    fleet["usd_per_day"] = None if fleet["usd"] is None or duration <= 0 else fleet["usd"] * 86400.0 / duration
+    sizes = {"the peak": fleet["peak_active_replicas"], "the mean": max(1, math.ceil(fleet["mean_active_replicas"]))}
+    rows = []
+    for sized_for, replicas in sizes.items():
+        part = _prefix(groups, replicas)
+        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part).run()
+        hours = float(static.summary.get("duration_s") or 0.0) / 3600.0
+        gpus = sum(g for g, _ in per_replica[:replicas])
+        row = static_row(static, replicas, 1, fleet["slo"]["ttft_ms"], fleet["slo"]["tpot_ms"], None, fleet["hour_s"])
+        row["gpu_hours"] = gpus * hours
+        row["usd"] = usd([hours] * replicas)
+        static_s = float(static.summary.get("duration_s") or 0.0)
+        row["usd_per_day"] = None if row["usd"] is None or static_s <= 0 else row["usd"] * 86400.0 / static_s
+        rows.append({"sized_for": sized_for, **row})
+    fleet["static"] = rows
+    peak = rows[0]["usd"] if priced else rows[0]["gpu_hours"]
+    mine = fleet["usd"] if priced else fleet["gpu_hours"]
+    fleet["saving_vs_peak_fleet"] = None if not peak else 1.0 - mine / peak
+    fleet["saving_basis"] = "usd" if priced else "gpu_hours"  # GPU-hours of different GPUs are not one price
+    return fleet
 
 
 def _fleet_lines(result) -> str:
@@ -456,14 +584,15 @@ def _fleet_lines(result) -> str:
         start += group["replicas"]
     usd = result.record.get("fleet_usd_per_hour")
     if usd is not None:
-        lines.append(f"{'Fleet cost ($/h):':<41}{usd:,.2f}")
+        label = "Fleet cost, every replica up ($/h):" if "autoscale" in result.record else "Fleet cost ($/h):"
+        lines.append(f"{label:<41}{usd:,.2f}")
     return "\n".join(lines)
 
 
 def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
                 prefill_replicas, decode_replicas, prefill_tp, decode_tp, placement, prefill_profile,
                 decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs, percentiles=(95.0, 99.0),
-                metrics=("ttft", "tpot", "itl", "e2el")) -> None:
+                metrics=("ttft", "tpot", "itl", "e2el"), assumed=None, error_bars=False) -> None:
     """`kvsim run --prefill-replicas N --decode-replicas M ...`: two pools behind vLLM's P/D proxy."""
     from dataclasses import replace
 
@@ -518,10 +647,38 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
     for name in ("prefill", "decode"):
         say(f"{name.capitalize()} pool: profile {profiles[name].label} sha256:{profiles[name].sha256[:12]}; "
             + resolved[name].memory.describe().replace(chr(10), "; "))
+    engines = {}
+    if assumed is not None:  # a pool's own --prefill-max-num-batched-tokens / --decode-max-num-seqs is not a default
+        own = {"prefill": {"max_num_batched_tokens"} if prefill_max_num_batched_tokens is not None else set(),
+               "decode": {"max_num_seqs"} if decode_max_num_seqs is not None else set()}
+        for name in ("prefill", "decode"):
+            engines[name] = assumed(pools[name], gpu_spec, profiles[name])
+            engines[name]["batch_defaults_filled"] = [f for f in engines[name]["batch_defaults_filled"]
+                                                      if f not in own[name]]
+        texts = {name: engine_text(a) for name, a in engines.items()}
+        if texts["prefill"] == texts["decode"]:
+            say(f"Engine (both pools): {texts['decode']}")
+        else:
+            for name, text in texts.items():
+                say(f"Engine ({name} pool): {text}")
     with run_staging(out) as staging:
         result = sim.run()
+        bands = None
+        if error_bars:  # both pools' step times scaled alike; the KV transfer (link bandwidth) is not
+            from kvsim.profiles.uncertainty import deployment_error, scaled_profile
+
+            def rerun(f):
+                return prepare_disagg(model_spec, gpu_spec, resolved, wl,
+                                      {k: scaled_profile(p, f) for k, p in profiles.items()}, seed=seed,
+                                      placement=placement.value if placement is not None else None,
+                                      exact_steps=exact_steps, engine_core=engine_core.value).run()
+
+            bands = _bands(deployment_error(list(profiles.values())), rerun, result, percentiles, metrics)
+        engine = None
+        if engines:
+            engine = {"engine_version": engines["decode"]["engine_version"], "pools": engines}
         fatal = _report(result, wl, slo, seed, out, as_json, staging, percentiles=percentiles, metrics=metrics,
-                        model_name=model_spec.name, extra=format_disagg)
+                        model_name=model_spec.name, extra=format_disagg, bands=bands, engine=engine)
     if fatal is not None:
         fail(fatal, EMPTY_RESULT_EXIT)
 
@@ -546,31 +703,72 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
 
 
 def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
-                percentiles, metrics, draft_prof=None, autoscale=None) -> dict:
+                percentiles, metrics, draft_prof=None, autoscale=None, baseline=None, plain=None, also=None) -> dict:
     """The run again with every step time at the low and high end of the profile's stated error
-    (profiles/uncertainty.py; a draft model's profile scaled alike): each headline metric's
-    [low, high] over the three runs (the throughputs, and mean / median / chosen percentiles of
-    the chosen latency metrics)."""
+    (profiles/uncertainty.py; a draft model's profile scaled alike); with `baseline` (the
+    --compare-no-spec run, `plain` its configuration), the baseline too at each end, for the
+    speed-ups' band."""
+    from kvsim.profiles.uncertainty import profile_error, scaled_profile
+    from kvsim.simcore.simulate import prepare
+
+    def rerun(f):
+        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
+        return prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
+                       engine_core=engine_core, draft_profile=draft, autoscale=autoscale).run()
+
+    def rerun_baseline(f):
+        return prepare(model_spec, gpu_spec, plain, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
+                       engine_core=engine_core).run()
+
+    return _bands(profile_error(prof), rerun, result, percentiles, metrics,
+                  (baseline, rerun_baseline) if baseline is not None else None, also)
+
+
+AUTOSCALE_BANDED = ("gpu_hours", "attainment", "mean_active_replicas", "peak_active_replicas")
+
+
+def _autoscale_figures(extras, slo_ttft_ms, slo_tpot_ms, gpu_name: str = ""):
+    """An autoscaled run's figures that its band covers (GPU-hours, SLO attainment, replicas)."""
+    from kvsim.cli.autoscale_out import fleet_section
+
+    def figures(result) -> dict:
+        section = fleet_section(result, extras, slo_ttft_ms, slo_tpot_ms, gpu_name)
+        return {k: section.get(k) for k in AUTOSCALE_BANDED}
+
+    return figures
+
+
+def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -> dict:
+    """Each headline metric's [low, high] over `result` and `rerun(factor)` at the two ends of
+    the 90% band of `err` (the throughputs, and mean / median / chosen percentiles of the chosen
+    latency metrics); `baseline` (its result, its rerun): the speed-ups of speculation over it too,
+    each end's speculative run against the baseline at the same factor; `also(result)` -> {name:
+    value}: more figures banded alike (an autoscaled run's GPU-hours), under "also"."""
     from statistics import NormalDist
 
     from kvsim.cli.bench_result import metric_stats
-    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, profile_error, scaled_profile
-    from kvsim.simcore.simulate import prepare
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band
 
-    err = profile_error(prof)
     z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
     factors = (err.factor(-z), err.factor(z))
-    runs = [result]
-    for f in factors:
-        draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
-        runs.append(prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed,
-                            exact_steps=exact_steps, engine_core=engine_core, draft_profile=draft,
-                            autoscale=autoscale).run())
+    runs = [result, *(rerun(f) for f in factors)]
     values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
     keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
                                                           and k.split("_")[1] in metrics)]
-    return {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
-            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+    doc = {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+           "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
+    if baseline is not None:
+        from kvsim.reports.speculation import speedup_vs
+
+        base, rerun_base = baseline
+        ups = [speedup_vs(result.summary, base.summary),
+               *(speedup_vs(r.summary, rerun_base(f).summary) for r, f in zip(runs[1:], factors, strict=True))]
+        doc["speculation_vs_none"] = {k: band([u.get(k) for u in ups]) for k in ups[0]
+                                      if k.startswith("speedup_") and ups[0].get(k) is not None}
+    if also is not None:
+        extra = [also(r) for r in runs]
+        doc["also"] = {k: band([e.get(k) for e in extra]) for k in extra[0] if extra[0].get(k) is not None}
+    return doc
 
 
 def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
@@ -598,13 +796,19 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
     return fleet
 
 
-def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len):
+def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides, seed, max_model_len,
+             sonnet=(None, None, None)):
     """The workload `--dataset-name` builds (None without it); the flags it owns are taken out of
     `overrides` (vLLM maps --input-len / --output-len onto the dataset's own flags)."""
     from kvsim.workloads import datasets
 
     random_flags = {"--random-input-len": input_len, "--random-output-len": output_len,
                     "--random-range-ratio": range_ratio}
+    sonnet_flags = dict(zip(("--sonnet-input-len", "--sonnet-output-len", "--sonnet-prefix-len"), sonnet, strict=True))
+    if name is not DatasetName.sonnet:
+        for flag, value in sonnet_flags.items():
+            if value is not None:
+                raise ConfigError(f"{flag} applies only with --dataset-name sonnet")
     if name is None:
         for flag, value in [*random_flags.items(), ("--dataset-path", path)]:
             if value is not None:
@@ -636,12 +840,32 @@ def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides
     for flag, value in random_flags.items():
         if value is not None:
             raise ConfigError(f"{flag} applies only with --dataset-name random")
+    if name is DatasetName.sonnet:
+        return _sonnet(datasets, path, num, seed, overrides, sonnet_flags, max_model_len)
     if path is None:
         raise ConfigError("--dataset-name sharegpt needs --dataset-path (a ShareGPT JSON file)")
     if overrides.get("input_len") is not None:
         raise ConfigError("--input-len does not apply to --dataset-name sharegpt (its prompts give the lengths)")
     output = overrides.pop("output_len", None)
     return datasets.sharegpt_dataset(path, num, seed, None if output is None else _whole(output, "--output-len"))
+
+
+def _sonnet(datasets, path, num, seed, overrides, flags, max_model_len):
+    """--dataset-name sonnet (workloads.datasets.sonnet_dataset); --input-len / --output-len are
+    vLLM's general names for --sonnet-input-len / --sonnet-output-len."""
+    lens = {}
+    for kind, default in (("input", datasets.SONNET_INPUT_LEN), ("output", datasets.SONNET_OUTPUT_LEN)):
+        general, specific = overrides.pop(f"{kind}_len", None), flags[f"--sonnet-{kind}-len"]
+        if general is not None and specific is not None:
+            raise ConfigError(f"give --{kind}-len or --sonnet-{kind}-len, not both")
+        value = specific if specific is not None else general
+        lens[kind] = default if value is None else _whole(value, f"--sonnet-{kind}-len")
+    prefix = flags["--sonnet-prefix-len"]  # unset: vLLM's 200, or the whole prompt when that is shorter
+    prefix = min(datasets.SONNET_PREFIX_LEN, lens["input"]) if prefix is None else prefix
+    if lens["input"] >= max_model_len:
+        raise ConfigError(f"--sonnet-input-len {lens['input']} leaves no room for an output within max_model_len "
+                          f"{max_model_len}")
+    return datasets.sonnet_dataset(path, num, seed, lens["input"], lens["output"], prefix)
 
 
 def _whole(value, flag: str) -> int:
@@ -671,7 +895,8 @@ def _result_target(wl, model_spec, result_dir, result_filename, dp):
 
 def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging, sim=None,
             percentiles=(95.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"), result_file=None,
-            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None) -> str | None:
+            model_name: str = "", extra=None, baseline=None, fleet=None, bands: dict | None = None,
+            engine: dict | None = None) -> str | None:
     """Print (and write) a finished run; returns the fatal reason of a run that served nothing."""
     generation = result.record["workload"]["generation"]  # what generating the requests counted
     for note in wl.notes(generation):
@@ -696,6 +921,9 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
+    if engine is not None:  # issue 27: every answer names the engine version it assumes
+        summary["engine_version"] = engine.get("engine_version")
+        summary["engine_assumptions"] = engine
     if bands is not None:
         summary["error_bars"] = bands
     if baseline is not None:
@@ -736,6 +964,11 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
 
         document["autoscale"] = fleet
         files["autoscale.png"] = lambda path: write_figure(fleet, path)
+        files["autoscale.html"] = lambda path: _autoscale_html(document, fleet, path)
+    elif "fleet" in result.record and out is not None:  # a --fleet run: its page per GPU group
+        files["fleet.html"] = lambda path: _fleet_html(document, result, path)
+    elif "disagg" in result.record and out is not None:  # a disaggregated run: its page per pool
+        files["disagg.html"] = lambda path: _disagg_html(document, result, path)
     if out is not None:
         write_outputs(out, files, staging)
     if as_json:
@@ -748,14 +981,52 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
             typer.echo(format_fleet(fleet))
         typer.echo(f"Simulated in {result.wall_s:.2f} s (seed {seed}).")
         if out is not None:
-            typer.echo(f"Wrote {out}/requests.csv, steps.csv, summary.json")
+            typer.echo(f"Wrote {out}/{', '.join(files)}")
         if result_file is not None:
             typer.echo(f"Wrote {result_file}")
     return fatal
 
 
-def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json) -> None:
-    """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment."""
+def _autoscale_html(document: dict, fleet: dict, path: Path) -> None:
+    """autoscale.html: the page of reports.fleet_page, with the figure drawn for it."""
+    import tempfile
+
+    from kvsim.cli.autoscale_out import write_figure
+    from kvsim.reports.fleet_page import autoscale_page
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        png = Path(tmp) / "autoscale.png"
+        write_figure(fleet, png)
+        path.write_text(autoscale_page(document, png))
+
+
+def _fleet_html(document: dict, result, path: Path) -> None:
+    """fleet.html: what each GPU group of a --fleet run served (reports.fleet_page)."""
+    from kvsim.reports.fleet_page import fleet_page, group_rows
+    from kvsim.reports.prices import load_prices
+
+    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
+
+
+def _disagg_html(document: dict, result, path: Path) -> None:
+    """disagg.html: each pool's figures and the KV transfers of a disaggregated run (reports.disagg_page)."""
+    import tempfile
+
+    from kvsim.reports.disagg_page import disagg_page
+    from kvsim.reports.prices import load_prices
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-page-") as tmp:
+        path.write_text(disagg_page(document, step_columns(result), load_prices(), Path(tmp)))
+
+
+FIND_MAX_RATE_NO_BAND = ("each end would be a whole search, x3 the time: add --error-bars, or plan with "
+                         "`kvsim plan --confidence`")
+
+
+def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance, out, as_json, error_bars=False,
+                   engine=None) -> None:
+    """`kvsim run --find-max-rate`: the rate search of reports.capacity on this deployment; with
+    an explicit --error-bars, the search again at each end of the profile's stated error."""
     from kvsim.reports.capacity import max_sustainable_rate, simulator
     from kvsim.simcore.simulate import KVSIM_VERSION
 
@@ -763,16 +1034,35 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     say(f"Searching the highest sustained rate meeting {slo.text()} (tolerance {100 * tolerance:g}%, "
         f"{wl.num_requests} requests per run, seed {seed})")
+    if engine is not None:
+        say(f"Engine: {engine_text(engine)}")
     found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
+    bars = {"skipped": FIND_MAX_RATE_NO_BAND}
+    if error_bars:
+        from statistics import NormalDist
+
+        from kvsim.profiles.uncertainty import INTERVAL, profile_error, scaled_profile
+
+        err = profile_error(prof)
+        z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+        ends = [max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, scaled_profile(prof, err.factor(s_ * z)),
+                                               seed, slo), slo, start, tolerance) for s_ in (-1, 1)]
+        rates = [found.max_rate, *(e.max_rate for e in ends)]
+        bars = {"interval": INTERVAL, "step_time_factors": [err.factor(-z), err.factor(z)], **err.to_dict(),
+                "max_sustainable_rate": [min(rates), max(rates)], "at_least": [e.at_least for e in ends],
+                "num_runs": sum(e.num_runs for e in ends)}
     rows = [{
         "rate": p.rate, "passed": p.passed, "saturation": p.summary.get("saturation"),
         "p95_ttft_ms": p.summary.get("p95_ttft_ms"), "p95_tpot_ms": p.summary.get("p95_tpot_ms"),
+        **{t.key: p.summary.get(t.key) for t in slo.percentile_ms},
         "request_goodput": p.summary.get("request_goodput"), "why_not": "; ".join(p.reasons),
         "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
         "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
+        "error_bars": bars, **({"engine_version": engine.get("engine_version"), "engine_assumptions": engine}
+                               if engine is not None else {}),
         "record": {"kvsim_version": KVSIM_VERSION, "seed": seed, "model": model_spec.to_dict(),  # as summary.json's
                    "gpu": {"name": gpu_spec.name, "memory_gib": gpu_spec.memory_gib},
                    "config": config.engine.to_dict(),
@@ -790,7 +1080,9 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
         typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
-                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  {row['why_not']}")
+                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
+                   + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
+                             for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:
         typer.echo(f"No rate meets the SLO: {found.binding}")
     elif found.at_least:
@@ -798,6 +1090,14 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     else:
         typer.echo(f"Max sustainable rate: {found.max_rate:.3f} req/s (fails at "
                    f"{found.max_rate * (1 + tolerance):.3f}: {found.binding}); {found.num_runs} runs")
+    if "skipped" in bars:
+        typer.echo(f"Model error: no band ({bars['skipped']})")
+    else:
+        lo, hi = bars["max_sustainable_rate"]
+        typer.echo(f"Model error ({100 * bars['interval']:.0f}% band, {bars['kind']} profile, step times "
+                   f"x{bars['step_time_factors'][0]:.2f} .. x{bars['step_time_factors'][1]:.2f}): max sustainable rate "
+                   f"{lo:.3f} .. {hi:.3f} req/s" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
+                   + f"; {bars['num_runs']} more runs")
 
 
 __all__ = ["run"]

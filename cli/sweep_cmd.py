@@ -42,6 +42,7 @@ from kvsim.cli.options import (
     Preemption,
     ProfilePath,
     Reservation,
+    SloTargets,
     SwapSpace,
     ThinkTime,
     UsageContextOpt,
@@ -140,10 +141,14 @@ def _format_cell(column: str, value: Any) -> str:
 
 
 def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`."""
+    """Columns to print and their cells; a metric with a 95% interval prints as `mean ±half`, or as
+    `mean (low to high)` when an end was cut at what the metric can take (a latency below 0); one
+    with a model-error band (--error-bars) as `value [low..high]`."""
     import pandas as pd
 
-    cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high"))]
+    from kvsim.reports.sweep import cut_ends
+
+    cols = [c for c in frame.columns if not c.endswith(("_ci95_low", "_ci95_high", "_band_low", "_band_high"))]
     cells = []
     for _, row in frame.iterrows():
         line = []
@@ -151,10 +156,25 @@ def _with_interval(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             text = _format_cell(c, row[c])
             low, high = row.get(f"{c}_ci95_low"), row.get(f"{c}_ci95_high")
             if text and low is not None and high is not None and not pd.isna(low) and not pd.isna(high):
-                text += " ±" + _format_cell(c, (high - low) / 2)
+                if any(cut_ends(c, row[c], low, high)):
+                    text += f" ({_format_cell(c, low)} to {_format_cell(c, high)})"
+                else:
+                    text += " ±" + _format_cell(c, (high - low) / 2)
+            low, high = row.get(f"{c}_band_low"), row.get(f"{c}_band_high")  # --error-bars: the model's 90% band
+            if text and low is not None and high is not None and not pd.isna(low) and not pd.isna(high):
+                text += f" [{_format_cell(c, low)}..{_format_cell(c, high)}]"
             line.append(text)
         cells.append(line)
     return cols, cells
+
+
+def interval_note(n: int) -> str:
+    """How to read the intervals over `n` seeds: Student-t, so wide over few (t = 12.71 for 2)."""
+    from kvsim.reports.sweep_runner import t975
+
+    wide = "; wide with so few seeds" if n < 5 else ""
+    return (f"mean ±95% Student-t interval, t = {t975(n):.2f} for {n} seeds{wide}; an interval is cut at 0 "
+            "(and a share at 100%), the range the metric can take")
 
 
 def format_table(frame) -> str:
@@ -227,6 +247,7 @@ def sweep(
     enable_prefix_caching: EnablePrefixCaching = None,
     engine_version: EngineVersion = None,
     usage_context: UsageContextOpt = None,
+    error_bars: Annotated[bool, typer.Option("--error-bars", help="Also run every point with every step time at the 5th and 95th percentile of its profile's stated error (profiles/uncertainty.py): columns <metric>_band_low / _band_high for TTFT, TPOT and throughput (x3 the simulations, so off by default).")] = False,
     swap_space: SwapSpace = None,
     kv_offloading_size: Annotated[str | None, typer.Option("--kv-offloading-size", help=f"CPU KV tier of a replica in GiB (0 or none: no tier). {LIST_HELP} [default: none]")] = None,
     preemption_mode: Preemption = None,
@@ -251,6 +272,7 @@ def sweep(
     profile: ProfilePath = None,
     slo_ttft_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TTFT at most this many ms.")] = None,
     slo_tpot_p95_ms: Annotated[float | None, typer.Option(help="SLO: p95 TPOT at most this many ms.")] = None,
+    slo_targets: SloTargets = None,
     out: Annotated[Path | None, typer.Option(help="Table that gets one row per point as each finishes (every option and metric): a .csv file, or .parquet (needs pyarrow; rows collect in a hidden .NAME.rows.csv beside it until the last point is in).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish the sweep in --out: run only its missing points.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (local) or most tasks in flight (ray). [default: all cores]")] = None,
@@ -283,9 +305,6 @@ def sweep(
         from kvsim.simcore.speculative import parse_speculative_configs
 
         specs = parse_speculative_configs(speculative_config)
-        if any(s is not None and s.method == "draft_model" for s in specs):
-            raise ConfigError("--speculative-config: kvsim sweep does not price a draft_model's own profile yet; "
-                              "use kvsim run, or an eagle / eagle3 / mtp / ngram config")
         if len(specs) > 1:
             lists["speculative_config"] = specs
         elif specs[0] is not None:
@@ -298,6 +317,12 @@ def sweep(
         refuse_irrelevant(pol, fields.get("allocator"), given)
         apply_engine_preset(fields, pol)  # every swept policy reads --engine-version (refused above otherwise)
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    from kvsim.reports.capacity import SLO, parse_slo_targets
+
+    slo = SLO.of(parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms))
+    slo_ttft_p95_ms, slo_tpot_p95_ms = slo.ttft_p95_ms, slo.tpot_p95_ms  # --slo ttft:p95:X is the shorthand
+    # other percentiles are computed by each point (a column only when asked: the point ids stay)
+    slo_columns = {"slo_percentiles": " ".join(t.spec for t in slo.percentile_ms)} if slo.percentile_ms else {}
     if resume and out is None:
         raise ConfigError("--resume needs --out (the table to finish)")
     if address is not None and executor is not ExecutorName.ray:
@@ -327,20 +352,24 @@ def sweep(
     )
     fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens)
+    from kvsim.profiles.uncertainty import INTERVAL as BAND_INTERVAL
     from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
 
     plan = plan_sweep(
         model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
         _profiles(profile, len(model_specs) * len(gpu_specs)), seed_list,
         {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
-         "slo_tpot_p95_ms": slo_tpot_p95_ms}, zipped,
+         "slo_tpot_p95_ms": slo_tpot_p95_ms, **slo_columns,
+         # (columns only when asked: the point ids of other sweeps stay)
+         **({"usage_context": usage_context or DEFAULT_USAGE_CONTEXT} if fill else {}),
+         **({"error_bars": BAND_INTERVAL} if error_bars else {})}, zipped,
         batch_defaults=(fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None,
     )
     for point in plan.points:  # a request no step can hold: refused before any point runs
         if not point.does_not_fit and point.resolved is not None:
             check_sample_width(point.workload, point.resolved, {"--n": n, "--beam-width": beam_width})
     rows = _run(plan, table, resume, jobs, executor.value, address)
-    frame = summarize_points(pd.DataFrame(rows), plan.swept)
+    frame = summarize_points(pd.DataFrame(rows), plan.swept, {t.column: t.key for t in slo.percentile_ms})
     wl = plan.points[0].workload
     # the first point's requests (simcore.simulate's seed split), counted here so the lines do not
     # depend on which process ran the point
@@ -352,13 +381,16 @@ def sweep(
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)
     best: dict[str, int | None] | None = None  # model -> row of its cheapest passing point
-    if slo_ttft_p95_ms is not None or slo_tpot_p95_ms is not None:
-        frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms)
+    if slo.targets:
+        frame = add_slo(frame, slo_ttft_p95_ms, slo_tpot_p95_ms, slo.percentile_ms)
         best = _cheapest_by_model(frame, [m.name for m in model_specs])
     _print(frame, best, SWEEPABLE, as_json, {
         "model": ", ".join(m.name for m in model_specs), "gpu": ", ".join(g.name for g in gpu_specs),
         "workload": wl.describe(generation),
-        "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms},
+        "engine_version": base.engine_version if "policy" in lists or base.policy == "continuous" else None,
+        "engine_version_given": engine_version is not None,
+        "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms,
+                                    **({"targets": [t.spec for t in slo.targets]} if slo.percentile_ms else {})},
     }, out)
 
 
@@ -505,8 +537,11 @@ def _print(frame, best: dict[str, int | None] | None, sweepable, as_json: bool, 
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
     wl, seeds = context["workload"], context["seeds"]
-    said = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} (mean ±95% interval)"
-    typer.echo(f"Sweep: {context['model']} on {context['gpu']}, workload {wl.get('name')}, "
+    said = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} ({interval_note(len(seeds))})"
+    version = context.get("engine_version")
+    engine = "" if version is None else f", engine {version}" + ("" if context.get("engine_version_given") else
+                                                                 " (default)")
+    typer.echo(f"Sweep: {context['model']} on {context['gpu']}, workload {wl.get('name')}{engine}, "
                f"{said}; every point serves the same requests")
     typer.echo(format_table(frame))
     if slo and best is not None:

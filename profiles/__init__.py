@@ -5,10 +5,12 @@ from kvsim.profiles.lookup import (
     PROFILE_DIR,
     check_profile_matches,
     default_profile,
+    draft_profile,
     find_profile_path,
     load_named_profile,
     profile_filename,
 )
 
-__all__ = ["PROFILE_DIR", "check_profile_matches", "default_profile", "find_profile_path", "load_named_profile",
+__all__ = ["PROFILE_DIR", "check_profile_matches", "default_profile", "draft_profile",
+           "find_profile_path", "load_named_profile",
            "profile_filename"]

@@ -244,14 +244,16 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
 
 
 def default_rank_ms() -> float:
-    """host_rank's prior: the default engine version's per-step cost per extra TP rank, the mean
-    slope of profiles/host.py's model from TP 2 to TP 8 (the workers' synchronisation). With rows
-    at one TP it cannot be fitted, and a stack's host cost then carries over to other TPs with the
-    default's growth rather than none."""
-    from kvsim.profiles.host import engine_host
+    """host_rank's prior: the default engine version's per-step cost per extra TP rank, the slope
+    of profiles/host.py's model between the TPs it was measured at, 2 and 4 (the workers'
+    synchronisation; past TP 4 that model holds its TP 4 terms, so a slope through TP 8 would
+    average in a flat, unmeasured stretch). With rows at one TP it cannot be fitted, and a stack's
+    host cost then carries over to other TPs with the default's growth rather than none."""
+    from kvsim.profiles.host import MAX_MEASURED_TP, engine_host
     from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION
 
-    return (engine_host(DEFAULT_ENGINE_VERSION, 8)[0] - engine_host(DEFAULT_ENGINE_VERSION, 2)[0]) / 6
+    return ((engine_host(DEFAULT_ENGINE_VERSION, MAX_MEASURED_TP)[0] - engine_host(DEFAULT_ENGINE_VERSION, 2)[0])
+            / (MAX_MEASURED_TP - 2))
 
 
 def profile_params(profile: Profile, tp: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> np.ndarray:

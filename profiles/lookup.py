@@ -120,6 +120,25 @@ def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUS
         )
 
 
+def draft_profile(gpu: GPUSpec, config, like: Profile | None = None) -> Profile | None:
+    """The draft model's profile for a run whose speculative config is a draft_model (None for any
+    other run): its committed or roofline profile at the draft's TP, on the target's GPU, as
+    `kvsim run` prices it; with its step times scaled as the target's profile `like` was
+    (profiles.uncertainty.scaled_profile: a plan at a confidence, its SLO probability's re-runs).
+    `config`: an EngineConfig or a ResolvedConfig."""
+    engine = getattr(config, "engine", config)
+    spec = engine.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    draft = default_profile(gpu, spec.draft_model_spec(), spec.draft_tp(engine.tensor_parallel_size))
+    factor = getattr(like, "step_time_factor", 1.0)
+    if factor != 1.0:
+        from kvsim.profiles.uncertainty import scaled_profile
+
+        draft = scaled_profile(draft, factor)
+    return draft
+
+
 def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int, ep: int = 1) -> Profile:
     """The committed profile for this GPU, model, dtypes and TP when it exists and matches,
     else a roofline profile built in memory (its label says `roofline`). Expert parallelism

@@ -93,6 +93,19 @@ def profile_error(profile: Profile) -> StepTimeError:
     return StepTimeError(kind, MEDIAN_ABS_ERROR[kind], BASIS[kind])
 
 
+def deployment_error(profiles: list[Profile]) -> StepTimeError:
+    """One step-time error for a run priced from several profiles (a disaggregated run's pools, a
+    fleet's groups): the largest of theirs. The band scales every profile by the same factor, so
+    the errors are treated as fully correlated (one model, one set of validations), which gives
+    the wider band of the two extremes."""
+    errors = [profile_error(p) for p in profiles]
+    worst = max(errors, key=lambda e: e.sigma)
+    if len({(e.kind, e.median_abs_error) for e in errors}) == 1:
+        return worst
+    return StepTimeError(worst.kind, worst.median_abs_error,
+                         f"the largest of {len(errors)} profiles' stated errors: {worst.basis}")
+
+
 def _scale_table(table: Any, factor: float) -> None:
     if not isinstance(table, dict) or "time_ms" not in table:
         return
@@ -129,6 +142,8 @@ def scaled_profile(profile: Profile, factor: float) -> Profile:
             doc[key] = {k: _scale_terms(v, factor) for k, v in doc[key].items()}
     scaled = parse_profile(doc, f"{profile.path or profile.label} x {factor:.4g}")
     scaled.path = profile.path
+    # what it was scaled by in all (a draft model's profile follows its target's: profiles.draft_profile)
+    scaled.step_time_factor = getattr(profile, "step_time_factor", 1.0) * factor
     return scaled
 
 

@@ -24,19 +24,25 @@ on the deployment or the SLO, a pass/fail that is monotone in the rate gives an 
 is monotone too: a looser SLO or a faster GPU never lands on a lower grid point.
 
 A rate passes when the run was judged not overloaded (simcore.metrics.saturation: `sustained`;
-`n/a`, a run too short to tell, fails) and every SLO held.
+`n/a`, a run too short to tell, fails) and every SLO held. SLOs are percentile targets of any
+metric vLLM reports (TTFT, TPOT, ITL, E2EL) at any percentile (`Target`: --slo ttft:p99:800),
+plus per-request goodput (vLLM's --goodput).
+
+A multi-turn session workload is scaled in sessions/s (SessionRateScaler): only the session start
+times are rescaled; each session's turns still wait for their answers plus their think times.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE, p_word
 from kvsim.simcore.request import RequestSink
 
 DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
@@ -58,14 +64,78 @@ ELASTICITY = 1.5
 MIN_TOLERANCE = 1e-6
 
 
+SLO_METRICS = ("ttft", "tpot", "itl", "e2el")  # vllm bench serve's --percentile-metrics names
+_METRIC_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One percentile SLO: the run's `percentile`-th percentile of `metric` at most `limit_ms`."""
+
+    metric: str  # ttft | tpot | itl | e2el (vLLM's metric names)
+    percentile: float  # in (0, 100]
+    limit_ms: float
+
+    @property
+    def key(self) -> str:
+        """The summary key holding the value (vLLM's `p{P}_{metric}_ms`)."""
+        return f"p{p_word(self.percentile)}_{self.metric}_ms"
+
+    @property
+    def column(self) -> str:
+        """The plan / sweep table column (`ttft_p99_ms`, as the p95 columns are named)."""
+        return f"{self.metric}_p{p_word(self.percentile)}_ms"
+
+    @property
+    def name(self) -> str:
+        return f"{_METRIC_WORDS[self.metric]} p{p_word(self.percentile)}"
+
+    @property
+    def spec(self) -> str:
+        """The `--slo` spelling: ttft:p99:800."""
+        return f"{self.metric}:p{p_word(self.percentile)}:{self.limit_ms:g}"
+
+    def exceedances_to_fail(self, count: int) -> int:
+        """How many of `count` values above the limit make numpy's (linear) percentile exceed it:
+        the percentile interpolates between the sorted values at floor(v) and floor(v) + 1, v =
+        (count - 1) q / 100, so it is above the limit once the value at floor(v) is, i.e. once
+        count - floor(v) values are. This grows with count (by 0 or 1 per value, as q <= 100),
+        so a count reached among the first requests of a run of `count` holds for the whole run.
+        p95 of 600: 31 values; p99 of 600: 7; p50: 300."""
+        return count - math.floor((count - 1) * (self.percentile / 100))
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """What a run must meet; None / empty means that target is not asked for."""
+    """What a run must meet; None / empty means that target is not asked for. `ttft_p95_ms` and
+    `tpot_p95_ms` are the --slo-ttft-p95-ms / --slo-tpot-p95-ms shorthands; `percentile_ms` holds
+    every other percentile target (--slo METRIC:pP:MS). `targets` is all of them, p95s first."""
 
     ttft_p95_ms: float | None = None
     tpot_p95_ms: float | None = None
     goodput_ms: tuple[tuple[str, float], ...] = ()  # per-request SLOs (vLLM --goodput)
     goodput_attainment: float = GOODPUT_ATTAINMENT  # in (0, 1]
+    percentile_ms: tuple[Target, ...] = ()
+
+    @classmethod
+    def of(cls, targets: Iterable[Target], goodput_ms: tuple[tuple[str, float], ...] = ()) -> SLO:
+        """The SLO of a list of targets (a TTFT or TPOT p95 goes to its shorthand field)."""
+        ttft = tpot = None
+        rest = []
+        for t in targets:
+            if t.percentile == 95 and t.metric == "ttft" and ttft is None:
+                ttft = t.limit_ms
+            elif t.percentile == 95 and t.metric == "tpot" and tpot is None:
+                tpot = t.limit_ms
+            else:
+                rest.append(t)
+        return cls(ttft, tpot, tuple(goodput_ms), percentile_ms=tuple(rest))
+
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        short = [Target(m, 95.0, v) for m, v in (("ttft", self.ttft_p95_ms), ("tpot", self.tpot_p95_ms))
+                 if v is not None]
+        return (*short, *self.percentile_ms)
 
     def failures(self, summary: dict[str, Any]) -> list[str]:
         """Why a run fails (empty: it passes); the first reason is the binding one."""
@@ -78,15 +148,17 @@ class SLO:
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
+        elif summary.get("sessions_overloaded"):
+            reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
+                           "sessions start; their turns wait on answers, so turns alone do not show it)")
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
-        for key, limit, name in (("p95_ttft_ms", self.ttft_p95_ms, "TTFT p95"),
-                                 ("p95_tpot_ms", self.tpot_p95_ms, "TPOT p95")):
-            value = summary.get(key)
-            if limit is not None and value is None and stopped:
+        for target in self.targets:
+            value, limit = summary.get(target.key), target.limit_ms
+            if value is None and stopped:
                 continue
-            if limit is not None and (value is None or value > limit):
+            if value is None or value > limit:
                 shown = "n/a" if value is None else f"{'>= ' if stopped else ''}{value:,.1f}"
-                reasons.append(f"{name} {shown} ms > {limit:g} ms" + (f" (run stopped: {stopped})" if stopped else ""))
+                reasons.append(f"{target.name} {shown} ms > {limit:g} ms" + (f" (run stopped: {stopped})" if stopped else ""))
         if self.goodput_ms and not (stopped and "goodput_share" not in summary):
             share = summary.get("goodput_share") or 0.0
             if share < self.goodput_attainment:
@@ -101,14 +173,13 @@ class SLO:
         never decides pass or fail."""
         ratios = []
         stopped = summary.get("early_stop")  # a stopped run: the proven ratios (lower bounds) only
-        for key, limit in (("p95_ttft_ms", self.ttft_p95_ms), ("p95_tpot_ms", self.tpot_p95_ms)):
-            if limit is not None:
-                value = summary.get(key)
-                if value is None and stopped:
-                    continue
-                if value is None or not math.isfinite(value):
-                    return None
-                ratios.append(value / limit)
+        for target in self.targets:
+            value = summary.get(target.key)
+            if value is None and stopped:
+                continue
+            if value is None or not math.isfinite(value):
+                return None
+            ratios.append(value / target.limit_ms)
         if self.goodput_ms and self.goodput_attainment < 1:
             share = summary.get("goodput_share")
             if share is None and stopped:
@@ -119,17 +190,69 @@ class SLO:
         return max(ratios) if ratios else None
 
     def describe(self) -> dict[str, Any]:
-        return {"ttft_p95_ms": self.ttft_p95_ms, "tpot_p95_ms": self.tpot_p95_ms,
-                "goodput_ms": dict(self.goodput_ms),
-                "goodput_attainment": self.goodput_attainment if self.goodput_ms else None}
+        out = {"ttft_p95_ms": self.ttft_p95_ms, "tpot_p95_ms": self.tpot_p95_ms,
+               "goodput_ms": dict(self.goodput_ms),
+               "goodput_attainment": self.goodput_attainment if self.goodput_ms else None}
+        if self.percentile_ms:  # the full list, as --slo spells it (only when one is not a p95 shorthand)
+            out["targets"] = [t.spec for t in self.targets]
+        return out
+
+    def spec(self) -> str:
+        """The SLO as the command line spells it (a plan row's `slo` cell): ttft:p95:1000 tpot:p99:60,
+        then `goodput ttft:500 >= 90%`; "" for none."""
+        parts = [t.spec for t in self.targets]
+        if self.goodput_ms:
+            parts.append("goodput " + " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
+                         + f" >= {100 * self.goodput_attainment:g}%")
+        return " ".join(parts)
 
     def text(self) -> str:
-        parts = [f"{name} <= {v:g} ms" for name, v in (("TTFT p95", self.ttft_p95_ms),
-                                                         ("TPOT p95", self.tpot_p95_ms)) if v is not None]
+        parts = [f"{t.name} <= {t.limit_ms:g} ms" for t in self.targets]
         if self.goodput_ms:
             pairs = " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
             parts.append(f"{100 * self.goodput_attainment:g}% of requests within {pairs} ms")
         return ", ".join(parts) or "no latency SLO (sustained load only)"
+
+
+def parse_slo_targets(values: Iterable[str] | None, **shorthands: float | None) -> list[Target]:
+    """`--slo ttft:p99:800 --slo e2el:p90:20000` -> Targets, after the p95 shorthands
+    (`slo_ttft_p95_ms=...`, `slo_tpot_p95_ms=...`). METRIC is one of vLLM's percentile metrics
+    (ttft, tpot, itl, e2el), the percentile pP or P in (0, 100], the limit a finite number of ms
+    > 0; a target given twice (the same metric and percentile) is refused."""
+    out: list[Target] = []
+    for flag, limit in shorthands.items():
+        if limit is None:
+            continue
+        if not (limit > 0 and limit != float("inf")):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a finite number > 0, got {limit}")
+        out.append(Target(flag.split("_")[1], 95.0, float(limit)))
+    for text in values or []:
+        for item in text.replace(",", " ").split():
+            parts = item.split(":")
+            if len(parts) != 3:
+                raise ConfigError(f"--slo: {item!r} is not METRIC:pPERCENTILE:MS (e.g. ttft:p99:800)")
+            metric, pct, number = parts
+            if metric not in SLO_METRICS:
+                raise ConfigError(f"--slo: unknown metric {metric!r} in {item!r}; use {', '.join(SLO_METRICS)}")
+            try:
+                q = float(pct[1:] if pct[:1] in ("p", "P") else pct)
+            except ValueError:
+                raise ConfigError(f"--slo: {pct!r} is not a percentile such as p99 (in {item!r})") from None
+            if not 0 < q <= 100:
+                raise ConfigError(f"--slo: percentile {pct} is not in (0, 100] (in {item!r})")
+            try:
+                limit = float(number)
+            except ValueError:
+                raise ConfigError(f"--slo: {number!r} is not a number of ms (in {item!r})") from None
+            if not (limit > 0 and limit != float("inf")):
+                raise ConfigError(f"--slo: the limit must be a finite number of ms > 0, got {number} (in {item!r})")
+            out.append(Target(metric, q, limit))
+    seen: set[tuple[str, float]] = set()
+    for t in out:
+        if (t.metric, t.percentile) in seen:
+            raise ConfigError(f"--slo: {t.name} is given twice")
+        seen.add((t.metric, t.percentile))
+    return out
 
 
 # -- the same requests at any rate ------------------------------------------------------------
@@ -198,6 +321,120 @@ class RateScaler:
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"rate must be a finite number > 0, got {rate}")
         return ScaledWorkload(self, rate)
+
+    unit = "req/s"
+
+    def lengths(self, seed: np.random.SeedSequence) -> Lengths:
+        """The requests' lengths for the planner's single-step bounds (reports.plan)."""
+        arrays, _ = self.draw(seed)
+        prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
+        return Lengths(arrays.num_prompt_tokens.astype(np.int64), np.maximum(prompts, 1).astype(np.int64),
+                       arrays.num_output_tokens.astype(np.int64), 1.0,
+                       float(np.mean(arrays.num_output_tokens * arrays.n)))
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """What the planner's bounds need of a workload's requests: each one's whole prompt (what
+    max_model_len refuses), the part of it no cache can serve (what prefill must compute at
+    least), its output; requests per unit of rate (1 per request, turns per session), and
+    output tokens per unit (what $ per M output tokens divides by)."""
+
+    full_prompts: np.ndarray
+    uncached_prompts: np.ndarray
+    outputs: np.ndarray
+    requests_per_unit: float
+    output_tokens_per_unit: float
+
+
+class SessionRateScaler:
+    """A multi-turn session workload (workloads.sessions) at any session rate: the sessions are
+    drawn once per seed (turns, lengths, think times, system prompts) and only their start times
+    are scaled, by `base_rate / rate` (SessionWorkload.start_scale); inside a session each turn
+    still waits for the previous answer plus its own think time, as real conversations do. The
+    rate is in sessions/s, what the workload's --rate means. `take` requests (turns) become
+    ceil(take / mean turns per session) sessions. `at(rate)` is a `simcore.request.Workload`."""
+
+    unit = "sessions/s"
+    # A run must reach the steady state: at a session rate r, about r x lifetime sessions are
+    # in flight at once (lifetime >= (turns - 1) x think time), so a run of fewer sessions than
+    # that measures a ramp that never fills the server. Each run starts sessions over at least
+    # STEADY_LIFETIMES lifetimes (more sessions at higher rates), at most MAX_RUN_TURNS turns.
+    STEADY_LIFETIMES = 3.0
+    MAX_RUN_TURNS = 50_000
+
+    def __init__(self, spec, take: int | None = None):
+        from kvsim.workloads.arrivals import GammaArrivals, TraceArrivals
+
+        if isinstance(spec.arrival, GammaArrivals):
+            self.base = float(spec.arrival.rate)
+        elif isinstance(spec.arrival, TraceArrivals):
+            starts = [start for start, _ in spec.trace.sessions()[: int(spec.num_sessions)]]
+            span = max(starts) - min(starts) if starts else 0.0
+            if len(starts) < 2 or span <= 0:
+                raise ConfigError(f"workload {spec.name}: a rate search needs session start times that spread "
+                                  "over time (the trace's sessions all start at once)")
+            self.base = (len(starts) - 1) / span
+        else:
+            raise ConfigError(f"workload {spec.name}: a rate search needs sessions that start open-loop (Poisson, "
+                              "gamma or a session trace's start times), not a closed loop of clients")
+        import dataclasses
+
+        sessions = int(spec.num_sessions)
+        self.turns_per_session = spec.num_requests / sessions  # expected
+        if take is not None:
+            sessions = min(sessions, max(1, math.ceil(take / self.turns_per_session)))
+        self.spec = dataclasses.replace(spec, num_sessions=sessions)
+        think = float(np.mean(spec.trace.think_s)) if spec.trace is not None and spec.trace.think_s is not None \
+            else float(spec.think_time_s)
+        self.lifetime_s = max(self.turns_per_session - 1.0, 0.0) * think  # a lower bound: answers take time too
+        self.most = None if spec.trace is None else len(spec.trace.sessions())
+
+    def sessions_at(self, rate: float) -> int:
+        """Sessions a run at `rate` starts: the scaler's, or enough to reach the steady state."""
+        steady = math.ceil(self.STEADY_LIFETIMES * rate * self.lifetime_s)
+        cap = max(1, int(self.MAX_RUN_TURNS / max(self.turns_per_session, 1.0)))
+        n = max(int(self.spec.num_sessions), min(steady, cap))
+        return n if self.most is None else min(n, self.most)
+
+    def at(self, rate: float):
+        import dataclasses
+
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ConfigError(f"rate must be a finite number > 0, got {rate}")
+        return dataclasses.replace(self.spec, num_sessions=self.sessions_at(rate), start_scale=self.base / rate)
+
+    def lengths(self, seed: np.random.SeedSequence) -> Lengths:
+        """Every turn the sessions would send. A turn's uncached part is its new user tokens (the
+        conversation before it may all be cached; the first turn's system prompt too)."""
+        turns = self.spec.draw(seed)[0]
+        system = self.spec.shared_prefix.prefix_len if self.spec.shared_prefix is not None else 0
+        full = np.array([r.num_prompt_tokens for r in turns], dtype=np.int64)
+        outputs = np.array([r.num_output_tokens for r in turns], dtype=np.int64)
+        uncached = full.copy()
+        for i, r in enumerate(turns):
+            if r.turn > 1:
+                uncached[i] = full[i] - (full[i - 1] + outputs[i - 1])
+            else:
+                uncached[i] = full[i] - system
+        sessions = max(1, len({r.session_id for r in turns}))
+        return Lengths(full, np.maximum(uncached, 1), outputs, len(turns) / sessions,
+                       float(outputs.sum()) / sessions)
+
+
+def rate_scaler(spec, take: int | None = None):
+    """The scaler a rate search needs: sessions/s for a session workload, else req/s."""
+    if getattr(spec, "is_session", False):
+        return SessionRateScaler(spec, take)
+    return RateScaler(spec, take)
+
+
+def planned_requests(workload, seed: int) -> int:
+    """An upper bound of the requests a run sends (what the early stop's counts need): the
+    workload's count, or every turn its sessions plan (rejections only end sessions sooner)."""
+    if getattr(workload, "is_session", False):
+        return len(workload.draw(np.random.SeedSequence(seed).spawn(2)[0])[0])
+    return int(workload.num_requests)
 
 
 @dataclass
@@ -393,11 +630,49 @@ def _extrapolate(margins: dict[int, float], side: list[int], per_step: float) ->
     return k - margins[k] / slope
 
 
-def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
-    """A run's summary plus goodput against the SLO's per-request targets, if any."""
+def session_queue_slope(result, workload, seed: int) -> float | None:
+    """How fast turns' queueing delay grows (s per s) while sessions are still starting, or None.
+
+    A session's next turn waits for its answer, so an overloaded server slows its own arrivals:
+    completed turns keep pace with offered ones, and once starts end the sessions drain as a
+    closed loop. What overload does show is the queue growing while sessions keep starting
+    faster than they finish; the fit skips the first WARMUP_SHARE of that window, as
+    simcore.metrics.saturation does."""
+    from kvsim.simcore.metrics import MIN_JUDGED_REQUESTS, WARMUP_SHARE
+
+    if not getattr(workload, "is_session", False) or not result.records.kept:
+        return None
+    starts = [r.arrival_s for r in workload.draw(np.random.SeedSequence(seed).spawn(2)[0])[0] if r.turn == 1]
+    if not starts:
+        return None
+    last = max(starts)
+    cols = result.records.columns()
+    arrival, scheduled = cols["arrival_s"], cols["first_scheduled_s"]
+    window = (scheduled >= 0) & (arrival >= WARMUP_SHARE * last) & (arrival <= last)
+    if window.sum() < MIN_JUDGED_REQUESTS or np.ptp(arrival[window]) <= 0:
+        return None
+    return float(np.polyfit(arrival[window], (scheduled - arrival)[window], 1)[0])
+
+
+def summary_with_goodput(result, slo: SLO, workload=None, seed: int | None = None) -> dict[str, Any]:
+    """A run's summary plus goodput against the SLO's per-request targets, if any, the
+    percentiles the SLO names, and for a session workload (with its seed) whether its queue grew
+    while sessions started (`session_queue_slope`, `sessions_overloaded`)."""
     from kvsim.simcore.metrics import goodput
 
     summary = dict(result.summary)
+    slope = None if seed is None else session_queue_slope(result, workload, seed)
+    if slope is not None:
+        summary["session_queue_slope"] = slope
+        summary["sessions_overloaded"] = slope > OVERLOAD_WAIT_SLOPE
+    missing = [t for t in slo.targets if t.key not in summary]  # the summary has p95 and p99
+    if missing:
+        from kvsim.simcore.metrics import metric_stats
+
+        for metric in dict.fromkeys(t.metric for t in missing):
+            qs = tuple(t.percentile for t in missing if t.metric == metric)
+            stats = metric_stats(result, qs, (metric,))
+            summary.update({t.key: stats[t.key] for t in missing if t.metric == metric})
     if slo.goodput_ms:
         summary.update(goodput(result.requests, dict(slo.goodput_ms), summary["duration_s"]))
     return summary
@@ -405,7 +680,7 @@ def summary_with_goodput(result, slo: SLO) -> dict[str, Any]:
 
 def simulator(model, gpu, config, spec, profile, seed: int, slo: SLO) -> Callable[[float], dict[str, Any]]:
     """`evaluate(rate)` for one deployment: simulate it serving `spec` rescaled to `rate`."""
-    scaler = RateScaler(spec)
+    scaler = rate_scaler(spec)
 
     def evaluate(rate: float) -> dict[str, Any]:
         return run_against(model, gpu, config, scaler.at(rate), profile, seed, slo, early_stop=False)
@@ -424,27 +699,30 @@ def floor_grid_rate(rate_floor: float, tolerance: float) -> float:
 
 # -- stopping a run once it provably fails -------------------------------------------------------
 
+PROVABLE = ("ttft", "tpot", "e2el")  # one value per request row: a run can stop on them
 CHECKS_PER_RUN = 40  # a run is tested each time 1/40 of its requests (at least 10) have left
 
 
 def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, early_stop: bool = False) -> dict[str, Any]:
     """One run's summary (with goodput, and `engine_core`: the core that ran it) for the rate
     search. With `early_stop` the run ends as soon as the requests that already left prove a
-    target missed: numpy's p95 of N values exceeds a limit once N - floor(0.95 (N - 1)) of them
-    do (and that count only grows with N, so the run's own request count bounds it), and the
+    target missed: numpy's q-th percentile of N values exceeds a limit once N - floor((N - 1) q
+    / 100) of them do (Target.exceedances_to_fail; that count only grows with N, so the run's
+    own request count bounds it: a p99 of 600 is lost after 7 slow requests), and the
     goodput share falls short once more requests missed a per-request SLO than the attainment
     allows. The test runs each time 1/CHECKS_PER_RUN of the requests (at least 10) have left,
     as a watch on the request records that either engine core honours (simcore.cores), so a
     run stops after the same requests whichever core runs it. A stopped run's summary has
-    `early_stop` (why) and lower bounds for the p95s it proved too high; a run that is not
+    `early_stop` (why) and lower bounds for the percentiles it proved too high; a run that is not
     stopped is the very run `simulate()` makes (the watch only reads the records)."""
+    from kvsim.profiles import draft_profile
     from kvsim.simcore.records import RunStopped
     from kvsim.simcore.simulate import prepare
 
-    sim = prepare(model, gpu, config, workload, profile, seed=seed)
-    total = int(workload.num_requests)
+    sim = prepare(model, gpu, config, workload, profile, seed=seed, draft_profile=draft_profile(gpu, config, profile))
+    total = planned_requests(workload, seed) if early_stop else int(workload.num_requests)
     records = sim.replicas[0].lifecycle.records
-    if early_stop and slo.ttft_p95_ms is None and slo.tpot_p95_ms is None and not slo.goodput_ms:
+    if early_stop and not any(t.metric in PROVABLE for t in slo.targets) and not slo.goodput_ms:
         early_stop = False
     watch = None
     if early_stop and total <= records.cap:
@@ -456,27 +734,32 @@ def run_against(model, gpu, config, workload, profile, seed: int, slo: SLO, earl
         result = sim.run(watch)
     except RunStopped as stop:
         return {**stop.value, "engine_core": stop.engine_core}
-    return {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+    return {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
 
 
 def _proven_failure(records, total: int, slo: SLO) -> dict[str, Any] | None:
-    """A summary saying why the run already fails, from the rows that left, or None."""
+    """A summary saying why the run already fails, from the rows that left, or None. A
+    percentile target fails for certain once `Target.exceedances_to_fail(total)` requests are
+    above its limit (31 of 600 for a p95, 7 for a p99): with N <= total values at the end, fewer
+    are needed. ITL targets are not proven early (one value per token, not per request row)."""
     from kvsim.simcore.records import FINISHED, derived_latencies
 
     cols = records.columns()
     ttft, e2el, tpot = derived_latencies(cols)
     finished = cols["status"] == FINISHED
-    need = total - math.floor(0.95 * (total - 1))  # values above a limit that fix numpy's p95 above it
     summary: dict[str, Any] = {"early_stop": "", "completed_so_far": int(finished.sum()), "num_requests": total}
-    for key, values, limit in (("p95_ttft_ms", ttft, slo.ttft_p95_ms), ("p95_tpot_ms", tpot, slo.tpot_p95_ms)):
-        if limit is None:
+    per_request = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+    for target in slo.targets:
+        if target.metric not in PROVABLE:
             continue
+        values, limit = per_request[target.metric], target.limit_ms
+        need = target.exceedances_to_fail(total)  # values above the limit that fix numpy's percentile above it
         ms = values[finished & ~np.isnan(values)] * 1000.0
         over = np.sort(ms[ms > limit])
         if len(over) >= need:
-            summary[key] = float(over[-need])  # the need-th largest seen: a lower bound of the p95
+            summary[target.key] = float(over[-need])  # the need-th largest seen: a lower bound of the percentile
             summary["early_stop"] = summary["early_stop"] or (
-                f"{len(over)} of {total} requests already above {limit:g} ms ({key})")
+                f"{len(over)} of {total} requests already above {limit:g} ms ({target.key})")
     if slo.goodput_ms:
         good = finished.copy()
         for name, limit_ms in slo.goodput_ms:

@@ -107,6 +107,7 @@ KVSIM_OUTPUT_NAMES = frozenset({
     "seed-table.md", "seed-table.csv", "seed-table.html", "seed-table.png", "seed-table-kv.png",
     "seed-table-ttft.png", "heatmap-throughput.png", "heatmap-ttft-p95.png", "heatmap-tpot-p95.png",
     "heatmap-kv-waste.png", "throughput-latency.png", "sweep-report.html",
+    "autoscale.png", "autoscale.html", "fleet.html", "plan.html", "disagg.html",
 })
 _PROFILE_NAME = re.compile(r".+-tp[0-9]+\.json")
 

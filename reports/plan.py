@@ -5,7 +5,8 @@
                  one more Dimension), one replica each
     prune        memory: the model does not fit (simcore.memory.plan_memory);
                  latency: alone on an idle replica a request already misses the SLO (prefill of
-                 its prompt for TTFT, one decode step for TPOT: a lower bound no load can beat)
+                 its prompt for TTFT, one decode step for TPOT, both for E2EL, at the SLO's
+                 percentile: a lower bound no load can beat)
     search       the max sustainable rate r1 of ONE replica (reports.capacity), cheapest-looking
                  candidates first; a candidate whose throughput bound cannot beat the cheapest
                  found so far is skipped, and one that fails at the rate it would need to beat
@@ -14,6 +15,10 @@
     confirm      the best (`confirm_top`) with a full run of all replicas behind the router at
                  the target rate (one more replica if that run fails; the next candidate if
                  that fails too)
+
+Candidates that differ only in their router share one search (one replica routes nothing); the
+confirmation runs each with its own router, so a router that needs more replicas ranks lower. A
+session workload is planned in sessions/s (reports.capacity.SessionRateScaler).
 
 r1 does not depend on the target, so one search serves every --rate, and a higher target never
 needs fewer replicas of a candidate. Splitting traffic over n replicas behind a least-loaded
@@ -30,14 +35,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from kvsim.reports.capacity import (
     SLO,
     Capacity,
-    RateScaler,
     floor_grid_rate,
     max_sustainable_rate,
+    rate_scaler,
     run_against,
     summary_with_goodput,
 )
@@ -95,7 +99,12 @@ class Candidate:
         return " ".join([f"{self.gpu.name} TP{self.config.tensor_parallel_size}", *extra])
 
 
-def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[Candidate]:
+def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig,
+           batch_defaults: tuple[frozenset[str], str] | None = None) -> list[Candidate]:
+    """Every combination of the dimensions' values; `batch_defaults` (fields, usage context):
+    --engine-version's per-GPU step limits fill those fields where they are not searched
+    (simcore.batch_defaults)."""
+    from kvsim.simcore.batch_defaults import apply_batch_defaults
     from kvsim.simcore.catalog import get_gpu
 
     out = []
@@ -103,6 +112,9 @@ def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig) -> list[
         values = dict(zip((d.field for d in dims), combo, strict=True))
         gpu = get_gpu(values.pop("gpu"))
         config = replace(base, data_parallel_size=1, **values)
+        if batch_defaults is not None:
+            config = apply_batch_defaults(config, gpu, config.resolve_model(model), batch_defaults[0] - set(values),
+                                          batch_defaults[1])
         out.append(Candidate(model, gpu, config, tuple(zip((d.name for d in dims), combo, strict=True))))
     return out
 
@@ -123,15 +135,28 @@ class Bounds:
     ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
     tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context (/ k + 1 speculating)
     rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
+    # per request (s): what the percentiles above are taken of, for a target at any percentile
+    per_request_s: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    def at(self, target) -> float | None:
+        """The lower bound of a percentile target's value (ms; reports.capacity.Target): each
+        request's own lower bound, so any percentile of them bounds that percentile of the run
+        (order statistics are monotone). None where no bound is known (ITL)."""
+        if target.percentile == 95 and target.metric in ("ttft", "tpot"):
+            return self.ttft_p95_ms if target.metric == "ttft" else self.tpot_p95_ms
+        values = self.per_request_s.get(target.metric)
+        if values is None or not len(values):
+            return None
+        return 1000 * float(np.percentile(values, target.percentile))
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
     from kvsim.simcore.config import resolve
-    from kvsim.simcore.latency import StepLatencyModel
 
     config, model = candidate.config, candidate.model
     resolved = resolve(model, candidate.gpu, config)
-    latency = StepLatencyModel(profile.data, profile.path or "profile", policy=resolved.policy.overhead)
+    # the profile's own model (built once, shared with its runs at the default engine version)
+    latency = profile.latency_model(profile.path or "profile", policy=resolved.policy.overhead)
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}
@@ -158,8 +183,13 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     step1 = min(tpot_by_ctx.values())
     kv_seconds = float(np.mean(prompts * np.maximum(outputs - 1, 0))) * step1
     kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
+    # a request's end-to-end time is at least its prefill alone plus its other tokens at one
+    # decode step each (k + 1 tokens a step at best when speculating)
+    step_at = {c: tpot_by_ctx.get(c) or _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(prompts).tolist()}
+    per_out = np.array([step_at[c] for c in prompts.tolist()])
+    e2el = ttft + np.maximum(outputs - 1, 0) * per_out
     return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
-                  min(throughput_ub, kv_ub))
+                  min(throughput_ub, kv_ub), {"ttft": ttft, "tpot": tpot, "e2el": e2el})
 
 
 # -- assessing candidates ---------------------------------------------------------------------
@@ -208,7 +238,7 @@ class SearchTask:
 
 def run_search(task: SearchTask) -> Capacity:
     """The max sustainable rate of one replica (module-level so process pools can call it)."""
-    c, scaler = task.candidate, RateScaler(task.spec, task.take)
+    c, scaler = task.candidate, rate_scaler(task.spec, task.take)
     floor = floor_grid_rate(task.rate_floor, task.tolerance)
 
     def evaluate(rate: float) -> dict[str, Any]:
@@ -227,12 +257,8 @@ def assess(
     """Memory and single-step pruning; no simulation runs here."""
     from kvsim.simcore.config import resolve
 
-    scaler = RateScaler(spec, take)
-    arrays, _ = scaler.draw(np.random.SeedSequence(seed).spawn(2)[0])
-    full_prompts = arrays.num_prompt_tokens.astype(np.int64)
-    prompts = arrays.num_prompt_tokens - np.where(arrays.prefix_id >= 0, arrays.num_prefix_tokens, 0)
-    prompts = np.maximum(prompts, 1).astype(np.int64)
-    outputs = (arrays.num_output_tokens).astype(np.int64)
+    lengths = rate_scaler(spec, take).lengths(np.random.SeedSequence(seed).spawn(2)[0])
+    full_prompts, prompts, outputs = lengths.full_prompts, lengths.uncached_prompts, lengths.outputs
     out = []
     for c in candidates:
         price = prices.get(c.gpu.name)
@@ -254,15 +280,30 @@ def assess(
             continue
         profile = profile_for(c)
         bounds = single_step_bounds(c, profile, prompts[served], outputs[served])  # SLOs count served requests
+        if lengths.requests_per_unit != 1:  # sessions: the rate is sessions/s, each several requests
+            bounds = replace(bounds, rate_ub=bounds.rate_ub / lengths.requests_per_unit)
         a = Assessment(c, price, "searched", bounds=bounds, profile=profile)
-        if slo.ttft_p95_ms is not None and bounds.ttft_p95_ms > slo.ttft_p95_ms:
-            a.status, a.reason = "prefill time", (
-                f"prefilling each prompt alone already gives TTFT p95 >= {bounds.ttft_p95_ms:,.0f} ms")
-        elif slo.tpot_p95_ms is not None and bounds.tpot_p95_ms > slo.tpot_p95_ms:
-            a.status, a.reason = "decode time", (
-                f"one decode step alone already takes {bounds.tpot_p95_ms:,.1f} ms at p95 context")
+        for target in slo.targets:  # the first one no load can meet prunes it
+            least = bounds.at(target)
+            if least is None or least <= target.limit_ms:
+                continue
+            a.status, a.reason = PRUNED[target.metric], _pruned_reason(target, least)
+            break
         out.append(a)
     return out
+
+
+PRUNED = {"ttft": "prefill time", "tpot": "decode time", "e2el": "request time"}  # status by metric
+
+
+def _pruned_reason(target, least: float) -> str:
+    """Why a target is out of reach on an idle replica (`least`: the bound, ms)."""
+    pct = f"p{target.name.split(' p')[1]}"
+    if target.metric == "ttft":
+        return f"prefilling each prompt alone already gives {target.name} >= {least:,.0f} ms"
+    if target.metric == "tpot":
+        return f"one decode step alone already takes {least:,.1f} ms at {pct} context"
+    return (f"prefill and one decode step per token alone already give {target.name} >= {least:,.0f} ms")
 
 
 def _floor(a: Assessment, best: dict[float, float]) -> float:
@@ -282,7 +323,13 @@ def search_all(
     """Search r1 for every live candidate, cheapest-looking first, in batches handed to `map_fn`
     (builtin map, or an executor's map); skip what its bound says cannot win."""
     live = [a for a in assessments if a.status == "searched"]
-    pending = list(live)
+    # candidates that differ only in their router run the same one-replica search (a router
+    # spreads requests over replicas; one replica has none): search one, share its answer
+    twins: dict[tuple, list[Assessment]] = {}
+    for a in live:
+        twins.setdefault(_search_key(a), []).append(a)
+    pending = [group[0] for group in twins.values()]
+    unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
     best = {t: math.inf for t in targets}
     cap = 2 * max(targets)  # past twice the largest target, one replica is plenty: stop there
     done = 0
@@ -300,10 +347,11 @@ def search_all(
         while pending and len(group) < batch:
             a = pending.pop(0)
             if all(a.cost_lower_bound(t) > best[t] for t in targets):
-                a.status = "cost bound"
-                a.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} req/s per replica) it costs "
-                            f"more than a deployment already found")
-                done += 1
+                for twin in twins[_search_key(a)]:
+                    twin.status = "cost bound"
+                    twin.reason = (f"even at its throughput bound ({a.bounds.rate_ub:.1f} {unit} per replica) it "
+                                   f"costs more than a deployment already found")
+                    done += 1
                 continue
             group.append(a)
         tasks = []
@@ -312,18 +360,26 @@ def search_all(
             start = max(a.bounds.rate_ub * share, floor, 1e-3)  # below the floor nothing is worth a run
             tasks.append(SearchTask(a.candidate, a.profile, spec, take, seed, slo, start, tolerance, cap, floor,
                                     GUESSED_STEP if found else None))
-        for a, capacity in zip(group, map_fn(run_search, tasks), strict=True):
-            a.capacity = capacity
-            if capacity.below_floor:
-                a.status = "cost bound"
-                a.reason = (f"sustains under {capacity.below_floor:.2f} req/s per replica, so it costs more "
-                            "than a deployment already found")
-            if capacity.max_rate > 0:
-                for t in targets:
-                    best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
-            done += 1
+        for first, capacity in zip(group, map_fn(run_search, tasks), strict=True):
+            for a in twins[_search_key(first)]:
+                a.capacity = capacity
+                if capacity.below_floor:
+                    a.status = "cost bound"
+                    a.reason = (f"sustains under {capacity.below_floor:.2f} {unit} per replica, so it costs more "
+                                "than a deployment already found")
+                if capacity.max_rate > 0:
+                    for t in targets:
+                        best[t] = min(best[t], a.cost_per_hour(math.ceil(t / capacity.max_rate)))
+                done += 1
             if progress is not None:
                 progress(done, len(live))
+
+
+def _search_key(a: Assessment) -> tuple:
+    """What a one-replica search depends on: the candidate without its router."""
+    c = a.candidate
+    return (c.model.name, c.gpu.name, replace(c.config, router=EngineConfig().router),
+            getattr(a.profile, "sha256", None) or id(a.profile))
 
 
 def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
@@ -338,15 +394,18 @@ def _estimated_cost(a: Assessment, share: float, targets: list[float]) -> float:
 
 def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int, slo: SLO) -> tuple[int, dict, list[str]]:
     """Run `replicas` (then more, if needed) behind the router at the target rate."""
+    from kvsim.profiles import draft_profile
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
-    scaler = RateScaler(spec_confirm)
+    scaler = rate_scaler(spec_confirm)
     for extra in range(MAX_EXTRA_REPLICAS + 1):
         n = replicas + extra
         config = replace(c.config, data_parallel_size=n)
-        result = simulate(c.model, c.gpu, config, scaler.at(target), a.profile, seed=seed)
-        summary = {**summary_with_goodput(result, slo), "engine_core": result.record["engine_core"]}
+        workload = scaler.at(target)
+        result = simulate(c.model, c.gpu, config, workload, a.profile, seed=seed,
+                          draft_profile=draft_profile(c.gpu, config, a.profile))
+        summary = {**summary_with_goodput(result, slo, workload, seed), "engine_core": result.record["engine_core"]}
         reasons = slo.failures(summary)
         if not reasons:
             return n, summary, []
@@ -354,8 +413,8 @@ def confirm(a: Assessment, replicas: int, target: float, spec_confirm, seed: int
 
 
 def mean_output_tokens(spec, seed: int) -> float:
-    arrays, _ = RateScaler(spec).draw(np.random.SeedSequence(seed).spawn(2)[0])
-    return float(np.mean(arrays.num_output_tokens * arrays.n))
+    """Output tokens per unit of rate: per request, or per session of a session workload."""
+    return rate_scaler(spec).lengths(np.random.SeedSequence(seed).spawn(2)[0]).output_tokens_per_unit
 
 
 def rows_for_target(
@@ -384,24 +443,35 @@ def rows_for_target(
         n, summary, reasons = confirm(a, first, target, spec_confirm, seed, slo)
         replicas[id(a)] = n
         checked[id(a)] = (summary, reasons, n - first)
-    rows = []
+    ranked = []
     for a in sorted(feasible, key=key):
-        row = _row(a, target, replicas[id(a)])
+        row = _row(a, target, replicas[id(a)], slo)
         if id(a) in checked:
             summary, reasons, extra = checked[id(a)]
+            row.update({t.column: summary.get(t.key) for t in slo.percentile_ms})
             row.update({"ttft_p95_ms": summary.get("p95_ttft_ms"), "tpot_p95_ms": summary.get("p95_tpot_ms"),
                         "confirmed": "no" if reasons else ("yes" if not extra else f"yes, +{extra} replica"),
                         "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
             _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra)
+        ranked.append(row)
+    return target_rows(ranked, assessments, lambda a: _row(a, target, None, slo), target, out_tokens)
+
+
+def target_rows(ranked: list[dict[str, Any]], searched: list[Any], unsized_row: Callable[[Any], dict[str, Any]],
+                target: float, out_tokens: float) -> list[dict[str, Any]]:
+    """One target's table (aggregated here, disaggregated in reports.plan_disagg): the sized rows
+    in rank order, each with its $/M output tokens at the target, then a row for every candidate
+    with no rate at the SLO (`r1` <= 0; `unsized_row` makes it), saying why."""
+    for row in ranked:
         row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
-        rows.append(row)
-    for a in assessments:
-        if a.r1 <= 0:
-            row = _row(a, target, None)
-            if a.status == "searched":
-                row["status"] = f"no rate meets the SLO: {a.capacity.binding}" if a.capacity else "not searched"
+    rows = list(ranked)
+    for c in searched:
+        if c.r1 <= 0:
+            row = unsized_row(c)
+            if c.status == "searched":
+                row["status"] = f"no rate meets the SLO: {c.capacity.binding}" if c.capacity else "not searched"
             rows.append(row)
     return rows
 
@@ -427,7 +497,7 @@ def _cell_value(name: str, value: Any) -> Any:
     return "off" if value is None else value.label
 
 
-def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
+def _row(a: Assessment, target: float, replicas: int | None, slo: SLO) -> dict[str, Any]:
     c = a.candidate
     row: dict[str, Any] = {"target_rate": target, "model": c.model.name,
                            **{k: _cell_value(k, v) for k, v in c.values}}
@@ -441,7 +511,8 @@ def _row(a: Assessment, target: float, replicas: int | None) -> dict[str, Any]:
             "replica_max_rate": a.r1, "max_rate": replicas * a.r1, "headroom": replicas * a.r1 / target - 1,
             "status": "ok", "vllm_serve": _serve_line(c),
         })
-    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, "confirmed": "-",
+    row.update({"ttft_p95_ms": None, "tpot_p95_ms": None, **{t.column: None for t in slo.percentile_ms},
+                "confirmed": "-", "slo": slo.spec(),
                 "usd_per_gpu_hour": a.price, "capped": bool(a.capacity and a.capacity.at_least),
                 # what priced its steps (none for a candidate pruned before pricing)
                 "profile_source": a.profile.source if a.profile is not None else None,
@@ -484,14 +555,23 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
     if "memory" in by:
         parts.append(f"memory binds for {len(by['memory'])} candidate(s) (e.g. {by['memory'][0].reason})")
     bounded = [a for a in assessments if a.bounds is not None]
-    if "prefill time" in by and bounded:
-        least = min(a.bounds.ttft_p95_ms for a in bounded)
-        parts.append(f"prefill time binds: on an idle replica TTFT p95 is at least {least:,.0f} ms "
-                     f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
-    if "decode time" in by and bounded:
-        least = min(a.bounds.tpot_p95_ms for a in bounded)
-        parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
-                     f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+    for metric, status in PRUNED.items():
+        if status not in by or not bounded:
+            continue
+        target = next((t for t in slo.targets if t.metric == metric and any(
+            (a.bounds.at(t) or 0.0) > t.limit_ms for a in by[status])), None)
+        if target is None:
+            continue
+        least = min(a.bounds.at(target) for a in bounded)
+        if metric == "ttft":
+            parts.append(f"prefill time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(a TTFT SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
+        elif metric == "tpot":
+            parts.append(f"decode time binds: one decode step takes at least {least:,.1f} ms "
+                         f"(a TPOT SLO of >= {least:,.1f} ms, a faster GPU or more TP would be needed)")
+        else:
+            parts.append(f"request time binds: on an idle replica {target.name} is at least {least:,.0f} ms "
+                         f"(an E2EL SLO of >= {least:,.0f} ms, a faster GPU or more TP would be needed)")
     searched = [a for a in by.get("searched", []) if a.capacity is not None and a.r1 <= 0]
     if searched:
         parts.append("searched candidates fail even at low load: "
@@ -507,11 +587,70 @@ def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
 class PlanResult:
     """The plan table (one row per target x candidate) and how it was reached."""
 
-    table: pd.DataFrame
+    rows: list[dict[str, Any]]  # the table's rows, as plan() made them
     answers: list[dict[str, Any]]  # one per (model, target): the best row or why none
     assessments: dict[str, list[Assessment]]  # by model name
     num_runs: int
     context: dict[str, Any]
+    _table: Any = field(default=None, repr=False)
+
+    @property
+    def table(self):
+        """The rows as a pandas DataFrame, made on first use: pandas takes ~0.4 s to import, a
+        third of a small plan's process, and the printed answer does not need it."""
+        if self._table is None:
+            import pandas as pd
+
+            self._table = pd.DataFrame(self.rows)
+        return self._table
+
+    @table.setter
+    def table(self, frame) -> None:
+        self._table = frame
+
+    def records(self) -> list[dict[str, Any]]:
+        """The table's rows as `DataFrame.astype(object).to_dict("records")` gives them, missing
+        values None; from the rows unless the table was made (or replaced)."""
+        if self._table is not None:
+            import pandas as pd
+
+            return [{k: (None if v is None or (not isinstance(v, str | dict | list) and pd.isna(v)) else v)
+                     for k, v in row.items()} for row in self._table.astype(object).to_dict("records")]
+        return table_records(self.rows)
+
+
+def _is_missing(v: Any) -> bool:
+    """What pd.isna says of a plan row's cell: None or NaN."""
+    return v is None or (isinstance(v, float | np.floating) and v != v)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool | np.bool_)
+
+
+def table_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`pandas.DataFrame(rows).astype(object).to_dict("records")` with missing values None,
+    without pandas (tests/test_plan_records.py compares the two): columns in order of first
+    appearance, a row's absent keys missing; a column of numbers is float64 in pandas, so all
+    floats, when it holds a float or a missing value, else ints; NaN and None become None; other
+    columns keep their values."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    absent = object()
+    out = [dict.fromkeys(columns) for _ in rows]
+    for k in columns:
+        values = [row.get(k, absent) for row in rows]
+        missing = [v is absent or _is_missing(v) for v in values]
+        present = [v for v, m in zip(values, missing, strict=True) if not m]
+        if present and all(_is_number(v) for v in present):
+            as_float = any(missing) or any(isinstance(v, float | np.floating) for v in present)
+            cast = float if as_float else int
+        elif present and not any(missing) and all(isinstance(v, bool | np.bool_) for v in present):
+            cast = bool
+        else:
+            cast = None
+        for row, v, m in zip(out, values, missing, strict=True):
+            row[k] = None if m else (cast(v) if cast is not None else v)
+    return out
 
 
 def refuse_unconfigurable(model: ModelSpec, candidates: list[Candidate]) -> None:
@@ -540,9 +679,9 @@ def plan(
     search_requests: int = SEARCH_REQUESTS, confirm_requests: int = CONFIRM_REQUESTS,
     confirm_top: int = CONFIRM_TOP, map_fn: Callable = map, batch: int = 1,
     profile_for: Callable[[Candidate], Any] | None = None, progress: Callable[[int, int], None] | None = None,
+    batch_defaults: tuple[frozenset[str], str] | None = None,
 ) -> PlanResult:
     """Search, size and confirm (module docstring); deterministic for a given seed."""
-    import dataclasses
 
     if profile_for is None:
         from kvsim.profiles import default_profile
@@ -550,10 +689,10 @@ def plan(
         def profile_for(c: Candidate):
             return default_profile(c.gpu, c.config.resolve_model(c.model), c.config.tensor_parallel_size)
 
-    spec_confirm = dataclasses.replace(spec, num_requests=min(confirm_requests, int(spec.num_requests)))
+    spec_confirm = sized(spec, confirm_requests)
     take = min(search_requests, int(spec_confirm.num_requests))
     rows, answers, by_model, runs = [], [], {}, 0
-    expanded = {model.name: expand(model, dims, base) for model in models}
+    expanded = {model.name: expand(model, dims, base, batch_defaults) for model in models}
     for model in models:  # before any run: a model no candidate can even be configured for is bad input
         refuse_unconfigurable(model, expanded[model.name])
     for model in models:
@@ -567,37 +706,56 @@ def plan(
             runs += sum(1 for r in target_rows if r["confirmed"] != "-")  # at least one run each
             rows += target_rows
             best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
-            answers.append({"model": model.name, "target_rate": target, "best": best,
+            answers.append({"model": model.name, "target_rate": target, "best": best, "slo": slo.describe(),
+                            **({"unit": "sessions/s"} if getattr(spec, "is_session", False) else {}),
                             "why_none": None if best else binding_summary(assessments, slo)})
         by_model[model.name] = assessments
-    table = pd.DataFrame(rows)
     from kvsim.simcore.simulate import KVSIM_VERSION
 
     context = {"kvsim_version": KVSIM_VERSION, "seed": seed, "slo": slo.describe(), "slo_text": slo.text(),
                "tolerance": tolerance, "search_requests": take, "confirm_requests": int(spec_confirm.num_requests),
+               "rate_unit": "sessions/s" if getattr(spec, "is_session", False) else "req/s",
                "engine": base.to_dict(),  # every candidate's engine options, but for its own knobs
                "workload": spec.describe()}
-    return PlanResult(table, answers, by_model, runs, context)
+    return PlanResult(rows, answers, by_model, runs, context)
+
+
+def sized(spec, requests: int):
+    """`spec` with at most `requests` requests: a session workload keeps whole sessions (about
+    `requests` turns, at least one session)."""
+    import dataclasses
+
+    if getattr(spec, "is_session", False):
+        per = spec.num_requests / int(spec.num_sessions)  # expected turns per session
+        return dataclasses.replace(spec, num_sessions=max(1, min(int(spec.num_sessions), math.ceil(requests / per))))
+    return dataclasses.replace(spec, num_requests=min(requests, int(spec.num_requests)))
 
 
 def answer_line(answer: dict[str, Any], slo: SLO) -> str:
     best = answer["best"]
-    head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
+    unit = answer.get("unit", "req/s")
+    head = f"{answer['model']} at {answer['target_rate']:g} {unit} with {slo.text()}: "
     if best is None:
         return head + "nothing meets the SLO. " + answer["why_none"]
     knobs = "".join(f", {k}={best[k]}" for k in best if k in _KNOBS)
     return (head + f"{best['replicas']} x TP{best['tp']} {best['gpu']}{knobs} ({best['gpus']} GPUs), "
             f"${best['usd_per_hour']:,.2f}/h, sustains "
             f"{'under ' if best.get('max_rate_bound') else 'at least ' if best.get('capped') else '~'}"
-            f"{best['max_rate']:.1f} req/s ({'under ' if best.get('max_rate_bound') else ''}"
+            f"{best['max_rate']:.1f} {unit} ({'under ' if best.get('max_rate_bound') else ''}"
             f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
-            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} req/s "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms); step times from a "
+            f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} {unit} "
+            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms{_measured(best, slo)}); "
+            f"step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
 
 
+def _measured(best: dict[str, Any], slo: SLO) -> str:
+    """The confirmation's values of the targets beyond the two p95s the line always shows."""
+    return "".join(f", {t.name} {best[t.column]:,.1f} ms" for t in slo.percentile_ms if best.get(t.column) is not None)
+
+
 _KNOBS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "enable_chunked_prefill", "kv_cache_dtype",
-          "quantization", "pipeline_parallel_size", "speculative_config")
+          "quantization", "pipeline_parallel_size", "speculative_config", "router", "kv_offloading_size")
 
 
 def capacity_figure(result: PlanResult, path) -> None:

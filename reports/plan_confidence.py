@@ -23,15 +23,18 @@ BISECTIONS = 5  # runs after the first: F* to 6 sigma / 32, P to about +-3 point
 
 def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any, factor: float) -> bool:
     """Whether the deployment's confirmation passes with every step time of its profile x `factor`."""
+    from kvsim.profiles import draft_profile
     from kvsim.profiles.uncertainty import scaled_profile
-    from kvsim.reports.capacity import RateScaler, summary_with_goodput
+    from kvsim.reports.capacity import rate_scaler, summary_with_goodput
     from kvsim.simcore.simulate import simulate
 
     c = a.candidate
     config = replace(c.config, data_parallel_size=replicas)
-    result = simulate(c.model, c.gpu, config, RateScaler(spec_confirm).at(target), scaled_profile(a.profile, factor),
-                      seed=seed)
-    return not slo.failures(summary_with_goodput(result, slo))
+    profile = scaled_profile(a.profile, factor)
+    workload = rate_scaler(spec_confirm).at(target)
+    result = simulate(c.model, c.gpu, config, workload, profile, seed=seed,
+                      draft_profile=draft_profile(c.gpu, config, profile))  # a draft's steps scaled as the target's
+    return not slo.failures(summary_with_goodput(result, slo, workload, seed))
 
 
 def slo_probability(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any,

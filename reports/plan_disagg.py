@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.reports.capacity import SLO, Capacity, RateScaler, max_sustainable_rate, summary_with_goodput
-from kvsim.reports.plan import Candidate, single_step_bounds
+from kvsim.reports.plan import Candidate, single_step_bounds, target_rows
 from kvsim.simcore.errors import ConfigError, DoesNotFitError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
@@ -226,18 +226,8 @@ def rows_for_target(cands: list[DisaggCandidate], target: float, spec_confirm, s
         rows_by[id(c)], n = _confirm(c, math.ceil(target / c.r1), target, spec_confirm, seed, slo, placement)
         confirmed.add(id(c))
         runs += n
-    rows = []
-    for c in sorted(feasible, key=key):
-        row = rows_by[id(c)]
-        row["usd_per_m_output_tokens"] = row["usd_per_hour"] / (target * out_tokens * 3600 / 1e6)
-        rows.append(row)
-    for c in cands:
-        if c.r1 <= 0:
-            row = _row(c, target, None)
-            if c.status == "searched":
-                row["status"] = f"no rate meets the SLO: {c.capacity.binding}" if c.capacity else "not searched"
-            rows.append(row)
-    return rows, runs
+    ranked = [rows_by[id(c)] for c in sorted(feasible, key=key)]
+    return target_rows(ranked, cands, lambda c: _row(c, target, None), target, out_tokens), runs
 
 
 def _confirm(c: DisaggCandidate, units: int, target: float, spec_confirm, seed: int, slo: SLO,

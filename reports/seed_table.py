@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.reports.regime import BLOCKED_SHARE_THRESHOLD, MEMORY_BOUND, PEAK_KV_THRESHOLD, regime_of
+from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION
 
 GPU = "H100-SXM-80GB"
 MODEL = "llama3-70b"
@@ -208,6 +209,21 @@ def markdown_table(report: SeedTableReport) -> str:
     return "\n".join(lines)
 
 
+def answer(report: SeedTableReport) -> str:
+    """One sentence with the result, on the article's own setting (`seed`)."""
+    def v(policy: str, col: str) -> float:
+        return _cell(report.rows, "seed", policy, col)
+
+    cont = v("continuous", "output_tps")
+    return (f"**Answer:** on the article's setting (`seed`: TP 8, 64 clients) continuous batching serves "
+            f"{_num(cont)} output tok/s, {cont / v('static', 'output_tps'):.1f}x static batching and "
+            f"{cont / v('dynamic', 'output_tps'):.2f}x dynamic batching (article: "
+            f"{ARTICLE_FIGURES['continuous'][0] / ARTICLE_FIGURES['static'][0]:.1f}x and "
+            f"{ARTICLE_FIGURES['continuous'][0] / ARTICLE_FIGURES['dynamic'][0]:.2f}x), wasting "
+            f"{_pct(v('continuous', 'kv_waste'))} of its KV cache against {_pct(v('static', 'kv_waste'))} "
+            f"and {_pct(v('dynamic', 'kv_waste'))}.")
+
+
 def _header(report: SeedTableReport) -> list[str]:
     lines = [
         "# The seed article's benchmark table, rerun with kvsim",
@@ -242,7 +258,9 @@ def _assumptions(report: SeedTableReport) -> list[str]:
         "- Policies: `static` = max_batch_size 64, batch timeout 0.1 s, every slot reserves max_model_len "
         "(FasterTransformer); `dynamic` = early TGI (a prefill step of its own, admission while "
         "prompt + max_tokens fits, waiting_served_ratio 1.2, max_waiting_tokens 20); `continuous` = "
-        "vLLM, paged KV, block size 16, recompute preemption.",
+        "vLLM, paged KV, block size 16, recompute preemption; its steps are priced as "
+        f"`{DEFAULT_ENGINE_VERSION}` (kvsim's default engine version: host cost and scheduler defaults; "
+        "the other policies model no vLLM version).",
         "- Engine defaults everywhere else (vLLM's): gpu_memory_utilization 0.90, max_num_seqs 256, "
         "chunked prefill on with max_num_batched_tokens 8192, swap_space 4 GiB.",
         "- Throughput is output tokens / makespan (first arrival to last completion), as "
@@ -338,13 +356,15 @@ def _why(report: SeedTableReport) -> list[str]:
 
 
 def render_markdown(report: SeedTableReport) -> str:
-    """The whole report: header, assumptions, results, regime rule, disagreements."""
-    lines = _header(report) + _assumptions(report)
-    lines += ["", "## Results", "", markdown_table(report)]
+    """The whole report: the answer and the results first, then how they were made (provenance,
+    assumptions, regime rule), then the disagreements with the article."""
+    header = _header(report)
+    lines = header[:1] + ["", answer(report), "", "## Results", "", markdown_table(report)]
     tokens = ", ".join(f"TP {s.tp}: {int(_cell(report.rows, s.name, 'continuous', 'kv_tokens')):,}"
                        for s in SETTINGS if s.name != "seed-cap")
     lines += ["", f"KV cache per replica (tokens, block 16): {tokens}. The article's figures are for "
               "its only setting and are shown on the `seed` rows."]
+    lines += ["", "## How this was run", ""] + header[2:] + _assumptions(report)
     lines += _regime_note()
     lines += ["", "## Where kvsim disagrees with the article, and why", "", disagreement_table(report)]
     lines += _why(report)
@@ -466,12 +486,19 @@ def render_html(report: SeedTableReport, pngs: dict[str, Path]) -> str:
                              "fragmentation) as % of the cache; one panel per setting and policy.",
         "seed-table-ttft.png": "TTFT cumulative distribution per policy (finished requests), one panel per setting.",
     }
-    body = [html.markdown(render_markdown(report)), "<h2>Figures</h2>"]
+    text = render_markdown(report)
+    results, _, rest = text.partition("\n## How this was run")  # the answer and results first, then the rest
+    body = [html.markdown(results, key_columns=2), "<h2>Figures</h2>"]
     body += [html.figure(path, captions[name]) for name, path in pngs.items()]
+    body.append(html.markdown("## How this was run" + rest))
     meta = {"Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items())}
     rows = csv_frame(report)
     rows = rows.assign(profile_sha256=rows["profile_sha256"].str[:12])  # as the text names it; whole in the CSV
-    body += ["<h2>Every row (click a header to sort)</h2>", html.table(rows), html.meta_table(meta)]
+    shares = {c: (lambda x: f"{100 * float(x):.1f}%") for c in rows.columns
+              if c in ("kv_waste", "kv_future", "kv_internal", "kv_stale", "kv_external", "peak_kv_use",
+                       "kv_blocked_share", "article_kv_waste")}
+    body += ["<h2>Every row (click a header to sort; seed-table.csv has them unrounded)</h2>",
+             html.table(rows, shares, key=["setting", "policy"], wrap=["regime"]), html.meta_table(meta)]
     return html.page("kvsim: the seed article's benchmark table", body)
 
 

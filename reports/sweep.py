@@ -13,14 +13,14 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from kvsim.reports.sweep_runner import Point, mean_ci95
-from kvsim.reports.sweep_table import sweep_id_of
 from kvsim.simcore.errors import ConfigError, DoesNotFitError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: `kvsim plan` and `run` use parse_list only
+    import pandas as pd
 
 # Swept dimension -> (flag, column name in the printed table); grid order is this order, the first
 # varying slowest. The model, engine fields, the GPU, then the workload's load (rate or clients).
@@ -56,6 +56,10 @@ METRIC_COLUMNS = tuple(METRIC_SOURCES)
 INT_COLUMNS = ("gpus", "kv_cache_tokens", "preemptions")
 CONFIG_METRICS = ("gpus", "kv_cache_tokens")
 LABEL_METRICS = ("load", "regime")  # text; with several seeds, "mixed: ..." when they disagree
+# the range every numeric metric lives in (a rate, a latency, a count: >= 0; a share: <= 1 too), where
+# a 95% interval over few seeds is cut (reports.sweep_runner.mean_ci95)
+METRIC_BOUNDS: dict[str, tuple[float | None, float | None]] = {"kv_waste": (0.0, 1.0)}
+DEFAULT_BOUNDS = (0.0, None)
 
 
 def _shown(text: str) -> str:
@@ -235,6 +239,8 @@ def plan_sweep(
         if len(points) == 1:
             raise DoesNotFitError(points[0].does_not_fit)
         raise DoesNotFitError(f"no point of the sweep fits; the first: {points[0].does_not_fit}")
+    from kvsim.reports.sweep_table import sweep_id_of  # (it imports pandas)
+
     ids = [p.point_id() for p in points]
     sweep_id = sweep_id_of(ids)
     points = [replace(p, options={"point": p.options["point"], "point_id": pid, "sweep_id": sweep_id, **p.options})
@@ -246,15 +252,24 @@ def plan_sweep(
 _SHORT = {k: col for k, (_, col) in SWEEPABLE.items()}
 
 
-def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
+def summarize_points(rows: pd.DataFrame, swept: Sequence[str], extra: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per grid cell in grid order: the swept values, then each metric's mean over seeds;
-    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval) and `seeds`."""
+    with more than one seed, `<metric>_ci95_low/high` (95% Student-t interval, cut at the least and
+    greatest value the metric can take: METRIC_BOUNDS) and `seeds`.
+    `extra` (printed column -> row column) adds metrics after the p95s, e.g. an SLO's p99."""
+    import pandas as pd
+
+    sources = METRIC_SOURCES
+    if extra:
+        at = list(METRIC_SOURCES).index("tpot_p95_ms") + 1
+        items = list(METRIC_SOURCES.items())
+        sources = dict([*items[:at], *extra.items(), *items[at:]])
     out = []
     for _, group in rows.sort_values(["point", "seed"], kind="stable").groupby("point", sort=True):
         first = group.iloc[0]
         row: dict[str, Any] = {_SHORT[k]: _plain(first[k]) for k in swept}
         many = len(group) > 1
-        for col, src in METRIC_SOURCES.items():
+        for col, src in sources.items():
             if src not in group.columns:
                 row[col] = None
                 continue
@@ -263,13 +278,19 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
                 row[col] = labels[0] if len(set(labels)) == 1 else "mixed: " + ", ".join(
                     f"{lab} x{labels.count(lab)}" for lab in sorted(set(labels)))
                 continue
-            mean, low, high = mean_ci95(pd.to_numeric(group[src], errors="coerce").tolist())
+            mean, low, high = mean_ci95(pd.to_numeric(group[src], errors="coerce").tolist(),
+                                        *METRIC_BOUNDS.get(col, DEFAULT_BOUNDS))
             row[col] = None if math.isnan(mean) else mean
             if col in CONFIG_METRICS:  # set by the configuration, the same for every seed
                 row[col] = None if math.isnan(mean) else int(mean)
             elif many:
                 row[f"{col}_ci95_low"] = None if math.isnan(low) else low
                 row[f"{col}_ci95_high"] = None if math.isnan(high) else high
+        for col, src in sources.items():  # --error-bars: the model's 90% band, its ends averaged over seeds
+            if f"{src}_band_low" in group.columns:
+                for end in ("low", "high"):
+                    mean = pd.to_numeric(group[f"{src}_band_{end}"], errors="coerce").mean()
+                    row[f"{col}_band_{end}"] = None if math.isnan(mean) else float(mean)
         if many:
             row["seeds"] = ",".join(str(int(s)) for s in group["seed"])
         out.append(row)
@@ -281,18 +302,34 @@ def summarize_points(rows: pd.DataFrame, swept: Sequence[str]) -> pd.DataFrame:
     return frame
 
 
+def cut_ends(col: str, mean: Any, low: Any, high: Any) -> tuple[bool, bool]:
+    """Which ends of `col`'s interval summarize_points cut at the metric's bounds (an end sitting on
+    a bound the mean is not on: the t interval went past it)."""
+    lower, upper = METRIC_BOUNDS.get(col, DEFAULT_BOUNDS)
+    try:
+        if any(v is None or math.isnan(float(v)) for v in (mean, low, high)):
+            return False, False
+    except (TypeError, ValueError):  # pandas' NA: no value
+        return False, False
+    return (lower is not None and float(low) <= lower < float(mean),
+            upper is not None and float(high) >= upper > float(mean))
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars -> Python ones (JSON-ready)."""
     return value.item() if hasattr(value, "item") else value
 
 
-def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None) -> pd.DataFrame:
-    """A `meets_slo` column before `regime`: every given p95 target met (a point that did not run
-    never meets it)."""
+def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float | None,
+            others: Sequence[Any] = ()) -> pd.DataFrame:
+    """A `meets_slo` column before `regime`: every given p95 target met, and every other
+    percentile target (`others`: reports.capacity.Target, their columns from `summarize_points`'
+    `extra`); a point that did not run never meets it."""
     ok = frame["output_tok_s"].notna()
     if "load" in frame.columns:  # an overloaded point's percentiles only grow with a longer run
         ok &= frame["load"].ne("overloaded")
-    for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms)):
+    for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms),
+                       *((t.column, t.limit_ms) for t in others)):
         if limit is not None:
             ok &= frame[col].astype(float).le(limit).fillna(False)
     frame = frame.copy()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, summarize_points
+from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, cut_ends, summarize_points
 from kvsim.simcore.errors import ConfigError
 
 HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
@@ -81,6 +81,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
     return {
         "model": values("model"), "workload": values("workload"), "num_requests": values("num_requests"),
         "seeds": sorted(int(s) for s in pd.unique(rows["seed"])), "kvsim_versions": values("kvsim_version"),
+        "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
         "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
                             for r in profiles.itertuples()}),
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
@@ -132,6 +133,53 @@ def _held_text(held: dict[str, Any]) -> str:
 
 
 # -- heatmaps -------------------------------------------------------------------------------
+OVERLOADED = "overloaded"  # the `load` column's value for a run whose queue grew (simcore.metrics.saturation)
+SMALL_SPREAD = 0.05  # cells within 5% of each other: said in the caption, since colours barely differ
+
+
+def _overloaded(cells: pd.DataFrame, xs: list, ys: list) -> np.ndarray:
+    """Cells whose run was overloaded (arrivals outpaced the engine, the queue grew): their
+    numbers depend on how long the run lasted, so they are marked, not coloured."""
+    mask = np.full((len(ys), len(xs)), False)
+    if "load" not in cells.columns:
+        return mask
+    for _, row in cells.iterrows():
+        if row["block_size"] in xs and row["gpu_mem_util"] in ys and row["load"] == OVERLOADED:
+            mask[ys.index(row["gpu_mem_util"]), xs.index(row["block_size"])] = True
+    return mask
+
+
+def colour_scale(spec: tuple, values: np.ndarray):
+    """(norm, text) for a heatmap's colours from the values it colours (overloaded cells left
+    out): KV waste on its whole 0-100% range; a latency spanning more than 20x on a log scale
+    between its extremes (a slow policy would otherwise flatten every other cell into one colour);
+    anything else linear from 0, so a 1% difference stays a 1% difference in colour. The text
+    states the scale, the cells' range and, when they lie within SMALL_SPREAD, that."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    _, _, _, unit, _, scale = spec
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return Normalize(0.0, 1.0), "no cell ran"
+    lo, hi = float(finite.min()), float(finite.max())
+    shown = f"cells span {_short(lo)} to {_short(hi)} {unit}"
+    if scale == 100.0:
+        norm, text = Normalize(0.0, 100.0), "colour: linear, 0 to 100%"
+    elif unit == "ms" and lo > 0 and hi / lo > 20:
+        norm, text = LogNorm(lo, hi), f"colour: log scale, {_short(lo)} to {_short(hi)} {unit}"
+    else:
+        norm, text = Normalize(0.0, hi if hi > 0 else 1.0), f"colour: linear, 0 to {_short(hi)} {unit}"
+    spread = (hi - lo) / hi if hi > 0 else 0.0
+    text += f"; {shown}"
+    if finite.size > 1 and spread < SMALL_SPREAD:
+        text += f" (all within {100 * spread:.1f}% of the largest: colours differ little by design)"
+    return norm, text
+
+
+def _short(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
 def render_heatmap(report: SweepReport, spec: tuple, path: Path) -> str:
     """One metric over block size x utilisation, a panel per facet; returns the caption."""
     import matplotlib
@@ -145,18 +193,19 @@ def render_heatmap(report: SweepReport, spec: tuple, path: Path) -> str:
     xs = sorted(report.cells["block_size"].dropna().unique())
     ys = sorted(report.cells["gpu_mem_util"].dropna().unique())
     values = [_grid(cells, xs, ys, col, scale) for _, cells in facets]
-    finite = np.concatenate([v[np.isfinite(v)] for v in values] + [np.zeros(0)])
-    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    over = [_overloaded(cells, xs, ys) for _, cells in facets]
+    coloured = [np.where(o, np.nan, v) for v, o in zip(values, over, strict=True)]
+    norm, scale_text = colour_scale(spec, np.concatenate([c.ravel() for c in coloured] + [np.zeros(0)]))
     ncols = min(len(facets), 3)
     nrows = -(-len(facets) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(1.2 + 4.3 * ncols, 0.9 + 3.6 * nrows), squeeze=False)
     cmap = plt.get_cmap("viridis" if higher_better else "viridis_r").copy()
     cmap = cmap.with_extremes(bad="#d9d9d9")
-    norm = _norm(vmin, vmax, log=unit == "ms")
     image = None
-    for k, (ax, (name, cells), grid) in enumerate(zip(axes.flat, facets, values, strict=False)):
-        image = ax.imshow(grid, origin="lower", cmap=cmap, norm=norm, aspect="auto")
-        _annotate(ax, grid, cells, xs, ys, report, lambda v: cmap(norm(v)))
+    for k, (ax, (name, cells), grid, shown, mask) in enumerate(
+            zip(axes.flat, facets, values, coloured, over, strict=False)):
+        image = ax.imshow(shown, origin="lower", cmap=cmap, norm=norm, aspect="auto")
+        _annotate(ax, grid, cells, xs, ys, report, lambda v: cmap(norm(v)), mask)
         ax.set_xticks(range(len(xs)), [str(int(x)) for x in xs])
         ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
         ax.set_xlabel("block size (tokens per KV block)")
@@ -166,27 +215,22 @@ def render_heatmap(report: SweepReport, spec: tuple, path: Path) -> str:
     for ax in list(axes.flat)[len(facets):]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), label=f"{title} ({unit})", shrink=0.9)
-    _heat_legend(fig, report)
+        bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.9)
+        bar.set_label(f"{title} ({unit})\n{scale_text.split(';')[0]}", fontsize=9)
+    _heat_legend(fig, report, any(o.any() for o in over))
     fig.suptitle(f"{title} ({unit}) over block size x gpu_memory_utilization; held: {_held_text(held)}",
                  fontsize=11)
     fig.savefig(path, dpi=100, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     lower = "higher is better" if higher_better else "lower is better"
+    n_over = int(sum(o.sum() for o in over))
+    marked = (f" Grey cross-hatched, value in brackets: overloaded ({n_over} cell{'s' if n_over != 1 else ''}: "
+              "arrivals outpaced the engine and the queue grew, so the value depends on the run's length; "
+              "not coloured and left out of the colour range)." if n_over else "")
     return (f"{title} ({unit}, {lower}) per block size and gpu_memory_utilization, one panel per "
             f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; other settings held at "
-            f"{_held_text(held)}. Grey: the model does not fit. Hatched: misses the SLO; thick line: SLO "
-            "boundary; star: best point.")
-
-
-def _norm(vmin: float, vmax: float, log: bool):
-    """Colour scale: logarithmic for latencies spanning more than 20x (a slow policy would
-    otherwise flatten every other cell into one colour)."""
-    from matplotlib.colors import LogNorm, Normalize
-
-    if log and vmin > 0 and vmax / vmin > 20:
-        return LogNorm(vmin=vmin, vmax=vmax)
-    return Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1)
+            f"{_held_text(held)}. {scale_text[0].upper()}{scale_text[1:]}. Grey: the model does not fit."
+            f"{marked} Hatched red: misses the SLO; thick line: SLO boundary; star: best point.")
 
 
 def _grid(cells: pd.DataFrame, xs: list, ys: list, col: str, scale: float) -> np.ndarray:
@@ -197,8 +241,10 @@ def _grid(cells: pd.DataFrame, xs: list, ys: list, col: str, scale: float) -> np
     return grid
 
 
-def _annotate(ax, grid: np.ndarray, cells: pd.DataFrame, xs: list, ys: list, report: SweepReport, colour_of) -> None:
-    """Values in the cells, hatching for SLO misses, the SLO boundary, the best point's star."""
+def _annotate(ax, grid: np.ndarray, cells: pd.DataFrame, xs: list, ys: list, report: SweepReport, colour_of,
+              over: np.ndarray) -> None:
+    """Values in the cells, overloaded cells marked, hatching for SLO misses, the SLO boundary,
+    the best point's star."""
     from matplotlib.patches import Rectangle
 
     passing = np.full(grid.shape, False)
@@ -209,11 +255,19 @@ def _annotate(ax, grid: np.ndarray, cells: pd.DataFrame, xs: list, ys: list, rep
             continue
         i, j = ys.index(row["gpu_mem_util"]), xs.index(row["block_size"])
         v = grid[i, j]
-        text = "does not\nfit" if np.isnan(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}")
-        ax.text(j, i, text, ha="center", va="center", fontsize=9, color=_ink(colour_of(v)) if not np.isnan(v) else "#444")
+        number = "" if np.isnan(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}")
+        if over[i, j]:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#eeeeee", hatch="xx", edgecolor="#9a9a9a",
+                                   linewidth=0))
+            ax.text(j, i, f"overloaded\n({number})", ha="center", va="center", fontsize=9, color="#333",
+                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+        else:
+            text = "does not\nfit" if np.isnan(v) else number
+            ax.text(j, i, text, ha="center", va="center", fontsize=9,
+                    color=_ink(colour_of(v)) if not np.isnan(v) else "#444")
         if has_slo:
             passing[i, j] = bool(row["meets_slo"])
-            if not passing[i, j]:
+            if not passing[i, j] and not over[i, j]:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#b22222",
                                        linewidth=0))
         if idx == best_label:
@@ -233,13 +287,15 @@ def _ink(rgba) -> str:
     return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "white"
 
 
-def _heat_legend(fig, report: SweepReport) -> None:
+def _heat_legend(fig, report: SweepReport, overloaded: bool = False) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles = [Line2D([], [], marker="*", linestyle="", markersize=14, color="#e6007e", markeredgecolor="white",
                       label=_best_label(report)),
                Patch(facecolor="#d9d9d9", label="model does not fit")]
+    if overloaded:
+        handles.append(Patch(facecolor="#eeeeee", edgecolor="#9a9a9a", hatch="xx", label="overloaded (queue grows)"))
     if "meets_slo" in report.cells.columns:
         handles += [Patch(facecolor="white", edgecolor="#b22222", hatch="///", label=f"misses SLO ({_slo_text(report)})"),
                     Line2D([], [], color="black", linewidth=3, label="SLO boundary")]
@@ -270,9 +326,21 @@ def _load_axis(report: SweepReport) -> tuple[str, str] | None:
     return None
 
 
+def clip_interval(low: np.ndarray, high: np.ndarray, bottom: float, top: float):
+    """(low, high, clipped_low, clipped_high): an interval cut at the axis' limits, with which ends
+    were cut (a Student-t interval over few seeds can reach below zero, which a log axis cannot
+    draw: matplotlib would run the bar off the axis)."""
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    cut_low, cut_high = ~(low >= bottom), ~(high <= top)  # NaN-safe: a missing bound is not cut
+    cut_low &= ~np.isnan(low)
+    cut_high &= ~np.isnan(high)
+    return np.where(cut_low, bottom, low), np.where(cut_high, top, high), cut_low, cut_high
+
+
 def render_curves(report: SweepReport, path: Path) -> str | None:
     """TTFT p95 and TPOT p95 vs output throughput over the load, a line per facet; None if the
-    load was not swept."""
+    load was not swept. The axes fit the points (and the SLO); error bars are cut at the axes and
+    a cut end carries a triangle; overloaded points are drawn hollow."""
     load = _load_axis(report)
     if load is None:
         return None
@@ -285,21 +353,30 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
     held = _held(report, (load_col,))
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     best = _anchor(report) if report.best is not None else None
+    cols = ("ttft_p95_ms", "tpot_p95_ms")
+    bars: dict[str, list] = {c: [] for c in cols}
+    n_over = 0
     for name, cells in _facets(report):
         cells = _slice(cells, held).sort_values(load_col)
         cells = cells[cells["output_tok_s"].notna()]
         if cells.empty:
             continue
-        for ax, col in zip(axes, ("ttft_p95_ms", "tpot_p95_ms"), strict=True):
-            yerr = None
+        over = (cells["load"] == OVERLOADED).to_numpy() if "load" in cells.columns else np.zeros(len(cells), bool)
+        n_over += int(over.sum())
+        for ax, col in zip(axes, cols, strict=True):
+            x, y = cells["output_tok_s"].astype(float).to_numpy(), cells[col].astype(float).to_numpy()
+            line, = ax.plot(x, y, marker="o", label=name or "sweep")
+            if over.any():
+                ax.plot(x[over], y[over], marker="o", linestyle="", markersize=11, markerfacecolor="white",
+                        markeredgecolor=line.get_color(), markeredgewidth=2, zorder=4)
             if f"{col}_ci95_low" in cells.columns:
-                yerr = np.vstack([cells[col] - cells[f"{col}_ci95_low"], cells[f"{col}_ci95_high"] - cells[col]])
-                yerr = np.nan_to_num(yerr.astype(float))
-            ax.errorbar(cells["output_tok_s"], cells[col], yerr=yerr, marker="o", capsize=3, label=name or "sweep")
+                bars[col].append((x, y, cells[f"{col}_ci95_low"].astype(float).to_numpy(),
+                                  cells[f"{col}_ci95_high"].astype(float).to_numpy(), line.get_color()))
             for _, row in cells.iterrows():
                 ax.annotate(f"{row[load_col]:g}", (row["output_tok_s"], row[col]), textcoords="offset points",
                             xytext=(4, 4), fontsize=7, color="#555")
-    for ax, col, title in zip(axes, ("ttft_p95_ms", "tpot_p95_ms"), ("TTFT p95", "TPOT p95"), strict=True):
+    n_cut = 0
+    for ax, col, title in zip(axes, cols, ("TTFT p95", "TPOT p95"), strict=True):
         limit = report.slo[col]
         if limit is not None:
             ax.axhline(limit, color="#b22222", linestyle="--", label=f"SLO {title} <= {limit:g} ms")
@@ -309,19 +386,55 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
         ax.set_xlabel("output throughput (tok/s)")
         ax.set_ylabel(f"{title} (ms)")
         shown = report.cells[col].dropna().astype(float)
+        points = [v for v in shown] + ([limit] if limit is not None else [])
         if len(shown) and shown.min() > 0 and shown.max() / shown.min() > 10:
-            ax.set_yscale("log")
+            ax.set_yscale("log")  # the axis fits the points; an interval past it is cut below
+            ax.set_ylim(min(points) / 2, max(points) * 2)
+        elif points:  # linear: the axis holds the intervals too, down to 0 (a latency is never below)
+            ends = [v for _, _, low, high, _ in bars[col] for v in (*low, *high) if np.isfinite(v)]
+            lo, hi = max(0.0, min(points + ends)), max(points + ends)
+            pad = 0.05 * (hi - lo) if hi > lo else 0.05 * max(hi, 1.0)
+            ax.set_ylim(max(0.0, lo - pad), hi + pad)
+        bottom, top = ax.get_ylim()
+        for x, y, low, high, colour in bars[col]:
+            low, high, cut_low, cut_high = clip_interval(low, high, bottom, top)
+            ok = ~np.isnan(low) & ~np.isnan(high)
+            ax.errorbar(x[ok], y[ok], yerr=np.vstack([y[ok] - low[ok], high[ok] - y[ok]]), fmt="none",
+                        ecolor=colour, capsize=3)
+            for cut, edge, marker in ((cut_low, bottom, "v"), (cut_high, top, "^")):
+                if cut.any():
+                    n_cut += int(cut.sum())
+                    ax.plot(x[cut], np.full(int(cut.sum()), edge), marker=marker, linestyle="", color=colour,
+                            markersize=9, clip_on=False, zorder=6)
+        ax.set_ylim(bottom, top)
         ax.grid(True, which="both", alpha=0.3)
         ax.set_title(f"{title} vs throughput (point labels: {load_label})")
-        ax.legend(fontsize=8)
+        handles, labels = ax.get_legend_handles_labels()
+        from matplotlib.lines import Line2D
+
+        if n_over:
+            handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor="#555",
+                                  markersize=9, markeredgewidth=2))
+            labels.append("overloaded (queue grows)")
+        if n_cut:
+            handles.append(Line2D([], [], marker="v", linestyle="", color="#555", markersize=8))
+            labels.append("interval runs past the axis (cut)")
+        ax.legend(handles, labels, fontsize=8)
     fig.suptitle(f"Throughput-latency as the {load_label} rises; held: {_held_text(held)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
+    notes = ""
+    if n_over:
+        notes += (f" Hollow: overloaded ({n_over} point{'s' if n_over != 1 else ''}: arrivals outpaced the engine, "
+                  "its latencies grow with the run's length).")
+    if n_cut:
+        notes += (f" {n_cut} interval end{'s' if n_cut != 1 else ''} ran past the axis (a 95% interval over few seeds "
+                  "is wide): cut at the axis and marked with a triangle.")
     return (f"TTFT p95 and TPOT p95 (ms) against output throughput (tok/s) as the {load_label} "
             f"rises (each point labelled with it), one line per "
             f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; held: {_held_text(held)}. "
-            "Dashed: SLO limit; star: best point; error bars: 95% interval over seeds (if several).")
+            f"Dashed: SLO limit; star: best point; error bars: 95% interval over seeds (if several).{notes}")
 
 
 # -- page -----------------------------------------------------------------------------------
@@ -331,15 +444,78 @@ def _formats() -> dict[str, Any]:
 
     out: dict[str, Any] = {c: num(",.1f") for c in ("output_tok_s", "ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms",
                                                     "tpot_p95_ms")}
+    out["gpu_mem_util"] = lambda v: f"{float(v):g}"
     out.update({"kv_waste": lambda v: f"{100 * float(v):.1f}%", "kv_cache_tokens": num(",.0f"),
                 "meets_slo": lambda v: "yes" if v else "no", "gpus": num(".0f")})
-    for col in list(out):
-        for side in ("low", "high"):
-            out[f"{col}_ci95_{side}"] = out[col]
     return out
 
 
+CUT = "\u2020"  # marks an interval end cut at what the metric can take
+
+
+def intervals(cells: pd.DataFrame, formats: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """(the cells without their `_ci95_low/high` and `_band_low/high` columns, column -> the text under
+    each row's value): a mean's 95% interval over seeds, "(low-high)", and the model-error band of
+    --error-bars, "model low..high", go under it in the same cell, so neither triples the table's
+    width; an interval end cut at the metric's bound (a latency's 0) carries CUT."""
+    from kvsim.reports import html
+
+    def given(*values: Any) -> bool:
+        return not any(v is None or pd.isna(v) for v in values)
+
+    below: dict[str, list[str]] = {}
+    for col in cells.columns:
+        has_ci, has_band = f"{col}_ci95_low" in cells.columns, f"{col}_band_low" in cells.columns
+        if not (has_ci or has_band):
+            continue
+        fmt = formats.get(col, html.number)
+        texts = []
+        for i in range(len(cells)):
+            mean, parts = cells[col].iloc[i], []
+            if has_ci:
+                low, high = cells[f"{col}_ci95_low"].iloc[i], cells[f"{col}_ci95_high"].iloc[i]
+                if given(mean, low, high) and float(low) != float(high):  # equal: every seed gave this value
+                    cut_low, cut_high = cut_ends(col, mean, low, high)
+                    parts.append(f"({fmt(low)}{CUT if cut_low else ''}\u2013{fmt(high)}{CUT if cut_high else ''})")
+            if has_band:
+                low, high = cells[f"{col}_band_low"].iloc[i], cells[f"{col}_band_high"].iloc[i]
+                if given(mean, low, high):
+                    parts.append(f"model {fmt(low)}..{fmt(high)}")
+            texts.append(" ".join(parts))
+        below[col] = texts
+    return cells[[c for c in cells.columns
+                  if not c.endswith(("_ci95_low", "_ci95_high", "_band_low", "_band_high"))]], below
+
+
+def _interval_note(report: SweepReport, below: dict[str, list[str]]) -> str:
+    """The note under a table with intervals: what they are, how wide few seeds make them, the cuts."""
+    from kvsim.reports.sweep_runner import t975
+
+    n = len(report.context["seeds"])
+    band = any("model " in t for texts in below.values() for t in texts)
+    band_text = (" Under a value, \"model low..high\": its 90% band under the profile's stated error "
+                 "(--error-bars).") if band else ""
+    if n < 2:
+        return f'<p class="note">{band_text.strip()}</p>'
+    text = (f"Each cell: the mean over {n} seeds, its 95% Student-t interval under it (t = {t975(n):.2f} for "
+            f"{n} seeds")
+    if n == 2:
+        text += ": the interval spans the mean \u00b1 6.35 x the gap between the two seeds' values, so it is wide; "
+        text += "more seeds narrow it (t = 2.78 for 5)"
+    elif n < 5:
+        text += ", wide with so few seeds"
+    text += "); no interval: every seed gave the same value."
+    cut = sum(t.count(CUT) for texts in below.values() for t in texts)
+    if cut:
+        text += (f" {CUT} ({cut} end{'s' if cut != 1 else ''}): the t interval ran past what the quantity can take "
+                 "(below 0, or a share above 100%) and is cut there; the true mean lies in that range, so the "
+                 "cut interval covers it as often.")
+    return f'<p class="note">{text}{band_text}</p>'
+
+
 def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: str) -> str:
+    """Results first: the answer (best point), every cell (what varies as key columns, what does
+    not in a line above), the figures; then how the table was made."""
     from kvsim.reports import html
 
     ctx = report.context
@@ -347,22 +523,42 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
         "Command": html.code(command),
         "Table": html.code(str(report.table)) + f" ({ctx['num_points']} rows, made by kvsim {ctx['kvsim_versions']})",
         "Model / workload": f"{ctx['model']}; workload {ctx['workload']}, {ctx['num_requests']} requests per point",
-        "Seeds": ", ".join(map(str, ctx["seeds"])) + (" (cells show the mean; tables give 95% intervals)"
+        "Seeds": ", ".join(map(str, ctx["seeds"])) + (" (cells show the mean, its 95% interval under it)"
                                                        if len(ctx["seeds"]) > 1 else ""),
         "Swept": ", ".join(f"{k} ({report.cells[k].nunique()} values)" for k in report.varying) or "nothing",
         "SLO": html.escape_text(_slo_text(report)),
+        # issue 27: which vLLM version the steps are priced as (and whose per-GPU defaults filled the limits)
+        "Engine": html.escape_text((ctx.get("engine_versions") or "not recorded (a table from before engine versions)")
+                                   + (f"; vLLM's {ctx['usage_contexts']} step-limit defaults per GPU"
+                                      if ctx.get("usage_contexts") else "")),
         "Profiles": "<br>".join(ctx["profiles"]) or "none ran",
         "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
     }
     best = "No point ran." if report.best is None else _best_sentence(report)
-    body = [f"<h1>kvsim sweep report: {html.code(report.table.name)}</h1>", html.meta_table(meta),
-            f"<p><b>Best point.</b> {best}</p>", "<h2>Figures</h2>"]
+    over = int((report.cells["load"] == OVERLOADED).sum()) if "load" in report.cells.columns else 0
+    warn = (f' <span class="mark">{over} of {len(report.cells)} points ran overloaded</span> (arrivals outpaced '
+            "the engine, the queue grew): they never meet an SLO, and their latencies grow with the run's "
+            "length; marked grey in the table and figures." if over else "")
+    body = [f"<h1>kvsim sweep report: {html.code(report.table.name)}</h1>",
+            f'<p class="answer"><b>Answer.</b> {html.escape_text(best)}{warn}</p>',
+            f'<p class="note">{html.escape_text(ctx["model"])}, workload {html.escape_text(ctx["workload"])}, '
+            f"{html.escape_text(_slo_text(report))}; how it was made: <a href=\"#made\">below</a>.</p>"]
+    classes = [" ".join(c for c in ("best" if i == report.best else "",
+                                    OVERLOADED if over and report.cells["load"].iloc[i] == OVERLOADED else "") if c)
+               for i in range(len(report.cells))]
+    formats = _formats()
+    if over:
+        formats["load"] = lambda v: f"\u26a0 {v}" if v == OVERLOADED else str(v)
+    shown, below = intervals(report.cells, formats)
+    body += ["<h2>Every cell (click a header to sort)</h2>",
+             html.table(shown, formats, classes, key=report.varying, below=below,
+                        wrap=[c for c in ("load", "regime") if c in shown.columns]),
+             _interval_note(report, below) if below else "",
+             "<h2>Figures</h2>"]
     body += [html.figure(png, caption) for png, caption in figures]
     if not figures:
         body.append("<p>No figure: neither block size x utilisation nor the load was swept.</p>")
-    classes = ["best" if i == report.best else "" for i in range(len(report.cells))]
-    body += ["<h2>Every cell (click a header to sort)</h2>",
-             html.table(report.cells, _formats(), classes)]
+    body += ['<h2 id="made">How this was made</h2>', html.meta_table(meta)]
     return html.page(f"kvsim sweep report: {report.table.name}", body)
 
 

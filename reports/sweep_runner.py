@@ -58,6 +58,7 @@ def _without_source(described: dict[str, Any]) -> dict[str, Any]:
 
 def run_point(point: Point) -> dict[str, Any]:
     """Simulate one point (in whatever process calls it) and return its tidy row."""
+    from kvsim.profiles import draft_profile
     from kvsim.reports.regime import regime_of
     from kvsim.simcore.simulate import KVSIM_VERSION, simulate
 
@@ -69,7 +70,8 @@ def run_point(point: Point) -> dict[str, Any]:
         row.update({"kvsim_version": KVSIM_VERSION, "wall_s": time.perf_counter() - started, "warnings": ""})
         return row
     config = point.resolved if point.resolved is not None else point.config
-    result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed)
+    result = simulate(point.model, point.gpu, config, point.workload, point.profile, seed=point.seed,
+                      draft_profile=draft_profile(point.gpu, config, point.profile))
     regime = regime_of(result)
     record = result.record
     row.update({
@@ -79,9 +81,54 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
+    if row.get("saturation") == "sustained" and getattr(point.workload, "is_session", False):
+        from kvsim.reports.capacity import session_queue_slope
+        from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE
+
+        slope = session_queue_slope(result, point.workload, point.seed)
+        if slope is not None and slope > OVERLOAD_WAIT_SLOPE:  # its turns alone cannot show it (reports.capacity)
+            row["saturation"], row["session_queue_slope"] = "overloaded", slope
+    if point.options.get("slo_percentiles"):  # targets beyond the summary's p95 / p99 (kvsim sweep --slo)
+        from kvsim.reports.capacity import SLO, parse_slo_targets, summary_with_goodput
+
+        slo = SLO.of(parse_slo_targets([point.options["slo_percentiles"]]))
+        values = summary_with_goodput(result, slo)
+        row.update({t.key: values[t.key] for t in slo.targets if values.get(t.key) is not None})
+    if point.options.get("error_bars"):  # kvsim sweep --error-bars: two more runs (profiles/uncertainty.py)
+        row.update(band_columns(point, config, result))
     row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
                 "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
     return row
+
+
+# the row's metrics a sweep's --error-bars bands: those its printed table shows (reports.sweep.BANDED)
+SWEEP_BAND_METRICS = ("median_ttft_ms", "p95_ttft_ms", "median_tpot_ms", "p95_tpot_ms", "output_throughput",
+                      "request_throughput")
+_SCALED: dict[tuple[str, float], Any] = {}  # (profile sha256, factor) -> scaled profile, per worker process
+
+
+def band_columns(point: Point, config: Any, result: Any) -> dict[str, Any]:
+    """The point again with every step time at each end of the 90% band of its profile's stated
+    error: `<metric>_band_low` / `_band_high` over the three runs, and the error used."""
+    from statistics import NormalDist
+
+    from kvsim.profiles.uncertainty import INTERVAL, band, profile_error, scaled_profile
+    from kvsim.simcore.simulate import simulate
+
+    err = profile_error(point.profile)
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    summaries = [result.summary]
+    for f in (err.factor(-z), err.factor(z)):
+        key = (point.profile.sha256, f)
+        if key not in _SCALED:
+            if len(_SCALED) > 64:  # a sweep over many profiles: keep the worker's memory bounded
+                _SCALED.clear()
+            _SCALED[key] = scaled_profile(point.profile, f)
+        summaries.append(simulate(point.model, point.gpu, config, point.workload, _SCALED[key], seed=point.seed).summary)
+    cols: dict[str, Any] = {"model_error_kind": err.kind, "model_error_median": err.median_abs_error}
+    for metric in SWEEP_BAND_METRICS:
+        cols[f"{metric}_band_low"], cols[f"{metric}_band_high"] = band([s.get(metric) for s in summaries])
+    return cols
 
 
 def _run_indexed(item: tuple[int, Point]) -> tuple[int, dict[str, Any]]:
@@ -267,9 +314,23 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.052, 2.048, 2.045, 2.042)
 
 
-def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
+def t975(n: int) -> float:
+    """The two-sided 95% Student-t multiplier for a mean over `n` >= 2 values (12.71 for 2: with two
+    seeds an interval is the mean +- 6.35 x the gap between them, which is why it is wide)."""
+    df = n - 1
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci95(values: Sequence[float], lower: float | None = None,
+              upper: float | None = None) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its 95% Student-t interval over seeds; NaNs dropped; one value
-    (or none) gives an interval of NaN, since one draw says nothing about the spread."""
+    (or none) gives an interval of NaN, since one draw says nothing about the spread.
+
+    `lower` / `upper`: the least / greatest value the quantity can take (0 for a throughput, a latency,
+    a count; 1 for a share). The t interval ignores them and, over few seeds, can reach below zero
+    (-1,436.8 tok/s); since the true mean lies inside [lower, upper], cutting the interval there
+    loses no coverage, so it is cut (the callers mark a cut end). The estimate stays the mean: an
+    interval on the log scale would be one for the geometric mean instead, another quantity."""
     xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     if not xs:
         return math.nan, math.nan, math.nan
@@ -277,10 +338,13 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float, float]:
     if len(xs) == 1:
         return mean, math.nan, math.nan
     var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
-    df = len(xs) - 1
-    t = _T975[df - 1] if df <= len(_T975) else 1.96
-    half = t * math.sqrt(var / len(xs))
-    return mean, mean - half, mean + half
+    half = t975(len(xs)) * math.sqrt(var / len(xs))
+    low, high = mean - half, mean + half
+    if lower is not None:
+        low = max(low, lower)
+    if upper is not None:
+        high = min(high, upper)
+    return mean, low, high
 
 
 MAX_REPEATS = 10_000  # each repeat reruns every point; a 95% interval needs a handful, not millions

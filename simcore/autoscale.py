@@ -20,8 +20,20 @@ num_requests_waiting + num_requests_running, what KEDA scalers on vLLM read) or 
 vLLM's gpu_cache_usage_perc, as a percentage).
 
 The simulation holds `max_replicas` engines from the start; an off replica receives nothing and
-takes no steps, so it costs no simulated time. Runs only in the Python core (simcore.fastcore
-refuses it).
+takes no steps, so it costs no simulated time. Both cores run it (the compiled one in
+csrc/fleet.c, bit for bit: tests/test_fleet_core.py).
+
+Over a heterogeneous fleet (`--fleet A:TP:N,B:TP:M --autoscale`, simcore/fleet.py) the pool is the
+fleet's replicas in the order the groups are given, and that order is the priority: one HPA over
+the whole pool (its metric averaged over the active replicas of every group), replicas started
+lowest index first (the first group fills before the next one is touched: cluster-autoscaler's
+`priority` expander, which grows the node group of the highest user-given priority, kubernetes/
+autoscaler cluster-autoscaler/FAQ.md "What are Expanders?") and drained highest index first (the
+lowest-priority and, in this order, most recently started replicas: a ReplicaSet scales down its
+newest pods first, KEP-2255, and `controller.kubernetes.io/pod-deletion-cost` steers it the same
+way). `--min-replicas` are the first replicas of the first group. List the group that is cheapest
+per token first to scale the cheapest capacity first; each replica's cold start loads its own
+group's weights per GPU, and it is billed for its own GPUs (`replica_hours` in the record).
 """
 
 from __future__ import annotations
@@ -120,12 +132,18 @@ class AutoscalingRouter:
     """A RequestSink over `max_replicas` engines that routes (least-loaded) to the active ones only,
     and the autoscaler's process that starts and drains them."""
 
-    def __init__(self, engines: list[Engine], config: AutoscaleConfig, cold_start_s: float, gpus_per_replica: int):
+    def __init__(self, engines: list[Engine], config: AutoscaleConfig, cold_start_s: float | list[float],
+                 gpus_per_replica: int | list[int]):
+        """`cold_start_s`, `gpus_per_replica`: one for every replica, or one each (a fleet's groups)."""
         assert len(engines) == config.max_replicas
         if config.metric == "kv" and not hasattr(engines[0].policy.allocator, "num_used_blocks"):
             raise ConfigError("--autoscale-metric kv needs the paged KV cache (its block use is the metric)")
-        self.engines, self.config, self.cold_start_s = engines, config, cold_start_s
-        self.gpus_per_replica = gpus_per_replica
+        n = len(engines)
+        self.engines, self.config = engines, config
+        self.cold_starts = [float(x) for x in cold_start_s] if isinstance(cold_start_s, list) else [cold_start_s] * n
+        self.cold_start_s = max(self.cold_starts)  # the longest (all the same outside a fleet)
+        self.gpus = list(gpus_per_replica) if isinstance(gpus_per_replica, list) else [gpus_per_replica] * n
+        assert len(self.cold_starts) == len(self.gpus) == n
         self.replicas = [Replica(i) for i in range(len(engines))]
         self.timeline = Timeline()
         self._last_change = -math.inf
@@ -207,7 +225,7 @@ class AutoscalingRouter:
                 return
 
     def _start(self, env: simpy.Environment, replica: Replica):
-        yield env.timeout(self.cold_start_s)
+        yield env.timeout(self.cold_starts[replica.index])
         if replica.state == STARTING:
             replica.state = ACTIVE
             self._record(env.now)
@@ -224,6 +242,17 @@ class AutoscalingRouter:
 
     arrivals: Any = None  # the workload's SimPy process (Simulation.env sets it)
 
+    def load_run(self, rows: list[tuple[float, int, int, int]], decisions: int,
+                 replicas: list[tuple[str, float, float | None]]) -> None:
+        """What another engine core's run of this autoscaler left (simcore/fastcore.py, from
+        csrc/fleet.c), set by its owner: the timeline rows, the decisions made, and each
+        replica's (state, seconds paid, start of its unpaid stretch or None); `finish` then
+        summarises it as after a Python run."""
+        assert len(replicas) == len(self.replicas)
+        self.timeline = Timeline(list(rows), decisions)
+        for replica, (state, paid_s, paid_since) in zip(self.replicas, replicas, strict=True):
+            replica.state, replica.paid_s, replica.paid_since = state, paid_s, paid_since
+
     def _done(self) -> bool:
         """The workload has sent everything and the fleet holds nothing: stop deciding, so the
         simulation can end (its duration is its requests', not this loop's)."""
@@ -237,7 +266,10 @@ class AutoscalingRouter:
                 replica.paid_s += max(0.0, end_s - replica.paid_since)
                 replica.paid_since = None
         self._record(end_s)
-        gpu_s = sum(r.paid_s for r in self.replicas) * self.gpus_per_replica
+        if len(set(self.gpus)) == 1:
+            gpu_s = sum(r.paid_s for r in self.replicas) * self.gpus[0]
+        else:
+            gpu_s = sum(r.paid_s * self.gpus[r.index] for r in self.replicas)
         rows = self.timeline.rows
         ends = [r[0] for r in rows[1:]] + [max(end_s, rows[-1][0])]
         active_s = sum((b - a[0]) * a[1] for a, b in zip(rows, ends, strict=True))

@@ -82,3 +82,70 @@ def apply_batch_defaults(config: EngineConfig, gpu: GPUSpec, model: ModelSpec, f
         None if "max_num_batched_tokens" in fill else config.max_num_batched_tokens)
     values = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
     return replace(config, **{k: values[k] for k in sorted(fill)})
+
+
+# Prefill attention of a roofline profile follows FlashAttention-3's measured H100 curve
+# (profiles/roofline.py FLASH_ATTENTION). vLLM picks FA3 on compute capability 9.0 (Hopper) only
+# since vllm-project/vllm PR #12093 (January 2025, vLLM 0.7: "if hopper default to FA3, otherwise
+# stick to FA2"); vLLM 0.5 / 0.6 ran FlashAttention-2 there, and FA3 is 1.5-2.0x faster than FA2 on
+# the H100 (Shah et al. 2024, "FlashAttention-3", abstract). Stated, not modelled: a per-version
+# attention curve needs the roofline tables per version, and calibration (which scales the
+# profile's tables) to know which backend its rows ran.
+HOPPER_PREFIXES = ("H100", "H200")
+FA2_ERA_VERSIONS = ("vllm-v0", "vllm-0.6")
+
+
+def prefill_attention_note(engine_version: str, gpu_name: str, profile_source: str | None) -> str | None:
+    """What a roofline profile's prefill attention assumes of the attention backend, and where that
+    is not the backend this vLLM version ran (None for measured / calibrated profiles: their own)."""
+    if profile_source != "roofline":
+        return None
+    if engine_version in FA2_ERA_VERSIONS and gpu_name.startswith(HOPPER_PREFIXES):
+        return ("FlashAttention-3's curve, but vLLM 0.5 / 0.6 ran FlashAttention-2 on Hopper (FA3 is 1.5-2.0x "
+                "faster, Shah et al. 2024): prefill attention priced too fast, not modelled")
+    return "FlashAttention-3 curve (profiles/roofline.py)"
+
+
+def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fill: frozenset[str] | set[str] = frozenset(),
+                       usage_context: str | None = None, given: bool = False,
+                       host_overhead_from: str | None = None, profile_source: str | None = None) -> dict:
+    """What a run assumes of the engine it models (issue 27: every answer names it): the vLLM
+    version (None for a policy that is not vLLM's continuous batching, which no version prices),
+    whether the user chose it, the usage context and the step limits its per-GPU defaults filled,
+    the resolved limits, and the profile field the host cost came from."""
+    if config.policy != "continuous":
+        return {"engine_version": None, "policy": config.policy}
+    return {
+        "engine_version": config.engine_version, "given": bool(given),
+        "usage_context": (usage_context or DEFAULT_USAGE_CONTEXT) if fill else None,
+        "batch_defaults_filled": sorted(set(fill) & set(FIELDS)), "gpu": gpu.name,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.resolved_max_num_batched_tokens(model),
+        **({"host_overhead_from": host_overhead_from} if host_overhead_from else {}),
+        **({"prefill_attention": note} if (note := prefill_attention_note(config.engine_version, gpu.name,
+                                                                          profile_source)) else {}),
+    }
+
+
+def engine_text(a: dict) -> str:
+    """One line of `engine_assumptions`: `vllm-v1 (default), max_num_seqs 256, max_num_batched_tokens
+    8192; host cost: the profile's vllm-v1 terms`, naming vLLM's per-GPU defaults where
+    --engine-version filled them."""
+    if a.get("engine_version") is None:
+        return f"policy {a.get('policy')}, no vLLM version (--engine-version prices continuous batching only)"
+    filled = a.get("batch_defaults_filled") or []
+    limits = f"max_num_seqs {a['max_num_seqs']}, max_num_batched_tokens {a['max_num_batched_tokens']}"
+    if filled:
+        which = "" if len(filled) == len(FIELDS) else f"{filled[0]}: "
+        plural = "s" if len(filled) > 1 else ""
+        limits += f" ({which}vLLM's {a['usage_context']} default{plural} on {a['gpu']})"
+    version = a["engine_version"] + ("" if a.get("given") else " (default)")
+    source, host = a.get("host_overhead_from"), ""
+    if source:  # a measured or calibrated profile without per-version terms keeps its own host cost
+        by_version = source == f"host_overhead_by_engine.{a['engine_version']}"
+        host = f"; host cost: the profile's {a['engine_version']} terms" if by_version else \
+            f"; host cost: the profile's {source} (not per version)"
+    attention = a.get("prefill_attention") or ""
+    warn = "; prefill attention: FA3's curve, this version ran FA2 here (not modelled)" \
+        if "not modelled" in attention else ""
+    return f"{version}, {limits}{host}{warn}"

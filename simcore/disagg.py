@@ -8,9 +8,11 @@ tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, which examples/onlin
 disaggregated_serving points to) and NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/
 nixl_connector.py) run it:
 
-  1. The proxy picks a prefill instance (--router: round-robin or least-loaded) and sends it the
-     prompt with max_tokens 1 (kv_producer). The prefill instance queues, prefills (chunked under
-     its own token budget) and samples one token, which the proxy drops.
+  1. The proxy picks a prefill instance (--router: round-robin, least-loaded, or prefix-aware:
+     the one holding most of the request's shared prefix, with free KV and a short queue, scored
+     as simcore.router scores replicas for llm-d's precise prefix-cache-aware routing) and sends
+     it the prompt with max_tokens 1 (kv_producer). The prefill instance queues, prefills
+     (chunked under its own token budget) and samples one token, which the proxy drops.
   2. NixlConnector.request_finished returns delay_free_blocks: the prefill instance keeps the
      request's KV blocks after it finishes, until the consumer has read them.
   3. The proxy sends the request to a decode instance picked by the decode router (least-loaded:
@@ -63,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.errors import ConfigError, StalledError
 from kvsim.simcore.metrics import StepTotals, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
 from kvsim.simcore.records import Samples
@@ -78,6 +80,9 @@ if TYPE_CHECKING:
     from kvsim.simcore.engine import Engine
 
 CONNECTOR = "NixlConnector"  # the KV connector modelled (module docstring)
+STALLED = ("simulation stalled: requests are left that no instance can run (a decode instance's cache held by "
+           "the KV of requests it loaded, queued behind one that no longer fits); give the decode pool more KV "
+           "cache or fewer prefill instances per decode instance")
 PLACEMENTS = ("same-node", "cross-node")
 
 
@@ -209,6 +214,32 @@ def _pick(engines: list[Engine], policy: str, cursor: list[int]) -> int:
     return min(range(len(engines)), key=lambda i: engines[i].load)
 
 
+def _pick_by_prefix(engines: list[Engine], request: Request) -> int:
+    """--router prefix-aware for the prefill pool: llm-d's precise prefix-cache-aware scoring as
+    simcore.router scores replicas (share of the prompt's full blocks the instance holds cached,
+    its free KV, its queue, weighted 2 : 1 : 1; the highest score, ties: the lowest index), on
+    the blocks of the request's declared shared prefix; requests without one go least-loaded."""
+    from kvsim.simcore.router import KV_WEIGHT, PREFIX_WEIGHT, QUEUE_WEIGHT
+
+    queues = [len(e.lifecycle.waiting) for e in engines]
+    low, high = min(queues), max(queues)
+    best, best_score = 0, -1.0
+    for index, (engine, queue) in enumerate(zip(engines, queues, strict=True)):
+        policy = engine.policy
+        alloc = policy.allocator
+        kv_free = alloc.num_free_blocks / alloc.num_gpu_blocks
+        num_blocks = request.num_prompt_tokens // alloc.block_size
+        prefix = 0.0
+        if num_blocks and policy.enable_prefix_caching:
+            hashes = [(request.prefix_id, i) for i in range(request.num_prefix_tokens // alloc.block_size)]
+            prefix = alloc.num_cached_prefix_blocks(hashes) / num_blocks
+        queue_score = (high - queue) / (high - low) if high > low else 1.0
+        score = PREFIX_WEIGHT * prefix + KV_WEIGHT * kv_free + QUEUE_WEIGHT * queue_score
+        if score > best_score:
+            best, best_score = index, score
+    return best
+
+
 class DisaggProxy:
     """The front end clients talk to (the workload's sink): routes each request through a prefill
     instance, a KV transfer and a decode instance (module docstring). The client's records (the
@@ -251,11 +282,15 @@ class DisaggProxy:
         now = request.arrival_s = self.env.now
         decode0 = self.decode[0]
         decode0.lifecycle.records.arrive(now)
-        p = _pick(self.prefill, self.prefill_router, self._cursors[0])
-        prefill = self.prefill[p]
         prefill_request = Request(request.request_id, now, request.num_prompt_tokens, 1, max_tokens=1,
                                   prefix_id=request.prefix_id, num_prefix_tokens=request.num_prefix_tokens,
                                   hold_kv=True)
+        if self.prefill_router == "prefix-aware":
+            p = _pick_by_prefix(self.prefill, request) if request.prefix_id is not None else _pick(
+                self.prefill, "least-loaded", self._cursors[0])
+        else:
+            p = _pick(self.prefill, self.prefill_router, self._cursors[0])
+        prefill = self.prefill[p]
         reason = self._reject_reason(request, prefill_request, prefill)
         if reason:
             life = decode0.lifecycle
@@ -395,9 +430,8 @@ class DisaggSimulation(Simulation):
             self.env.run()
             stats = self.arrivals.value
         engines = self.replicas
-        stalled = sum(e.lifecycle.num_unfinished for e in engines)
-        if stalled:
-            raise RuntimeError(f"simulation stalled with {stalled} requests unfinished")
+        if sum(e.lifecycle.num_unfinished for e in engines):
+            raise StalledError(STALLED)
         prefill, decode = self.pools["prefill"], self.pools["decode"]
         pool_totals: dict[str, StepTotals] = {}
         for name, pool in self.pools.items():
@@ -446,6 +480,10 @@ class DisaggSimulation(Simulation):
             "max_running": totals.max_running, "num_preemptions": totals.num_preempted,
         }
         out.update(kv_waste(totals))
+        counters = [e.policy.counters() for e in pool.replicas]
+        query = sum(c.get("prefix_query_tokens", 0) for c in counters)
+        if query:  # vLLM's prefix cache hit rate, over the prompts that share a prefix
+            out["prefix_cache_hit_rate"] = sum(c.get("prefix_hit_tokens", 0) for c in counters) / query
         if name == "prefill":
             raw = pool.replicas[0].lifecycle.records.columns() if pool.replicas[0].lifecycle.records.kept else None
             if raw is not None:
@@ -481,7 +519,7 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
             raise ConfigError("speculative decoding is not modelled with disaggregated prefill/decode yet")
         if getattr(cfg, "kv_offloading_size", None):
             raise ConfigError("--kv-offloading-size (a CPU KV tier) is not modelled with disaggregated prefill/decode yet")
-        if cfg.router in ("prefix-aware", "session-affinity"):
+        if cfg.router == "session-affinity" or (name == "decode" and cfg.router == "prefix-aware"):
             raise ConfigError(f"--router {cfg.router} is not modelled with disaggregated prefill/decode yet")
     if getattr(workload, "is_session", False):  # the proxy hands the prefill pool no token stream
         raise ConfigError(f"multi-turn session workloads ({workload.name}) are not modelled with disaggregated "
@@ -490,6 +528,7 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
     for name in POOLS:
         pools[name] = prepare(model, gpu, configs[name], workload, profiles[name], seed,
                               progress if name == "decode" else None, exact_steps, None, "python")
+        pools[name].behind_proxy = True  # the proxy routes to its instances (its own sink is unused)
         for engine in pools[name].replicas:
             if type(engine.policy) is not ContinuousPagedPolicy:
                 raise ConfigError(f"the {name} pool must run vLLM V1's scheduler (continuous batching, paged KV, "

@@ -30,6 +30,7 @@ from kvsim.simcore.latency import StepLatencyModel
 from kvsim.simcore.lifecycle import Lifecycle
 from kvsim.simcore.metrics import StepRecorder
 from kvsim.simcore.policies.base import Policy
+from kvsim.simcore.records import RequestRecords, Samples
 from kvsim.simcore.request import Request
 from kvsim.simcore.span import (
     SpanShape,
@@ -83,6 +84,24 @@ class Engine:
         # times it and ends at two, so a held request could never have been admitted earlier.
         reach = max(getattr(policy, "max_num_seqs", 0) or 0, getattr(policy, "num_slots", 0) or 0)
         self.hold_at = max(HOLD_WAITING, 4 * reach)
+
+    # -- what another engine core deposits here (simcore/cores: each core fills the same stores) --
+    def load_counts(self, num_arrived: int, num_done: int, num_holds: int, prefix_query_tokens: int,
+                    prefix_hit_tokens: int) -> None:
+        """The counters of a run another core made of this replica (simcore/fastcore.py), set
+        by their owner: requests arrived and left, holds, prefix-cache tokens asked and hit."""
+        self.lifecycle.num_arrived, self.lifecycle.num_done = num_arrived, num_done
+        self.num_holds = num_holds
+        self.policy.prefix_query_tokens, self.policy.prefix_hit_tokens = prefix_query_tokens, prefix_hit_tokens
+
+    def fresh_stores(self, records: RequestRecords) -> None:
+        """Empty result stores as the simulation made them (their caps, spills and KV
+        settings kept), `records` the run's shared request table: another core gave up after
+        starting (simcore.cores.CoreUnavailable) and this engine runs the simulation anew."""
+        self.lifecycle.records, self.lifecycle.itl = records, Samples()
+        old = self.recorder
+        self.recorder = StepRecorder(self.spec_cost or self.latency, old.cap)
+        self.recorder.kv_capacity, self.recorder.kv_unit, self.recorder.spill = old.kv_capacity, old.kv_unit, old.spill
 
     def hold_arrivals(self) -> simpy.Event | None:
         """Backpressure for an overloaded run: None while fewer than the hold threshold wait;
@@ -151,6 +170,18 @@ class Engine:
         emit_times = getattr(latency, "emit_times_s", None)
         while True:
             plan = policy.schedule(life, env.now)
+            if plan is not None and not plan.num_scheduled and plan.num_preempted:
+                # preemptions alone: the only running request could not grow while blocks of requests
+                # that do not run (KV loading, or kept for a transfer: simcore.disagg) fill the cache.
+                # They apply and nothing runs until something changes (vLLM's busy loop would
+                # recompute it meanwhile, and be preempted again)
+                life.begin_step(plan, env.now)
+                if getattr(policy, "host_tier", None) is not None:
+                    # with the CPU tier, look again at once: the loads are looked at first, and one
+                    # whose KV is in may fit in what the preempted request let go (else a queue
+                    # headed by that request waits for blocks the loads hold, with nothing running)
+                    continue
+                plan = None
             if plan is None:
                 self._wakeup = env.event()
                 timeout = policy.idle_timeout(life, env.now) if life.waiting else None
@@ -159,11 +190,6 @@ class Engine:
                 else:
                     yield _first_of(env, self._wakeup, env.timeout(timeout))
                 self._wakeup = None
-                continue
-            if not plan.num_scheduled:
-                # preemptions alone (a running request could not grow: the free blocks went to
-                # loads from the CPU tier, which hold theirs while they wait): applied, look again
-                life.begin_step(plan, env.now)
                 continue
             start = env.now
             life.begin_step(plan, start)

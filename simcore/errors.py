@@ -19,3 +19,9 @@ class ProfileError(KvsimError):
 
 class WorkloadError(KvsimError):
     """A malformed workload file, trace or distribution."""
+
+
+class StalledError(KvsimError):
+    """The deployment as configured can make no more progress (a deadlock the modelled scheduler
+    has too, e.g. a decode cache filled by KV it is loading); more KV cache, or fewer instances
+    feeding one, fixes it."""

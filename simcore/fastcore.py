@@ -43,7 +43,11 @@ class _Config(ctypes.Structure):
         "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double)]
 
 
-_ROUTERS = {"round-robin": 0, "least-loaded": 1, "session-affinity": 2, "prefix-aware": 3}  # engine.h KV_ROUTER_*
+_ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
+# the cache-aware routers (simcore.router; sessions.c's hooks in engine.c's pick), apart: a
+# disaggregated run's pools take only the two above (fastcore_disagg)
+_CACHE_ROUTERS = {"session-affinity": 4, "prefix-aware": 5}
+_ALL_ROUTERS = {**_ROUTERS, **_CACHE_ROUTERS}
 KV_TIER_COUNTS = 4  # sessions.h
 _NO_HOLD = 1 << 62  # a router has no hold_arrivals (simcore.router): the workload never holds
 
@@ -70,19 +74,15 @@ class CoreUnavailable(Exception):
 
 
 def _reset_stores(engines: list[Any]) -> None:
-    from kvsim.simcore.metrics import StepRecorder
-    from kvsim.simcore.records import RequestRecords, Samples
+    """Fresh stores for the Python engine to run the simulation from the start (each engine
+    makes its own, as the simulation made them): one request table for every replica."""
+    from kvsim.simcore.records import RequestRecords
 
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
     for engine in engines:
-        life = engine.lifecycle
-        life.records, life.itl = records, Samples()
-        rec = engine.recorder
-        fresh = StepRecorder(engine.spec_cost or engine.latency, rec.cap)
-        fresh.kv_capacity, fresh.kv_unit, fresh.spill = rec.kv_capacity, rec.kv_unit, rec.spill
-        engine.recorder = fresh
+        engine.fresh_stores(records)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -112,11 +112,21 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
     lib.kv_engine_tier_counts.restype = None
     lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_set_replica.restype = ctypes.c_int
+    lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
+    lib.kv_engine_autoscale.restype = ctypes.c_int
+    lib.kv_engine_autoscale.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _P]
+    lib.kv_engine_fleet.restype = ctypes.c_long
+    lib.kv_engine_fleet.argtypes = [ctypes.c_void_p, _P, lp, lp, _P]
     lib.kv_engine_spec.restype = ctypes.c_int
     lib.kv_engine_spec.argtypes = [ctypes.c_void_p, ctypes.POINTER(_SpecConfig), _P, ctypes.POINTER(ctypes.c_ulong),
                                    ctypes.c_void_p]
     lib.kv_engine_spec_stats.restype = None
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
+    lib.kv_engine_tokens_on.restype = ctypes.c_int
+    lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
+    lib.kv_engine_tokens.restype = ctypes.c_long
+    lib.kv_engine_tokens.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, lp, lp, _P]
     lib._kv_engine_declared = True
 
 
@@ -128,15 +138,20 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
 
     sessions = getattr(sim.workload, "is_session", False)
-    if (getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None) and not sessions
-            and getattr(sim.workload, "shared_prefix", None) is not None):
+    engine_config = getattr(sim.config, "engine", None)
+    tier_on = bool(getattr(engine_config, "kv_offloading_size", None))
+    if tier_on and not sessions and getattr(sim.workload, "shared_prefix", None) is not None:
         # (the core keys a declared prefix's blocks by (prefix, index), a turn's by hash id: the
         # tier holds the latter only; a trace's prefix columns are refused when they arrive)
         return "the CPU KV tier (--kv-offloading-size) with declared shared prefixes"
-    if getattr(sim, "fleet", None) is not None:
-        return "a heterogeneous fleet (replicas of several GPU types or TPs)"
-    if getattr(sim, "autoscaler", None) is not None:
-        return "autoscaling (replicas started and drained during the run)"
+    if (sessions or tier_on or getattr(engine_config, "router", "") in ("prefix-aware", "session-affinity")) and (
+            getattr(sim, "fleet", None) is not None or getattr(sim, "autoscaler", None) is not None):
+        return "sessions, the CPU KV tier or a cache-aware router on a heterogeneous fleet or with autoscaling"
+    proxied = getattr(sim, "behind_proxy", False)  # a disaggregated run's pool: the proxy routes (fastcore_disagg)
+    if sessions and (getattr(sim, "disagg", None) is not None or proxied):
+        return "a multi-turn session workload on disaggregated prefill/decode"
+    if sessions and any(e.lifecycle.token_times is not None for e in sim.replicas):
+        return "per-request token times (--save-result) of a session workload"
     spec_reason = _speculative_unsupported(sim)
     if spec_reason:
         return spec_reason
@@ -146,20 +161,29 @@ def unsupported(sim: Any) -> str:
     if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
         from kvsim.simcore import fastcore_disagg
 
+        if any(e.lifecycle.token_times is not None for e in sim.replicas):
+            return "per-request token times (--save-result) of a disaggregated run"
+
         return fastcore_disagg.unsupported(sim)
     from kvsim.simcore.router import Router
 
     engines = sim.replicas
-    if len(engines) > 1 and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
-                                 and sim.sink.engines == engines):
+    autoscaler = getattr(sim, "autoscaler", None)
+    if autoscaler is not None:  # csrc/fleet.c: the autoscaler and its least-loaded router over the active replicas
+        if sim.sink is not autoscaler or autoscaler.engines != engines:
+            return "an autoscaler that does not route the run's replicas"
+    elif len(engines) > 1 and not proxied and not (type(sim.sink) is Router and sim.sink.policy in _ALL_ROUTERS
+                                                   and sim.sink.engines == engines):
         return "data parallelism behind a router the C core does not have"
     engine = engines[0]
     if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
-    if type(sim.latency).__name__ != "StepLatencyModel":
+    if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
         return "pipeline parallelism"
-    if engine.lifecycle.token_times is not None:
-        return "per-request token times (--save-result)"
+    if any((e.lifecycle.token_times is None) != (engine.lifecycle.token_times is None) for e in engines):
+        return "per-request token times (--save-result) kept on some replicas only"
+    if engine.lifecycle.token_times:
+        return "per-request token times already recorded"
     policy = engine.policy
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
         return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
@@ -273,8 +297,6 @@ def run(sim: Any, progress=None) -> Any:
     records, ITL samples, step recorders and the extrapolation counter; returns the workload
     generation's counts (what its SimPy process would have returned)."""
     from kvsim.simcore import ccore
-    from kvsim.simcore import metrics as metrics_module
-    from kvsim.simcore import records as records_module
 
     if getattr(sim, "disagg", None) is not None:
         from kvsim.simcore import fastcore_disagg
@@ -284,38 +306,49 @@ def run(sim: Any, progress=None) -> Any:
     _declare(lib)
     engines = sim.replicas
     engine = engines[0]
-    policy, recorder, latency = engine.policy, engine.recorder, sim.latency
-    alloc = policy.allocator
+    latency = sim.latency
     dp = len(engines)
+    autoscaler = getattr(sim, "autoscaler", None)
     sessions = getattr(sim.workload, "is_session", False)
     clients = 0 if sessions else _clients(sim.workload)
     fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
+    hold = engine.hold_at if dp == 1 and autoscaler is None else _NO_HOLD  # a router has no hold_arrivals
+    router = _ALL_ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
     speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
-    cfg = _Config(
-        policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
-        alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
-        engine.hold_at if dp == 1 else _NO_HOLD, recorder.kv_capacity, recorder.kv_unit, int(not speculative),
-        int(policy.swap),
-        alloc.cpu.num_blocks, dp, _ROUTERS[sim.sink.policy] if dp > 1 else 0, clients,
-        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
-        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
-    )
-    blob = ccore.pricing_blob(latency)
-    pricing = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
-    if not pricing:
-        raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
-    handle = lib.kv_engine_new(ctypes.byref(cfg), pricing)
+    configs = [_config(e, hold, dp, router, clients, fold, speculative) for e in engines]
+    pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
+    handle = None
     draft = None
     try:
+        for e in engines:
+            if id(e.latency) not in pricings:
+                blob = ccore.pricing_blob(e.latency)
+                pricings[id(e.latency)] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+                if not pricings[id(e.latency)]:
+                    raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
+        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(engine.latency)])
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
+        for index, e in enumerate(engines):  # a heterogeneous fleet: each replica its own sizes and prices
+            if index and (bytes(configs[index]) != bytes(configs[0]) or e.latency is not engine.latency):
+                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(e.latency)]):
+                    raise MemoryError("kvsim: the C engine core could not allocate a replica")
+        if autoscaler is not None:
+            _autoscale(lib, handle, autoscaler)
         nkeys = _sessions(lib, handle, sim) if sessions else 0
-        tier = getattr(policy, "host_tier", None)
-        if tier is not None and lib.kv_engine_offload(handle, tier.num_blocks, float(policy.load_block_s), nkeys):
+        tier = getattr(engine.policy, "host_tier", None)
+        if tier is not None and lib.kv_engine_offload(handle, tier.num_blocks, float(engine.policy.load_block_s), nkeys):
             raise MemoryError("kvsim: the C engine core could not allocate the CPU KV tier")
         if speculative:
             draft = _set_speculative(lib, handle, engines)
+        tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
+        if tokens and lib.kv_engine_tokens_on(handle):
+            raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
         stats = _drive(lib, handle, sim, engines, latency, progress, fold)
+        if tokens:
+            _collect_tokens(lib, handle, engines)
+        if autoscaler is not None:
+            _collect_fleet(lib, handle, autoscaler)
         if speculative:
             _collect_speculative(lib, handle, engines)
         return stats
@@ -326,10 +359,65 @@ def run(sim: Any, progress=None) -> Any:
             _reset_stores(engines)
         raise
     finally:
-        lib.kv_engine_free(handle)
-        lib.kv_pricing_free(pricing)
+        if handle:
+            lib.kv_engine_free(handle)
+        for pricing in pricings.values():
+            if pricing:
+                lib.kv_pricing_free(pricing)
         if draft:
             lib.kv_pricing_free(draft)
+
+
+def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, speculative: bool) -> _Config:
+    """One replica's kv_engine_config (engine.h): its policy's limits, its KV cache and swap space."""
+    from kvsim.simcore import metrics as metrics_module
+    from kvsim.simcore import records as records_module
+
+    policy, recorder = engine.policy, engine.recorder
+    alloc = policy.allocator
+    return _Config(
+        policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
+        alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
+        hold, recorder.kv_capacity, recorder.kv_unit, int(not speculative), int(policy.swap),
+        alloc.cpu.num_blocks, dp, router, clients,
+        int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
+    )
+
+
+class _AutoscaleConfig(ctypes.Structure):  # csrc/fleet.h kv_autoscale_config
+    _fields_ = [("min_replicas", ctypes.c_long), ("metric", ctypes.c_long)] + [
+        (name, ctypes.c_double) for name in ("target", "interval_s", "tolerance", "scale_up_cooldown_s",
+                                             "scale_down_cooldown_s")]
+
+
+_METRICS = {"inflight": 0, "kv": 1}  # fleet.h KV_METRIC_*
+_STATES = ("off", "starting", "active", "draining")  # fleet.h KV_REP_* (simcore.autoscale's names)
+
+
+def _autoscale(lib, handle, autoscaler) -> None:
+    """Hand the core the policy and each replica's cold start (csrc/fleet.c runs it)."""
+    c = autoscaler.config
+    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], c.target, c.interval_s, c.tolerance,
+                           c.scale_up_cooldown_s, c.scale_down_cooldown_s)
+    cold = np.ascontiguousarray(autoscaler.cold_starts, dtype=np.float64)
+    if lib.kv_engine_autoscale(handle, ctypes.byref(cfg), cold.ctypes.data_as(_P)):
+        raise MemoryError("kvsim: the C engine core could not set up the autoscaler")
+
+
+def _collect_fleet(lib, handle, autoscaler) -> None:
+    """The autoscaler's timeline, decisions and bills as the core left them, handed to the Python
+    AutoscalingRouter (whose `finish` summarises them as after a Python run)."""
+    n = len(autoscaler.replicas)
+    decisions = ctypes.c_long()
+    state = (ctypes.c_long * n)()
+    paid = (ctypes.c_double * (2 * n))()
+    count = lib.kv_engine_fleet(handle, None, ctypes.byref(decisions), state, paid)
+    rows = np.empty((count, 4))
+    lib.kv_engine_fleet(handle, rows.ctypes.data_as(_P), None, None, None)
+    autoscaler.load_run([(t, int(a), int(s), int(d)) for t, a, s, d in rows.tolist()], decisions.value,
+                        [(_STATES[state[i]], paid[2 * i], None if paid[2 * i + 1] < 0 else paid[2 * i + 1])
+                         for i in range(n)])
 
 
 def _clients(workload: Any) -> int:
@@ -342,7 +430,7 @@ def _clients(workload: Any) -> int:
 def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     engine = engines[0]
     dp = len(engines)
-    m = engine.policy.max_num_seqs + 2
+    m = max(e.policy.max_num_seqs for e in engines) + 2
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
     step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))
@@ -381,7 +469,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
         if out.req_n:
             rows = req[:out.req_n]
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
-                rows[i, 3] = records.reason_code(_reason(engine, rows[i]))
+                rows[i, 3] = records.reason_code(_reason(engines[int(rows[i, 1])], rows[i]))
             arrived = rows[:, 16]
             if sessions:
                 answered = rows[rows[:, 2] == 0]
@@ -405,6 +493,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.step_n = 0
 
     while True:
+        # a watch (plan's early stop) checks every few rows: the core returns once the rows up to
+        # its next check are out (at most one event's rows, m, past them), not when the buffer fills
+        left = records.rows_to_watch()
+        out.req_cap = len(req) if left is None else min(len(req), left + m)
         rc = lib.kv_engine_run(handle, ctypes.byref(out))
         if rc == _NEED_INPUT:
             try:
@@ -428,9 +520,8 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     latency.extrapolated.steps += out.extrap[0]
     counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
-    for index, e in enumerate(engines):
-        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
-         e.policy.prefix_hit_tokens) = counts[KV_COUNTS * index:KV_COUNTS * (index + 1)]
+    for index, e in enumerate(engines):  # each replica's counters, set by their owner
+        e.load_counts(*counts[KV_COUNTS * index:KV_COUNTS * (index + 1)])
     if tier:
         offload = (ctypes.c_long * (KV_TIER_COUNTS * dp))()
         lib.kv_engine_tier_counts(handle, offload)
@@ -470,8 +561,6 @@ def _collect_itls(lib, handle, engines) -> None:
     in emission order, while there are at most the store's cap; past it the core kept none and
     binned every one as the store would, and the store becomes those bins. So a run of any length
     keeps a histogram, not its gaps, and Python never touches a gap one by one."""
-    from kvsim.simcore.records import Samples
-
     stats = (ctypes.c_double * 5)()
     key0 = ctypes.c_long()
     for index, engine in enumerate(engines):
@@ -485,7 +574,29 @@ def _collect_itls(lib, handle, engines) -> None:
             continue
         counts = np.zeros(n, dtype=np.int64)
         lib.kv_engine_itl(handle, index, stats, ctypes.byref(key0), counts.ctypes.data_as(ctypes.POINTER(ctypes.c_long)), None)
-        life.itl = Samples.from_bins(life.itl.cap, count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+        life.itl.load_bins(count, stats[1], stats[2], stats[3], int(stats[4]), key0.value, counts)
+
+
+def _collect_tokens(lib, handle, engines) -> None:
+    """Each replica's per-request token times (csrc/tokens.c) into its Lifecycle.token_times, as
+    the Python engine fills it: request id -> every token's time, an array("d")."""
+    from array import array
+
+    total = ctypes.c_long()
+    lp = ctypes.POINTER(ctypes.c_long)
+    for index, engine in enumerate(engines):
+        n = lib.kv_engine_tokens(handle, index, ctypes.byref(total), None, None, None)
+        ids, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        times = np.empty(total.value)
+        lib.kv_engine_tokens(handle, index, None, ids.ctypes.data_as(lp), counts.ctypes.data_as(lp),
+                             times.ctypes.data_as(_P))
+        log = engine.lifecycle.token_times
+        ends = np.cumsum(counts).tolist()
+        raw = times.tobytes()
+        start = 0
+        for rid, end in zip(ids.tolist(), ends, strict=True):
+            log[rid] = array("d", raw[8 * start:8 * end])
+            start = end
 
 
 def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:

@@ -22,8 +22,8 @@ from kvsim.simcore import fastcore
 from kvsim.simcore.fastcore import _P, KV_REQ_ROW, KV_STEP_ROW, CoreUnavailable
 
 KV_DG_LOG_ROW = 8  # disagg.h
-_STALL = -2  # engine.h KV_STALL: here, a plan of preemptions alone (engine_event)
-_ROUTERS = fastcore._ROUTERS
+_STALL = -2  # engine.h KV_STALL: requests left that no instance can run
+_ROUTERS = {**fastcore._ROUTERS, "prefix-aware": 2}  # disagg.h: KV_ROUTER_PREFIX_AWARE (the prefill pool's)
 
 
 class _DisaggConfig(ctypes.Structure):
@@ -58,10 +58,10 @@ def unsupported(sim: Any) -> str:
         return "the simulation already started"
     proxy = sim.proxy
     for router in (proxy.prefill_router, proxy.decode_router):
-        if router not in _ROUTERS:
+        if router not in _ROUTERS or (router == "prefix-aware" and router == proxy.decode_router):
             return f"a disaggregated run's router {router}"
     for name, pool in sim.pools.items():
-        reason = fastcore.unsupported(pool)
+        reason = fastcore.unsupported(pool)  # (its `behind_proxy`: the proxy routes, in disagg.c, not its router)
         if not reason and pool.config is not None:
             if pool.config.policy.core_options("c") is None:
                 reason = f"policy {pool.replicas[0].policy.name}"
@@ -226,8 +226,10 @@ def _drive(lib, handle, sim, progress, fold: bool) -> Any:
         if rc == fastcore._DONE:
             break
         if rc == _STALL:
-            raise RuntimeError("simulation stalled: the only running request cannot grow while KV blocks held for "
-                               "transfers (disaggregated prefill/decode) fill the rest of the cache")
+            from kvsim.simcore.disagg import STALLED
+            from kvsim.simcore.errors import StalledError
+
+            raise StalledError(STALLED)
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
     tables["decode"].upto(out.num_arrived)
     tables["prefill"].upto(tables["prefill"].fed + sum(len(p) for p in tables["prefill"].pending))
@@ -242,9 +244,8 @@ def _drive(lib, handle, sim, progress, fold: bool) -> Any:
     per = (ctypes.c_long * (fastcore.KV_COUNTS * len(engines)))()
     lib.kv_engine_counts(handle, per)
     k = fastcore.KV_COUNTS
-    for index, e in enumerate(engines):
-        (e.lifecycle.num_arrived, e.lifecycle.num_done, e.num_holds, e.policy.prefix_query_tokens,
-         e.policy.prefix_hit_tokens) = per[k * index:k * (index + 1)]
+    for index, e in enumerate(engines):  # each replica's counters, set by their owner
+        e.load_counts(*per[k * index:k * (index + 1)])
     fastcore._collect_itls(lib, handle, engines)
     if fold:
         fastcore._collect_steps(lib, handle, engines)

@@ -495,6 +495,55 @@ def _median_s(out: dict[str, Any]) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
+# -- statistics at any percentile (`vllm bench serve --metric-percentiles`) -----------------
+
+
+def p_word(p: float) -> str:
+    """vLLM's spelling of a percentile in keys and labels: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def per_request_rows(result: Any) -> dict[str, np.ndarray] | None:
+    """Every request's raw columns and derived latencies (None past the rows kept in memory)."""
+    if not result.records.kept:
+        return None
+    cols = result.records.columns()
+    ttft, e2el, tpot = derived_latencies(cols)
+    return {**cols, "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot, "done": cols["status"] == FINISHED}
+
+
+def metric_stats(result: Any, qs: tuple[float, ...], metrics: tuple[str, ...]) -> dict[str, Any]:
+    """mean / median / std / p{q} in ms of each metric (vLLM's keys, `p{P}_{metric}_ms`, P as
+    vllm/benchmarks/serve.py prints it); std None where the values were binned (past the memory
+    caps). Used by `vllm bench serve`'s result (cli.bench_result) and by SLOs at any percentile
+    (reports.capacity)."""
+    out: dict[str, Any] = {}
+    rows = per_request_rows(result)
+    for metric in metrics:
+        keys = [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", *(f"p{p_word(q)}_{metric}_ms" for q in qs)]
+        samples = result.itl if metric == "itl" else (None if rows is not None else getattr(result.records.bounded, metric))
+        if samples is not None and (metric != "itl" or not samples.exact):
+            if not len(samples):
+                out.update(dict.fromkeys(keys, None))
+                continue
+            stats: dict[str, Any] = {}
+            samples.stats(metric, stats)
+            values = [stats[f"mean_{metric}_ms"], *(v * 1000.0 for v in samples.percentiles((50.0, *qs)))]
+            out.update(zip(keys, [values[0], values[1], None, *values[2:]], strict=True))
+            continue
+        if metric == "itl":
+            v = samples.values() * 1000.0
+        else:
+            v = rows[f"{metric}_s"][rows["done"]]
+            v = v[~np.isnan(v)] * 1000.0
+        if not len(v):
+            out.update(dict.fromkeys(keys, None))
+            continue
+        out.update(zip(keys, [float(np.mean(v)), quantiles.median(v), float(np.std(v)),
+                              *quantiles.percentiles(v, qs)], strict=True))
+    return out
+
+
 # -- goodput (`vllm bench serve --goodput`) ------------------------------------------------
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")  # the names vLLM's --goodput accepts
 

@@ -136,11 +136,17 @@ class Samples:
         as `_bin_values` does: the same keys, block sums and extremes): `counts` by key from
         `key0`. As `settle(force=True)` leaves a store: every value binned."""
         out = cls(cap)
-        out._binned = True
-        out.count, out.total, out.min, out.max, out._zeros = count, total, lo, hi, zeros
-        if len(counts):
-            out._hist, out._key0 = np.asarray(counts, dtype=np.int64), key0
+        out.load_bins(count, total, lo, hi, zeros, key0, counts)
         return out
+
+    def load_bins(self, count: int, total: float, lo: float, hi: float, zeros: int, key0: int,
+                  counts: np.ndarray) -> None:
+        """This empty store becomes `from_bins`'s (another core binned the values)."""
+        assert not len(self._buf) and not self._binned, "load_bins fills an empty store"
+        self._binned = True
+        self.count, self.total, self.min, self.max, self._zeros = count, total, lo, hi, zeros
+        if len(counts):
+            self._hist, self._key0 = np.asarray(counts, dtype=np.int64), key0
 
     @classmethod
     def merged(cls, stores: list[Samples]) -> Samples:
@@ -316,6 +322,12 @@ class RequestRecords:
         the same rows in the same order, so a check sees the same rows whichever core runs."""
         assert every >= 1
         self._watch, self._watch_every, self._watch_at = check, every, self.num_left + every
+
+    def rows_to_watch(self) -> int | None:
+        """Rows still to leave before the watch's next check (None: no watch). A core that hands
+        rows over in batches (simcore/fastcore.py) sizes its batch to it, so that a watch stops
+        it within a step of where it stops the one-by-one core, not a whole buffer later."""
+        return max(1, self._watch_at - self.num_left) if self._watch is not None else None
 
     def _watched(self) -> None:
         self._watch_at += self._watch_every

@@ -217,7 +217,7 @@ class Simulation:
             totals.add(engine.recorder.totals)
         summary = summarize_records(records, itl, totals)
         models = list({id(e.latency): e.latency for e in engines}.values()) if self.fleet else [latency]
-        summary["extrapolated_steps"] = sum(m.extrapolated.steps for m in models)
+        summary["extrapolated_steps"] = sum(m.extrapolated.steps for m in models)  # the C core counts into `latency`
         counters: dict[str, int] = {}
         for engine in engines:
             for name, value in engine.policy.counters().items():
@@ -244,10 +244,12 @@ class Simulation:
         if engines[0].spec_cost is not None:
             summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
-        if latency.extrapolated.steps:
+        extrapolated = sum(m.extrapolated.steps for m in models)  # a fleet: every group's model
+        if extrapolated:
+            tables = {name for m in models for name in m.extrapolated.tables}
             warnings.append(
-                f"{latency.extrapolated.steps} of {totals.num_steps} steps needed values outside the "
-                f"profiled grid ({', '.join(sorted(latency.extrapolated.tables))})"
+                f"{extrapolated} of {totals.num_steps} steps needed values outside the "
+                f"profiled grid ({', '.join(sorted(tables))})"
             )
         described = self.workload.describe() if stats is None else self.workload.describe(stats)
         turn_summary = getattr(self.workload, "turn_summary", None)  # sessions: TTFT by turn
@@ -270,6 +272,8 @@ class Simulation:
         if self.autoscaler is not None:
             end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
+            if self.fleet:  # each replica's hours (its group's price and GPUs make the fleet's $)
+                record["autoscale"]["replica_hours"] = [r.paid_s / 3600.0 for r in self.autoscaler.replicas]
         record["engine_core"] = core
         if why:
             record["engine_core_reason"] = why
@@ -374,12 +378,16 @@ def prepare(
         # only when it ends, so the router would see another state than step-by-step runs do
         # (the compiled core always steps one by one: it may still run it)
         step_by_step = True
+    # an autoscaler on the kv metric reads each replica's KV use at its decisions; a decode span applies
+    # its steps' KV only when it ends, so those replicas step one event per step (the record keeps what
+    # was asked: the compiled core, which always steps so, still runs it)
+    step_exactly = step_by_step or (autoscale is not None and autoscale.metric == "kv")
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
     if fleet is not None:  # every replica's group: its resolved config, latency model and memory plan
-        if autoscale is not None or spec_cost is not None or config.pipeline_parallel_size > 1:
-            raise ConfigError("--fleet runs replicas of fixed groups: not with --autoscale, speculative decoding or --pp")
+        if spec_cost is not None or config.pipeline_parallel_size > 1:
+            raise ConfigError("--fleet runs replicas of fixed groups: not with speculative decoding or --pp")
         groups = []
         for group_cfg, group_profile, count in fleet:
             group_latency = latency if group_cfg is cfg and group_profile is profile else \
@@ -388,6 +396,9 @@ def prepare(
             group_latency.set_block_size(group_cfg.engine.block_size)
             groups += [(group_cfg, group_latency)] * count
         dp = len(groups)
+        if autoscale is not None and autoscale.max_replicas != dp:  # the pool is the fleet (simcore.autoscale)
+            raise ConfigError(f"--autoscale over a --fleet scales its {dp} replicas: --max-replicas must be {dp} "
+                              f"(or left out), got {autoscale.max_replicas}")
     else:
         groups = None
     policy_seeds = [engine_seed] if dp == 1 else engine_seed.spawn(dp)
@@ -413,7 +424,7 @@ def prepare(
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
         r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
         engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
-                        step_by_step, cost)
+                        step_exactly, cost)
         engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))
         engine.lifecycle.records, engine.lifecycle.replica = records, index
         recorder = engine.recorder
@@ -428,8 +439,13 @@ def prepare(
 
         if config.data_parallel_size != 1:
             raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
-        autoscaler = AutoscalingRouter(engines, autoscale, autoscale.cold_start_s(memory.weights_bytes_per_gpu),
-                                       config.tensor_parallel_size * config.pipeline_parallel_size)
+        if groups is None:
+            cold, gpus = (autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+                          config.tensor_parallel_size * config.pipeline_parallel_size)
+        else:  # a fleet: each replica's cold start loads its own GPU's weights; billed for its own GPUs
+            cold = [autoscale.cold_start_s(g.memory.weights_bytes_per_gpu) for g, _ in groups]
+            gpus = [g.engine.tensor_parallel_size * g.engine.pipeline_parallel_size for g, _ in groups]
+        autoscaler = AutoscalingRouter(engines, autoscale, cold, gpus)
         sink = autoscaler
     else:
         sink = engines[0] if dp == 1 else Router(engines, config.router)

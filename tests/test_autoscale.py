@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli.main import app
 from kvsim.profiles import default_profile
+from kvsim.simcore import ccore
 from kvsim.simcore.autoscale import AutoscaleConfig, hourly_attainment
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
@@ -65,8 +66,7 @@ def test_replicas_follow_the_load_within_bounds_and_lose_no_request(quick_and_sl
     assert 1.0 <= fleet["mean_active_replicas"] <= fleet["peak_active_replicas"]
     duration = result.summary["duration_s"]
     assert duration / 3600 <= fleet["gpu_hours"] <= 4 * duration / 3600 + 1e-9
-    assert result.record["engine_core"] == "python"
-    assert "autoscaling" in result.record["engine_core_reason"]
+    assert result.record["engine_core"] == ("c" if ccore.library() else "python")  # csrc/fleet.c autoscales
 
 
 def test_a_longer_cold_start_lowers_attainment_around_the_ramp(quick_and_slow):
@@ -218,3 +218,13 @@ def test_an_autoscaler_interval_of_1e_300_is_refused():
     result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--autoscale", "--autoscale-config",
                                       '{"interval_s": 1e-300}'])
     assert result.exit_code == 2 and "interval_s must be" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_plan_autoscale_refuses_a_day_past_the_kept_rows(tmp_path):
+    """A day of more requests than the rows kept in memory: one line before any simulation (was an
+    assertion from the request store after the first one)."""
+    path = tmp_path / "big.yaml"
+    path.write_text(DIURNAL.replace("num_requests: 3000", "num_requests: 600000"))
+    result = CliRunner().invoke(app, ["plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100", "--tp", "1",
+                                      "--workload", str(path)])
+    assert result.exit_code == 2 and "needs every request row" in result.stderr and result.stderr.count("\n") == 1

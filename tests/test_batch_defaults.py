@@ -60,3 +60,29 @@ def test_usage_context_needs_an_engine_version_and_a_known_name():
                            (["--engine-version", "vllm-v1", "--usage-context", "batch"], "must be one of server, offline")):
         result = CliRunner().invoke(app, [*RUN, "--gpu", "H100-SXM-80GB", *extra])
         assert result.exit_code != 0 and message in result.stderr and "Traceback" not in result.stderr
+
+
+
+def test_plan_candidates_get_their_own_gpus_defaults():
+    from kvsim.reports.plan import default_dimensions, expand
+    from kvsim.simcore.catalog import MODELS
+    from kvsim.simcore.specs import ENGINE_PRESETS, EngineConfig
+
+    base = EngineConfig(engine_version="vllm-v1", **ENGINE_PRESETS["vllm-v1"])
+    dims = default_dimensions(["H100-SXM-80GB", "A100-80GB"], [1])
+    got = {c.gpu.name: (c.config.max_num_seqs, c.config.max_num_batched_tokens)
+           for c in expand(MODELS["llama3-8b"], dims, base, (frozenset({"max_num_seqs", "max_num_batched_tokens"}), "server"))}
+    assert got == {"H100-SXM-80GB": (1024, 8192), "A100-80GB": (256, 2048)}
+    searched = default_dimensions(["A100-80GB"], [1], max_num_seqs=[64])  # a searched value is kept
+    (c,) = expand(MODELS["llama3-8b"], searched, base, (frozenset({"max_num_batched_tokens"}), "server"))
+    assert (c.config.max_num_seqs, c.config.max_num_batched_tokens) == (64, 2048)
+
+
+def test_plan_serves_the_filled_limits():
+    args = ["plan", "--model", "llama3-8b", "--gpu", "A100-80GB", "--tp", "1", "--input-len", "256",
+            "--output-len", "32", "--search-requests", "60", "--confirm-requests", "80", "--tolerance", "0.15",
+            "--slo-ttft-p95-ms", "400", "--slo-tpot-p95-ms", "40", "--rate", "5", "--json", "--engine-version", "vllm-v1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    best = json.loads(result.stdout)["answers"][0]["best"]
+    assert "--max-num-seqs 256 --max-num-batched-tokens 2048" in best["vllm_serve"]

@@ -117,6 +117,29 @@ def test_held_kv_keeps_the_prefill_instance_from_new_prompts():
     assert math.isclose(rows["prefilled_s"][1], 0.007 + STEP, abs_tol=1e-12)
 
 
+def test_prefix_aware_prefill_routing_follows_the_cached_prefix():
+    # r0 (a 48-token shared prefix: 3 blocks of 16) prefills on instance 0 and leaves its blocks
+    # cached there; at 20 ms r2 (no prefix) arrives first and takes instance 0 (least loaded, the
+    # lowest index), then r1 (the same prefix): least-loaded sends it to the idle instance 1,
+    # prefix-aware to instance 0 (2 x 3/4 for the prefix + its free KV + a queue score of 0 beats
+    # instance 1's 0 + 1 + 1), where it computes only its last 16 tokens
+    def requests():
+        return [req(0, 0.0, 64, 4, prefix_id=7, num_prefix_tokens=48), req(2, 0.02, 64, 4),
+                req(1, 0.02, 64, 4, prefix_id=7, num_prefix_tokens=48)]
+
+    pools = {"enable_prefix_caching": True, "data_parallel_size": 2}
+    picked = {}
+    for router in ("least-loaded", "prefix-aware"):
+        sim = disagg(requests(), prefill={**pools, "router": router}, engine_core="python")
+        t = sim.run().transfers.columns()
+        picked[router] = dict(zip(t["request_id"].tolist(), t["prefill_instance"].tolist(), strict=True))
+    assert picked["least-loaded"] == {0: 0, 2: 0, 1: 1}
+    assert picked["prefix-aware"] == {0: 0, 2: 0, 1: 0}
+    assert sim.pools["prefill"].replicas[0].policy.prefix_hit_tokens == 48
+    with pytest.raises(ConfigError, match="prefix-aware"):
+        disagg(requests(), decode={"router": "prefix-aware"})
+
+
 def test_compiled_core_runs_the_hand_computed_timeline():
     # the first test's request through the compiled core (simcore/csrc/disagg.c; equivalence on
     # many cases: tests/test_disagg_core.py), and what it refuses, by name

@@ -126,3 +126,28 @@ def test_the_core_runs_speculation_and_says_why_not_when_it_cannot():
     one = dataclasses.replace(config, data_parallel_size=1)
     result = prepare(TINY, H100, one, workload, _profile(), seed=0).run()
     assert result.record["engine_core"] == "c" and result.summary["spec_num_drafts"] > 0
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_shared_prefixes_with_prefix_caching_match(dp):
+    """Speculation over cached shared prefixes: a verify's rejected tail is freed past the prefix
+    blocks (block_pool decref), evictions and hits as in the reference."""
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
+
+    hit = 0
+    for case in range(8):
+        rng = np.random.default_rng(9000 + case)
+        config, _, text = _random_case(rng, METHODS[case % 4])
+        mml = config.max_model_len
+        config = dataclasses.replace(config, enable_prefix_caching=True, data_parallel_size=dp, router="least-loaded")
+        prefix = SharedPrefix(num_groups=int(rng.integers(1, 4)), prefix_len=int(rng.integers(1, mml // 2)),
+                              fraction=float(rng.choice([0.3, 0.8, 1.0])))
+        workload = WorkloadSpec(name="prefixes", num_requests=int(rng.integers(10, 50)),
+                                arrival=GammaArrivals(rate=float(rng.choice([50.0, 500.0, 5000.0]))),
+                                prompt_len=Uniform(1, mml // 2), output_len=Uniform(1, mml // 2),
+                                shared_prefix=prefix, max_model_len=mml)
+        core, _ = _compare(config, workload, seed=case, context=f"prefix dp {dp} case {case}: {text}")
+        hit += bool(core.summary.get("prefix_cache_hit_rate"))
+    assert hit >= 4, "most cases should adopt cached blocks"

@@ -464,7 +464,8 @@ def test_every_folder_output_name_is_known_as_a_kvsim_result():
     from kvsim.reports import seed_table, sweep_report
     from kvsim.reports.files import KVSIM_OUTPUT_NAMES
 
-    for names in (RUN_FILES, ("rates.csv", "max_rate.json"), PLAN_FILES, seed_table.FILES, sweep_report.FILES):
+    for names in (RUN_FILES, ("rates.csv", "max_rate.json"), PLAN_FILES, seed_table.FILES, sweep_report.FILES,
+                  ("autoscale.png", "autoscale.html", "fleet.html")):
         assert set(names) <= KVSIM_OUTPUT_NAMES, set(names) - KVSIM_OUTPUT_NAMES
 
 

@@ -116,7 +116,6 @@ def test_the_c_core_runs_sessions_the_cpu_tier_and_both_routers_but_not_the_tier
     from kvsim.workloads.arrivals import GammaArrivals
     from kvsim.workloads.lengths import Uniform
     from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
-
     from tests.test_fastcore_equivalence import ArraysWorkload
 
     plain = ArraysWorkload([0.0], [8], [2])
@@ -203,7 +202,8 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
 
 
 @pytest.mark.parametrize("args, words", [
-    (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1"], "session"),
+    (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on"],
+     "session"),  # (plan sizes sessions aggregated: tests/test_plan_sessions.py)
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
@@ -269,7 +269,6 @@ def _random_sessions(rng):
     from kvsim.workloads.arrivals import GammaArrivals
     from kvsim.workloads.lengths import Uniform
     from kvsim.workloads.spec import SharedPrefix
-
     from tests.test_fastcore_equivalence import _random_case
 
     config, _ = _random_case(rng)

@@ -342,3 +342,83 @@ def test_num_speculative_tokens_is_bounded():
     result = CliRunner().invoke(app, ["run", "--num-requests", "5", "--speculative-config",
                                       '{"method": "eagle", "num_speculative_tokens": 100000}'])
     assert result.exit_code == 2 and "from 1 to 64" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_saved_itls_are_one_gap_per_burst(tmp_path):
+    """--save-result's per-request itls count a speculative step's burst once (one streamed chunk in
+    vLLM's client), as the summary's pooled ITLs do: no zero gaps inside a burst."""
+    import json
+
+    result = CliRunner().invoke(app, [
+        "run", "--num-requests", "10", "--rate", "5", "--input-len", "32", "--output-len", "24",
+        "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.8}',
+        "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    itls = [np.asarray(x) for x in doc["itls"]]
+    assert all((x > 0).all() for x in itls)
+    assert sum(len(x) for x in itls) < sum(n - 1 for n in doc["output_lens"])  # bursts: fewer gaps than tokens
+    for x, lat, ttft in zip(itls, doc["latencies"], doc["ttfts"], strict=True):
+        assert abs(x.sum() - (lat - ttft)) < 1e-9
+    pooled = np.concatenate(itls)
+    assert abs(pooled.mean() * 1000 - doc["mean_itl_ms"]) < 1e-6  # the gaps the summary pools
+
+
+DRAFT = '{"method": "draft_model", "model": "llama3-8b", "num_speculative_tokens": 3, "acceptance_rate": 0.7}'
+
+
+COMMON = ["--model", "llama3-70b", "--tp", "4", "--gpu", "H100-SXM-80GB", "--input-len", "64", "--output-len", "32"]
+
+
+# A draft_model config is priced from the draft's own profile wherever runs are made
+# (profiles.draft_profile): --find-max-rate, a sweep dimension and a plan dimension, in the compiled core.
+def test_draft_model_in_the_rate_search():
+    import json
+
+    found = CliRunner().invoke(app, ["run", *COMMON, "--num-requests", "40", "--rate", "2", "--slo-tpot-p95-ms", "40",
+                                     "--find-max-rate", "--tolerance", "0.2", "--speculative-config", DRAFT, "--json"])
+    assert found.exit_code == 0, found.output
+    doc = json.loads(found.stdout)
+    assert doc["max_sustainable_rate"] > 0 and {r["engine_core"] for r in doc["runs"]} == {"c"}
+
+
+def test_draft_model_as_a_sweep_dimension(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "sweep.csv"
+    swept = CliRunner().invoke(app, ["sweep", *COMMON, "--num-requests", "30", "--rate", "4", "-j", "1", "--out",
+                                     str(out), "--speculative-config", f"[null, {DRAFT}]"])
+    assert swept.exit_code == 0, swept.output
+    rows = pd.read_csv(out)
+    assert rows["engine_core"].tolist() == ["c", "c"]
+    off, on = rows["mean_tpot_ms"].tolist()
+    assert on < off and rows["spec_mean_acceptance_length"].iloc[1] > 1.5
+
+
+def test_draft_model_as_a_plan_dimension(tmp_path):
+    import json
+
+    planned = CliRunner().invoke(app, ["plan", *COMMON, "--rate", "2", "--slo-tpot-p95-ms", "40", "--search-requests",
+                                       "60", "--confirm-requests", "60", "--speculative-config", f"[null, {DRAFT}]",
+                                       "--out", str(tmp_path / "plan")])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    labels = {c.get("speculative_config") for c in plan["candidates"]}
+    assert any(label and label.startswith("draft_model llama3-8b k=3") for label in labels), labels
+    assert {c["engine_core"] for c in plan["candidates"] if c.get("engine_core")} == {"c"}
+
+
+def test_a_draft_profile_follows_its_targets_scaling():
+    """A plan at a confidence (or its SLO probability's re-runs) scales the target's step times:
+    the draft model's are scaled by the same factor, nothing else gets a draft profile."""
+    from kvsim.profiles import default_profile, draft_profile
+    from kvsim.profiles.uncertainty import scaled_profile
+
+    model, gpu = MODELS["llama3-70b"], H100
+    config = EngineConfig(tensor_parallel_size=4, speculative_config=spec(DRAFT))
+    target = default_profile(gpu, model, 4)
+    plain = draft_profile(gpu, config, target)
+    assert plain.data == default_profile(gpu, MODELS["llama3-8b"], 4).data
+    slow = draft_profile(gpu, config, scaled_profile(target, 1.5))
+    assert slow.step_time_factor == 1.5 and slow.data == scaled_profile(plain, 1.5).data
+    assert draft_profile(gpu, EngineConfig(speculative_config=spec('{"method": "eagle", "num_speculative_tokens": 2}'))) is None

@@ -81,6 +81,9 @@ class SessionWorkload:
     trace: SessionTrace | None = None
     description: str = ""
     source: str = ""
+    # session start times are multiplied by this: the same sessions at another session rate, each
+    # keeping its own turns and think times (reports.capacity.SessionRateScaler; 1 = as drawn)
+    start_scale: float = 1.0
     is_session: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -127,10 +130,10 @@ class SessionWorkload:
                 turns = list(zip(self.trace.num_new_tokens[rows].tolist(), self.trace.num_output_tokens[rows].tolist(),
                                  think.tolist(), strict=True))
                 group, length = self._system(rng["prefix"])
-                yield (start if isinstance(self.arrival, TraceArrivals) else None), turns, group, length, index
+                yield (start * self.start_scale if isinstance(self.arrival, TraceArrivals) else None), turns, group, length, index
             return
         if isinstance(self.arrival, GammaArrivals):
-            starts = self.arrival.arrival_times(rng["arrivals"], int(self.num_sessions)).tolist()
+            starts = (self.arrival.arrival_times(rng["arrivals"], int(self.num_sessions)) * self.start_scale).tolist()
         for index in range(int(self.num_sessions)):
             n = max(1, int(self.turns.sample(rng["trace"], 1)[0]))
             new = self.prompt_len.sample(rng["prompt"], n)
@@ -288,6 +291,8 @@ class SessionWorkload:
             "shared_prefix": self.shared_prefix.describe() if self.shared_prefix else None,
             "max_model_len": self.max_model_len,
         }
+        if self.start_scale != 1.0:
+            out["start_time_scale"] = self.start_scale
         if self.trace is not None:
             out["trace"] = {"path": self.trace.source, "format": "kvsim-sessions", "rows": len(self.trace.session_id)}
         if stats:

@@ -155,6 +155,35 @@ static long dg_pick(kv_engine *S, long first, long n, long policy, long *cursor)
     return best;
 }
 
+/* disagg._pick_by_prefix (prefix-aware, a request with a shared prefix `pid` of `npt` tokens):
+   llm-d's scores as simcore/router.py weighs them, on the prefill instances' prefix caches */
+static long dg_pick_prefix(kv_engine *S, long pid, long npt, long prompt) {
+    kv_disagg *D = S->dg;
+    long low = S->reps[0].wq_len, high = low, g = -1, best = 0;
+    for (long i = 1; i < D->np; i++) {
+        long q = S->reps[i].wq_len;
+        if (q < low) low = q;
+        if (q > high) high = q;
+    }
+    double best_score = -1.0;
+    for (long i = 0; i < D->np; i++) {
+        kv_rep *e = &S->reps[i];
+        double kv_free = (double)e->free_blocks / (double)e->c.num_gpu_blocks, prefix = 0.0;
+        long num_blocks = prompt / e->c.block_size;
+        if (num_blocks && e->pc) {
+            if (g < 0) g = pid_group(S, pid);
+            long hits = 0, n = npt / e->c.block_size;
+            while (g >= 0 && hits < n && g_get(e, g, hits) >= 0) hits++;
+            prefix = (double)hits / (double)num_blocks;
+        }
+        long q = e->wq_len;
+        double queue_score = high > low ? (double)(high - q) / (double)(high - low) : 1.0;
+        double score = 2.0 * prefix + 1.0 * kv_free + 1.0 * queue_score;  /* PREFIX, KV, QUEUE_WEIGHT */
+        if (score > best_score) { best = i; best_score = score; }
+    }
+    return best;
+}
+
 static int dg_wake(kv_rep *e) {  /* Engine.wake: an idle step loop looks again */
     if (e->eng != ENG_IDLE) return 0;
     e->eng = ENG_WAKE;
@@ -194,7 +223,9 @@ static int dg_accept(kv_engine *S, long i, double stamp, long client) {
     kv_outputs *o = S->out;
     o->arr[o->arr_n++] = stamp;
     o->num_arrived++;
-    long p = dg_pick(S, 0, D->np, D->c.prefill_router, &D->cursor[0]);
+    long p = D->c.prefill_router != KV_ROUTER_PREFIX_AWARE ? dg_pick(S, 0, D->np, D->c.prefill_router, &D->cursor[0])
+             : S->in_pid[i] >= 0 ? dg_pick_prefix(S, S->in_pid[i], S->in_npt[i], S->in_prompt[i])
+             : dg_pick(S, 0, D->np, KV_ROUTER_LEAST_LOADED, &D->cursor[0]);
     kv_rep *d0 = &S->reps[D->np], *pe = &S->reps[p];
     long prompt = S->in_prompt[i], output = S->in_output[i];
     long kind = dg_reject_kind(d0, prompt, dg_target(d0, prompt, output));

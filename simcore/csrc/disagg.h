@@ -9,10 +9,12 @@
 
 typedef struct {
     long num_prefill, num_decode;          /* instances: replicas 0.. are prefill, then decode */
-    long prefill_router, decode_router;    /* KV_ROUTER_* */
+    long prefill_router, decode_router;    /* KV_ROUTER_*, or (prefill) KV_ROUTER_PREFIX_AWARE */
     long bytes_per_token;                  /* KV bytes one prompt token moves */
     double link_latency_s, link_bytes_per_s;  /* one decode instance's ingress (LinkSpec) */
 } kv_disagg_config;
+
+enum { KV_ROUTER_PREFIX_AWARE = 2 };  /* the prefill pool's: disagg._pick_by_prefix */
 
 #define KV_DG_LOG_ROW 8  /* request_id, prefill_instance, decode_instance, num_tokens, nbytes,
                             prefilled_s, start_s, end_s (simcore.disagg.TransferLog), in log order */

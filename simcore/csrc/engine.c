@@ -18,7 +18,9 @@
 
 #include "engine.h"
 #include "sessions.h"  /* sessions, the CPU KV tier, block-hash keys (sessions.c): hooks marked SESSIONS */
+#include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
     /* what a decode step reads and writes, first (one cache line) */
@@ -45,7 +47,7 @@ enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
 /* events in the heap: a replica's wakeup or step end (arg: the replica), the open loop's next
    timeout, the held workload's drained event, a closed-loop client's request done or its think
    time over (arg: the client) */
-enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4 };
+enum { EV_ENGINE = 0, EV_ARRIVAL = 1, EV_DRAIN = 2, EV_DONE = 3, EV_THINK = 4, EV_FLEET = 32 /* fleet.c (disagg.c uses 16-19) */ };
 
 /* Prefix caching (simcore/block_pool.py): only blocks that are or may become cached need an
    identity, those at a request's first npb positions; a handle stands for one. Uncached free
@@ -57,6 +59,8 @@ typedef struct { long *h; long n; } kv_group;           /* content key (g, i) ->
 typedef struct { double t; unsigned long seq; int kind; long arg; } kv_event;
 
 typedef struct kv_rep kv_rep;
+
+#define KV_GAP_BUF 512  /* inter-token gaps binned a batch at a time */
 
 /* One replica (one simcore.engine.Engine and its Lifecycle and policy) */
 struct kv_rep {
@@ -106,7 +110,10 @@ struct kv_rep {
        idle timer's generation (a stale timer does nothing) */
     kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
     long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
+    long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
+    double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
 struct kv_engine {
@@ -135,6 +142,7 @@ struct kv_engine {
     /* SESSIONS: the session workload (NULL: arrays), the group keyed by hash ids (-1: none yet),
        the CPU tier's size per replica, seconds per block loaded, keys */
     kv_sessions *sess; long hash_group; long tier_blocks; double load_block_s; long nkeys;
+    kv_fleet *fleet;  /* fleet.c: autoscaling (which replicas serve); NULL: all of them */
     struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
 
@@ -190,6 +198,7 @@ static long blocks_for(const kv_rep *e, long n) { return (n + e->c.block_size - 
 static void rep_free(kv_rep *e) {
     if (e->reqs)
         for (long i = 0; i < e->cap_reqs; i++) free(e->reqs[i].pt);  /* calloc'd: NULL where unused */
+    free(e->phase_count);
     free(e->blk); free(e->hfree); free(e->filling); free(e->itl_blk); free(e->hist); free(e->itl_vals); free(e->chunk); free(e->kept);
     if (e->groups)
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
@@ -200,6 +209,7 @@ static void rep_free(kv_rep *e) {
     if (e->tier) { kvt_free(e->tier); free(e->tier); }
     free(e->loads);
     kv_spec_free(e->sp);
+    kv_tok_free(e->tt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -260,6 +270,7 @@ void kv_engine_free(kv_engine *S) {
     if (!S) return;
     if (S->reps)
         for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
+    kv_fleet_free(S->fleet);
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
     kvs_free(S->sess);
     free_input(S);
@@ -575,43 +586,101 @@ static int hist_add(kv_rep *e, long key) {
     return 0;
 }
 
-/* One gap: kept while the replica's count is at most the cap (then they are dropped: the
-   store will be the bins), binned always (min, max, zeros, key counts), summed a block at a
-   time (Samples._bin_values: the same float sum) */
-static void itl_put(kv_rep *e, double v) {
-    if (e->itl_count < e->c.itl_cap) {
-        if (e->itl_count == e->itl_vals_cap) {
+/* Gaps binned a batch at a time (itl_put buffers them in emission order, itl_flush bins them;
+   itl_put_run bins n copies of one gap, a decode span's step): kept while the replica's count
+   is at most the cap (then they are dropped: the store will be the bins), binned always (min,
+   max, zeros, key counts), summed a block at a time (Samples._bin_values: the same float sum).
+   One at a time this was a third of the C loop. */
+static int itl_keep(kv_rep *e, long m) {  /* room for m more values kept; 0: past the cap */
+    long count = e->itl_count;
+    if (count + m <= e->c.itl_cap) {
+        if (count + m > e->itl_vals_cap) {
             long nc = e->itl_vals_cap ? 2 * e->itl_vals_cap : 4096;
+            while (nc < count + m) nc *= 2;
             if (nc > e->c.itl_cap) nc = e->c.itl_cap;
             double *v2 = realloc(e->itl_vals, sizeof(double) * (size_t)nc);
-            if (!v2) { fail(e, KV_NOMEM); return; }
+            if (!v2) { fail(e, KV_NOMEM); return 0; }
             e->itl_vals = v2; e->itl_vals_cap = nc;
         }
-        e->itl_vals[e->itl_count] = v;
-    } else if (e->itl_vals) {
-        free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0;
+        return 1;
     }
-    e->itl_count++;
-    if (v == e->itl_last && e->itl_count > 1) {  /* the same bin as the last one */
-        if (e->itl_last_key < 0) e->itl_zeros++;
-        else e->hist[e->itl_last_key - e->hist_key0]++;
-    } else {
-        if (v < e->itl_min) e->itl_min = v;
-        if (v > e->itl_max) e->itl_max = v;
-        e->itl_last = v; e->itl_last_key = -1;
-        if (v == 0.0) e->itl_zeros++;
-        else {
+    if (e->itl_vals) { free(e->itl_vals); e->itl_vals = NULL; e->itl_vals_cap = 0; }  /* past the cap: dropped */
+    return 0;
+}
+
+/* `reps` copies of x binned, the first being the replica's gap number `index` (0-based): a gap
+   equal to the one before goes to its bin */
+static void itl_bin(kv_rep *e, double x, long index, long reps) {
+    if (!(x == e->itl_last && index > 0)) {
+        if (x < e->itl_min) e->itl_min = x;
+        if (x > e->itl_max) e->itl_max = x;
+        e->itl_last = x; e->itl_last_key = -1;
+        if (x != 0.0) {
             long bits;
-            memcpy(&bits, &v, sizeof bits);
+            memcpy(&bits, &x, sizeof bits);
             e->itl_last_key = bits >> KV_HIST_SHIFT;
-            fail(e, hist_add(e, e->itl_last_key));
+            int rc = hist_add(e, e->itl_last_key);  /* counts one */
+            if (rc) { fail(e, rc); return; }
+            reps--;
         }
     }
-    e->itl_blk[e->itl_blk_n++] = v;
-    if (e->itl_blk_n == e->c.itl_block) {
-        e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
-        e->itl_blk_n = 0;
+    if (e->itl_last_key < 0) e->itl_zeros += reps;
+    else e->hist[e->itl_last_key - e->hist_key0] += reps;
+}
+
+/* the block sums: n gaps (v, or n copies of `fill` when v is NULL) appended */
+static void itl_sum(kv_rep *e, const double *v, double fill, long n) {
+    for (long i = 0; i < n;) {
+        long take = e->c.itl_block - e->itl_blk_n;
+        if (take > n - i) take = n - i;
+        double *dst = e->itl_blk + e->itl_blk_n;
+        if (v) memcpy(dst, v + i, sizeof(double) * (size_t)take);
+        else for (long k = 0; k < take; k++) dst[k] = fill;
+        e->itl_blk_n += take; i += take;
+        if (e->itl_blk_n == e->c.itl_block) {
+            e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
+            e->itl_blk_n = 0;
+        }
     }
+}
+
+static void itl_put_many(kv_rep *e, const double *v, long m) {
+    if (m <= 0) return;
+    long count = e->itl_count;
+    if (itl_keep(e, m)) memcpy(e->itl_vals + count, v, sizeof(double) * (size_t)m);
+    for (long i = 0; i < m;) {  /* by runs of equal gaps */
+        double x = v[i];
+        long j = i + 1;
+        while (j < m && v[j] == x) j++;
+        itl_bin(e, x, count + i, j - i);
+        i = j;
+    }
+    e->itl_count = count + m;
+    itl_sum(e, v, 0.0, m);
+}
+
+static void itl_flush(kv_rep *e) {
+    itl_put_many(e, e->gap, e->gap_n);
+    e->gap_n = 0;
+}
+
+static void itl_put_run(kv_rep *e, double v, long n) {
+    if (n <= 0) return;
+    if (e->gap_n) itl_flush(e);
+    long count = e->itl_count;
+    if (itl_keep(e, n)) {
+        double *dst = e->itl_vals + count;
+        for (long k = 0; k < n; k++) dst[k] = v;
+    }
+    itl_bin(e, v, count, n);
+    e->itl_count = count + n;
+    itl_sum(e, NULL, v, n);
+}
+
+/* One gap, in emission order (binned when the buffer fills, or at the end of the run) */
+static inline void itl_put(kv_rep *e, double v) {
+    e->gap[e->gap_n++] = v;
+    if (e->gap_n == KV_GAP_BUF) itl_flush(e);
 }
 
 long kv_engine_itl(const kv_engine *S, long replica, double *stats, long *key0, long *hist, double *values) {
@@ -681,13 +750,14 @@ static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt) {
 }
 
 static kv_rep *pick(kv_engine *S, long sess, const long *hk, long prompt) {
+    if (S->fleet) return &S->reps[kv_fleet_pick(S)];  /* autoscaling: the active replicas only */
     if (S->nrep == 1) return S->reps;
     if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
         kv_rep *e = &S->reps[S->rr_next];
         S->rr_next = (S->rr_next + 1) % S->nrep;
         return e;
     }
-    if (S->c.router == KV_ROUTER_PREFIX_AWARE && sess >= 0) return best_prefix(S, hk, prompt);
+    if (S->c.router == KV_ROUTER_PREFIX_SCORE && sess >= 0) return best_prefix(S, hk, prompt);
     if (S->c.router == KV_ROUTER_SESSION_AFFINITY && sess >= 0) {  /* a conversation stays where it began */
         long a = kvs_affinity(S->sess, sess);
         if (a < 0) { a = least_loaded(S)->index; kvs_set_affinity(S->sess, sess, a); }
@@ -801,7 +871,7 @@ static int arrivals_continue(kv_engine *S) {
     for (;;) {
         if (S->arr_stage == ARR_LOOK) {
             if (S->in_pos >= S->in_n) {
-                if (S->in_last) { S->arr_resume = 0; return 0; }
+                if (S->in_last) { S->arr_resume = 0; return S->fleet ? kv_fleet_workload_end(S) : 0; }
                 return KV_NEED_INPUT;
             }
             double at = 0.0 + S->in_at[S->in_pos];
@@ -840,7 +910,7 @@ static int client_take(kv_engine *S) {
     if (S->in_pos >= S->in_n) {
         if (!S->in_last) return KV_NEED_INPUT;
         S->taking = -1;
-        return 0;
+        return S->fleet ? kv_fleet_client_end(S) : 0;
     }
     if (o->arr_n >= o->arr_cap || o->req_n >= o->req_cap) return KV_FULL;
     long i = S->in_pos++;
@@ -899,10 +969,35 @@ static inline int grow_seq(kv_rep *e, kv_req *r, long num_new) {
     return 1;
 }
 
+/* The common case of _schedule_running, fast: running[i..n) while each is a decode (one token
+   after generated ones) with room in its last block; what grow_seq and plan_add do for it, with
+   the plan's counters in locals (stores through `r` could alias `e`'s fields). Returns where it
+   stopped: the generic loop takes that request. */
+static long decode_run(kv_rep *e, long i, long n, long *budget_io) {
+    long np = e->num_parts, nt = e->num_tokens, nd = e->num_decode_seqs, dctx = e->decode_ctx;
+    long ns = e->num_sampled, gt = e->gpu_tokens, budget = *budget_io;
+    long *ps = e->part_slot, *pn = e->part_new; const long *run = e->run;
+    kv_req *reqs = e->reqs; const long bs = e->c.block_size;
+    for (; i < n && budget > 0; i++) {
+        long s = run[i];
+        kv_req *r = &reqs[s];
+        if (!r->generated || r->computed + 1 != r->prompt + r->generated || r->ntok + 1 > r->nblk * bs) break;
+        r->ntok += 1; gt += 1;
+        ps[np] = s; pn[np++] = 1;
+        nt += 1; nd += 1; dctx += r->computed + 1; ns += 1;
+        budget -= 1;
+    }
+    e->num_parts = np; e->num_tokens = nt; e->num_decode_seqs = nd; e->decode_ctx = dctx;
+    e->num_sampled = ns; e->gpu_tokens = gt; *budget_io = budget;
+    return i;
+}
+
 /* _schedule_running over a copy of `running` (its length `*n` shrinks as the tail is preempted) */
 static long schedule_running(kv_rep *e, long *n, long budget) {
     long i = 0;
     while (i < *n && budget > 0) {
+        if (!e->sp) i = decode_run(e, i, *n, &budget);  /* the plain decodes from i on, in a tight loop */
+        if (i >= *n || budget <= 0) break;
         long s = e->run[i];
         kv_req *r = &e->reqs[s];
         long left = r->prompt + r->generated - r->computed;
@@ -1246,6 +1341,7 @@ static void flush_span(kv_rep *e) {
     e->span_open = 0;
 }
 
+static void record_step(kv_rep *e, long allocated, long internal, int decode_only);
 /* spec: SpeculativePagedPolicy.end_step's truncate: a verify's blocks past its computed tokens
    go back, the last first */
 static int spec_truncate(kv_rep *e) {
@@ -1268,7 +1364,6 @@ static int spec_truncate(kv_rep *e) {
 /* Lifecycle.emit + policy.end_step + Lifecycle.finish + StepRecorder.record (a run of
    decode steps that changes nothing but the contexts goes into one row when aggregating) */
 static int end_step(kv_rep *e) {
-    kv_outputs *o = e->S->out;
     double t = e->S->now;
     long nf = 0;
     for (long k = 0; k < e->num_parts; k++) {
@@ -1282,6 +1377,7 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
             if (r->generated) itl_put(e, t - r->last_token);
             else r->first_token = t;
             r->last_token = t;
@@ -1316,6 +1412,7 @@ static int end_step(kv_rep *e) {
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
         if (!held) { release(e, r); free(r->pt); r->pt = NULL; }
+        if (e->tt) fail(e, kv_tok_leave(e->tt, e->finished[k], r->id));  /* tokens: */
         int rc = put_req(e, r, 0, KV_REJECT_NONE, 0);
         if (rc) return rc;
         if (!held) e->free_slots[e->num_free_slots++] = e->finished[k];
@@ -1327,6 +1424,15 @@ static int end_step(kv_rep *e) {
             if (e->reqs[e->run[k]].id >= 0) e->run[w++] = e->run[k];
         e->run_len = w;
     }
+    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
+    record_step(e, allocated, internal, decode_only);
+    return 0;
+}
+
+/* StepRecorder.record of the step that ended (end_step's snapshot: KV allocated and unfilled
+   slots), into the open span row when it is one more decode step of the same batch */
+static void record_step(kv_rep *e, long allocated, long internal, int decode_only) {
+    kv_outputs *o = e->S->out;
     o->num_steps++;
     double dt = e->step_dt, *p = e->parts_ms;
     double kernels = p[0] + p[1], coll = p[2], host = p[3];
@@ -1341,7 +1447,6 @@ static int end_step(kv_rep *e) {
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
-    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
@@ -1351,16 +1456,15 @@ static int end_step(kv_rep *e) {
             s[11] = row[11]; s[12] = row[12]; s[14] = row[14]; s[17] = row[17];
             s[18] += kernels; s[19] += coll; s[20] += host;
             s[21] += row[21]; s[22] += row[22]; s[23] += row[23]; s[24] = 1;
-            return 0;
+            return;
         }
         flush_span(e);
         memcpy(s, row, sizeof row);
         e->span_open = 1; e->span_blocked = blocked;
-        return 0;
+        return;
     }
     flush_span(e);
     put_row(e, row);
-    return 0;
 }
 
 static int has_room(const kv_engine *S) {
@@ -1370,6 +1474,104 @@ static int has_room(const kv_engine *S) {
            && o->arr_cap - o->arr_n >= 1;
 }
 
+/* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
+ * Once a replica has started a step that only decodes (every running request, one token each,
+ * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * one of them finishes a request, needs more free blocks than there are (preemption), or another
+ * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
+ * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
+ * says why, for the Python engine. Such steps end here in closed form, the event loop's own
+ * order kept (each step's end is popped off the heap, as it is the next event): every request
+ * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
+ * timestamps, gaps, KV counts and rows are those of step-by-step simulation
+ * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
+ * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
+
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
+   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+   which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
+   block size) at which their next decode needs a new block */
+static long span_setup(kv_rep *e) {
+    kv_engine *S = e->S;
+    long R = e->run_len, bs = e->c.block_size;
+    if (e->pc || e->sp || S->dg || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
+        || e->num_preempted || e->num_swapped_in || e->num_swap_blocks || e->num_decode_seqs != R)
+        return 0;
+    if (!S->heap_n || S->heap[0].seq != S->seq - 1) return 0;  /* another event comes first */
+    if (!e->phase_count) {
+        e->phase_count = calloc((size_t)bs, sizeof(long));
+        if (!e->phase_count) return 0;
+    }
+    long rem_min = -1;
+    for (long k = 0; k < R; k++) {
+        const kv_req *r = &e->reqs[e->run[k]];
+        long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
+        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (rem_min < 0 || left < rem_min) rem_min = left;
+    }
+    if (rem_min < 2) return 0;
+    for (long k = 0; k < R; k++) {
+        const kv_req *r = &e->reqs[e->run[k]];
+        e->phase_count[r->nblk * bs - r->ntok]++;
+    }
+    return rem_min;
+}
+
+/* The span's requests brought up to date: `ended` steps ended (a token each, the last at
+   `last`), `planned` more decodes planned (their slots taken) */
+static void span_apply(kv_rep *e, long ended, long planned, double last) {
+    long bs = e->c.block_size;
+    for (long k = 0; k < e->run_len; k++) {
+        kv_req *r = &e->reqs[e->run[k]];
+        if (e->tt && ended) fail(e, kv_tok_span_apply(e->tt, e->run[k]));  /* tokens: a token at each step's end */
+        e->phase_count[r->nblk * bs - r->ntok] = 0;
+        r->computed += ended; r->generated += ended;
+        if (ended) r->last_token = last;
+        r->ntok += planned;
+        long nb = blocks_for(e, r->ntok);
+        if (nb > r->nblk) r->nblk = nb;
+    }
+    if (e->tt) kv_tok_span_end(e->tt);
+}
+
+/* After start_step of a step that may open a span: its end and those of the steps after it, in
+   closed form, while each is the next event. Returns 0 (a step is in flight, as start_step
+   leaves it), 1 (steps ended, and the next plan needs the scheduler: preemption is possible),
+   or an error. */
+static int span_run(kv_rep *e) {
+    kv_engine *S = e->S;
+    long rem_min = span_setup(e);
+    if (!rem_min) return 0;
+    long R = e->run_len, bs = e->c.block_size, ended = 0, planned = 0;
+    double last = S->now;
+    int rc = 0;
+    for (;;) {
+        /* step ended + 1 is in flight: end it here if it is the next event and finishes nobody */
+        if (ended + 1 >= rem_min || S->err || !S->heap_n || S->heap[0].seq != S->seq - 1) break;
+        if (!e->c.fold_steps && S->out->step_cap - S->out->step_n < 2) break;
+        kv_event ev = ev_pop(S);
+        S->now = ev.t;
+        ended++;
+        double gap = S->now - last;
+        last = S->now;
+        itl_put_run(e, gap, R);
+        if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
+        long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
+        record_step(e, allocated, allocated - e->gpu_tokens, 1);
+        /* the next plan: the same decodes, each one slot on; new blocks for those whose last
+           block is full */
+        long need = e->phase_count[(ended - 1) % bs];
+        if (need > e->free_blocks) { rc = 1; break; }
+        e->free_blocks -= need; e->gpu_tokens += R; e->decode_ctx += R;
+        planned++;
+        rc = start_step(e);
+        if (rc) break;
+    }
+    span_apply(e, ended, planned, last);
+    return rc;
+}
+
 /* A replica's event: its wakeup or the end of its step; then it plans the next step, or idles */
 static int engine_event(kv_rep *e) {
     kv_engine *S = e->S;
@@ -1377,11 +1579,13 @@ static int engine_event(kv_rep *e) {
         int rc = end_step(e);
         if (rc) return rc;
     }
-    while (!schedule(e) && e->num_preempted) {  /* SESSIONS: preemptions alone: applied, look again */
-        int rc = begin_step(e);
-        if (rc) return rc;
-    }
-    if (e->num_parts) {
+    for (;;) {
+        if (!schedule(e)) {
+            if (!(e->num_preempted && e->tier)) break;
+            int rc = begin_step(e);  /* SESSIONS: preemptions alone, with the CPU tier: applied, look again (Engine.run) */
+            if (rc) return rc;
+            continue;
+        }
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1389,7 +1593,16 @@ static int engine_event(kv_rep *e) {
             rc = ev_push(S, S->now, EV_DRAIN, 0);
             if (rc) return rc;
         }
-        return start_step(e);
+        rc = start_step(e);
+        if (rc) return rc;
+        rc = span_run(e);  /* hook: decode spans (1: steps ended there; plan the next one here) */
+        if (rc != 1) return rc;
+    }
+    if (e->num_preempted && !S->dg && !e->tier) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted) {  /* disaggregated (disagg.c), or loads from the CPU tier (SESSIONS): blocks of
+                                requests that do not run fill the cache */
+        int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
+        if (rc) return rc;
     }
     e->eng = ENG_IDLE;
     if (e->tier && e->wq_len) {  /* SESSIONS: policy.idle_timeout: it also wakes when the next load is done */
@@ -1414,6 +1627,10 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         S->arr_stage = ARR_LOOK;
         if (S->c.clients) { S->arr_resume = 0; S->clients_to_start = S->c.clients; S->next_client = 0; }
         else S->arr_resume = 1;
+        if (S->fleet && S->c.clients) {  /* the autoscaler's process starts before the clients' */
+            int rc = kv_fleet_begin(S);
+            if (rc) return rc;
+        }
         if (S->sess) {  /* SESSIONS: the session workload's process instead */
             S->arr_resume = 0; S->clients_to_start = 0;
             int rc = kvs_start(S->sess);
@@ -1443,6 +1660,11 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             S->taking = S->next_client++;
             continue;
         }
+        if (S->fleet && !kv_fleet_begun(S)) {  /* ... and after the open loop's first run */
+            int rc = kv_fleet_begin(S);
+            if (rc) return rc;
+            continue;
+        }
         if (!S->heap_n) {
             for (long i = 0; i < S->nrep; i++) {
                 kv_rep *e = &S->reps[i];
@@ -1453,6 +1675,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             for (long i = 0; i < S->nrep; i++) {
                 kv_rep *e = &S->reps[i];
                 flush_span(e);
+                if (!e->itl_done) itl_flush(e);
                 if (e->c.fold_steps && !e->itl_done) fail(e, seal(e));
                 if (!e->itl_done && e->itl_blk_n) e->itl_total += kv_pairwise_sum(e->itl_blk, e->itl_blk_n);
                 e->itl_done = 1;
@@ -1473,6 +1696,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             else S->taking = ev.arg;
             break;
         case EV_THINK: S->taking = ev.arg; break;
+        case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
         case EV_HOP: {  /* SESSIONS: an idle engine's wakeup, processed: its first_of succeeds */
             kv_rep *e = &S->reps[ev.arg];
             if (e->eng == ENG_HOPPING) { e->eng = ENG_WAKE; rc = ev_push(S, S->now, EV_ENGINE, e->index); }
@@ -1496,6 +1720,33 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
     }
 }
 
+/* -- hooks for fleet.c (fleet.h): a heterogeneous fleet's replicas, the autoscaler's view ------- */
+int kv_engine_set_replica(kv_engine *S, long i, const kv_engine_config *cfg, const kv_pricing *pricing) {
+    if (i < 0 || i >= S->nrep || S->started) return KV_STALL;
+    kv_rep *e = &S->reps[i];
+    rep_free(e);
+    memset(e, 0, sizeof *e);
+    kv_engine_config run = S->c;  /* rep_init reads the engine's configuration: the replica's */
+    const kv_pricing *run_pricing = S->pricing;
+    S->c = *cfg; S->pricing = pricing;
+    int ok = rep_init(e, S, i);
+    S->c = run; S->pricing = run_pricing;
+    if (!ok) return KV_NOMEM;
+    if (cfg->max_num_seqs > S->c.max_num_seqs) S->c.max_num_seqs = cfg->max_num_seqs;  /* has_room's */
+    return 0;
+}
+long kv__num_replicas(const kv_engine *S) { return S->nrep; }
+long kv__load(const kv_engine *S, long i) { const kv_rep *e = &S->reps[i]; return e->wq_len + e->run_len + e->sq_len; }
+double kv__kv_share(const kv_engine *S, long i) {
+    const kv_rep *e = &S->reps[i];
+    return (double)(e->c.num_gpu_blocks - e->free_blocks) / (double)e->c.num_gpu_blocks;
+}
+double kv__now(const kv_engine *S) { return S->now; }
+long kv__clients(const kv_engine *S) { return S->c.clients; }
+int kv__push(kv_engine *S, double t, long arg) { return ev_push(S, t, EV_FLEET, arg); }
+void kv__set_fleet(kv_engine *S, kv_fleet *F) { S->fleet = F; }
+kv_fleet *kv__fleet(const kv_engine *S) { return S->fleet; }
+
 /* -- spec: speculative decoding's setup and totals (csrc/spec.c) --------------------------- */
 int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, const unsigned long *rng,
                    const kv_pricing *draft) {
@@ -1510,6 +1761,19 @@ int kv_engine_spec(kv_engine *S, const kv_spec_config *c, const double *rates, c
 
 void kv_engine_spec_stats(const kv_engine *S, long replica, long *ints, double *sums) {
     kv_spec_stats(S->reps[replica].sp, ints, sums);
+}
+
+/* -- tokens: per-request token times (csrc/tokens.c), kept from the first run on ---------------- */
+int kv_engine_tokens_on(kv_engine *S) {
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        if (!e->tt && !(e->tt = kv_tok_new())) return KV_NOMEM;
+    }
+    return 0;
+}
+
+long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids, long *counts, double *times) {
+    return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */

@@ -52,7 +52,8 @@ typedef struct {
 } kv_engine_config;
 
 enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1,
-       KV_ROUTER_SESSION_AFFINITY = 2, KV_ROUTER_PREFIX_AWARE = 3 };  /* sessions.h: the last two */
+       /* sessions.c's hooks in engine.c (disagg.h's KV_ROUTER_PREFIX_AWARE, 2, is the prefill pool's) */
+       KV_ROUTER_SESSION_AFFINITY = 4, KV_ROUTER_PREFIX_SCORE = 5 };
 
 typedef struct {
     double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */

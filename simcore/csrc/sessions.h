@@ -27,11 +27,11 @@ void kvt_touch(kv_tier *t, const long *keys, long n);       /* HostKVTier.touch 
 long kvt_hits(const kv_tier *t, const long *keys, long start, long n);  /* HostKVTier.num_hits */
 
 /* -- sessions: events of their own (engine.c's heap) -------------------------------------- */
-enum { EV_SESS_START = 32,   /* the open loop's next session start time */
-       EV_SESS_THINK = 33,   /* a session's think time over (arg: the session) */
-       EV_SESS_CLIENT = 34,  /* a closed-loop client's pause between sessions over (arg: client) */
-       EV_HOP = 35,          /* an idle engine's wakeup, while it also waits on a timer (arg: replica) */
-       EV_IDLE_TIMER = 36 }; /* that timer (arg: generation * replicas + replica) */
+enum { EV_SESS_START = 48,   /* the open loop's next session start time */
+       EV_SESS_THINK = 49,   /* a session's think time over (arg: the session) */
+       EV_SESS_CLIENT = 50,  /* a closed-loop client's pause between sessions over (arg: client) */
+       EV_HOP = 51,          /* an idle engine's wakeup, while it also waits on a timer (arg: replica) */
+       EV_IDLE_TIMER = 52 }; /* that timer (arg: generation * replicas + replica) */
 
 typedef struct kv_sessions kv_sessions;
 

@@ -142,8 +142,8 @@ class ContinuousPagedPolicy:
     def schedule(self, queues: Queues, now: float) -> StepPlan | None:
         plan = self._new_plan()
         running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
-        if plan.num_preempted:  # (preemptions alone are a plan too: the engine applies them and looks again)
-            return plan
+        if plan.num_preempted:  # (alone, only where blocks of requests that do not run fill the cache:
+            return plan  # disaggregated serving; Engine.run applies them and idles)
         if queues.swapped:
             running = list(queues.running) if running is None else running
             budget = self._swap_in(queues, plan, running, budget)
