@@ -353,12 +353,15 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     if agg is not None:
         agg_table = agg.table.assign(layout="agg")
         agg.table = agg_table
+    for answer in answers:  # issue 27: each answer names the engine version it assumes
+        answer["engine_version"] = base.engine_version
     doc_disagg = {"answers": answers, "candidates": _records(table) if len(table) else [], "num_runs": runs,
                   "ratios": [f"{p}:{d}" for p, d in ratios], "placement": placement or "default"}
     if agg is not None:
         _emit(agg, slo, prices, out, as_json, wall, extra={"disagg": doc_disagg})
     elif as_json:
-        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe()}, indent=2, default=str))
+        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe(), "engine_version": base.engine_version},
+                              indent=2, default=str))
     if as_json:
         return
     for answer in answers:

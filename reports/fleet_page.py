@@ -59,9 +59,20 @@ def _provenance(document: dict[str, Any], extra: dict[str, str]) -> str:
         "Model": html.escape_text(str(record.get("model", {}).get("name", record.get("model")))),
         "Workload": html.escape_text(f"{workload.get('name', '?')}: {json.dumps(_rounded(workload.get('arrival', {})))}"),
         **extra,
+        "Engine": html.escape_text(_engine(document)),  # issue 27: the vLLM version every answer assumes
         "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
     }
     return '<h2 id="made">How this run was made</h2>' + html.meta_table(items)
+
+
+def _engine(document: dict[str, Any]) -> str:
+    """The engine the run assumed (simcore.batch_defaults.engine_text), or the version its record has."""
+    from kvsim.simcore.batch_defaults import engine_text
+
+    assumed = document.get("engine_assumptions")
+    if assumed and "pools" not in assumed:
+        return engine_text(assumed)
+    return str(document.get("engine_version") or document["record"].get("config", {}).get("engine_version", "?"))
 
 
 # -- autoscaled runs --------------------------------------------------------------------------------

@@ -123,6 +123,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                    ctypes.c_void_p]
     lib.kv_engine_spec_stats.restype = None
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
+    lib.kv_engine_batching.restype = ctypes.c_int
+    lib.kv_engine_batching.argtypes = [ctypes.c_void_p, ctypes.POINTER(_BatchConfig)]
     lib.kv_engine_tokens_on.restype = ctypes.c_int
     lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
     lib.kv_engine_tokens.restype = ctypes.c_long
@@ -185,11 +187,16 @@ def unsupported(sim: Any) -> str:
     if engine.lifecycle.token_times:
         return "per-request token times already recorded"
     policy = engine.policy
-    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy):
-        return f"policy {policy.name} (the C core runs continuous batching over the paged allocator)"
+    if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy) and not _batching(policy):
+        return f"policy {policy.name} (the C core runs continuous batching, static and dynamic batching and Orca)"
+    if _batching(policy) and (autoscaler is not None or getattr(sim, "fleet", None)):
+        return f"policy {policy.name} behind an autoscaler or in a fleet"
     if any(type(e.policy) is not type(policy) for e in engines):
         return "replicas with different policies"
     workload = sim.workload
+    if _batching(policy) and (sessions or tier_on or (len(engines) > 1 and getattr(engine_config, "router", "") in (
+            "prefix-aware", "session-affinity"))):
+        return f"sessions, the CPU KV tier or a cache-aware router with policy {policy.name}"
     if sessions:  # workloads.sessions: turns made in the core from the sessions' plans (_sessions)
         return _unavailable_core()
     if not hasattr(workload, "iter_arrays"):
@@ -215,6 +222,35 @@ def _unavailable_core() -> str:
     if ccore.library() is None:
         return f"the compiled core is unavailable ({ccore.unavailable_reason()})"
     return ""
+
+
+_BT_KINDS = {"StaticPolicy": 1, "DynamicPolicy": 2, "OrcaPolicy": 3}  # csrc/batching.h KV_BT_*
+_RESERVATIONS = {"max": 0, "pow2": 1, "oracle": 2}  # KV_RES_*
+
+
+def _batching(policy: Any) -> int:
+    """csrc/batching.c's kind of a reservation policy (static, dynamic, Orca), or 0."""
+    from kvsim.simcore.policies.dynamic import DynamicPolicy
+    from kvsim.simcore.policies.orca import OrcaPolicy
+    from kvsim.simcore.policies.static import StaticPolicy
+
+    return _BT_KINDS[type(policy).__name__] if type(policy) in (StaticPolicy, DynamicPolicy, OrcaPolicy) else 0
+
+
+class _BatchConfig(ctypes.Structure):  # csrc/batching.h kv_batch_config
+    _fields_ = [(name, ctypes.c_long) for name in (
+        "kind", "capacity", "num_slots", "slot_tokens", "max_prefill_tokens", "max_waiting_tokens", "reservation")] + [
+        ("batch_timeout_s", ctypes.c_double), ("waiting_served_ratio", ctypes.c_double)]
+
+
+def _batch_config(policy: Any) -> _BatchConfig:
+    """The policy's parameters as csrc/batching.c reads them."""
+    kind = _batching(policy)
+    return _BatchConfig(
+        kind, policy.allocator.capacity_tokens, getattr(policy, "num_slots", 0), getattr(policy, "slot_tokens", 0),
+        getattr(policy, "max_prefill_tokens", 0), getattr(policy, "max_waiting_tokens", 0),
+        _RESERVATIONS.get(getattr(policy, "reservation", "max"), 0), float(getattr(policy, "batch_timeout_s", 0.0)),
+        float(getattr(policy, "waiting_served_ratio", 0.0)))
 
 
 def _speculative_unsupported(sim: Any) -> str:
@@ -341,6 +377,8 @@ def run(sim: Any, progress=None) -> Any:
             raise MemoryError("kvsim: the C engine core could not allocate the CPU KV tier")
         if speculative:
             draft = _set_speculative(lib, handle, engines)
+        if _batching(engine.policy) and lib.kv_engine_batching(handle, ctypes.byref(_batch_config(engine.policy))):
+            raise MemoryError("kvsim: the C engine core could not allocate its batching state")
         tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
         if tokens and lib.kv_engine_tokens_on(handle):
             raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
@@ -375,6 +413,16 @@ def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, s
 
     policy, recorder = engine.policy, engine.recorder
     alloc = policy.allocator
+    kind = _batching(policy)
+    if kind:  # csrc/batching.c: its own allocator; the paged fields unused (one-token blocks, none)
+        seqs = policy.num_slots if kind == 1 else policy.max_num_seqs
+        budget = {1: 1, 2: getattr(policy, "max_prefill_tokens", 1), 3: getattr(policy, "max_num_batched_tokens", 1)}[kind]
+        chunked = int(getattr(policy, "enable_chunked_prefill", False))
+        return _Config(
+            seqs, budget, engine.max_model_len, 0, 1, 0, chunked, hold, recorder.kv_capacity, recorder.kv_unit, 0, 0,
+            0, dp, router, clients, 0, engine.lifecycle.itl.cap, records_module._FLUSH, int(fold), recorder.cap,
+            metrics_module._STEP_CHUNK, engine.swap_block_s,
+        )
     return _Config(
         policy.max_num_seqs, policy.max_num_batched_tokens, engine.max_model_len, alloc.num_gpu_blocks,
         alloc.block_size, getattr(policy, "watermark_blocks", 0), int(policy.enable_chunked_prefill),
@@ -430,7 +478,7 @@ def _clients(workload: Any) -> int:
 def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     engine = engines[0]
     dp = len(engines)
-    m = max(e.policy.max_num_seqs for e in engines) + 2
+    m = max(getattr(e.policy, "max_num_seqs", 0) or getattr(e.policy, "num_slots", 0) for e in engines) + 2
     req = np.empty((max(_ROWS_CAP, 4 * m), KV_REQ_ROW))
     step = np.empty((max(_ROWS_CAP, 4 + dp), KV_STEP_ROW))
     arr = np.empty(max(_ROWS_CAP, 4))

@@ -38,9 +38,9 @@ class WithNewOption(EngineConfig):
 
 def test_registry_order_and_the_python_core_runs_everything():
     assert cores.names() == ["c", "python"]  # auto prefers the compiled core where it runs
-    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, allocator="contiguous"), _workload(), flat_profile())
+    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, pipeline_parallel_size=2), _workload(), flat_profile())
     assert cores.get("python").supports(sim) == ""
-    assert "policy orca" in cores.get("c").supports(sim)
+    assert "pipeline parallelism" in cores.get("c").supports(sim)
 
 
 def test_every_option_a_core_honours_is_an_engine_option():

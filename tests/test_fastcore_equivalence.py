@@ -175,11 +175,11 @@ def test_auto_and_refusals():
     config, workload = _random_case(np.random.default_rng(3))
     result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
     assert result.record["engine_core"] == "python" and result.record["engine_core_reason"] == "--engine-core python"
-    orca = EngineConfig(max_model_len=64, allocator="contiguous")
-    sim = prepare(TINY, H100, orca, workload, _profile())
-    assert sim.choose_core()[0] == "python" and "policy orca" in sim.choose_core()[1]
-    with pytest.raises(ConfigError, match="policy orca"):
-        simulate(TINY, H100, orca, workload, _profile(), engine_core="c")
+    piped = EngineConfig(max_model_len=64, pipeline_parallel_size=2)
+    sim = prepare(TINY, H100, piped, workload, _profile())
+    assert sim.choose_core()[0] == "python" and "pipeline parallelism" in sim.choose_core()[1]
+    with pytest.raises(ConfigError, match="pipeline parallelism"):
+        simulate(TINY, H100, piped, workload, _profile(), engine_core="c")
     with pytest.raises(ConfigError, match="exact-steps"):
         simulate(TINY, H100, config, workload, _profile(), engine_core="c", exact_steps=True)
     with pytest.raises(ConfigError, match="engine-core"):

@@ -76,6 +76,13 @@ def test_a_disaggregated_run_has_a_band_and_names_each_pools_engine():
     assert "Engine (both pools): vllm-v1 (default)" in text and "Model error (90% band)" in text
 
 
+def test_a_fleet_runs_page_names_its_engine(tmp_path):
+    result = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1",
+                                      "--out", str(tmp_path / "f")])
+    assert result.exit_code == 0, result.stderr
+    assert ">Engine</th><td>vllm-v1 (default), max_num_seqs 256" in (tmp_path / "f" / "fleet.html").read_text()
+
+
 def test_a_fleet_run_has_a_band_from_its_least_certain_profile():
     doc = _json([*RUN, "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"])
     _inside(doc["error_bars"], doc)
@@ -170,3 +177,10 @@ def test_plan_autoscale_refuses_what_it_would_ignore(flag):
     result = CliRunner().invoke(app, ["plan", "--autoscale", "--gpu", "H100", "--tp", "1", *flag])
     assert result.exit_code == 2 and f"{flag[0]} does not apply to plan --autoscale" in result.stderr
     assert result.stderr.count("\n") == 1 and not result.stdout
+
+
+def test_a_disaggregated_plan_names_the_engine_of_each_answer():
+    doc = _json(["plan", "--disagg", "on", "--rate", "4", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                 "--search-requests", "60", "--confirm-requests", "80", "--slo-ttft-p95-ms", "500"])
+    assert doc["engine_version"] == "vllm-v1"
+    assert doc["disagg"]["answers"] and all(a["engine_version"] == "vllm-v1" for a in doc["disagg"]["answers"])

@@ -20,6 +20,7 @@
 #include "sessions.h"  /* sessions, the CPU KV tier, block-hash keys (sessions.c): hooks marked SESSIONS */
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
+#include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
 #include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
@@ -39,8 +40,8 @@ typedef struct {
     long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
 
-enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,
-       ENG_IDLE_T = 3, ENG_HOPPING = 4 };  /* SESSIONS: idle until a wakeup or a CPU-tier load's end, and woken */
+enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,  /* (batching.h: 3, 4) */
+       ENG_IDLE_T = 5, ENG_HOPPING = 6 };  /* SESSIONS: idle until a wakeup or a CPU-tier load's end, and woken */
 /* where the workload's process stands (workloads/arrivals.py open_loop_process): at the top of
    its loop, about to send (past the timeout, before the hold check), or held (sends late) */
 enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
@@ -113,6 +114,7 @@ struct kv_rep {
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
+    struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
@@ -155,6 +157,16 @@ static int dg_event(kv_engine *S, const kv_event *ev);
 static long *dg_extrap(kv_rep *e);
 static void dg_free(kv_engine *S);
 static void wq_remove(kv_rep *e, long s);
+/* hooks of the reservation policies (batching.c, included at the end of this file) */
+struct kv_batch;
+static void bt_free(struct kv_batch *b);
+static long bt_check(kv_rep *e, const kv_req *r);
+static int bt_schedule(kv_rep *e);
+static int bt_end(kv_rep *e, long nf);
+static void bt_row(const kv_rep *e, double *row);
+static int bt_idle(kv_rep *e);
+static int bt_wake(kv_rep *e);
+static int bt_event(kv_engine *S, const kv_event *ev);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -210,6 +222,7 @@ static void rep_free(kv_rep *e) {
     free(e->loads);
     kv_spec_free(e->sp);
     kv_tok_free(e->tt);
+    bt_free(e->bt);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -794,6 +807,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
     e->num_arrived++;
     long final_len = r.prompt + r.target - 1, need = blocks_for(e, final_len), kind = KV_REJECT_NONE;
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
+    else if (e->bt) kind = bt_check(e, &r);  /* bt: the reservation policy's own checks */
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
@@ -818,6 +832,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
         e->eng = ENG_WAKE;
         return ev_push(S, S->now, EV_ENGINE, e->index);
     }
+    if (e->bt) return bt_wake(e);  /* bt: static batching's engine may wait on its timer too */
     if (e->eng == ENG_IDLE_T) {  /* SESSIONS: it waits on the first of its wakeup and a timer */
         e->eng = ENG_HOPPING;
         return ev_push(S, S->now, EV_HOP, e->index);
@@ -1107,6 +1122,7 @@ static int start_load(kv_rep *e, long s, long hit) {
 
 /* returns 1 when a step is planned */
 static int schedule(kv_rep *e) {
+    if (e->bt) return bt_schedule(e);  /* bt: (negative: an error) */
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
@@ -1389,6 +1405,10 @@ static int end_step(kv_rep *e) {
         int rc = spec_truncate(e);
         if (rc) return rc;
     }
+    if (e->bt) {  /* bt: the ledger's snapshot, the finished's reservations let go */
+        int rc = bt_end(e, nf);
+        if (rc) return rc;
+    }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
         int rc = cache_blocks(e, &e->reqs[e->filling[k]]);
         if (rc) return rc;
@@ -1447,6 +1467,7 @@ static void record_step(kv_rep *e, long allocated, long internal, int decode_onl
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
+    if (e->bt) bt_row(e, row);  /* bt: the reservation ledger's KV breakdown */
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
         /* the same batch, one step on, and KV-blocked as its steps were (so the row's end state
@@ -1475,21 +1496,21 @@ static int has_room(const kv_engine *S) {
 }
 
 /* -- decode spans: runs of decode steps ended without visiting each request ----------------- *
- * Once a replica has started a step that only decodes (every running request, one token each,
- * all of whose last tokens came out at the same instant), the steps that follow repeat it until
+ * Once a replica has started a step that only decodes (every running request, one token each),
+ * the steps that follow repeat it until
  * one of them finishes a request, needs more free blocks than there are (preemption), or another
  * event (an arrival, another replica, a client) comes first: nobody is admitted (the head of the
  * queue did not fit and the free blocks only shrink), swapped or preempted. simcore/span.py
  * says why, for the Python engine. Such steps end here in closed form, the event loop's own
- * order kept (each step's end is popped off the heap, as it is the next event): every request
- * emits one token at the same gap, so the per-request state is brought up to date once, when
+ * order kept (each step's end is popped off the heap, as it is the next event): from its second
+ * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
  * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
  * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
-/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch,
-   its requests' last tokens all at `now`, and nobody finishes at it; returns the steps after
+/* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
+   and nobody finishes at it; returns the steps after
    which one finishes (0: no span), and sets phase_count: requests by the step index (mod the
    block size) at which their next decode needs a new block */
 static long span_setup(kv_rep *e) {
@@ -1507,7 +1528,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
-        if (r->last_token != S->now || room < 0 || room >= bs) { rem_min = 0; break; }
+        if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
     if (rem_min < 2) return 0;
@@ -1553,9 +1574,10 @@ static int span_run(kv_rep *e) {
         kv_event ev = ev_pop(S);
         S->now = ev.t;
         ended++;
-        double gap = S->now - last;
+        if (ended == 1)  /* step 1: each its own gap (the last tokens may differ: a prefill before) */
+            for (long k = 0; k < R; k++) itl_put(e, S->now - e->reqs[e->run[k]].last_token);
+        else itl_put_run(e, S->now - last, R);  /* then one gap for all: they all emitted at `last` */
         last = S->now;
-        itl_put_run(e, gap, R);
         if (e->tt) fail(e, kv_tok_span_step(e->tt, S->now));  /* tokens: */
         long allocated = (e->c.num_gpu_blocks - e->free_blocks) * bs;
         record_step(e, allocated, allocated - e->gpu_tokens, 1);
@@ -1580,7 +1602,9 @@ static int engine_event(kv_rep *e) {
         if (rc) return rc;
     }
     for (;;) {
-        if (!schedule(e)) {
+        int planned = schedule(e);
+        if (planned < 0) return planned;
+        if (!planned) {
             if (!(e->num_preempted && e->tier)) break;
             int rc = begin_step(e);  /* SESSIONS: preemptions alone, with the CPU tier: applied, look again (Engine.run) */
             if (rc) return rc;
@@ -1604,6 +1628,7 @@ static int engine_event(kv_rep *e) {
         int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
         if (rc) return rc;
     }
+    if (e->bt && bt_idle(e)) return 0;  /* bt: static batching waits for its wakeup or its batch timer */
     e->eng = ENG_IDLE;
     if (e->tier && e->wq_len) {  /* SESSIONS: policy.idle_timeout: it also wakes when the next load is done */
         double next = 0.0; int any = 0;
@@ -1697,6 +1722,7 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             break;
         case EV_THINK: S->taking = ev.arg; break;
         case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
+        case EV_BT_TIMER: case EV_BT_WAKE: rc = bt_event(S, &ev); break;  /* bt: static batching's idle */
         case EV_HOP: {  /* SESSIONS: an idle engine's wakeup, processed: its first_of succeeds */
             kv_rep *e = &S->reps[ev.arg];
             if (e->eng == ENG_HOPPING) { e->eng = ENG_WAKE; rc = ev_push(S, S->now, EV_ENGINE, e->index); }
@@ -1776,4 +1802,5 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
     return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
+#include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */

@@ -127,13 +127,23 @@ C_CORE_CONTINUOUS_PAGED = frozenset({
     "speculative_config",  # eagle / eagle3 / mtp / ngram / draft_model: csrc/spec.c (tests/test_fastcore_speculative.py)
     "engine_version",  # only selects the profile's host terms, which the core reads from the pricing blob
 })
+# The reservation policies in the compiled core (simcore/csrc/batching.c), each checked against the
+# Python engine by tests/test_fastcore_batching.py: the memory plan's fields, one replica or several
+# behind round-robin / least-loaded, and the options each policy reads (a policy ignores the
+# common options it does not read, e.g. static batching's max_num_seqs, in both cores alike).
+_C_CORE_RESERVED = frozenset({
+    "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_dtype",
+    "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_model_len", "data_parallel_size",
+    "router", "max_num_seqs", "max_num_batched_tokens",
+})
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",
     _static, frozenset({"max_batch_size", "batch_timeout_s"}), overhead="static",
+    cores=(("c", _C_CORE_RESERVED | {"max_batch_size", "batch_timeout_s"}),),
 ))
 register(PolicySpec(
     "dynamic", "contiguous", "early TGI: prefill-only join steps, prompt + max_tokens reservations",
-    _dynamic, overhead="dynamic",
+    _dynamic, overhead="dynamic", cores=(("c", _C_CORE_RESERVED),),
 ))
 register(PolicySpec(
     "continuous", "paged", "vLLM: iteration-level scheduling over a paged KV cache",
@@ -145,4 +155,5 @@ register(PolicySpec(
 register(PolicySpec(
     "continuous", "contiguous", "Orca: iteration-level scheduling over contiguous reservations",
     _orca, frozenset(_CONTINUOUS | {"reservation"}),
+    cores=(("c", _C_CORE_RESERVED | {"enable_chunked_prefill", "reservation", "engine_version"}),),
 ))
