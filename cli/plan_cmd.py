@@ -659,11 +659,6 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
     wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
-    from kvsim.simcore import records as records_module
-
-    if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:  # as run --autoscale: attainment reads every row
-        raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
-                          f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
     prices = load_prices(price)
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0
