@@ -179,3 +179,20 @@ def test_report_sweep_judges_percentile_slos(tmp_path):
     missing = runner.invoke(app, ["report", "sweep", str(table), "--slo", "tpot:p80:50", "--out", str(tmp_path / "c")])
     assert missing.exit_code != 0 and "no p80_tpot_ms values" in missing.output and "Traceback" not in missing.output
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("slo, status, words", [
+    ("ttft:p99:1", "prefill time", "already gives TTFT p99 >= "),  # no prefill of 500 tokens takes 1 ms
+    ("tpot:p50:0.5", "decode time", "ms at p50 context"),
+    ("e2el:p90:5", "request time", "alone already give E2EL p90 >= "),  # 29 decode steps take far longer
+])
+def test_the_disaggregated_plan_prunes_at_the_slo_s_own_percentile(slo, status, words):
+    args = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", "--rate", "2", "--slo", slo,
+            "--disagg", "on", "--disagg-ratios", "1:1,2:1", "--search-requests", "60", "--confirm-requests", "60",
+            "--input-len", "500", "--output-len", "30", "--workload", "fixed-batch", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout[result.stdout.index("{"):])
+    rows = doc["disagg"]["candidates"]
+    assert rows and all(r["status"].startswith(f"{status}: ") and words in r["status"] for r in rows), rows
+    assert doc["disagg"]["answers"][0]["best"] is None and doc["disagg"]["num_runs"] == 0  # nothing simulated
