@@ -172,9 +172,8 @@ def interval_note(n: int) -> str:
     """How to read the intervals over `n` seeds: Student-t, so wide over few (t = 12.71 for 2)."""
     from kvsim.reports.sweep_runner import t975
 
-    wide = "; wide with so few seeds" if n < 5 else ""
-    return (f"mean ±95% Student-t interval, t = {t975(n):.2f} for {n} seeds{wide}; an interval is cut at 0 "
-            "(and a share at 100%), the range the metric can take")
+    wide = ", so wide" if n < 5 else ""
+    return f"mean ±95% interval, Student-t: t = {t975(n):.2f} for {n} seeds{wide}; cut at 0 and 100%"
 
 
 def format_table(frame) -> str:

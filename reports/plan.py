@@ -454,7 +454,8 @@ def rows_for_target(
                         "engine_core": _engine_cores(a, summary)})
             if reasons:
                 row["status"] = f"confirmation failed with {replicas[id(a)]} replicas: {reasons[0]}"
-            _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra)
+            _bound_by_confirmation(row, target, replicas[id(a)], bool(reasons), extra,
+                                   "sessions/s" if getattr(spec_confirm, "is_session", False) else "req/s")
         ranked.append(row)
     return target_rows(ranked, assessments, lambda a: _row(a, target, None, slo), target, out_tokens)
 
@@ -476,7 +477,8 @@ def target_rows(ranked: list[dict[str, Any]], searched: list[Any], unsized_row: 
     return rows
 
 
-def _bound_by_confirmation(row: dict[str, Any], target: float, n: int, failed: bool, extra: int) -> None:
+def _bound_by_confirmation(row: dict[str, Any], target: float, n: int, failed: bool, extra: int,
+                           unit: str = "req/s") -> None:
     """Never report a capacity the candidate's own confirmation disproved. The search's rate is one
     replica's, times n; a confirmation that needed extra replicas showed that n - 1 of them do not
     sustain the target, so n sustain less than target x n / (n - 1); one that failed at n showed even
@@ -487,7 +489,7 @@ def _bound_by_confirmation(row: dict[str, Any], target: float, n: int, failed: b
         bound = target * n / (n - 1)
         if row["max_rate"] > bound:
             row["max_rate"], row["headroom"], row["capped"] = bound, bound / target - 1, False
-            row["max_rate_bound"] = f"below {bound:.3g} req/s: {n - 1} replicas missed the target in confirmation"
+            row["max_rate_bound"] = f"below {bound:.3g} {unit}: {n - 1} replicas missed the target in confirmation"
 
 
 def _cell_value(name: str, value: Any) -> Any:

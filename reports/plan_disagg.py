@@ -183,8 +183,10 @@ def search(cands: list[DisaggCandidate], spec, take: int, slo: SLO, seed: int, t
         if all(unit > b for b in best.values()):
             c.status, c.reason = "cost bound", "one unit costs more than a deployment already found"
             continue
-        finite = [t / math.floor(b / unit + 1e-9) for t, b in best.items() if b < math.inf]
-        floor = 0.0 if len(finite) < len(best) else min(finite)
+        # as reports.plan._floor: a target whose best costs less than one unit cannot be beaten by any
+        # number of units (and floor(b / unit) = 0 there), so it sets no floor
+        finite = [t / math.floor(b / unit + 1e-9) for t, b in best.items() if b < math.inf and b >= unit]
+        floor = 0.0 if any(b == math.inf for b in best.values()) else min(finite) if finite else math.inf
         if floor > c.rate_ub:
             c.status, c.reason = "cost bound", (f"even at its throughput bound ({c.rate_ub:.1f} req/s per unit) it "
                                                 "costs more than a deployment already found")

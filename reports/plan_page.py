@@ -104,6 +104,29 @@ def _is_best(row: pd.Series, best: dict[str, Any] | None) -> bool:
     return best is not None and row["deployment"] == deployment(best) and row["engine"] == _knobs(best)
 
 
+_DISAGG_COLUMNS = ("deployment", "prefill", "decode", "gpus", "usd_per_hour", "max_rate", "ttft_p95_ms",
+                   "tpot_p95_ms", "confirmed", "status")
+
+
+def disagg_section(disagg: dict[str, Any], unit: str) -> list[str]:
+    """`--disagg auto`: which layout is cheaper at each target (plan.json's disagg.answers[].comparison),
+    then the disaggregated candidates (prefill and decode pools per unit)."""
+    out = ["<h2>Disaggregated prefill/decode layouts</h2>"]
+    for a in disagg.get("answers", []):
+        out.append(f"<p>At {a['target_rate']:g} {unit} for {html.escape_text(str(a['model']))}: "
+                   f"<b>{html.escape_text(str(a.get('comparison', '')))}</b>.</p>")
+    rows = [{c: (r.get(c) if c != "status" or r.get(c) != "ok" else "") for c in _DISAGG_COLUMNS}
+            | {"deployment": r.get("deployment") or f"unit {r.get('prefill')}P+{r.get('decode')}D {r.get('gpu')}"}
+            for r in disagg.get("candidates", [])]
+    if rows:
+        frame = pd.DataFrame(rows)
+        classes = ["" if not r["status"] else "ruled" for r in rows]
+        out.append(html.table(frame, {"usd_per_hour": _money, "max_rate": lambda v: f"{float(v):.1f}",
+                                      "ttft_p95_ms": _ms, "tpot_p95_ms": _ms, "gpus": lambda v: f"{int(v)}"},
+                              classes, key=["deployment"], wrap=["status"]))
+    return out
+
+
 def plan_page(doc: dict[str, Any], figure: Path | None) -> str:
     """The whole page of one plan (`doc`: plan.json; `figure`: capacity.png)."""
     unit = doc.get("rate_unit", "req/s")
@@ -131,8 +154,8 @@ def plan_page(doc: dict[str, Any], figure: Path | None) -> str:
         body += ["<h2>Capacity</h2>",
                  html.figure(figure, "Sustainable rate against GPUs for each candidate (n replicas x one replica's "
                                      "highest sustained rate); the target rate dashed.")]
-    if "disagg" in doc:
-        body.append('<p class="note">Disaggregated prefill/decode layouts: plan.json\'s "disagg".</p>')
+    if isinstance(doc.get("disagg"), dict):
+        body += disagg_section(doc["disagg"], unit)
     wl = doc.get("workload", {})
     engine = doc.get("engine", {})
     profiles = sorted({f"{r['gpu']} TP{r['tp']}: {r.get('profile_source')} sha256 {str(r.get('profile_sha256'))[:12]}"

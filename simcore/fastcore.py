@@ -76,6 +76,8 @@ def _reset_stores(engines: list[Any]) -> None:
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
+    if old.attainment is not None:
+        records.count_attainment(*old.attainment.key)
     for engine in engines:
         engine.fresh_stores(records)
 
@@ -450,10 +452,14 @@ def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, s
     )
 
 
+_AUTOSCALE_DOUBLES = ("target", "interval_s", "tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s",
+                      "scale_up_percent", "scale_up_pods", "scale_up_period_s", "scale_down_percent",
+                      "scale_down_period_s")  # AutoscaleConfig's fields, in fleet.h's order
+
+
 class _AutoscaleConfig(ctypes.Structure):  # csrc/fleet.h kv_autoscale_config
     _fields_ = [("min_replicas", ctypes.c_long), ("metric", ctypes.c_long)] + [
-        (name, ctypes.c_double) for name in ("target", "interval_s", "tolerance", "scale_up_cooldown_s",
-                                             "scale_down_cooldown_s")]
+        (name, ctypes.c_double) for name in _AUTOSCALE_DOUBLES]
 
 
 _METRICS = {"inflight": 0, "kv": 1}  # fleet.h KV_METRIC_*
@@ -463,8 +469,7 @@ _STATES = ("off", "starting", "active", "draining")  # fleet.h KV_REP_* (simcore
 def _autoscale(lib, handle, autoscaler) -> None:
     """Hand the core the policy and each replica's cold start (csrc/fleet.c runs it)."""
     c = autoscaler.config
-    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], c.target, c.interval_s, c.tolerance,
-                           c.scale_up_cooldown_s, c.scale_down_cooldown_s)
+    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], *(float(getattr(c, name)) for name in _AUTOSCALE_DOUBLES))
     cold = np.ascontiguousarray(autoscaler.cold_starts, dtype=np.float64)
     if lib.kv_engine_autoscale(handle, ctypes.byref(cfg), cold.ctypes.data_as(_P)):
         raise MemoryError("kvsim: the C engine core could not set up the autoscaler")

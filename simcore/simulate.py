@@ -270,7 +270,7 @@ class Simulation:
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
         if self.autoscaler is not None:
-            end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
+            end_s = records.max_finish_s if records.num_left else 0.0  # counted as rows left: any run length
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
             if self.fleet:  # each replica's hours (its group's price and GPUs make the fleet's $)
                 record["autoscale"]["replica_hours"] = [r.paid_s / 3600.0 for r in self.autoscaler.replicas]
@@ -337,6 +337,7 @@ def prepare(
     draft_profile: Profile | None = None,
     autoscale: Any = None,
     fleet: list[tuple[ResolvedConfig, Profile, int]] | None = None,
+    attainment: tuple[float, float, float | None] | None = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
@@ -346,7 +347,8 @@ def prepare(
     `draft_profile`: the draft model's profile (speculative decoding with method draft_model).
     `fleet`: a heterogeneous fleet (simcore/fleet.py): groups of (resolved config, profile, replicas),
     each replica priced and sized by its group, all behind one router; `config` and `profile` are
-    the first group's."""
+    the first group's. `attainment`: (hour_s, ttft_slo_ms, tpot_slo_ms or None): count SLO
+    attainment per hour as requests leave (simcore.autoscale.run_attainment; any run length)."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -414,6 +416,8 @@ def prepare(
 
     records = RequestRecords()  # one table for every replica
     records.num_replicas = dp
+    if attainment is not None:
+        records.count_attainment(*attainment)
     if stream is not None:
         records.spill = lambda columns: stream("requests", columns)
     engines = []
@@ -519,10 +523,11 @@ def simulate(
     engine_core: str = "auto",
     draft_profile: Profile | None = None,
     autoscale: Any = None,
+    attainment: tuple[float, float, float | None] | None = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
     return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
-                   draft_profile, autoscale).run()
+                   draft_profile, autoscale, attainment=attainment).run()

@@ -120,3 +120,21 @@ def test_the_disagg_page_shows_each_pool_and_the_transfers_from_the_summary(disa
 def test_the_disagg_page_fits_1280_px(disagg_dir: Path, tmp_path: Path):
     m = _fits(disagg_dir / "disagg.html", tmp_path)
     assert m["tables"][0]["keys"] == ["pool"] and m["images"][0]["natural"] >= 1000
+
+
+def test_plan_disagg_auto_at_two_rates_runs_and_its_page_compares_the_layouts(tmp_path: Path):
+    """At 10 req/s the best aggregated deployment (1 GPU) costs less than one disaggregated unit (2 GPUs),
+    at 40 req/s not: the unit's cost floor skips the first target instead of dividing by zero."""
+    out = tmp_path / "pd"
+    done = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                                    "--rate", "10,40", "--search-requests", "100", "--confirm-requests", "200",
+                                    "--slo-ttft-p95-ms", "500", "--disagg", "auto", "--out", str(out)])
+    assert done.exit_code == 0, (done.stderr, done.exception)
+    doc = json.loads((out / "plan.json").read_text())
+    dom, log = render(out / "plan.html")
+    assert console_errors(log) == []
+    section = dom.split("<h2>Disaggregated prefill/decode layouts</h2>")[1]
+    for answer in doc["disagg"]["answers"]:
+        assert f"At {answer['target_rate']:g} req/s for llama3-8b: <b>{answer['comparison']}" in section
+    rows = re.findall(r"<tr[^>]*><td", section.split("<tbody>")[1].split("</tbody>")[0])
+    assert len(rows) == len(doc["disagg"]["candidates"]) > 0

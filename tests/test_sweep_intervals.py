@@ -59,7 +59,7 @@ def two_seeds(tmp_path_factory) -> Path:
     made = runner.invoke(app, ["sweep", "--policy", "static,continuous", "--block-size", "8,16", "--rate", "4,32",
                                "--num-requests", "60", "--seeds", "0,1", "--jobs", "1", "--out", str(tmp / "s.csv")])
     assert made.exit_code == 0, made.stderr
-    assert "t = 12.71 for 2 seeds; wide with so few seeds" in made.stdout
+    assert "t = 12.71 for 2 seeds, so wide; cut at 0 and 100%" in made.stdout
     assert " to " in made.stdout  # a cut interval prints as (low to high), not as mean +-half
     drawn = runner.invoke(app, ["report", "sweep", str(tmp / "s.csv"), "--out", str(tmp / "rep")])
     assert drawn.exit_code == 0, drawn.stderr
