@@ -122,6 +122,7 @@ C_CORE_CONTINUOUS_PAGED = frozenset({
     "kv_cache_dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
     "preemption_mode", "swap_space", "data_parallel_size", "router",
+    "kv_offloading_size",  # the CPU KV tier (simcore/csrc/sessions.c; tests/test_sessions.py)
     "speculative_config",  # eagle / eagle3 / mtp / ngram / draft_model: csrc/spec.c (tests/test_fastcore_speculative.py)
     "engine_version",  # only selects the profile's host terms, which the core reads from the pricing blob
     "pipeline_parallel_size",  # csrc/pipeline.c's rounds (tests/test_fastcore_pipeline.py)
