@@ -189,6 +189,8 @@ def unsupported(sim: Any) -> str:
     if _pipelined(engines):  # csrc/pipeline.c: simcore.pipeline's rounds
         if engine.spec_cost is not None or autoscaler is not None or getattr(sim, "fleet", None):
             return "pipeline parallelism with speculative decoding, an autoscaler or a fleet"
+        if sessions or tier_on or (len(engines) > 1 and getattr(engine_config, "router", "") in _CACHE_ROUTERS):
+            return "pipeline parallelism with sessions, the CPU KV tier or a cache-aware router"
         if _pp_max_tokens(engine) > _PP_MAX_TOKENS:
             return (f"pipeline parallelism with steps of up to {_pp_max_tokens(engine):,} tokens (the core "
                     f"takes the stage hand-offs' prices for at most {_PP_MAX_TOKENS:,})")
