@@ -429,6 +429,8 @@ def prepare(
         # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
         r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
+        if index and type(r_latency) is PipelineLatency:  # its own rounds: the step its engine prices last
+            r_latency = r_latency.fresh()
         engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
                         step_exactly, cost)
         engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))

@@ -209,7 +209,7 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
 @pytest.mark.parametrize("args, words", [
     (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on"],
      "session"),  # (plan sizes sessions aggregated: tests/test_plan_sessions.py)
-    (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
+    # (run --find-max-rate on sessions searches sessions/s: tests/test_session_runs.py)
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
     (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--workload",

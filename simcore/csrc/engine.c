@@ -21,6 +21,7 @@
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 #include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
+#include "pipeline.h"  /* pipeline parallelism: csrc/pipeline.c (hooks marked "pp:") */
 #include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
@@ -115,6 +116,7 @@ struct kv_rep {
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
     struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
+    struct kv_pipe *pp;  /* pp: pipeline stages' rounds (csrc/pipeline.c); NULL: one stage */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
@@ -167,6 +169,11 @@ static void bt_row(const kv_rep *e, double *row);
 static int bt_idle(kv_rep *e);
 static int bt_wake(kv_rep *e);
 static int bt_event(kv_engine *S, const kv_event *ev);
+/* hooks of pipeline parallelism (pipeline.c, included at the end of this file) */
+struct kv_pipe;
+static void pp_free(struct kv_pipe *q);
+static int pp_start_step(kv_rep *e);
+static double pp_emit_time(const kv_rep *e, long k);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -223,6 +230,7 @@ static void rep_free(kv_rep *e) {
     kv_spec_free(e->sp);
     kv_tok_free(e->tt);
     bt_free(e->bt);
+    pp_free(e->pp);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -718,7 +726,8 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     double *row = o->req + KV_REQ_ROW * o->req_n++;
     row[0] = (double)r->id; row[1] = (double)e->index; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
     row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
-    row[7] = rejected ? -1.0 : S->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
+    row[7] = rejected ? -1.0 : e->pp ? r->last_token : S->now;  /* pp: at its last token (Lifecycle.finish) */
+    row[8] = (double)r->prompt; row[9] = (double)r->generated;
     row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
@@ -1241,6 +1250,7 @@ static int begin_step(kv_rep *e) {
 }
 
 static int start_step(kv_rep *e) {
+    if (e->pp) return pp_start_step(e);  /* pp: a round of micro-batches through the stages */
     kv_engine *S = e->S;
     long prefill_out = 0;
     double spec_ms = 0.0;
@@ -1398,10 +1408,11 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
-            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
-            if (r->generated) itl_put(e, t - r->last_token);
-            else r->first_token = t;
-            r->last_token = t;
+            double at = e->pp ? pp_emit_time(e, k) : t;  /* pp: when its micro-batch leaves the last stage */
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], at, emitted));  /* tokens: */
+            if (r->generated) itl_put(e, at - r->last_token);
+            else r->first_token = at;
+            r->last_token = at;
             r->generated += emitted;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
@@ -1807,5 +1818,6 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
     return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
+#include "pipeline.c"  /* pipeline parallelism: uses the static helpers above */
 #include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
