@@ -114,6 +114,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
     lib.kv_engine_tier_counts.restype = None
     lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_tier_wait.restype = None
+    lib.kv_engine_tier_wait.argtypes = [ctypes.c_void_p, _P]
     lib.kv_engine_set_replica.restype = ctypes.c_int
     lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
     lib.kv_engine_autoscale.restype = ctypes.c_int
@@ -127,6 +129,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
     lib.kv_engine_batching.restype = ctypes.c_int
     lib.kv_engine_batching.argtypes = [ctypes.c_void_p, ctypes.POINTER(_BatchConfig)]
+    lib.kv_engine_pipeline.restype = ctypes.c_int
+    lib.kv_engine_pipeline.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, lp, ctypes.c_long, _P, _P]
     lib.kv_engine_tokens_on.restype = ctypes.c_int
     lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
     lib.kv_engine_tokens.restype = ctypes.c_long
@@ -182,8 +186,16 @@ def unsupported(sim: Any) -> str:
     engine = engines[0]
     if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
-    if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
-        return "pipeline parallelism"
+    if any(type(_base(e.latency)).__name__ != "StepLatencyModel" for e in engines):
+        return "a latency model the C core does not price"
+    if _pipelined(engines):  # csrc/pipeline.c: simcore.pipeline's rounds
+        if engine.spec_cost is not None or autoscaler is not None or getattr(sim, "fleet", None):
+            return "pipeline parallelism with speculative decoding, an autoscaler or a fleet"
+        if sessions or tier_on or (len(engines) > 1 and getattr(engine_config, "router", "") in _CACHE_ROUTERS):
+            return "pipeline parallelism with sessions, the CPU KV tier or a cache-aware router"
+        if _pp_max_tokens(engine) > _PP_MAX_TOKENS:
+            return (f"pipeline parallelism with steps of up to {_pp_max_tokens(engine):,} tokens (the core "
+                    f"takes the stage hand-offs' prices for at most {_PP_MAX_TOKENS:,})")
     if any((e.lifecycle.token_times is None) != (engine.lifecycle.token_times is None) for e in engines):
         return "per-request token times (--save-result) kept on some replicas only"
     if engine.lifecycle.token_times:
@@ -224,6 +236,50 @@ def _unavailable_core() -> str:
     if ccore.library() is None:
         return f"the compiled core is unavailable ({ccore.unavailable_reason()})"
     return ""
+
+
+_PP_MAX_TOKENS = 1 << 16  # micro-batch sizes whose hand-off prices Python hands the core (csrc/pipeline.c)
+
+
+def _base(latency: Any) -> Any:
+    """The step model a pipeline's rounds are built of (simcore.pipeline), or the model itself."""
+    return latency.base if type(latency).__name__ == "PipelineLatency" else latency
+
+
+def _pipelined(engines: list[Any]) -> bool:
+    return any(type(e.latency).__name__ == "PipelineLatency" for e in engines)
+
+
+def _pp_max_tokens(engine: Any) -> int:
+    """The most tokens a step of this replica's policy computes (a bound on a micro-batch's)."""
+    policy = engine.policy
+    if hasattr(policy, "num_slots"):  # static batching: a padded prefill of every slot
+        return policy.num_slots * policy.slot_tokens
+    budget = getattr(policy, "max_num_batched_tokens", 0) or getattr(policy, "max_prefill_tokens", 0)
+    return max(budget, policy.max_num_seqs)
+
+
+def _set_pipeline(lib, handle, engines) -> None:
+    """Every replica's stages into the core: their layers, which hand-offs cross nodes, and the
+    price of a hand-off by micro-batch tokens (PipelineLatency.handoff_ms itself, so the same bits)."""
+    lat = engines[0].latency
+    if any(e.latency.base is not lat.base or (e.latency.layers, e.latency.crosses) != (lat.layers, lat.crosses)
+           for e in engines):
+        raise CoreUnavailable("replicas with different pipelines")
+    n = _pp_max_tokens(engines[0]) + 1
+    tables = []
+    for across in (False, True):
+        table = np.zeros(n)
+        if across in lat.crosses:
+            table[1:] = [lat.handoff_ms(t * lat.token_bytes, across) for t in range(1, n)]
+        tables.append(table)
+    layers = np.array(lat.layers, dtype=np.int64)
+    crosses = np.array([int(x) for x in lat.crosses] + [0], dtype=np.int64)
+    lp = ctypes.POINTER(ctypes.c_long)
+    rc = lib.kv_engine_pipeline(handle, lat.pp, layers.ctypes.data_as(lp), crosses.ctypes.data_as(lp), n,
+                                tables[0].ctypes.data_as(_P), tables[1].ctypes.data_as(_P))
+    if rc:
+        raise MemoryError("kvsim: the C engine core could not set up its pipeline stages")
 
 
 _BT_KINDS = {"StaticPolicy": 1, "DynamicPolicy": 2, "OrcaPolicy": 3}  # csrc/batching.h KV_BT_*
@@ -353,23 +409,24 @@ def run(sim: Any, progress=None) -> Any:
     hold = engine.hold_at if dp == 1 and autoscaler is None else _NO_HOLD  # a router has no hold_arrivals
     router = _ALL_ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
     speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
-    configs = [_config(e, hold, dp, router, clients, fold, speculative) for e in engines]
+    # every step its own row: speculative steps as the Python engine plans them, pipeline rounds (exact steps)
+    configs = [_config(e, hold, dp, router, clients, fold, speculative or _pipelined(engines)) for e in engines]
     pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
     handle = None
     draft = None
     try:
-        for e in engines:
-            if id(e.latency) not in pricings:
-                blob = ccore.pricing_blob(e.latency)
-                pricings[id(e.latency)] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
-                if not pricings[id(e.latency)]:
+        for e in engines:  # (a pipeline's replicas each have their own rounds over one base model)
+            if id(_base(e.latency)) not in pricings:
+                blob = ccore.pricing_blob(_base(e.latency))
+                pricings[id(_base(e.latency))] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+                if not pricings[id(_base(e.latency))]:
                     raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
-        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(engine.latency)])
+        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(_base(engine.latency))])
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
         for index, e in enumerate(engines):  # a heterogeneous fleet: each replica its own sizes and prices
-            if index and (bytes(configs[index]) != bytes(configs[0]) or e.latency is not engine.latency):
-                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(e.latency)]):
+            if index and (bytes(configs[index]) != bytes(configs[0]) or _base(e.latency) is not _base(engine.latency)):
+                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(_base(e.latency))]):
                     raise MemoryError("kvsim: the C engine core could not allocate a replica")
         if autoscaler is not None:
             _autoscale(lib, handle, autoscaler)
@@ -381,6 +438,8 @@ def run(sim: Any, progress=None) -> Any:
             draft = _set_speculative(lib, handle, engines)
         if _batching(engine.policy) and lib.kv_engine_batching(handle, ctypes.byref(_batch_config(engine.policy))):
             raise MemoryError("kvsim: the C engine core could not allocate its batching state")
+        if _pipelined(engines):
+            _set_pipeline(lib, handle, engines)
         tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
         if tokens and lib.kv_engine_tokens_on(handle):
             raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
@@ -581,6 +640,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
         for index, e in enumerate(engines):
             (e.policy.offload_hit_tokens, e.policy.offload_loaded_blocks, e.policy.host_tier.num_stored,
              e.policy.host_tier.num_evicted) = offload[KV_TIER_COUNTS * index:KV_TIER_COUNTS * (index + 1)]
+        waited = (ctypes.c_double * dp)()
+        lib.kv_engine_tier_wait(handle, waited)
+        for index, e in enumerate(engines):
+            e.policy.offload_wait_s = waited[index]
     if sessions:
         stats = _session_stats(lib, handle, ttft)
     _collect_itls(lib, handle, engines)

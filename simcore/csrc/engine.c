@@ -21,6 +21,7 @@
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 #include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
+#include "pipeline.h"  /* pipeline parallelism: csrc/pipeline.c (hooks marked "pp:") */
 #include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
@@ -35,7 +36,7 @@ typedef struct {
     double arrival, first_sched, first_token;
     /* SESSIONS: a conversation's turn (tok): its blocks are keyed by hk[i] (hash ids of its
        session's blocks) in the replica's hash group; a load from the CPU tier in flight */
-    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready;
+    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready, load_start;
     int loading;  /* 1: loading; 2: admitted, its load done, this step */
     long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
@@ -109,12 +110,13 @@ struct kv_rep {
     int itl_done;  /* the last partial block is in the sum */
     /* SESSIONS: the CPU KV tier (NULL: none), when its host link is free, what it loaded; the
        idle timer's generation (a stale timer does nothing) */
-    kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
+    kv_tier *tier; double link_free, off_wait_s; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
     long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
     struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
+    struct kv_pipe *pp;  /* pp: pipeline stages' rounds (csrc/pipeline.c); NULL: one stage */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
@@ -167,6 +169,11 @@ static void bt_row(const kv_rep *e, double *row);
 static int bt_idle(kv_rep *e);
 static int bt_wake(kv_rep *e);
 static int bt_event(kv_engine *S, const kv_event *ev);
+/* hooks of pipeline parallelism (pipeline.c, included at the end of this file) */
+struct kv_pipe;
+static void pp_free(struct kv_pipe *q);
+static int pp_start_step(kv_rep *e);
+static double pp_emit_time(const kv_rep *e, long k);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -223,6 +230,7 @@ static void rep_free(kv_rep *e) {
     kv_spec_free(e->sp);
     kv_tok_free(e->tt);
     bt_free(e->bt);
+    pp_free(e->pp);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -718,7 +726,8 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     double *row = o->req + KV_REQ_ROW * o->req_n++;
     row[0] = (double)r->id; row[1] = (double)e->index; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
     row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
-    row[7] = rejected ? -1.0 : S->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
+    row[7] = rejected ? -1.0 : e->pp ? r->last_token : S->now;  /* pp: at its last token (Lifecycle.finish) */
+    row[8] = (double)r->prompt; row[9] = (double)r->generated;
     row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
@@ -866,6 +875,10 @@ int kv_engine_offload(kv_engine *S, long num_blocks, double load_block_s, long n
         if (!(e->tier = malloc(sizeof(kv_tier))) || !kvt_init(e->tier, num_blocks, nkeys)) return KV_NOMEM;
     }
     return 0;
+}
+
+void kv_engine_tier_wait(const kv_engine *S, double *out) {
+    for (long i = 0; i < S->nrep; i++) out[i] = S->reps[i].off_wait_s;
 }
 
 void kv_engine_tier_counts(const kv_engine *S, long *out) {
@@ -1106,7 +1119,7 @@ static int start_load(kv_rep *e, long s, long hit) {
     fail(e, pc_admit(e, r, hit, loaded * bs));
     double now = e->S->now, ready = (now > e->link_free ? now : e->link_free) + (double)loaded * e->S->load_block_s;
     e->link_free = ready;
-    r->loading = 1; r->ready = ready; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
+    r->loading = 1; r->ready = ready; r->load_start = now; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
     e->off_loaded_blocks += loaded;
     r->off_rest = blocks_for(e, nt) - r->nblk;
     e->load_reserved += r->off_rest;
@@ -1169,6 +1182,7 @@ static int schedule(kv_rep *e) {
         if (num_new > budget) num_new = budget;
         if (!grow_seq(e, r, num_new)) { stopped = 1; break; }
         r->loading = 2;
+        if (r->first_sched < 0) e->off_wait_s += r->ready - r->load_start;  /* (TTFT split) */
         e->load_reserved -= r->off_rest;
         e->prefix_query_tokens += r->prompt + r->generated;
         e->prefix_hit_tokens += r->off_cached - r->off_loaded;
@@ -1236,6 +1250,7 @@ static int begin_step(kv_rep *e) {
 }
 
 static int start_step(kv_rep *e) {
+    if (e->pp) return pp_start_step(e);  /* pp: a round of micro-batches through the stages */
     kv_engine *S = e->S;
     long prefill_out = 0;
     double spec_ms = 0.0;
@@ -1393,10 +1408,11 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
-            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
-            if (r->generated) itl_put(e, t - r->last_token);
-            else r->first_token = t;
-            r->last_token = t;
+            double at = e->pp ? pp_emit_time(e, k) : t;  /* pp: when its micro-batch leaves the last stage */
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], at, emitted));  /* tokens: */
+            if (r->generated) itl_put(e, at - r->last_token);
+            else r->first_token = at;
+            r->last_token = at;
             r->generated += emitted;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
@@ -1802,5 +1818,6 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
     return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
+#include "pipeline.c"  /* pipeline parallelism: uses the static helpers above */
 #include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
