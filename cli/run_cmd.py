@@ -310,9 +310,6 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
         check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
-    if find_max_rate and getattr(wl, "is_session", False):
-        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
-                          "their answers: sweep --rate instead")
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
@@ -909,17 +906,23 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         typer.echo(f"WARNING {warning}", err=True)
     for line in rejected_lines(result.records):
         typer.echo(line, err=True)
-    if result.summary.get("saturation") == "overloaded":
-        s = result.summary
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
-                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     from kvsim.reports.capacity import summary_with_goodput
     from kvsim.reports.regime import regime_of
 
     regime = regime_of(result)
+    # a session workload is judged as sweep and plan judge it (reports.capacity.judge_sessions)
+    judged = summary_with_goodput(result, slo, wl, seed)
+    if judged.get("sessions_overloaded"):
+        typer.echo(f"WARNING overloaded: queueing delay grows {judged['session_queue_slope']:.2f} s per s while "
+                   "sessions start (turns wait on their answers, so an overloaded server slows its own "
+                   "arrivals and the completed rate keeps pace)", err=True)
+    elif judged.get("saturation") == "overloaded":
+        s = judged
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
-        **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
+        **judged, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
     if engine is not None:  # issue 27: every answer names the engine version it assumes
@@ -1036,8 +1039,14 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
 
     start = getattr(wl.arrival, "rate", None) or getattr(wl.arrival, "mean_rate", None) or 1.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    # a session workload's rate is its session rate: only session starts are rescaled, each turn
+    # still waits on its answer (reports.capacity.SessionRateScaler, which refuses a closed loop)
+    sessions = getattr(wl, "is_session", False)
+    unit = "sessions/s" if sessions else "req/s"
+    per_run = (f"{int(wl.num_sessions):,} sessions per run, more at higher rates to reach the steady state"
+               if sessions else f"{wl.num_requests} requests per run")
     say(f"Searching the highest sustained rate meeting {slo.text()} (tolerance {100 * tolerance:g}%, "
-        f"{wl.num_requests} requests per run, seed {seed})")
+        f"{per_run}, seed {seed})")
     if engine is not None:
         say(f"Engine: {engine_text(engine)}")
     found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
@@ -1063,7 +1072,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
-        "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
+        "max_sustainable_rate": found.max_rate, "unit": unit, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
         "error_bars": bars, **({"engine_version": engine.get("engine_version"), "engine_assumptions": engine}
                                if engine is not None else {}),
@@ -1083,16 +1092,16 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     for row in rows:
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
-        typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
+        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
                    f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
                    + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
                              for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:
         typer.echo(f"No rate meets the SLO: {found.binding}")
     elif found.at_least:
-        typer.echo(f"Max sustainable rate: at least {found.max_rate:.3f} req/s (search ceiling reached)")
+        typer.echo(f"Max sustainable rate: at least {found.max_rate:.3f} {unit} (search ceiling reached)")
     else:
-        typer.echo(f"Max sustainable rate: {found.max_rate:.3f} req/s (fails at "
+        typer.echo(f"Max sustainable rate: {found.max_rate:.3f} {unit} (fails at "
                    f"{found.max_rate * (1 + tolerance):.3f}: {found.binding}); {found.num_runs} runs")
     if "skipped" in bars:
         typer.echo(f"Model error: no band ({bars['skipped']})")
@@ -1100,7 +1109,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         lo, hi = bars["max_sustainable_rate"]
         typer.echo(f"Model error ({100 * bars['interval']:.0f}% band, {bars['kind']} profile, step times "
                    f"x{bars['step_time_factors'][0]:.2f} .. x{bars['step_time_factors'][1]:.2f}): max sustainable rate "
-                   f"{lo:.3f} .. {hi:.3f} req/s" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
+                   f"{lo:.3f} .. {hi:.3f} {unit}" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
                    + f"; {bars['num_runs']} more runs")
 
 

@@ -374,14 +374,16 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    step_by_step = exact_steps  # the Python engine's steps, one event each
     if config.data_parallel_size > 1 and config.router == "prefix-aware":
         # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
         # only when it ends, so the router would see another state than step-by-step runs do
-        exact_steps = True
+        # (the compiled core always steps one by one: it may still run it)
+        step_by_step = True
     # an autoscaler on the kv metric reads each replica's KV use at its decisions; a decode span applies
     # its steps' KV only when it ends, so those replicas step one event per step (the record keeps what
     # was asked: the compiled core, which always steps so, still runs it)
-    step_exactly = exact_steps or (autoscale is not None and autoscale.metric == "kv")
+    step_exactly = step_by_step or (autoscale is not None and autoscale.metric == "kv")
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
@@ -425,6 +427,8 @@ def prepare(
         # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
         r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
+        if index and type(r_latency) is PipelineLatency:  # its own rounds: the step its engine prices last
+            r_latency = r_latency.fresh()
         engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
                         step_exactly, cost)
         engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))
