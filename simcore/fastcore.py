@@ -114,6 +114,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
     lib.kv_engine_tier_counts.restype = None
     lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_tier_wait.restype = None
+    lib.kv_engine_tier_wait.argtypes = [ctypes.c_void_p, _P]
     lib.kv_engine_set_replica.restype = ctypes.c_int
     lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
     lib.kv_engine_autoscale.restype = ctypes.c_int
@@ -638,6 +640,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
         for index, e in enumerate(engines):
             (e.policy.offload_hit_tokens, e.policy.offload_loaded_blocks, e.policy.host_tier.num_stored,
              e.policy.host_tier.num_evicted) = offload[KV_TIER_COUNTS * index:KV_TIER_COUNTS * (index + 1)]
+        waited = (ctypes.c_double * dp)()
+        lib.kv_engine_tier_wait(handle, waited)
+        for index, e in enumerate(engines):
+            e.policy.offload_wait_s = waited[index]
     if sessions:
         stats = _session_stats(lib, handle, ttft)
     _collect_itls(lib, handle, engines)
