@@ -1,7 +1,10 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
 as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
 batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
-replica or several behind either router, open-loop arrivals or a workload file's closed loop.
+replica or several behind either router, open-loop arrivals or a workload file's closed loop;
+static / dynamic batching and Orca over contiguous reservations (csrc/batching.c), pipeline
+stages (csrc/pipeline.c), and every token's time when the run keeps them (csrc/tokens.c,
+--save-result).
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
@@ -708,11 +711,13 @@ def _collect_tokens(lib, handle, engines) -> None:
                              times.ctypes.data_as(_P))
         log = engine.lifecycle.token_times
         ends = np.cumsum(counts).tolist()
-        raw = times.tobytes()
+        raw = memoryview(times).cast("B")  # (no copy of the whole table)
         start = 0
         for rid, end in zip(ids.tolist(), ends, strict=True):
-            log[rid] = array("d", raw[8 * start:8 * end])
+            stamps = log[rid] = array("d")
+            stamps.frombytes(raw[8 * start:8 * end])
             start = end
+        del raw, times
 
 
 def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:
