@@ -1,7 +1,10 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
 as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
 batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
-replica or several behind either router, open-loop arrivals or a workload file's closed loop.
+replica or several behind either router, open-loop arrivals or a workload file's closed loop;
+multi-turn sessions (workloads.sessions: turns sent as answers come back, their blocks keyed by
+the chained hashes computed here, `_sessions`), the CPU KV tier and the session-affinity and
+prefix-aware routers (simcore/csrc/sessions.c and its hooks in engine.c).
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
