@@ -711,11 +711,13 @@ def _collect_tokens(lib, handle, engines) -> None:
                              times.ctypes.data_as(_P))
         log = engine.lifecycle.token_times
         ends = np.cumsum(counts).tolist()
-        raw = times.tobytes()
+        raw = memoryview(times).cast("B")  # (no copy of the whole table)
         start = 0
         for rid, end in zip(ids.tolist(), ends, strict=True):
-            log[rid] = array("d", raw[8 * start:8 * end])
+            stamps = log[rid] = array("d")
+            stamps.frombytes(raw[8 * start:8 * end])
             start = end
+        del raw, times
 
 
 def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:
