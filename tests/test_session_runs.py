@@ -105,3 +105,18 @@ def test_find_max_rate_refuses_a_closed_loop_of_sessions(short):
     result = runner.invoke(app, [*RUN, "--workload", short, "--concurrency", "4", "--find-max-rate",
                                  "--slo-ttft-p95-ms", "2000"])
     assert result.exit_code != 0 and "closed loop" in result.output and "Traceback" not in result.output
+
+
+def test_plan_chart_of_a_session_plan_is_in_sessions_per_second(short, tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    labels: list[str] = []
+    original = matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda self, text, *a, **k: (labels.append(text), original(self, text, *a, **k))[1])
+    result = runner.invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                                 "--slo-ttft-p95-ms", "500", "--search-requests", "60", "--confirm-requests", "100",
+                                 "--workload", short, "--rate", "1", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p" / "capacity.png").is_file()
+    assert labels and all("sessions/s" in x and "req/s" not in x for x in labels), labels
