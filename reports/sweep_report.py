@@ -98,6 +98,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
         "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
         "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
                             for r in profiles.itertuples()}),
+        "rate_unit": values("rate_unit") or "req/s",
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
     }
 
@@ -337,6 +338,8 @@ def _best_label(report: SweepReport) -> str:
 def _load_axis(report: SweepReport) -> tuple[str, str] | None:
     for col, label in LOADS:
         if col in report.varying:
+            if col == "rate" and report.context.get("rate_unit") == "sessions/s":  # a session workload
+                label = "offered rate (sessions/s)"
             return col, label
     return None
 
