@@ -174,6 +174,9 @@ def plan(
     if disagg == "on" and out is not None:
         raise ConfigError("--out is not written with --disagg on yet: use --disagg auto (the disaggregated rows go "
                           "to plan.json)")
+    if disagg == "on" and speculative_config is not None:  # its candidates would silently run without it
+        raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet: plan it "
+                          "with --disagg off or auto (the aggregated candidates)")
     if disagg_placement not in (None, "same-node", "cross-node"):
         raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
     from kvsim.reports import plan_disagg
