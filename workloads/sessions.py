@@ -103,13 +103,13 @@ class SessionWorkload:
                                 f"holds {len(self.trace.sessions())}")
         if self.num_sessions > MAX_SESSIONS:  # their start times are drawn at once: 1e12 would be 7 TiB
             raise WorkloadError(f"workload {self.name}: at most {MAX_SESSIONS:,} sessions, got {int(self.num_sessions):,}")
+        if self.max_model_len is not None and self.shared_prefix is not None and self.shared_prefix.prefix_len >= self.max_model_len:
+            raise WorkloadError(f"workload {self.name}: the system prompt ({self.shared_prefix.prefix_len} tokens) "
+                                f"does not fit max_model_len {self.max_model_len}")
         first = self._shortest_first_prompt()
         if self.max_model_len is not None and first >= self.max_model_len:  # no turn would ever be sent
             raise WorkloadError(f"workload {self.name}: every session's first prompt ({first:,} tokens or more) "
                                 f"does not fit max_model_len {self.max_model_len:,}")
-        if self.max_model_len is not None and self.shared_prefix is not None and self.shared_prefix.prefix_len >= self.max_model_len:
-            raise WorkloadError(f"workload {self.name}: the system prompt ({self.shared_prefix.prefix_len} tokens) "
-                                f"does not fit max_model_len {self.max_model_len}")
 
     def _shortest_first_prompt(self) -> int:
         """The fewest tokens a session's first turn can have (1 when its length is unbounded below)."""
