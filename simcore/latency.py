@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 from bisect import bisect_right
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,8 @@ _THOUSAND = np.array(1000.0)  # ms per s, as a 0-d array for decode spans (see _
 
 
 def _monotone(values: list[float]) -> list[float]:
-    out, best = [], 0.0
-    for v in values:
-        best = max(best, v)
-        out.append(best)
-    return out
+    """The running maximum from 0.0: max(best, v) step by step (accumulate calls it so)."""
+    return list(accumulate(values, max, initial=0.0))[1:]
 
 
 def _log(x: float) -> float:
@@ -315,6 +313,14 @@ def _need(d: dict, key: str, where: str) -> Any:
 def _numbers(values: Any, where: str, positive: bool = True) -> list[float]:
     if not isinstance(values, list) or not values:
         raise ProfileError(f"{where}: expected a non-empty list of numbers")
+    if all(type(v) is float or type(v) is int for v in values):  # JSON numbers: checked in bulk
+        try:
+            out = [float(v) for v in values]
+        except OverflowError:
+            out = None  # (an int too large for a float: refused one by one below)
+        # a finite sum has no NaN or infinity among values >= 0 (one too large for the sum: below)
+        if out is not None and math.isfinite(sum(out)) and (min(out) > 0 if positive else min(out) >= 0):
+            return out
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -519,6 +525,11 @@ class ExtrapolationCounter:
 
 def _check_table_values(table: dict, where: str) -> None:
     z = table.get("time_ms") if isinstance(table, dict) else None
+    try:  # a table of numbers all at most ABSURD_MS (NaN compares false: looked at one by one)
+        if isinstance(z, list) and max(max(row) if isinstance(row, list) else row for row in z) <= ABSURD_MS:
+            return
+    except (TypeError, ValueError):  # not all numbers, an empty row: one by one, as parsing reports them
+        pass
     flat = [v for row in z for v in (row if isinstance(row, list) else [row])] if isinstance(z, list) else []
     for v in flat:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > ABSURD_MS:
