@@ -358,12 +358,15 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     if agg is not None:
         agg_table = agg.table.assign(layout="agg")
         agg.table = agg_table
+    for answer in answers:  # issue 27: each answer names the engine version it assumes
+        answer["engine_version"] = base.engine_version
     doc_disagg = {"answers": answers, "candidates": _records(table) if len(table) else [], "num_runs": runs,
                   "ratios": [f"{p}:{d}" for p, d in ratios], "placement": placement or "default"}
     if agg is not None:
         _emit(agg, slo, prices, out, as_json, wall, extra={"disagg": doc_disagg})
     elif as_json:
-        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe()}, indent=2, default=str))
+        typer.echo(json.dumps({"disagg": doc_disagg, "slo": slo.describe(), "engine_version": base.engine_version},
+                              indent=2, default=str))
     if as_json:
         return
     for answer in answers:
@@ -661,11 +664,6 @@ def _plan_autoscale(model, gpu, tp, workload, slo_ttft_ms, slo_tpot_ms, attainme
     policy = AutoscaleConfig(min_replicas=1, max_replicas=cap,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning is None else provisioning)
     wl = load_workload(workload or "diurnal", {}, max_model_len=engine.resolved_max_model_len(model_spec))
-    from kvsim.simcore import records as records_module
-
-    if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:  # as run --autoscale: attainment reads every row
-        raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
-                          f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
     prices = load_prices(price)
     profile = default_profile(gpu_spec, model_spec, tp_n)
     ttft, tpot = slo_ttft_ms or 1000.0, slo_tpot_ms or 100.0

@@ -781,6 +781,7 @@ def capacity_figure(result: PlanResult, path) -> None:
     models = list(result.assessments)
     fig, axes = plt.subplots(1, len(models), figsize=(7.5 * len(models), 5), squeeze=False)
     targets = sorted({float(a["target_rate"]) for a in result.answers})
+    unit = result.context.get("rate_unit", "req/s")  # sessions/s for a session workload
     for ax, model in zip(axes[0], models, strict=True):
         live = [a for a in result.assessments[model] if a.r1 > 0]
         max_gpus = 1
@@ -796,9 +797,9 @@ def capacity_figure(result: PlanResult, path) -> None:
                        label="confirmed at target")
         for t in targets:
             ax.axhline(t, linestyle="--", color="grey", linewidth=1)
-            ax.annotate(f"target {t:g} req/s", (max_gpus, t), ha="right", va="bottom", fontsize=8, color="grey")
+            ax.annotate(f"target {t:g} {unit}", (max_gpus, t), ha="right", va="bottom", fontsize=8, color="grey")
         ax.set_xlabel("GPUs (replicas x TP)")
-        ax.set_ylabel("max sustainable rate (req/s; replicas x one replica's)")
+        ax.set_ylabel(f"max sustainable rate ({unit}; replicas x one replica's)")
         ax.set_title(f"{model}: {result.context['slo_text']}", fontsize=10)
         ax.grid(alpha=0.3)
         if live:

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+import numpy as np
+
 NONE_HASH = 0x6B7673696D  # the chain's seed (vLLM: init_none_hash, random unless PYTHONHASHSEED is set)
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing constant: spreads (key, position) over the id space
+_STEP = 0x2545F491  # spreads positions
 _VOCAB = 1 << 17  # synthetic ids stay below a typical vocabulary size (Llama 3: 128,256)
+_WRAP = 1 << 64
 
 
 def hash_block_tokens(parent: Hashable | None, token_ids: tuple[int, ...], extra_keys: tuple | None = None) -> int:
@@ -52,17 +56,25 @@ class TokenStream:
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
         """The ids at positions start..stop-1."""
-        out = []
-        for p in range(start, stop):
-            k = self.shared_key if p < self.shared_len else self.key
-            out.append(((k * _MIX + p * 0x2545F491) >> 7) % _VOCAB)
-        return tuple(out)
+        return tuple(self._ids(start, stop).tolist())
+
+    def _ids(self, start: int, stop: int) -> np.ndarray:
+        """`token_ids` as an array: ((k * _MIX + p * _STEP) >> 7) % _VOCAB is bits 7..23 of the
+        sum, which its value modulo 2**64 (uint64 arithmetic, wrapping) already holds."""
+        p = np.arange(start, stop, dtype=np.uint64)
+        keys = np.full(len(p), self.key % _WRAP, dtype=np.uint64)
+        if self.shared_len > start:
+            keys[: min(self.shared_len, stop) - start] = self.shared_key % _WRAP
+        with np.errstate(over="ignore"):
+            mixed = keys * np.uint64(_MIX) + p * np.uint64(_STEP)
+        return (mixed >> np.uint64(7)) & np.uint64(_VOCAB - 1)
 
     def block_hashes(self, block_size: int, num_blocks: int) -> list[int]:
         """Hashes of the first `num_blocks` full blocks (a new list)."""
         hashes = self._hashes.setdefault(block_size, [])
-        while len(hashes) < num_blocks:
-            i = len(hashes)
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
-                                            self.token_ids(i * block_size, (i + 1) * block_size)))
+        if len(hashes) < num_blocks:
+            first = len(hashes)
+            ids = self._ids(first * block_size, num_blocks * block_size).reshape(-1, block_size).tolist()
+            for row in ids:
+                hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tuple(row)))
         return hashes[:num_blocks]

@@ -10,9 +10,11 @@ GPUs; the router hands every arriving request to one of them:
                       (least-loaded); other requests least-loaded
     prefix-aware      llm-d's precise prefix-cache-aware scheduling: each replica is scored by
                       the share of the prompt's blocks it holds (GPU prefix cache, then its
-                      CPU tier), its free KV and its queue, weighted 2 : 1 : 1 as llm-d's
-                      guide configures precise-prefix-cache-scorer, kv-cache-utilization-scorer
-                      and queue-scorer (guides/precise-prefix-cache-aware); the highest score
+                      CPU tier: a conversation turn's chained hashes, or the blocks of a
+                      declared shared prefix as the paged policy caches them), its free KV
+                      and its queue, weighted 2 : 1 : 1 as llm-d's guide configures
+                      precise-prefix-cache-scorer, kv-cache-utilization-scorer and
+                      queue-scorer (guides/precise-prefix-cache-aware); the highest score
                       wins (ties: the lowest index). Scores read the replicas' real caches, as
                       llm-d's index does from vLLM's KV events, without their delay.
 
@@ -46,7 +48,7 @@ class Router:
             engine = self.engines[self._next]
             self._next = (self._next + 1) % len(self.engines)
             return engine
-        if self.policy == "prefix-aware" and request.tokens is not None:
+        if self.policy == "prefix-aware" and (request.tokens is not None or request.prefix_id is not None):
             return self._best_prefix(request)
         if self.policy == "session-affinity" and request.session_id >= 0:
             engine = self._affinity.get(request.session_id)
@@ -93,7 +95,10 @@ def prefix_share(engine: Engine, request: Request) -> tuple[float, float]:
     num_blocks = request.num_prompt_tokens // alloc.block_size
     if not num_blocks or not getattr(policy, "enable_prefix_caching", False):
         return 0.0, kv_free
-    hashes = request.tokens.block_hashes(alloc.block_size, num_blocks)
+    if request.tokens is not None:  # a conversation turn: its chained block hashes
+        hashes = request.tokens.block_hashes(alloc.block_size, num_blocks)
+    else:  # a declared shared prefix: block i of prefix p is cached as (p, i) (ContinuousPagedPolicy)
+        hashes = [(request.prefix_id, i) for i in range(request.num_prefix_tokens // alloc.block_size)]
     hits = alloc.num_cached_prefix_blocks(hashes)
     tier = getattr(policy, "host_tier", None)
     if tier is not None:

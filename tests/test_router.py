@@ -74,3 +74,21 @@ def test_sweep_counts_gpus_as_tp_times_dp():
     doc = json.loads(result.stdout)
     assert [(p["tp"], p["dp"], p["gpus"]) for p in doc["points"]] == [(1, 1, 1), (1, 2, 2), (2, 1, 2), (2, 2, 4)]
     assert doc["cheapest_passing"]["gpus"] == 1
+
+
+def test_prefix_aware_routes_a_declared_shared_prefix_to_the_replica_that_holds_it():
+    # r0 (prefix 1) and r1 (prefix 2) land on replicas 0 and 1; once both are done and the
+    # replicas idle, r2 (prefix 2) and r3 (prefix 1) go back to the replica holding their prefix.
+    # Least-loaded (the fallback this router once used for declared prefixes) sends both to 0.
+    def requests():
+        return [req(0, 0.0, 12, 20, prefix_id=1, num_prefix_tokens=8),
+                req(1, 0.0001, 12, 20, prefix_id=2, num_prefix_tokens=8),
+                req(2, 1.0, 12, 2, prefix_id=2, num_prefix_tokens=8),
+                req(3, 2.0, 12, 2, prefix_id=1, num_prefix_tokens=8)]
+
+    cfg = dict(data_parallel_size=2, block_size=4, enable_prefix_caching=True)
+    aware = run(requests(), router="prefix-aware", **cfg)
+    assert aware.requests["replica"].tolist() == [0, 1, 1, 0]
+    assert aware.summary["prefix_cache_hit_rate"] > 0
+    blind = run(requests(), router="least-loaded", **cfg)
+    assert blind.requests["replica"].tolist() == [0, 1, 0, 0]

@@ -177,3 +177,10 @@ def test_plan_autoscale_refuses_what_it_would_ignore(flag):
     result = CliRunner().invoke(app, ["plan", "--autoscale", "--gpu", "H100", "--tp", "1", *flag])
     assert result.exit_code == 2 and f"{flag[0]} does not apply to plan --autoscale" in result.stderr
     assert result.stderr.count("\n") == 1 and not result.stdout
+
+
+def test_a_disaggregated_plan_names_the_engine_of_each_answer():
+    doc = _json(["plan", "--disagg", "on", "--rate", "4", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                 "--search-requests", "60", "--confirm-requests", "80", "--slo-ttft-p95-ms", "500"])
+    assert doc["engine_version"] == "vllm-v1"
+    assert doc["disagg"]["answers"] and all(a["engine_version"] == "vllm-v1" for a in doc["disagg"]["answers"])
