@@ -522,6 +522,14 @@ class ExtrapolationCounter:
     def note(self, table: str) -> None:
         self.tables[table] = self.tables.get(table, 0) + 1
 
+    def add(self, steps: int, tables: dict[str, int]) -> None:
+        """Counts another core made (simcore/fastcore.py): `steps` more steps, and per table
+        its count (tables counted 0 are not added, as note() never adds them)."""
+        self.steps += steps
+        for table, count in tables.items():
+            if count:
+                self.tables[table] = self.tables.get(table, 0) + count
+
 
 def _check_table_values(table: dict, where: str) -> None:
     z = table.get("time_ms") if isinstance(table, dict) else None
