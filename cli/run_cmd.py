@@ -1009,7 +1009,10 @@ def _fleet_html(document: dict, result, path: Path) -> None:
     from kvsim.reports.fleet_page import fleet_page, group_rows
     from kvsim.reports.prices import load_prices
 
-    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
+    records = result.records  # past the kept rows: the per-replica counts (no per-group p95s)
+    cols = request_columns(result) if records.kept else None
+    counts = (records.replica_requests, records.replica_positions)
+    path.write_text(fleet_page(document, group_rows(document, cols, load_prices(), counts)))
 
 
 def _disagg_html(document: dict, result, path: Path) -> None:

@@ -1,7 +1,13 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
 as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
 batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
-replica or several behind either router, open-loop arrivals or a workload file's closed loop.
+replica or several behind either router, open-loop arrivals or a workload file's closed loop;
+static / dynamic batching and Orca over contiguous reservations (csrc/batching.c), pipeline
+stages (csrc/pipeline.c), and every token's time when the run keeps them (csrc/tokens.c,
+--save-result);
+multi-turn sessions (workloads.sessions: turns sent as answers come back, their blocks keyed by
+the chained hashes computed here, `_sessions`), the CPU KV tier and the session-affinity and
+prefix-aware routers (simcore/csrc/sessions.c and its hooks in engine.c).
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
@@ -114,6 +120,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
     lib.kv_engine_tier_counts.restype = None
     lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_tier_wait.restype = None
+    lib.kv_engine_tier_wait.argtypes = [ctypes.c_void_p, _P]
     lib.kv_engine_set_replica.restype = ctypes.c_int
     lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
     lib.kv_engine_autoscale.restype = ctypes.c_int
@@ -633,6 +641,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
         for index, e in enumerate(engines):
             (e.policy.offload_hit_tokens, e.policy.offload_loaded_blocks, e.policy.host_tier.num_stored,
              e.policy.host_tier.num_evicted) = offload[KV_TIER_COUNTS * index:KV_TIER_COUNTS * (index + 1)]
+        waited = (ctypes.c_double * dp)()
+        lib.kv_engine_tier_wait(handle, waited)
+        for index, e in enumerate(engines):
+            e.policy.offload_wait_s = waited[index]
     if sessions:
         stats = _session_stats(lib, handle, ttft)
     _collect_itls(lib, handle, engines)
@@ -697,11 +709,13 @@ def _collect_tokens(lib, handle, engines) -> None:
                              times.ctypes.data_as(_P))
         log = engine.lifecycle.token_times
         ends = np.cumsum(counts).tolist()
-        raw = times.tobytes()
+        raw = memoryview(times).cast("B")  # (no copy of the whole table)
         start = 0
         for rid, end in zip(ids.tolist(), ends, strict=True):
-            log[rid] = array("d", raw[8 * start:8 * end])
+            stamps = log[rid] = array("d")
+            stamps.frombytes(raw[8 * start:8 * end])
             start = end
+        del raw, times
 
 
 def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:

@@ -241,6 +241,8 @@ class Simulation:
                          * e.pipeline_parallel_size) / 2**30
             summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
             summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
+        if "offload_wait_s" in counters and records.kept:  # issue 25: where a CPU-tier run's TTFT goes
+            summary["ttft_split_ms"] = ttft_split_ms(records.columns(), counters["offload_wait_s"])
         if engines[0].spec_cost is not None:
             summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
@@ -533,3 +535,20 @@ def simulate(
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
     return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
                    draft_profile, autoscale, attainment=attainment).run()
+
+
+def ttft_split_ms(cols: dict[str, np.ndarray], load_wait_s: float) -> dict[str, float]:
+    """Mean time to first token of the finished requests split three ways (ms): waiting in the
+    queue, waiting for KV loaded from the CPU tier (`load_wait_s`: their loads, start to ready,
+    before they were first scheduled; a load queued on the host link counts from its start), and
+    from first scheduled to first token (prefill, its chunks, and any preemption in between)."""
+    from kvsim.simcore.records import FINISHED
+
+    done = cols["status"] == FINISHED
+    n = int(done.sum())
+    if not n:
+        return {}
+    waited = float(np.mean(cols["first_scheduled_s"][done] - cols["arrival_s"][done]))
+    prefill = float(np.mean(cols["first_token_s"][done] - cols["first_scheduled_s"][done]))
+    load = load_wait_s / n
+    return {"queueing": (waited - load) * 1000, "load": load * 1000, "prefill": prefill * 1000}

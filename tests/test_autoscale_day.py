@@ -92,3 +92,32 @@ def test_past_the_row_cap_both_cores_count_the_same_day(monkeypatch):
                 assert len(c.records.attainment.rows()) > 1, "the day should span several hours"
                 with pytest.raises(Exception, match="counted while it runs"):  # other SLOs: rows are gone
                     run_attainment(c, 1.0, None, key[0])
+
+
+def test_a_fleet_past_the_row_cap_reports_its_groups(tmp_path, monkeypatch):
+    """`run --fleet ... --out` past the kept rows (tiny cap): the Fleet lines and fleet.html's per-group
+    requests and output tokens come from the per-replica counts, equal to those of the kept run."""
+    import re
+
+    from typer.testing import CliRunner
+
+    import kvsim.simcore.records as records
+    from kvsim.cli.main import app
+
+    path = tmp_path / "day.yaml"
+    path.write_text("name: d\nnum_requests: 600\narrival: {process: poisson, rate: 20.0}\n"
+                    "prompt_len: {dist: lognormal, mean: 161, cv: 1.0}\noutput_len: {dist: lognormal, mean: 100, cv: 1.0}\n")
+    outputs = []
+    for capped in (False, True):
+        if capped:
+            monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
+            monkeypatch.setattr(records, "_ROW_CHUNK", 32)
+        out = tmp_path / f"out{int(capped)}"
+        ran = CliRunner().invoke(app, ["run", "--workload", str(path), "--fleet", "H100:1:1,H200:1:2", "--out", str(out),
+                                       "--no-error-bars"])
+        assert ran.exit_code == 0, ran.stderr
+        lines = ran.stdout[ran.stdout.index("Fleet---"): ran.stdout.index("Simulated in")]
+        page = (out / "fleet.html").read_text()
+        served = re.findall(r"([0-9.]+%)", page[page.index("Per GPU group"): page.index("The whole fleet")])
+        outputs.append((lines, served))
+    assert outputs[0] == outputs[1] and "requests" in outputs[1][0] and len(outputs[1][1]) == 2

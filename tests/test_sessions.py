@@ -77,6 +77,11 @@ def test_an_evicted_turn_is_loaded_back_from_the_cpu_tier_priced_as_pcie_transfe
     waited = turn2["first_scheduled_s"] - turn2["arrival_s"]
     assert waited == pytest.approx(3 * sim.config.swap_block_s, rel=1e-9)
     assert [n for n in result.steps["num_prefill_tokens"].tolist() if n][-1] == 20 - 12
+    # TTFT split three ways: the load is turn 2's wait, the parts add up to the mean TTFT
+    split = result.summary["ttft_split_ms"]
+    assert split["load"] == pytest.approx(3 * sim.config.swap_block_s * 1000 / 3, rel=1e-9)
+    assert split["queueing"] + split["load"] + split["prefill"] == pytest.approx(result.summary["mean_ttft_ms"], rel=1e-9)
+    assert split["queueing"] == pytest.approx(0.0, abs=1e-9)  # idle engine: nobody queued
     _same_in_both_cores(config, wl, "evicted turn loaded back")
 
 

@@ -36,7 +36,7 @@ typedef struct {
     double arrival, first_sched, first_token;
     /* SESSIONS: a conversation's turn (tok): its blocks are keyed by hk[i] (hash ids of its
        session's blocks) in the replica's hash group; a load from the CPU tier in flight */
-    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready;
+    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready, load_start;
     int loading;  /* 1: loading; 2: admitted, its load done, this step */
     long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
@@ -110,7 +110,7 @@ struct kv_rep {
     int itl_done;  /* the last partial block is in the sum */
     /* SESSIONS: the CPU KV tier (NULL: none), when its host link is free, what it loaded; the
        idle timer's generation (a stale timer does nothing) */
-    kv_tier *tier; double link_free; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
+    kv_tier *tier; double link_free, off_wait_s; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
     long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
@@ -877,6 +877,10 @@ int kv_engine_offload(kv_engine *S, long num_blocks, double load_block_s, long n
     return 0;
 }
 
+void kv_engine_tier_wait(const kv_engine *S, double *out) {
+    for (long i = 0; i < S->nrep; i++) out[i] = S->reps[i].off_wait_s;
+}
+
 void kv_engine_tier_counts(const kv_engine *S, long *out) {
     for (long i = 0; i < S->nrep; i++) {
         const kv_rep *e = &S->reps[i];
@@ -1115,7 +1119,7 @@ static int start_load(kv_rep *e, long s, long hit) {
     fail(e, pc_admit(e, r, hit, loaded * bs));
     double now = e->S->now, ready = (now > e->link_free ? now : e->link_free) + (double)loaded * e->S->load_block_s;
     e->link_free = ready;
-    r->loading = 1; r->ready = ready; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
+    r->loading = 1; r->ready = ready; r->load_start = now; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
     e->off_loaded_blocks += loaded;
     r->off_rest = blocks_for(e, nt) - r->nblk;
     e->load_reserved += r->off_rest;
@@ -1178,6 +1182,7 @@ static int schedule(kv_rep *e) {
         if (num_new > budget) num_new = budget;
         if (!grow_seq(e, r, num_new)) { stopped = 1; break; }
         r->loading = 2;
+        if (r->first_sched < 0) e->off_wait_s += r->ready - r->load_start;  /* (TTFT split) */
         e->load_reserved -= r->off_rest;
         e->prefix_query_tokens += r->prompt + r->generated;
         e->prefix_hit_tokens += r->off_cached - r->off_loaded;

@@ -69,5 +69,7 @@ void kv_engine_session_stats(const kv_engine *S, long *out, long n, long *turn_o
 /* per replica, KV_TIER_COUNTS longs: prompt tokens loaded from the tier, blocks loaded, stored, evicted */
 #define KV_TIER_COUNTS 4
 void kv_engine_tier_counts(const kv_engine *S, long *out);
+/* per replica: seconds requests waited for loads before they were first scheduled (TTFT split) */
+void kv_engine_tier_wait(const kv_engine *S, double *out);
 
 #endif

@@ -73,13 +73,14 @@ class ContinuousPagedPolicy:
         self.host_tier = host_tier
         self.load_block_s = load_block_s
         # request id -> (ready at, cached, of them loaded, blocks its prompt still needs once loaded,
-        # its state), in the order the loads started
-        self._offloads: dict[int, tuple[float, int, int, int, ReqState]] = {}
+        # its state, when the load started), in the order the loads started
+        self._offloads: dict[int, tuple[float, int, int, int, ReqState, float]] = {}
         self._load_reserved = 0  # those blocks, summed over the queued loads
         self._offload_tokens = 0  # slots written by sequences still loading from the CPU tier (not running)
         self._link_free_s = 0.0  # when the replica's host link finishes its last queued load
         self.offload_hit_tokens = 0  # prompt tokens loaded from the CPU tier instead of recomputed
         self.offload_loaded_blocks = 0
+        self.offload_wait_s = 0.0  # seconds requests waited for their loads before their first scheduling
         self._filling_prefix: list[ReqState] = []  # planned requests writing shared-prefix blocks
         self.prefix_query_tokens = 0  # prompt tokens of admitted requests that share a prefix
         self.prefix_hit_tokens = 0  # of those, tokens adopted from the prefix cache
@@ -135,7 +136,8 @@ class ContinuousPagedPolicy:
         out = {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
         if self.host_tier is not None:
             out.update(offload_hit_tokens=self.offload_hit_tokens, offload_loaded_blocks=self.offload_loaded_blocks,
-                       offload_stored_blocks=self.host_tier.num_stored, offload_evicted_blocks=self.host_tier.num_evicted)
+                       offload_stored_blocks=self.host_tier.num_stored, offload_evicted_blocks=self.host_tier.num_evicted,
+                       offload_wait_s=self.offload_wait_s)
         return out
 
     # -- scheduling ------------------------------------------------------------------------
@@ -363,7 +365,7 @@ class ContinuousPagedPolicy:
             if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
                 break
             if st.request_id in self._offloads:
-                ready_s, num_cached, num_loaded, rest, _ = self._offloads[st.request_id]
+                ready_s, num_cached, num_loaded, rest, _, start_s = self._offloads[st.request_id]
                 if ready_s > now:
                     continue
                 num_new = st.num_tokens - num_cached
@@ -374,6 +376,8 @@ class ContinuousPagedPolicy:
                 if not alloc.append_slots(st.request_id, num_new):
                     break
                 del self._offloads[st.request_id]
+                if st.first_scheduled_s < 0:  # a load in its time to first token (TTFT split: simulate)
+                    self.offload_wait_s += ready_s - start_s
                 self._load_reserved -= rest
                 self._offload_tokens -= num_cached
                 num_seqs += self._take_admitted(plan, st, num_new, num_cached, True, num_loaded)
@@ -438,7 +442,7 @@ class ContinuousPagedPolicy:
         self._link_free_s = ready_s
         num_cached = (hit_blocks + num_loaded) * bs
         rest = alloc.blocks_for(st.num_tokens) - len(alloc.block_table(st.request_id))
-        self._offloads[st.request_id] = (ready_s, num_cached, num_loaded * bs, rest, st)
+        self._offloads[st.request_id] = (ready_s, num_cached, num_loaded * bs, rest, st, now)
         self._load_reserved += rest
         self._offload_tokens += num_cached
         self.offload_loaded_blocks += num_loaded
