@@ -12,7 +12,10 @@ from kvsim.simcore.errors import ConfigError
 
 DEFAULT_TTFT_SLO_MS = 1000.0  # attainment thresholds unless --autoscale-config or --slo-* say otherwise
 DEFAULT_TPOT_SLO_MS = 100.0
+# scale_up/down_cooldown_s are the HPA's scaleUp/scaleDown stabilization windows; the rate policies
+# follow (simcore.autoscale's docstring)
 _KEYS = {"metric", "target", "interval_s", "tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s",
+         "scale_up_percent", "scale_up_pods", "scale_up_period_s", "scale_down_percent", "scale_down_period_s",
          "model_load_gbps", "warmup_s", "ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour"}
 
 
@@ -57,14 +60,28 @@ def parse_autoscale(enabled: bool, min_replicas: int | None, max_replicas: int |
     return config, {k: float(extra[k]) for k in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour") if k in extra}
 
 
+def slo_of(extras: dict[str, Any], slo_ttft_ms: float | None, slo_tpot_ms: float | None) -> tuple[float, float]:
+    """The (TTFT, TPOT) thresholds attainment is judged against (--autoscale-config, --slo-*, defaults)."""
+    return (extras.get("ttft_slo_ms", slo_ttft_ms or DEFAULT_TTFT_SLO_MS),
+            extras.get("tpot_slo_ms", slo_tpot_ms or DEFAULT_TPOT_SLO_MS))
+
+
+def attainment_key(extras: dict[str, Any], slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+                   workload) -> tuple[float, float, float]:
+    """(hour_s, TTFT, TPOT) for simulate's `attainment=`: the run counts its hourly attainment as
+    requests leave, so a day of millions of requests keeps no rows for it."""
+    from kvsim.simcore.autoscale import hour_of_arrival
+
+    return (hour_of_arrival(workload.describe().get("arrival", {})), *slo_of(extras, slo_ttft_ms, slo_tpot_ms))
+
+
 def fleet_section(result, extras: dict[str, Any], slo_ttft_ms: float | None, slo_tpot_ms: float | None,
                   gpu_name: str) -> dict[str, Any]:
     """The run's fleet figures: its record's autoscale block plus attainment and cost."""
     from kvsim.reports.prices import BUILTIN_USD_PER_GPU_HOUR
 
     fleet = dict(result.record["autoscale"])
-    ttft = extras.get("ttft_slo_ms", slo_ttft_ms or DEFAULT_TTFT_SLO_MS)
-    tpot = extras.get("tpot_slo_ms", slo_tpot_ms or DEFAULT_TPOT_SLO_MS)
+    ttft, tpot = slo_of(extras, slo_ttft_ms, slo_tpot_ms)
     fleet["slo"] = {"ttft_ms": ttft, "tpot_ms": tpot}
     fleet["hour_s"] = hour_s = hour_of(result)
     fleet.update(_attainment(result, ttft, tpot, hour_s))
@@ -163,4 +180,4 @@ def write_figure(fleet: dict[str, Any], path) -> None:
     plt.close(fig)
 
 
-__all__ = ["fleet_section", "format_fleet", "parse_autoscale", "static_row", "write_figure"]
+__all__ = ["attainment_key", "fleet_section", "format_fleet", "parse_autoscale", "static_row", "write_figure"]

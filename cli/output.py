@@ -106,9 +106,10 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
     lines.append(_row("Offered load:", _load_label(s)))
     for key, label in (("offered_rate", "Offered rate once warm (req/s):"),
                        ("completed_rate_warm", "Completed rate once warm (req/s):"),
-                       ("queue_wait_slope", "Queueing delay growth (s per s):")):
+                       ("queue_wait_slope", "Queueing delay growth (s per s):"),
+                       ("session_queue_slope", "  while sessions start (s per s):")):
         if s.get(key) is not None:
-            lines.append(_row(label, s[key], ".3f" if key == "queue_wait_slope" else ".2f"))
+            lines.append(_row(label, s[key], ".3f" if key.endswith("_slope") else ".2f"))
     lines.append(_section("KV cache"))
     if "regime" in s:
         lines.append(_row("Regime:", s["regime"]))
@@ -131,6 +132,10 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
         lines.append(_row("External (CPU tier) prefix hit rate (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
         lines.append(_row("CPU tier loaded / stored (GiB):",
                           f"{s.get('offload_loaded_gib', 0):.2f} / {s.get('offload_stored_gib', 0):.2f}", "s"))
+        split = s.get("ttft_split_ms")
+        if split:  # mean TTFT three ways (simcore.simulate.ttft_split_ms)
+            lines.append(_row("Mean TTFT queue / load / prefill (ms):",
+                              f"{split['queueing']:.2f} / {split['load']:.2f} / {split['prefill']:.2f}", "s"))
     if s.get("prefix_cache_hit_rate_by_replica"):
         lines.append(_row("  by replica (%):", ", ".join(
             "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))
@@ -303,10 +308,13 @@ def check_out_file(out: Path | None, flag: str = "--out") -> Path | None:
 def _arrival_text(workload: dict[str, Any]) -> str:
     a = workload.get("arrival", {})
     kind = a.get("process", "?")
+    unit = "sessions/s" if workload.get("sessions") else "req/s"  # a session workload's arrivals start sessions
+    if "start_time_scale" in workload and "rate" in a:  # a rate search's rescaled sessions (SessionRateScaler)
+        a = {**a, "rate": a["rate"] / workload["start_time_scale"]}
     if kind in ("poisson", "fixed_rate"):
-        return f"{kind} arrivals at {a['rate']:g} req/s"
+        return f"{kind} arrivals at {a['rate']:g} {unit}"
     if kind == "gamma":
-        return f"gamma arrivals at {a['rate']:g} req/s (burstiness {a['burstiness']:g})"
+        return f"gamma arrivals at {a['rate']:g} {unit} (burstiness {a['burstiness']:g})"
     if kind == "piecewise":
         return f"piecewise-rate arrivals, mean {a['mean_rate']:g} req/s"
     if kind == "batch":

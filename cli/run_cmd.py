@@ -154,7 +154,7 @@ def run(
     min_replicas: Annotated[int | None, typer.Option(help="--autoscale: replicas always up (and at the start). [default: 1]")] = None,
     max_replicas: Annotated[int | None, typer.Option(help="--autoscale: most replicas. [default: 4]")] = None,
     provisioning_delay: Annotated[float | None, typer.Option(help="--autoscale: seconds for a new replica's node to come up, before its model loads (weights / model_load_gbps) and warms up. [default: 120]")] = None,
-    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s, scale_down_cooldown_s, model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
+    autoscale_config: Annotated[str | None, typer.Option(help="--autoscale: JSON with metric (inflight | kv), target, interval_s, tolerance, scale_up_cooldown_s and scale_down_cooldown_s (the HPA's scale-up / scale-down stabilization windows, 0 / 300 s), scale_up_percent, scale_up_pods, scale_up_period_s (100, 4, 15), scale_down_percent, scale_down_period_s (100, 15), model_load_gbps, warmup_s, ttft_slo_ms, tpot_slo_ms, price_usd_per_gpu_hour.")] = None,
     speculative_config: SpeculativeConfigOpt = None,
     compare_no_spec: Annotated[bool, typer.Option("--compare-no-spec", help="With --speculative-config: run the same requests again without speculation and report the speed-up (TPOT, ITL, throughput).")] = False,
     prefill_replicas: Annotated[int | None, typer.Option(help="Disaggregated prefill/decode: prefill instances (vLLM kv_producer); with --decode-replicas.")] = None,
@@ -314,9 +314,6 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
         check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
-    if find_max_rate and getattr(wl, "is_session", False):
-        raise ConfigError(f"--find-max-rate rescales planned arrival times; the turns of {wl.name} follow "
-                          "their answers: sweep --rate instead")
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
@@ -387,19 +384,19 @@ def run(
             f"{', '.join(f'{r:.3f}' for r in spec.rates)} per position ({spec.source}); expected length "
             f"{spec.mean_acceptance_length():.2f}; draft {memory.draft_weights_bytes_per_gpu / 2**30:.2f} GiB + "
             f"{memory.draft_kv_bytes_per_token} B/token of KV per GPU")
+    counted = None  # (hour, TTFT, TPOT): hourly attainment counted as requests leave (any number of them)
     if scaling is not None:
-        from kvsim.simcore import records as records_module
+        from kvsim.cli.autoscale_out import attainment_key
 
-        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
-            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
-                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        counted = attainment_key(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms, wl)
         say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of TP {tp}, metric {scaling.metric} "
             f"target {scaling.target:g}, every {scaling.interval_s:g} s; cold start {scaling.provisioning_s:g} s "
             f"provisioning + {memory.weights_bytes_per_gpu / 1e9 / scaling.model_load_gbps:.0f} s load + "
             f"{scaling.warmup_s:g} s warm-up")
     with run_staging(out) as staging:  # rows past the memory caps stream into it; swapped in at the end
         result, sim = _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging,
-                                engine_core.value, keep_tokens=save_result, draft_prof=draft_prof, autoscale=scaling)
+                                engine_core.value, keep_tokens=save_result, draft_prof=draft_prof, autoscale=scaling,
+                                attainment=counted)
         baseline = None
         if compare_no_spec:  # the same requests and seed, without speculation
             from dataclasses import replace
@@ -409,14 +406,14 @@ def run(
         fleet = None
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
-                           slo_ttft_p95_ms, slo_tpot_p95_ms)
+                           slo_ttft_p95_ms, slo_tpot_p95_ms, counted)
         bands = None
         if error_bars:
             also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms,
                                                                    gpu_spec.name)
             bands = _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core.value,
                                 result, percentiles, metrics, draft_prof, scaling, baseline,
-                                plain if baseline is not None else None, also)
+                                plain if baseline is not None else None, also, counted)
         fatal = _report(result, wl, slo, seed, out, as_json, staging, sim=sim, percentiles=percentiles,
                         metrics=metrics, result_file=result_file, model_name=model_spec.name, baseline=baseline,
                         fleet=fleet, bands=bands, engine=engine)
@@ -482,12 +479,11 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     gpus = sum(n * cfg.engine.tensor_parallel_size for cfg, _, n in groups)
     say(f"Fleet: {sum(n for _, _, n in groups)} replicas, {gpus} GPUs, router {first.engine.router}"
         + (f", ${usd:,.2f}/h at built-in prices" if usd is not None else " (a GPU has no built-in price)"))
+    counted = None  # (hour, TTFT, TPOT): hourly attainment counted as requests leave (any number of them)
     if scaling is not None:
-        from kvsim.simcore import records as records_module
+        from kvsim.cli.autoscale_out import attainment_key
 
-        if int(wl.num_requests) > records_module.REQUEST_ROWS_CAP:
-            raise ConfigError(f"--autoscale needs every request row for its hourly attainment; {int(wl.num_requests):,} "
-                              f"requests exceed the {records_module.REQUEST_ROWS_CAP:,} kept")
+        counted = attainment_key(scaling_extras or {}, slo_ttft_ms, slo_tpot_ms, wl)
         say(f"Autoscaling: {scaling.min_replicas}-{scaling.max_replicas} replicas of the fleet, started in its order "
             f"(drained in reverse), metric {scaling.metric} target {scaling.target:g}, every {scaling.interval_s:g} s")
     with run_staging(out) as staging:
@@ -495,7 +491,7 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
         try:
             sim = prepare(model_spec, first.gpu, first, wl, profile, seed=seed, progress=progress.update,
                           exact_steps=exact_steps, stream=stream_tables(staging), engine_core=engine_core.value,
-                          fleet=groups, autoscale=scaling)
+                          fleet=groups, autoscale=scaling, attainment=counted)
             result = sim.run()
         finally:
             progress.stop()
@@ -503,7 +499,7 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
         fleet = None
         if scaling is not None:
             fleet = _fleet_of_groups(result, model_spec, groups, wl, seed, scaling_extras, slo_ttft_ms, slo_tpot_ms,
-                                     prices)
+                                     prices, counted)
         bands = None
         if error_bars:  # every group's profile scaled alike (profiles.uncertainty.deployment_error)
             from kvsim.profiles.uncertainty import deployment_error, scaled_profile
@@ -511,7 +507,8 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
             def rerun(f):
                 scaled = [(cfg, scaled_profile(p, f), n) for cfg, p, n in groups]
                 return prepare(model_spec, first.gpu, first, wl, scaled[0][1], seed=seed, exact_steps=exact_steps,
-                               engine_core=engine_core.value, fleet=scaled, autoscale=scaling).run()
+                               engine_core=engine_core.value, fleet=scaled, autoscale=scaling,
+                               attainment=counted).run()
 
             also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_ms, slo_tpot_ms, "")
             bands = _bands(deployment_error([p for _, p, _ in groups]), rerun, result, percentiles, metrics,
@@ -535,7 +532,7 @@ def _prefix(groups, replicas: int) -> list:
     return out
 
 
-def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices):
+def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, slo_tpot_ms, prices, counted=None):
     """An autoscaled fleet's section (as `_fleet` makes it for one GPU type): each replica billed for
     its own GPUs at its group's price (or --autoscale-config's one price), and static fleets of the
     first peak / mean replicas in the fleet's order run on the same workload."""
@@ -557,7 +554,8 @@ def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, 
     rows = []
     for sized_for, replicas in sizes.items():
         part = _prefix(groups, replicas)
-        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part).run()
+        static = prepare(model_spec, part[0][0].gpu, part[0][0], wl, part[0][1], seed=seed, fleet=part,
+                         attainment=counted).run()
         hours = float(static.summary.get("duration_s") or 0.0) / 3600.0
         gpus = sum(g for g, _ in per_replica[:replicas])
         row = static_row(static, replicas, 1, fleet["slo"]["ttft_ms"], fleet["slo"]["tpot_ms"], None, fleet["hour_s"])
@@ -576,16 +574,14 @@ def _fleet_of_groups(result, model_spec, groups, wl, seed, extras, slo_ttft_ms, 
 
 def _fleet_lines(result) -> str:
     """Requests and output tokens each group served (from the request table's replica column)."""
-    import numpy as np
-
-    cols = result.records.columns()
+    records = result.records  # counted by replica as rows left (any number of requests)
     lines = ["----------------------Fleet-----------------------"]
     start = 0
     for group in result.record["fleet"]:
-        replicas = np.arange(start, start + group["replicas"])
-        mine = np.isin(cols["replica"], replicas)
+        end = start + group["replicas"]
         label = f"{group['replicas']} x TP{group['tp']} {group['gpu']}:"
-        lines.append(f"{label:<41}{int(mine.sum())} requests, {int(cols['num_positions'][mine].sum()):,} output tokens")
+        lines.append(f"{label:<41}{int(records.replica_requests[start:end].sum())} requests, "
+                     f"{int(records.replica_positions[start:end].sum()):,} output tokens")
         start += group["replicas"]
     usd = result.record.get("fleet_usd_per_hour")
     if usd is not None:
@@ -689,7 +685,7 @@ def _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact
 
 
 def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, staging, engine_core, keep_tokens=False,
-              draft_prof=None, autoscale=None):
+              draft_prof=None, autoscale=None, attainment=None):
     """(result, the simulation); `keep_tokens` records every token's time (--save-result); `draft_prof`
     prices a draft_model's own passes; `staging` None: nothing streams (a --compare-no-spec baseline)."""
     from kvsim.simcore.simulate import prepare
@@ -698,7 +694,7 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
     try:
         sim = prepare(model_spec, gpu_spec, resolved, wl, prof, seed=seed, progress=progress.update,
                       exact_steps=exact_steps, stream=stream_tables(staging) if staging is not None else None,
-                      engine_core=engine_core, draft_profile=draft_prof, autoscale=autoscale)
+                      engine_core=engine_core, draft_profile=draft_prof, autoscale=autoscale, attainment=attainment)
         if keep_tokens:
             for engine in sim.replicas:
                 engine.lifecycle.token_times = {}
@@ -708,7 +704,8 @@ def _simulate(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, stagi
 
 
 def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, engine_core, result,
-                percentiles, metrics, draft_prof=None, autoscale=None, baseline=None, plain=None, also=None) -> dict:
+                percentiles, metrics, draft_prof=None, autoscale=None, baseline=None, plain=None, also=None,
+                attainment=None) -> dict:
     """The run again with every step time at the low and high end of the profile's stated error
     (profiles/uncertainty.py; a draft model's profile scaled alike); with `baseline` (the
     --compare-no-spec run, `plain` its configuration), the baseline too at each end, for the
@@ -719,7 +716,8 @@ def _error_bars(model_spec, gpu_spec, resolved, wl, prof, seed, exact_steps, eng
     def rerun(f):
         draft = scaled_profile(draft_prof, f) if draft_prof is not None else None
         return prepare(model_spec, gpu_spec, resolved, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
-                       engine_core=engine_core, draft_profile=draft, autoscale=autoscale).run()
+                       engine_core=engine_core, draft_profile=draft, autoscale=autoscale,
+                       attainment=attainment).run()
 
     def rerun_baseline(f):
         return prepare(model_spec, gpu_spec, plain, wl, scaled_profile(prof, f), seed=seed, exact_steps=exact_steps,
@@ -776,7 +774,7 @@ def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -
     return doc
 
 
-def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms):
+def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms, counted=None):
     """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
     and its mean (rounded up) active replicas."""
     from dataclasses import replace
@@ -791,7 +789,7 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
     rows = []
     for sized_for, replicas in sizes.items():
         config = resolve(model_spec, gpu_spec, replace(resolved.engine, data_parallel_size=replicas))
-        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed)
+        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, attainment=counted)
         rows.append({"sized_for": sized_for, **static_row(static, replicas, gpus, fleet["slo"]["ttft_ms"],
                                                           fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
                                                           fleet["hour_s"])})
@@ -913,17 +911,23 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
         typer.echo(f"WARNING {warning}", err=True)
     for line in rejected_lines(result.records):
         typer.echo(line, err=True)
-    if result.summary.get("saturation") == "overloaded":
-        s = result.summary
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
-                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     from kvsim.reports.capacity import summary_with_goodput
     from kvsim.reports.regime import regime_of
 
     regime = regime_of(result)
+    # a session workload is judged as sweep and plan judge it (reports.capacity.judge_sessions)
+    judged = summary_with_goodput(result, slo, wl, seed)
+    if judged.get("sessions_overloaded"):
+        typer.echo(f"WARNING overloaded: queueing delay grows {judged['session_queue_slope']:.2f} s per s while "
+                   "sessions start (turns wait on their answers, so an overloaded server slows its own "
+                   "arrivals and the completed rate keeps pace)", err=True)
+    elif judged.get("saturation") == "overloaded":
+        s = judged
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+                   "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
-        **summary_with_goodput(result, slo), "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
+        **judged, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,
         "kv_blocked_share": regime.kv_blocked_share,
     }
     if engine is not None:  # issue 27: every answer names the engine version it assumes
@@ -1010,7 +1014,10 @@ def _fleet_html(document: dict, result, path: Path) -> None:
     from kvsim.reports.fleet_page import fleet_page, group_rows
     from kvsim.reports.prices import load_prices
 
-    path.write_text(fleet_page(document, group_rows(document, request_columns(result), load_prices())))
+    records = result.records  # past the kept rows: the per-replica counts (no per-group p95s)
+    cols = request_columns(result) if records.kept else None
+    counts = (records.replica_requests, records.replica_positions)
+    path.write_text(fleet_page(document, group_rows(document, cols, load_prices(), counts)))
 
 
 def _disagg_html(document: dict, result, path: Path) -> None:
@@ -1037,8 +1044,14 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
 
     start = getattr(wl.arrival, "rate", None) or getattr(wl.arrival, "mean_rate", None) or 1.0
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
+    # a session workload's rate is its session rate: only session starts are rescaled, each turn
+    # still waits on its answer (reports.capacity.SessionRateScaler, which refuses a closed loop)
+    sessions = getattr(wl, "is_session", False)
+    unit = "sessions/s" if sessions else "req/s"
+    per_run = (f"{int(wl.num_sessions):,} sessions per run, more at higher rates to reach the steady state"
+               if sessions else f"{wl.num_requests} requests per run")
     say(f"Searching the highest sustained rate meeting {slo.text()} (tolerance {100 * tolerance:g}%, "
-        f"{wl.num_requests} requests per run, seed {seed})")
+        f"{per_run}, seed {seed})")
     if engine is not None:
         say(f"Engine: {engine_text(engine)}")
     found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
@@ -1064,7 +1077,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         "engine_core": p.summary.get("engine_core"),
     } for p in found.points]
     document = {
-        "max_sustainable_rate": found.max_rate, "tolerance": tolerance, "at_least": found.at_least,
+        "max_sustainable_rate": found.max_rate, "unit": unit, "tolerance": tolerance, "at_least": found.at_least,
         "binding": found.binding, "slo": slo.describe(), "num_runs": found.num_runs, "runs": rows,
         "error_bars": bars, **({"engine_version": engine.get("engine_version"), "engine_assumptions": engine}
                                if engine is not None else {}),
@@ -1084,16 +1097,16 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     for row in rows:
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
-        typer.echo(f"  {row['rate']:9.3f} req/s  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
+        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
                    f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
                    + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
                              for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:
         typer.echo(f"No rate meets the SLO: {found.binding}")
     elif found.at_least:
-        typer.echo(f"Max sustainable rate: at least {found.max_rate:.3f} req/s (search ceiling reached)")
+        typer.echo(f"Max sustainable rate: at least {found.max_rate:.3f} {unit} (search ceiling reached)")
     else:
-        typer.echo(f"Max sustainable rate: {found.max_rate:.3f} req/s (fails at "
+        typer.echo(f"Max sustainable rate: {found.max_rate:.3f} {unit} (fails at "
                    f"{found.max_rate * (1 + tolerance):.3f}: {found.binding}); {found.num_runs} runs")
     if "skipped" in bars:
         typer.echo(f"Model error: no band ({bars['skipped']})")
@@ -1101,7 +1114,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
         lo, hi = bars["max_sustainable_rate"]
         typer.echo(f"Model error ({100 * bars['interval']:.0f}% band, {bars['kind']} profile, step times "
                    f"x{bars['step_time_factors'][0]:.2f} .. x{bars['step_time_factors'][1]:.2f}): max sustainable rate "
-                   f"{lo:.3f} .. {hi:.3f} req/s" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
+                   f"{lo:.3f} .. {hi:.3f} {unit}" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
                    + f"; {bars['num_runs']} more runs")
 
 

@@ -375,7 +375,10 @@ def sweep(
     generation = wl.generation_stats(np.random.SeedSequence(plan.points[0].seed).spawn(2)[0])
     for note in wl.notes(generation):
         typer.echo(f"NOTE {note}", err=True)
-    for warning in wl.warnings(generation):
+    warnings = wl.warnings(generation)
+    if getattr(wl, "is_session", False):  # too few sessions for a point's own session rate (workloads.sessions)
+        warnings += [w for p in plan.points for w in p.workload.warnings({}) if w not in warnings]
+    for warning in dict.fromkeys(warnings):
         typer.echo(f"WARNING {warning}", err=True)
     for line in _warning_lines(rows, plan.swept):
         typer.echo(line, err=True)

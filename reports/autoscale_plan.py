@@ -51,6 +51,7 @@ def plan_autoscale(model, gpu, engine, workload, profile, seed: int, goal: float
 
     gpus = engine.tensor_parallel_size * engine.pipeline_parallel_size
     tried: list[Candidate] = []
+    counted = (hour_s, ttft_ms, tpot_ms)  # each run counts its hourly attainment as requests leave (any day's size)
 
     def per_day(gpu_hours: float, duration_s: float) -> float | None:
         return None if price is None or duration_s <= 0 else price * gpu_hours * 86400.0 / duration_s
@@ -58,7 +59,7 @@ def plan_autoscale(model, gpu, engine, workload, profile, seed: int, goal: float
     static_size = None
     for n in range(1, cap + 1):
         result = simulate(model, gpu, resolve(model, gpu, replace(engine, data_parallel_size=n)), workload, profile,
-                          seed=seed)
+                          seed=seed, attainment=counted)
         duration = float(result.summary.get("duration_s") or 0.0)
         gpu_hours = n * gpus * duration / 3600.0
         att = _attainment(result, ttft_ms, tpot_ms, hour_s)
@@ -75,7 +76,8 @@ def plan_autoscale(model, gpu, engine, workload, profile, seed: int, goal: float
     for target in TARGETS:
         for low in range(1, static_size + 1):
             policy = replace(base_policy, min_replicas=low, max_replicas=max(low, top), target=target)
-            result = simulate(model, gpu, config, workload, profile, seed=seed, autoscale=policy)
+            result = simulate(model, gpu, config, workload, profile, seed=seed, autoscale=policy,
+                              attainment=counted)
             fleet = result.record["autoscale"]
             duration = float(result.summary.get("duration_s") or 0.0)
             att = _attainment(result, ttft_ms, tpot_ms, hour_s)

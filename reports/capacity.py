@@ -44,6 +44,7 @@ import numpy as np
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE, p_word
 from kvsim.simcore.request import RequestSink
+from kvsim.workloads.sessions import STEADY_LIFETIMES
 
 DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
 GOODPUT_ATTAINMENT = 0.9  # share of requests that must meet every per-request SLO; DistServe
@@ -143,14 +144,14 @@ class SLO:
         if summary.get("saturation") == "n/a":  # a rate cannot be called sustained if it was not judged
             reasons.append("load not judged (arrivals over before a typical request finished, or too few "
                            "of them): run more requests at this rate")
-        if summary.get("saturation") == "overloaded":
+        if summary.get("sessions_overloaded"):  # judge_sessions: turns alone do not show it
+            reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
+                           "sessions start; their turns wait on answers, so turns alone do not show it)")
+        elif summary.get("saturation") == "overloaded":
             reasons.append(
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
                 f"{summary['offered_rate']:.2f} req/s offered)"
             )
-        elif summary.get("sessions_overloaded"):
-            reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
-                           "sessions start; their turns wait on answers, so turns alone do not show it)")
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:
             value, limit = summary.get(target.key), target.limit_ms
@@ -360,7 +361,7 @@ class SessionRateScaler:
     # in flight at once (lifetime >= (turns - 1) x think time), so a run of fewer sessions than
     # that measures a ramp that never fills the server. Each run starts sessions over at least
     # STEADY_LIFETIMES lifetimes (more sessions at higher rates), at most MAX_RUN_TURNS turns.
-    STEADY_LIFETIMES = 3.0
+    STEADY_LIFETIMES = STEADY_LIFETIMES  # workloads.sessions
     MAX_RUN_TURNS = 50_000
 
     def __init__(self, spec, take: int | None = None):
@@ -654,17 +655,27 @@ def session_queue_slope(result, workload, seed: int) -> float | None:
     return float(np.polyfit(arrival[window], (scheduled - arrival)[window], 1)[0])
 
 
+def judge_sessions(summary: dict[str, Any], result, workload, seed: int | None) -> dict[str, Any]:
+    """`summary` (changed in place and returned) with the session judge's verdict: for a session
+    workload, `session_queue_slope` and `sessions_overloaded`, and a run its turns alone call
+    `sustained` is `overloaded` when its queue grew while sessions started (session_queue_slope:
+    an overloaded server slows its own arrivals). One judge for run, sweep and plan."""
+    slope = None if seed is None else session_queue_slope(result, workload, seed)
+    if slope is not None:
+        summary["session_queue_slope"] = slope
+        summary["sessions_overloaded"] = slope > OVERLOAD_WAIT_SLOPE
+        if summary["sessions_overloaded"] and summary.get("saturation") == "sustained":
+            summary["saturation"] = "overloaded"
+    return summary
+
+
 def summary_with_goodput(result, slo: SLO, workload=None, seed: int | None = None) -> dict[str, Any]:
     """A run's summary plus goodput against the SLO's per-request targets, if any, the
     percentiles the SLO names, and for a session workload (with its seed) whether its queue grew
     while sessions started (`session_queue_slope`, `sessions_overloaded`)."""
     from kvsim.simcore.metrics import goodput
 
-    summary = dict(result.summary)
-    slope = None if seed is None else session_queue_slope(result, workload, seed)
-    if slope is not None:
-        summary["session_queue_slope"] = slope
-        summary["sessions_overloaded"] = slope > OVERLOAD_WAIT_SLOPE
+    summary = judge_sessions(dict(result.summary), result, workload, seed)
     missing = [t for t in slo.targets if t.key not in summary]  # the summary has p95 and p99
     if missing:
         from kvsim.simcore.metrics import metric_stats

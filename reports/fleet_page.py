@@ -197,28 +197,38 @@ def autoscale_page(document: dict[str, Any], figure: Path) -> str:
 
 
 # -- heterogeneous fleets ----------------------------------------------------------------------------
-def group_rows(document: dict[str, Any], cols: dict[str, np.ndarray], prices: dict[str, float]) -> pd.DataFrame:
+def group_rows(document: dict[str, Any], cols: dict[str, np.ndarray] | None, prices: dict[str, float],
+               counts: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """Per GPU group of a --fleet run: replicas, $/h, and what it served (requests, output tokens,
-    TTFT / TPOT p95 of its finished requests), from the request table's replica column."""
+    TTFT / TPOT p95 of its finished requests), from the request table's replica column; a run past
+    the kept rows (`cols` None) from `counts` (RequestRecords.replica_requests, replica_positions,
+    counted as rows left), without the per-group p95s."""
     rows, start = [], 0
-    finished = cols["status"] == "finished"
+    finished = cols["status"] == "finished" if cols is not None else None
+    total = len(cols["replica"]) if cols is not None else int(counts[0].sum())
     for group in document["record"]["fleet"]:
-        mine = np.isin(cols["replica"], np.arange(start, start + group["replicas"]))
-        done = mine & finished
+        end = start + group["replicas"]
         price = prices.get(group["gpu"])
-        tpot = cols["tpot_s"][done]
-        tpot = tpot[np.isfinite(tpot)]
+        if cols is not None:
+            mine = np.isin(cols["replica"], np.arange(start, end))
+            done = mine & finished
+            tpot = cols["tpot_s"][done]
+            tpot = tpot[np.isfinite(tpot)]
+            served, tokens = int(mine.sum()), int(cols["num_positions"][mine].sum())
+            ttft_p95 = float(np.percentile(cols["ttft_s"][done], 95) * 1000) if done.any() else None
+            tpot_p95 = float(np.percentile(tpot, 95) * 1000) if len(tpot) else None
+        else:
+            served, tokens = int(counts[0][start:end].sum()), int(counts[1][start:end].sum())
+            ttft_p95 = tpot_p95 = None
         rows.append({
             "group": f"{group['replicas']} x TP{group['tp']} {group['gpu']}",
             "gpus": group["replicas"] * group["tp"],
             "usd_per_hour": None if price is None else price * group["replicas"] * group["tp"],
-            "requests": int(mine.sum()), "share": float(mine.sum()) / max(1, len(mine)),
-            "output_tokens": int(cols["num_positions"][mine].sum()),
-            "ttft_p95_ms": float(np.percentile(cols["ttft_s"][done], 95) * 1000) if done.any() else None,
-            "tpot_p95_ms": float(np.percentile(tpot, 95) * 1000) if len(tpot) else None,
+            "requests": served, "share": float(served) / max(1, total),
+            "output_tokens": tokens, "ttft_p95_ms": ttft_p95, "tpot_p95_ms": tpot_p95,
             "kv_cache_tokens_per_replica": group["kv_cache_tokens"],
         })
-        start += group["replicas"]
+        start = end
     return pd.DataFrame(rows)
 
 

@@ -81,13 +81,11 @@ def run_point(point: Point) -> dict[str, Any]:
         "regime": regime.label, "peak_kv_use": regime.peak_kv_use, "kv_blocked_share": regime.kv_blocked_share,
     })
     row.update(result.summary)
-    if row.get("saturation") == "sustained" and getattr(point.workload, "is_session", False):
-        from kvsim.reports.capacity import session_queue_slope
-        from kvsim.simcore.metrics import OVERLOAD_WAIT_SLOPE
+    if getattr(point.workload, "is_session", False):  # its turns alone cannot show overload (reports.capacity)
+        from kvsim.reports.capacity import judge_sessions
 
-        slope = session_queue_slope(result, point.workload, point.seed)
-        if slope is not None and slope > OVERLOAD_WAIT_SLOPE:  # its turns alone cannot show it (reports.capacity)
-            row["saturation"], row["session_queue_slope"] = "overloaded", slope
+        judge_sessions(row, result, point.workload, point.seed)
+        row["rate_unit"] = "sessions/s"  # its rate starts sessions (`kvsim report sweep` labels its axis so)
     if point.options.get("slo_percentiles"):  # targets beyond the summary's p95 / p99 (kvsim sweep --slo)
         from kvsim.reports.capacity import SLO, parse_slo_targets, summary_with_goodput
 

@@ -7,8 +7,31 @@ planner) reads a per-replica metric every `interval_s` and asks for
                                                           "Horizontal Pod Autoscaling")
 
 replicas, ignored while within `tolerance` (HPA's default 0.1) of the target, bounded by
-[min_replicas, max_replicas]. Scale-down waits `scale_down_cooldown_s` since the last change (HPA's
-default stabilization window is 300 s); scale-up waits `scale_up_cooldown_s` (HPA: 0).
+[min_replicas, max_replicas]. That recommendation then goes through the HPA's `behavior` as the
+controller applies it (kubernetes.io, "Horizontal Pod Autoscaling": "Stabilization window" and
+"Default Behavior"; kubernetes/kubernetes pkg/controller/podautoscaler/horizontal.go,
+stabilizeRecommendationWithBehaviors and convertDesiredReplicasWithBehaviorRate):
+
+- stabilization: every raw recommendation is kept with its time; the count the HPA moves to is
+  the current one (active + starting: the Deployment's spec.replicas) raised to the lowest
+  recommendation of the last `scale_up_cooldown_s` (scaleUp.stabilizationWindowSeconds, default
+  0: none) and lowered to the highest of the last `scale_down_cooldown_s` (scaleDown's, default
+  300 s: "the highest recommendation for the last 300sec is used"). A recommendation counts while
+  strictly younger than the window (the controller's `timestamp.After(cutoff)`). The two old
+  knobs keep their names and defaults; they were cooldowns since the last change and are now
+  these windows, measured from each recommendation.
+- rate: scaling up goes at most to the larger of `ceil(start x (1 + scale_up_percent/100))` and
+  `start + scale_up_pods` (default Percent 100 and Pods 4, selectPolicy Max), scaling down to
+  no fewer than `int(start x (1 - scale_down_percent/100))` (default Percent 100: no limit), where
+  `start` is the count at the beginning of the period (`scale_up_period_s` / `scale_down_period_s`,
+  default 15 s: the current count less the replicas added, plus those removed, by changes
+  strictly younger than the period).
+
+Not as the HPA: no scale-down while a replica is starting (the HPA would delete the starting pod
+first; with the default 300 s window a scale-down within a cold start of a scale-up cannot happen
+anyway, as the window still holds the higher recommendation), and a starting replica is not in
+the metric (the HPA treats a pod without metrics as 0 on a scale-up, at the target on a
+scale-down).
 
 A replica's life: off -> starting (provisioning delay: a node to come up, then the model to load:
 weights / storage bandwidth, plus warm-up: torch.compile and CUDA graph capture) -> active (the
@@ -39,6 +62,7 @@ group's weights per GPU, and it is billed for its own GPUs (`replica_hours` in t
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,8 +110,13 @@ class AutoscaleConfig:
     target: float = 32.0  # inflight: requests per replica; kv: percent of the KV cache
     interval_s: float = 15.0  # HPA's default sync period
     tolerance: float = 0.1
-    scale_up_cooldown_s: float = 0.0
-    scale_down_cooldown_s: float = 300.0
+    scale_up_cooldown_s: float = 0.0  # the scale-up stabilization window (HPA default 0)
+    scale_down_cooldown_s: float = 300.0  # the scale-down stabilization window (HPA default 300 s)
+    scale_up_percent: float = 100.0  # HPA default scaleUp policies: Percent 100 and Pods 4 per 15 s, Max
+    scale_up_pods: float = 4
+    scale_up_period_s: float = 15.0
+    scale_down_percent: float = 100.0  # HPA default scaleDown policy: Percent 100 per 15 s
+    scale_down_period_s: float = 15.0
     provisioning_s: float = DEFAULT_PROVISIONING_S
     model_load_gbps: float = DEFAULT_MODEL_LOAD_GBPS
     warmup_s: float = DEFAULT_WARMUP_S
@@ -109,12 +138,22 @@ class AutoscaleConfig:
                 raise ConfigError(f"{_what(name)} must be a finite number > {low:g}, got {value!r}")
         if self.metric == "kv" and self.target > 100:
             raise ConfigError(f"{_what('target')} for kv is a percentage (0, 100], got {self.target}")
-        for name in ("tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s", "provisioning_s", "warmup_s"):
+        for name in ("tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s", "provisioning_s", "warmup_s",
+                     "scale_up_percent", "scale_up_pods"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{_what(name)} must be a finite number >= 0, got {value!r}")
             if name == "provisioning_s" and value > MAX_PROVISIONING_S:
                 raise ConfigError(f"{_what(name)} must be at most {MAX_PROVISIONING_S:,.0f} s (a day), got {value:g}")
+        if self.scale_up_pods != int(self.scale_up_pods) or self.scale_up_pods > 1024:
+            raise ConfigError(f"--autoscale-config: scale_up_pods must be a whole number of replicas from 0 to 1024, "
+                              f"got {self.scale_up_pods!r}")
+        if not (math.isfinite(self.scale_down_percent) and 0 <= self.scale_down_percent <= 100):
+            raise ConfigError(f"--autoscale-config: scale_down_percent must be from 0 to 100, got {self.scale_down_percent!r}")
+        for name in ("scale_up_period_s", "scale_down_period_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"--autoscale-config: {name} must be a finite number > 0, got {value!r}")
 
     def cold_start_s(self, weights_bytes_per_gpu: int) -> float:
         """Seconds from the decision to start a replica to its first request."""
@@ -158,7 +197,8 @@ class AutoscalingRouter:
         assert len(self.cold_starts) == len(self.gpus) == n
         self.replicas = [Replica(i) for i in range(len(engines))]
         self.timeline = Timeline()
-        self._last_change = -math.inf
+        self._recommendations: deque[tuple[float, int]] = deque()  # (time, raw recommendation), oldest first
+        self._events: deque[tuple[float, int]] = deque()  # (time, replicas added (> 0) or removed (< 0))
         for replica in self.replicas[: config.min_replicas]:
             replica.state, replica.paid_since = ACTIVE, 0.0
         self._record(0.0)
@@ -201,17 +241,59 @@ class AutoscalingRouter:
             want = math.ceil(active * ratio)
         return max(cfg.min_replicas, min(cfg.max_replicas, want))
 
+    def normalized(self, now: float, raw: int, current: int) -> int:
+        """The HPA's behavior on a raw recommendation (module docstring): stabilized over its
+        windows, then held to the rate its policies allow; `current` is active + starting. Records
+        `raw` (the stabilization reads it at later decisions)."""
+        cfg = self.config
+        up_cut, down_cut = now - cfg.scale_up_cooldown_s, now - cfg.scale_down_cooldown_s
+        up = down = raw
+        for t, r in self._recommendations:
+            if t > up_cut:
+                up = min(up, r)
+            if t > down_cut:
+                down = max(down, r)
+        want = current
+        if want < up:
+            want = up
+        if want > down:
+            want = down
+        old = min(up_cut, down_cut)  # read at no later decision: the cutoffs only grow
+        while self._recommendations and self._recommendations[0][0] <= old:
+            self._recommendations.popleft()
+        self._recommendations.append((now, raw))
+        if want > current:
+            start = current - self._changed(now - cfg.scale_up_period_s)
+            limit = max(math.ceil(start * (1.0 + cfg.scale_up_percent / 100.0)), start + int(cfg.scale_up_pods))
+            want = min(want, max(limit, current), cfg.max_replicas)
+        elif want < current:
+            start = current - self._changed(now - cfg.scale_down_period_s)
+            limit = int(start * (1.0 - cfg.scale_down_percent / 100.0))
+            want = max(want, min(limit, current), cfg.min_replicas)
+        return want
+
+    def _changed(self, cutoff: float) -> int:
+        """Replicas added less those removed by the changes strictly after `cutoff`."""
+        return sum(change for t, change in self._events if t > cutoff)
+
+    def _scaled(self, now: float, change: int) -> None:
+        old = now - max(self.config.scale_up_period_s, self.config.scale_down_period_s)
+        while self._events and self._events[0][0] <= old:
+            self._events.popleft()
+        self._events.append((now, change))
+
     def process(self, env: simpy.Environment):
         """The autoscaler's loop (a SimPy process): decide every interval; replicas that drain are
         stopped by their own watcher process once empty."""
         cfg = self.config
         while True:
             yield env.timeout(cfg.interval_s)
-            want = self.desired()
-            self.timeline.decisions += 1
-            serving = self._count(ACTIVE) + self._count(STARTING)
             now = env.now
-            if want > serving and now - self._last_change >= cfg.scale_up_cooldown_s:
+            serving = self._count(ACTIVE) + self._count(STARTING)
+            want = self.normalized(now, self.desired(), serving)
+            self.timeline.decisions += 1
+            if want > serving:
+                self._scaled(now, want - serving)
                 for replica in self.replicas:
                     if serving >= want:
                         break
@@ -222,16 +304,14 @@ class AutoscalingRouter:
                         replica.state, replica.paid_since = STARTING, now
                         env.process(self._start(env, replica))
                         serving += 1
-                self._last_change = now
-            elif want < self._count(ACTIVE) and now - self._last_change >= cfg.scale_down_cooldown_s \
-                    and self._count(STARTING) == 0:
+            elif want < serving and self._count(STARTING) == 0:
+                self._scaled(now, want - serving)
                 for replica in reversed(self.replicas):
                     if self._count(ACTIVE) <= want:
                         break
                     if replica.state == ACTIVE:
                         replica.state = DRAINING
                         env.process(self._drain(env, replica))
-                self._last_change = now
             self._record(now)
             if self._done():
                 return
@@ -299,32 +379,37 @@ class AutoscalingRouter:
 def hourly_attainment(arrival_s, ttft_s, tpot_s, ttft_slo_ms: float, tpot_slo_ms: float | None,
                       hour_s: float = 3600.0) -> list[dict[str, Any]]:
     """Per hour of arrival: requests, and the share meeting the TTFT SLO (and TPOT where given;
-    a one-token answer has no TPOT and meets it). Rejected requests (no TTFT) miss."""
+    a one-token answer has no TPOT and meets it). Rejected requests (no TTFT) miss. The same
+    count as a run's records keep as rows leave (simcore.records.AttainmentTally)."""
     import numpy as np
 
-    arrival, ttft, tpot = (np.asarray(a, dtype=float) for a in (arrival_s, ttft_s, tpot_s))
-    ok = np.nan_to_num(ttft, nan=np.inf) <= ttft_slo_ms / 1e3
-    if tpot_slo_ms is not None:
-        ok &= np.nan_to_num(tpot, nan=0.0) <= tpot_slo_ms / 1e3
-    hours = np.floor(arrival / hour_s).astype(np.int64)
-    out = []
-    for h in range(int(hours.max()) + 1 if len(hours) else 0):
-        sel = hours == h
-        n = int(sel.sum())
-        out.append({"hour": h, "requests": n, "attainment": float(ok[sel].mean()) if n else None})
-    return out
+    from kvsim.simcore.records import AttainmentTally
+
+    tally = AttainmentTally(hour_s, ttft_slo_ms, tpot_slo_ms)
+    tally.add(*(np.asarray(a, dtype=float) for a in (arrival_s, ttft_s, tpot_s)))
+    return [{k: row[k] for k in ("hour", "requests", "attainment")} for row in tally.rows()]
 
 
 def run_attainment(result, ttft_slo_ms: float, tpot_slo_ms: float | None,
                    hour_s: float) -> tuple[float | None, list[dict[str, Any]]]:
-    """(share of a run's requests meeting the SLOs, or None without requests; the hourly rows)."""
-    from kvsim.simcore.records import derived_latencies
+    """(share of a run's requests meeting the SLOs, or None without requests; the hourly rows).
+    From the counts the run kept as its rows left (`attainment=` of simcore.simulate.prepare:
+    any number of requests), else from its kept rows (at most simcore.records.REQUEST_ROWS_CAP)."""
+    from kvsim.simcore.errors import KvsimError
+    from kvsim.simcore.records import AttainmentTally, derived_latencies
 
-    cols = result.records.columns()
-    ttft, _, tpot = derived_latencies(cols)
-    hours = hourly_attainment(cols["arrival_s"], ttft, tpot, ttft_slo_ms, tpot_slo_ms, hour_s)
-    n = sum(h["requests"] for h in hours)
-    met = sum(h["requests"] * h["attainment"] for h in hours if h["requests"])
+    records = result.records
+    tally = records.attainment
+    if tally is None or not tally.matches(hour_s, ttft_slo_ms, tpot_slo_ms):
+        if not records.kept:
+            raise KvsimError(f"SLO attainment of a run of more than {records.cap:,} requests is counted while it "
+                             "runs: give the SLOs and hour before it (simulate(..., attainment=...))")
+        cols = records.columns()
+        ttft, _, tpot = derived_latencies(cols)
+        tally = AttainmentTally(hour_s, ttft_slo_ms, tpot_slo_ms)
+        tally.add(cols["arrival_s"], ttft, tpot)
+    hours = [{k: row[k] for k in ("hour", "requests", "attainment")} for row in tally.rows()]
+    n, met = int(tally.requests.sum()), int(tally.met.sum())
     return (met / n if n else None), hours
 
 

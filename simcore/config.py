@@ -160,6 +160,10 @@ def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
         raise ConfigError(
             "--kv-offloading-size needs chunked prefill and prefix caching on (kvsim models vLLM V1's "
             "offloading connector, which looks blocks up by their prefix-cache hashes)")
+    if config.kv_offloading_size is not None and config.preemption_mode == "swap":
+        raise ConfigError(
+            "--kv-offloading-size needs --preemption-mode recompute (vLLM V1, whose offloading connector "
+            "kvsim models, has no swap preemption)")
     return max_model_len, budget
 
 

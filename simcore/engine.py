@@ -176,6 +176,11 @@ class Engine:
                 # They apply and nothing runs until something changes (vLLM's busy loop would
                 # recompute it meanwhile, and be preempted again)
                 life.begin_step(plan, env.now)
+                if getattr(policy, "host_tier", None) is not None:
+                    # with the CPU tier, look again at once: the loads are looked at first, and one
+                    # whose KV is in may fit in what the preempted request let go (else a queue
+                    # headed by that request waits for blocks the loads hold, with nothing running)
+                    continue
                 plan = None
             if plan is None:
                 self._wakeup = env.event()

@@ -1,7 +1,13 @@
 """The compiled engine core (simcore/csrc/engine.c) behind a prepared `Simulation`: the same run
 as the Python engine in --exact-steps mode, for the configurations it supports, in C: continuous
 batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes included, one
-replica or several behind either router, open-loop arrivals or a workload file's closed loop.
+replica or several behind either router, open-loop arrivals or a workload file's closed loop;
+static / dynamic batching and Orca over contiguous reservations (csrc/batching.c), pipeline
+stages (csrc/pipeline.c), and every token's time when the run keeps them (csrc/tokens.c,
+--save-result);
+multi-turn sessions (workloads.sessions: turns sent as answers come back, their blocks keyed by
+the chained hashes computed here, `_sessions`), the CPU KV tier and the session-affinity and
+prefix-aware routers (simcore/csrc/sessions.c and its hooks in engine.c).
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference
@@ -44,6 +50,11 @@ class _Config(ctypes.Structure):
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
+# the cache-aware routers (simcore.router; sessions.c's hooks in engine.c's pick), apart: a
+# disaggregated run's pools take only the two above (fastcore_disagg)
+_CACHE_ROUTERS = {"session-affinity": 4, "prefix-aware": 5}
+_ALL_ROUTERS = {**_ROUTERS, **_CACHE_ROUTERS}
+KV_TIER_COUNTS = 4  # sessions.h
 _NO_HOLD = 1 << 62  # a router has no hold_arrivals (simcore.router): the workload never holds
 
 
@@ -76,6 +87,8 @@ def _reset_stores(engines: list[Any]) -> None:
     old = engines[0].lifecycle.records
     records = RequestRecords(old.cap)  # one table for every replica, as simulate.prepare makes it
     records.num_replicas, records.spill = old.num_replicas, old.spill
+    if old.attainment is not None:
+        records.count_attainment(*old.attainment.key)
     for engine in engines:
         engine.fresh_stores(records)
 
@@ -98,6 +111,17 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_steps.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P, _P]
     lib.kv_engine_itl.restype = ctypes.c_long
     lib.kv_engine_itl.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, _P]
+    lib.kv_engine_sessions.restype = ctypes.c_int
+    lib.kv_engine_sessions.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, ctypes.c_long, lp, lp, lp, lp, _P, lp, lp,
+                                       ctypes.c_long, _P]
+    lib.kv_engine_offload.restype = ctypes.c_int
+    lib.kv_engine_offload.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_double, ctypes.c_long]
+    lib.kv_engine_session_stats.restype = None
+    lib.kv_engine_session_stats.argtypes = [ctypes.c_void_p, lp, ctypes.c_long, lp]
+    lib.kv_engine_tier_counts.restype = None
+    lib.kv_engine_tier_counts.argtypes = [ctypes.c_void_p, lp]
+    lib.kv_engine_tier_wait.restype = None
+    lib.kv_engine_tier_wait.argtypes = [ctypes.c_void_p, _P]
     lib.kv_engine_set_replica.restype = ctypes.c_int
     lib.kv_engine_set_replica.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.POINTER(_Config), ctypes.c_void_p]
     lib.kv_engine_autoscale.restype = ctypes.c_int
@@ -111,6 +135,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_spec_stats.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, _P]
     lib.kv_engine_batching.restype = ctypes.c_int
     lib.kv_engine_batching.argtypes = [ctypes.c_void_p, ctypes.POINTER(_BatchConfig)]
+    lib.kv_engine_pipeline.restype = ctypes.c_int
+    lib.kv_engine_pipeline.argtypes = [ctypes.c_void_p, ctypes.c_long, lp, lp, ctypes.c_long, _P, _P]
     lib.kv_engine_tokens_on.restype = ctypes.c_int
     lib.kv_engine_tokens_on.argtypes = [ctypes.c_void_p]
     lib.kv_engine_tokens.restype = ctypes.c_long
@@ -125,17 +151,27 @@ def unsupported(sim: Any) -> str:
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
     from kvsim.simcore.policies.speculative import SpeculativePagedPolicy
 
-    if getattr(sim.workload, "is_session", False):
-        return "a multi-turn session workload (turns wait on answers; blocks hashed per conversation)"
-    if getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None):
-        return "the CPU KV tier (--kv-offloading-size)"
+    sessions = getattr(sim.workload, "is_session", False)
+    engine_config = getattr(sim.config, "engine", None)
+    tier_on = bool(getattr(engine_config, "kv_offloading_size", None))
+    if tier_on and not sessions and getattr(sim.workload, "shared_prefix", None) is not None:
+        # (the core keys a declared prefix's blocks by (prefix, index), a turn's by hash id: the
+        # tier holds the latter only; a trace's prefix columns are refused when they arrive)
+        return "the CPU KV tier (--kv-offloading-size) with declared shared prefixes"
+    if (sessions or tier_on or getattr(engine_config, "router", "") in ("prefix-aware", "session-affinity")) and (
+            getattr(sim, "fleet", None) is not None or getattr(sim, "autoscaler", None) is not None):
+        return "sessions, the CPU KV tier or a cache-aware router on a heterogeneous fleet or with autoscaling"
     proxied = getattr(sim, "behind_proxy", False)  # a disaggregated run's pool: the proxy routes (fastcore_disagg)
-    if len(sim.replicas) > 1 and not proxied and getattr(getattr(sim.config, "engine", None), "router", "") in (
-            "prefix-aware", "session-affinity"):
-        return f"--router {sim.config.engine.router}"
+    if sessions and (getattr(sim, "disagg", None) is not None or proxied):
+        return "a multi-turn session workload on disaggregated prefill/decode"
+    if sessions and any(e.lifecycle.token_times is not None for e in sim.replicas):
+        return "per-request token times (--save-result) of a session workload"
     spec_reason = _speculative_unsupported(sim)
     if spec_reason:
         return spec_reason
+    if (sessions or getattr(getattr(sim.config, "engine", None), "kv_offloading_size", None)) and (
+            getattr(getattr(sim.config, "engine", None), "speculative_config", None) is not None):
+        return "speculative decoding with sessions or the CPU KV tier"
     if getattr(sim, "disagg", None) is not None:  # both pools and the proxy: simcore.fastcore_disagg
         from kvsim.simcore import fastcore_disagg
 
@@ -150,14 +186,22 @@ def unsupported(sim: Any) -> str:
     if autoscaler is not None:  # csrc/fleet.c: the autoscaler and its least-loaded router over the active replicas
         if sim.sink is not autoscaler or autoscaler.engines != engines:
             return "an autoscaler that does not route the run's replicas"
-    elif len(engines) > 1 and not proxied and not (type(sim.sink) is Router and sim.sink.policy in _ROUTERS
+    elif len(engines) > 1 and not proxied and not (type(sim.sink) is Router and sim.sink.policy in _ALL_ROUTERS
                                                    and sim.sink.engines == engines):
         return "data parallelism behind a router the C core does not have"
     engine = engines[0]
     if any(type(e) is not Engine or e.lifecycle.num_arrived for e in engines) or (sim._env is not None and sim._env.now):
         return "the simulation already started"
-    if any(type(e.latency).__name__ != "StepLatencyModel" for e in engines):
-        return "pipeline parallelism"
+    if any(type(_base(e.latency)).__name__ != "StepLatencyModel" for e in engines):
+        return "a latency model the C core does not price"
+    if _pipelined(engines):  # csrc/pipeline.c: simcore.pipeline's rounds
+        if engine.spec_cost is not None or autoscaler is not None or getattr(sim, "fleet", None):
+            return "pipeline parallelism with speculative decoding, an autoscaler or a fleet"
+        if sessions or tier_on or (len(engines) > 1 and getattr(engine_config, "router", "") in _CACHE_ROUTERS):
+            return "pipeline parallelism with sessions, the CPU KV tier or a cache-aware router"
+        if _pp_max_tokens(engine) > _PP_MAX_TOKENS:
+            return (f"pipeline parallelism with steps of up to {_pp_max_tokens(engine):,} tokens (the core "
+                    f"takes the stage hand-offs' prices for at most {_PP_MAX_TOKENS:,})")
     if any((e.lifecycle.token_times is None) != (engine.lifecycle.token_times is None) for e in engines):
         return "per-request token times (--save-result) kept on some replicas only"
     if engine.lifecycle.token_times:
@@ -170,6 +214,11 @@ def unsupported(sim: Any) -> str:
     if any(type(e.policy) is not type(policy) for e in engines):
         return "replicas with different policies"
     workload = sim.workload
+    if _batching(policy) and (sessions or tier_on or (len(engines) > 1 and getattr(engine_config, "router", "") in (
+            "prefix-aware", "session-affinity"))):
+        return f"sessions, the CPU KV tier or a cache-aware router with policy {policy.name}"
+    if sessions:  # workloads.sessions: turns made in the core from the sessions' plans (_sessions)
+        return _unavailable_core()
     if not hasattr(workload, "iter_arrays"):
         return "a workload that does not give its requests as arrays"
     if getattr(workload, "is_closed_loop", True) and getattr(getattr(workload, "arrival", None), "kind", "") != "closed_loop":
@@ -182,6 +231,10 @@ def unsupported(sim: Any) -> str:
     extras = getattr(trace, "extras", {}) if trace is not None else {}
     if "n" in extras or "beam_width" in extras:
         return "parallel sampling or beam search"
+    return _unavailable_core()
+
+
+def _unavailable_core() -> str:
     if LONG_BYTES != 8:  # e.g. Windows: _feed's int64 arrays would be read as 32-bit longs
         return f"a C long of {LONG_BYTES * 8} bits on this platform (the core counts in 64-bit longs)"
     from kvsim.simcore import ccore
@@ -189,6 +242,50 @@ def unsupported(sim: Any) -> str:
     if ccore.library() is None:
         return f"the compiled core is unavailable ({ccore.unavailable_reason()})"
     return ""
+
+
+_PP_MAX_TOKENS = 1 << 16  # micro-batch sizes whose hand-off prices Python hands the core (csrc/pipeline.c)
+
+
+def _base(latency: Any) -> Any:
+    """The step model a pipeline's rounds are built of (simcore.pipeline), or the model itself."""
+    return latency.base if type(latency).__name__ == "PipelineLatency" else latency
+
+
+def _pipelined(engines: list[Any]) -> bool:
+    return any(type(e.latency).__name__ == "PipelineLatency" for e in engines)
+
+
+def _pp_max_tokens(engine: Any) -> int:
+    """The most tokens a step of this replica's policy computes (a bound on a micro-batch's)."""
+    policy = engine.policy
+    if hasattr(policy, "num_slots"):  # static batching: a padded prefill of every slot
+        return policy.num_slots * policy.slot_tokens
+    budget = getattr(policy, "max_num_batched_tokens", 0) or getattr(policy, "max_prefill_tokens", 0)
+    return max(budget, policy.max_num_seqs)
+
+
+def _set_pipeline(lib, handle, engines) -> None:
+    """Every replica's stages into the core: their layers, which hand-offs cross nodes, and the
+    price of a hand-off by micro-batch tokens (PipelineLatency.handoff_ms itself, so the same bits)."""
+    lat = engines[0].latency
+    if any(e.latency.base is not lat.base or (e.latency.layers, e.latency.crosses) != (lat.layers, lat.crosses)
+           for e in engines):
+        raise CoreUnavailable("replicas with different pipelines")
+    n = _pp_max_tokens(engines[0]) + 1
+    tables = []
+    for across in (False, True):
+        table = np.zeros(n)
+        if across in lat.crosses:
+            table[1:] = [lat.handoff_ms(t * lat.token_bytes, across) for t in range(1, n)]
+        tables.append(table)
+    layers = np.array(lat.layers, dtype=np.int64)
+    crosses = np.array([int(x) for x in lat.crosses] + [0], dtype=np.int64)
+    lp = ctypes.POINTER(ctypes.c_long)
+    rc = lib.kv_engine_pipeline(handle, lat.pp, layers.ctypes.data_as(lp), crosses.ctypes.data_as(lp), n,
+                                tables[0].ctypes.data_as(_P), tables[1].ctypes.data_as(_P))
+    if rc:
+        raise MemoryError("kvsim: the C engine core could not set up its pipeline stages")
 
 
 _BT_KINDS = {"StaticPolicy": 1, "DynamicPolicy": 2, "OrcaPolicy": 3}  # csrc/batching.h KV_BT_*
@@ -281,18 +378,15 @@ def _set_speculative(lib, handle, engines) -> Any:
 
 
 def _collect_speculative(lib, handle, engines) -> None:
-    """Each replica's spec-decode counters into its policy and its pricer's sums (what the
-    Python engine leaves there: simulate.speculative_summary reads them)."""
+    """Each replica's spec-decode counters into its policy and its pricer's sums, through their
+    owners' load methods (what the Python engine leaves there: simulate.speculative_summary reads them)."""
     k = engines[0].spec_cost.spec.num_speculative_tokens
     ints = (ctypes.c_long * (3 + 2 * k))()
     sums = (ctypes.c_double * 2)()
     for index, e in enumerate(engines):
         lib.kv_engine_spec_stats(handle, index, ints, sums)
-        policy = e.policy
-        policy.num_drafts, policy.num_draft_tokens, policy.num_accepted_tokens = ints[0], ints[1], ints[2]
-        policy.accepted_at = np.array(ints[3:3 + k], dtype=np.int64)
-        policy.drafted_at = np.array(ints[3 + k:3 + 2 * k], dtype=np.int64)
-        e.spec_cost.verify_ms, e.spec_cost.draft_ms = sums[0], sums[1]
+        e.policy.load_counts(ints[0], ints[1], ints[2], ints[3:3 + k], ints[3 + k:3 + 2 * k])
+        e.spec_cost.load_sums(sums[0], sums[1])
 
 
 def run(sim: Any, progress=None) -> Any:
@@ -312,35 +406,43 @@ def run(sim: Any, progress=None) -> Any:
     latency = sim.latency
     dp = len(engines)
     autoscaler = getattr(sim, "autoscaler", None)
-    clients = _clients(sim.workload)
+    sessions = getattr(sim.workload, "is_session", False)
+    clients = 0 if sessions else _clients(sim.workload)
     fold = FOLD_STEPS and all(e.recorder.spill is None for e in engines)  # else rows stream out: Python folds
     hold = engine.hold_at if dp == 1 and autoscaler is None else _NO_HOLD  # a router has no hold_arrivals
-    router = _ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
+    router = _ALL_ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
     speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
-    configs = [_config(e, hold, dp, router, clients, fold, speculative) for e in engines]
+    # every step its own row: speculative steps as the Python engine plans them, pipeline rounds (exact steps)
+    configs = [_config(e, hold, dp, router, clients, fold, speculative or _pipelined(engines)) for e in engines]
     pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
     handle = None
     draft = None
     try:
-        for e in engines:
-            if id(e.latency) not in pricings:
-                blob = ccore.pricing_blob(e.latency)
-                pricings[id(e.latency)] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
-                if not pricings[id(e.latency)]:
+        for e in engines:  # (a pipeline's replicas each have their own rounds over one base model)
+            if id(_base(e.latency)) not in pricings:
+                blob = ccore.pricing_blob(_base(e.latency))
+                pricings[id(_base(e.latency))] = lib.kv_pricing_new(blob.ctypes.data_as(_P), len(blob))
+                if not pricings[id(_base(e.latency))]:
                     raise RuntimeError("kvsim: csrc/pricing.c refused the latency model's blob")
-        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(engine.latency)])
+        handle = lib.kv_engine_new(ctypes.byref(configs[0]), pricings[id(_base(engine.latency))])
         if not handle:
             raise MemoryError("kvsim: the C engine core could not allocate its state")
         for index, e in enumerate(engines):  # a heterogeneous fleet: each replica its own sizes and prices
-            if index and (bytes(configs[index]) != bytes(configs[0]) or e.latency is not engine.latency):
-                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(e.latency)]):
+            if index and (bytes(configs[index]) != bytes(configs[0]) or _base(e.latency) is not _base(engine.latency)):
+                if lib.kv_engine_set_replica(handle, index, ctypes.byref(configs[index]), pricings[id(_base(e.latency))]):
                     raise MemoryError("kvsim: the C engine core could not allocate a replica")
         if autoscaler is not None:
             _autoscale(lib, handle, autoscaler)
+        nkeys = _sessions(lib, handle, sim) if sessions else 0
+        tier = getattr(engine.policy, "host_tier", None)
+        if tier is not None and lib.kv_engine_offload(handle, tier.num_blocks, float(engine.policy.load_block_s), nkeys):
+            raise MemoryError("kvsim: the C engine core could not allocate the CPU KV tier")
         if speculative:
             draft = _set_speculative(lib, handle, engines)
         if _batching(engine.policy) and lib.kv_engine_batching(handle, ctypes.byref(_batch_config(engine.policy))):
             raise MemoryError("kvsim: the C engine core could not allocate its batching state")
+        if _pipelined(engines):
+            _set_pipeline(lib, handle, engines)
         tokens = engine.lifecycle.token_times is not None  # --save-result: csrc/tokens.c keeps them
         if tokens and lib.kv_engine_tokens_on(handle):
             raise MemoryError("kvsim: the C engine core could not allocate its token-time tables")
@@ -395,10 +497,14 @@ def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, s
     )
 
 
+_AUTOSCALE_DOUBLES = ("target", "interval_s", "tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s",
+                      "scale_up_percent", "scale_up_pods", "scale_up_period_s", "scale_down_percent",
+                      "scale_down_period_s")  # AutoscaleConfig's fields, in fleet.h's order
+
+
 class _AutoscaleConfig(ctypes.Structure):  # csrc/fleet.h kv_autoscale_config
     _fields_ = [("min_replicas", ctypes.c_long), ("metric", ctypes.c_long)] + [
-        (name, ctypes.c_double) for name in ("target", "interval_s", "tolerance", "scale_up_cooldown_s",
-                                             "scale_down_cooldown_s")]
+        (name, ctypes.c_double) for name in _AUTOSCALE_DOUBLES]
 
 
 _METRICS = {"inflight": 0, "kv": 1}  # fleet.h KV_METRIC_*
@@ -408,8 +514,7 @@ _STATES = ("off", "starting", "active", "draining")  # fleet.h KV_REP_* (simcore
 def _autoscale(lib, handle, autoscaler) -> None:
     """Hand the core the policy and each replica's cold start (csrc/fleet.c runs it)."""
     c = autoscaler.config
-    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], c.target, c.interval_s, c.tolerance,
-                           c.scale_up_cooldown_s, c.scale_down_cooldown_s)
+    cfg = _AutoscaleConfig(c.min_replicas, _METRICS[c.metric], *(float(getattr(c, name)) for name in _AUTOSCALE_DOUBLES))
     cold = np.ascontiguousarray(autoscaler.cold_starts, dtype=np.float64)
     if lib.kv_engine_autoscale(handle, ctypes.byref(cfg), cold.ctypes.data_as(_P)):
         raise MemoryError("kvsim: the C engine core could not set up the autoscaler")
@@ -451,9 +556,12 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     records = engine.lifecycle.records
     pending_arrivals: list[np.ndarray] = []  # stamps handed to the records only up to each row's arrivals
     state = {"fed": records.num_arrived}
-    chunks = sim.workload.iter_arrays(sim.workload_seed)
+    sessions = getattr(sim.workload, "is_session", False)
+    chunks = iter(()) if sessions else sim.workload.iter_arrays(sim.workload_seed)
     closed = bool(_clients(sim.workload))
     stats = None
+    ttft: tuple[list, list] = ([], [])  # sessions: (request id, TTFT) of each answered turn, as they left
+    tier = getattr(engine.policy, "host_tier", None) is not None
 
     def arrive_upto(count: int) -> None:
         """Hand the records the arrival stamps up to the `count`-th arrival."""
@@ -478,6 +586,10 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             for i in np.flatnonzero(rows[:, 2]).tolist():  # rejected: their reasons, in order
                 rows[i, 3] = records.reason_code(_reason(engines[int(rows[i, 1])], rows[i]))
             arrived = rows[:, 16]
+            if sessions:
+                answered = rows[rows[:, 2] == 0]
+                ttft[0].extend(answered[:, 0].astype(np.int64).tolist())
+                ttft[1].extend((answered[:, 6] - answered[:, 4]).tolist())
             records.leave_rows(rows[:, :14], lambda i: arrive_upto(int(arrived[i])))
             if progress is not None:  # as the lifecycle reports: at every _PROGRESS_EVERY-th request that left
                 before = out.num_done - out.req_n
@@ -508,7 +620,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
                 stats = stop.value
                 lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, None, None, 1)
                 continue
-            _feed(lib, handle, chunk, closed)
+            _feed(lib, handle, chunk, closed, tier)
             continue
         flush()
         if rc == _FULL:
@@ -517,14 +629,24 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             break
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
     arrive_upto(out.num_arrived)
-    for name, count in zip(("linear", "prefill_attention", "decode_attention"), out.extrap[1:], strict=True):
-        if count:
-            latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
-    latency.extrapolated.steps += out.extrap[0]
+    latency.extrapolated.add(out.extrap[0], dict(zip(("linear", "prefill_attention", "decode_attention"),
+                                                     out.extrap[1:], strict=True)))
     counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
     for index, e in enumerate(engines):  # each replica's counters, set by their owner
         e.load_counts(*counts[KV_COUNTS * index:KV_COUNTS * (index + 1)])
+    if tier:
+        offload = (ctypes.c_long * (KV_TIER_COUNTS * dp))()
+        lib.kv_engine_tier_counts(handle, offload)
+        for index, e in enumerate(engines):
+            (e.policy.offload_hit_tokens, e.policy.offload_loaded_blocks, e.policy.host_tier.num_stored,
+             e.policy.host_tier.num_evicted) = offload[KV_TIER_COUNTS * index:KV_TIER_COUNTS * (index + 1)]
+        waited = (ctypes.c_double * dp)()
+        lib.kv_engine_tier_wait(handle, waited)
+        for index, e in enumerate(engines):
+            e.policy.offload_wait_s = waited[index]
+    if sessions:
+        stats = _session_stats(lib, handle, ttft)
     _collect_itls(lib, handle, engines)
     if fold:
         _collect_steps(lib, handle, engines)
@@ -587,18 +709,22 @@ def _collect_tokens(lib, handle, engines) -> None:
                              times.ctypes.data_as(_P))
         log = engine.lifecycle.token_times
         ends = np.cumsum(counts).tolist()
-        raw = times.tobytes()
+        raw = memoryview(times).cast("B")  # (no copy of the whole table)
         start = 0
         for rid, end in zip(ids.tolist(), ends, strict=True):
-            log[rid] = array("d", raw[8 * start:8 * end])
+            stamps = log[rid] = array("d")
+            stamps.frombytes(raw[8 * start:8 * end])
             start = end
+        del raw, times
 
 
-def _feed(lib, handle, chunk, closed: bool) -> None:
+def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:
     """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
     n = len(chunk.num_prompt_tokens)
     if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
         raise CoreUnavailable("parallel sampling or beam search")
+    if tier and (np.asarray(chunk.prefix_id) >= 0).any():
+        raise CoreUnavailable("the CPU KV tier (--kv-offloading-size) with declared shared prefixes")
     at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
     think = np.ascontiguousarray(chunk.think_s, dtype=np.float64) if closed else None
     ids = np.arange(chunk.first_id, chunk.first_id + n, dtype=np.int64)
@@ -623,3 +749,85 @@ def _reason(engine, row: np.ndarray) -> str:
 
     request = Request(int(row[0]), float(row[4]), int(row[8]), int(row[15]), int(row[10]))
     return engine.reject_reason(ReqState(request, None, engine.max_model_len))
+
+
+def _sessions(lib, handle, sim) -> int:
+    """Hand the core a session workload's plans (workloads.sessions.SessionWorkload.process draws
+    them from the same streams): per session, in start order, its start time (open loop), system
+    prompt length and turns (new user tokens, answer, think time), and with prefix caching the
+    dense ids of its blocks' chained hashes (simcore.prefix_hash, as the Python policies hash them:
+    equal ids, equal hashes) up to the longest turn it can send; the closed loop's pauses between
+    sessions, drawn in order. Returns the number of distinct block ids."""
+    from kvsim.simcore.prefix_hash import TokenStream
+
+    wl = sim.workload
+    policy = sim.replicas[0].policy
+    bs = policy.allocator.block_size
+    pc = bool(policy.enable_prefix_caching)
+    mml = wl.max_model_len
+    starts, system, turn_off, new, out, think, key_off, keys = [], [], [0], [], [], [], [0], []
+    ids: dict[int, int] = {}
+    closed = wl.is_closed_loop
+    for start, turns, group, length, index in wl._plans(sim.workload_seed):
+        assert index == len(system)
+        starts.append(0.0 if start is None else float(start))
+        system.append(int(length))
+        context = longest = int(length)
+        for n_new, n_out, t in turns:
+            new.append(int(n_new))
+            out.append(int(n_out))
+            think.append(float(t))
+            prompt = context + int(n_new)
+            if mml is not None and prompt >= mml:
+                break  # the session ends here (later turns are never sent)
+            answer = int(n_out) if mml is None else min(int(n_out), mml - prompt)
+            longest = max(longest, prompt + answer)
+            context = prompt + answer
+        new.extend([0] * (len(turns) - (len(new) - turn_off[-1])))  # turns past the end: never read
+        out.extend([0] * (len(new) - len(out)))
+        think.extend([0.0] * (len(new) - len(think)))
+        turn_off.append(len(new))
+        if pc:
+            stream = TokenStream(2 * index + 1, 2 * group if group >= 0 else None, length)
+            keys.extend(ids.setdefault(h, len(ids)) for h in stream.block_hashes(bs, longest // bs))
+            key_off.append(len(keys))
+    n = len(system)
+    between = None
+    if closed and wl.arrival.think_time_s > 0:
+        from kvsim.workloads.spec import streams
+
+        rng = streams(sim.workload_seed)["sampling"]
+        between = np.array([float(wl.arrival.think_times(rng, 1)[0]) for _ in range(n)], dtype=np.float64)
+    lp = ctypes.POINTER(ctypes.c_long)
+
+    def longs(values):
+        return np.ascontiguousarray(values, dtype=np.int64)
+
+    arrays = {name: longs(v) for name, v in (("system", system), ("turn_off", turn_off), ("new", new), ("out", out),
+                                              ("key_off", key_off), ("keys", keys or [0]))}
+    start_arr = np.ascontiguousarray(starts, dtype=np.float64)
+    think_arr = np.ascontiguousarray(think or [0.0], dtype=np.float64)
+    rc = lib.kv_engine_sessions(
+        handle, n, None if closed else start_arr.ctypes.data_as(_P),
+        min(int(wl.arrival.concurrency), n) if closed else 0,
+        *(arrays[k].ctypes.data_as(lp) for k in ("system", "turn_off", "new", "out")), think_arr.ctypes.data_as(_P),
+        arrays["key_off"].ctypes.data_as(lp) if pc else None, arrays["keys"].ctypes.data_as(lp) if pc else None,
+        -1 if mml is None else int(mml), None if between is None else between.ctypes.data_as(_P))
+    if rc:
+        raise MemoryError("kvsim: the C engine core could not take the sessions")
+    return len(ids)
+
+
+def _session_stats(lib, handle, ttft: tuple[list, list]) -> dict[str, Any]:
+    """What SessionWorkload.process returns: sessions started, turns sent, refused, ended at
+    max_model_len, and each answered turn's TTFT by turn number, in the order they were answered."""
+    counts = (ctypes.c_long * 4)()
+    ids = ttft[0]
+    n = (max(ids) + 1) if ids else 0
+    turn_of = np.zeros(max(n, 1), dtype=np.int64)
+    lib.kv_engine_session_stats(handle, counts, n, turn_of.ctypes.data_as(ctypes.POINTER(ctypes.c_long)))
+    by_turn: dict[int, list[float]] = {}
+    for request_id, value in zip(ids, ttft[1], strict=True):
+        by_turn.setdefault(int(turn_of[request_id]), []).append(value)
+    return {"sessions": counts[0], "turns": counts[1], "rejected": counts[2], "ended_at_max_model_len": counts[3],
+            "ttft_s_by_turn": by_turn}

@@ -94,6 +94,16 @@ class PipelineLatency:
         self._last = (0.0, 0.0, 0.0)
         self._last_offsets_ms: list[float] = [0.0]
 
+    def fresh(self) -> PipelineLatency:
+        """The same stages over the same base model, for another replica: the breakdown and
+        emission times of the step just priced are per replica (several replicas sharing one
+        would read each other's steps)."""
+        import copy
+
+        other = copy.copy(self)
+        other._last, other._last_offsets_ms = (0.0, 0.0, 0.0), [0.0]
+        return other
+
     # the engine and the simulation read these from any latency model
     @property
     def extrapolated(self):

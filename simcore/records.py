@@ -77,7 +77,7 @@ class Samples:
         """Add an array of values (copied into the buffer; a float64 array's bytes as they are)."""
         if type(values) is not np.ndarray or values.dtype is not _FLOAT64:
             values = np.asarray(values, dtype=np.float64)
-        self._buf.frombytes(values.tobytes())
+        self._buf.frombytes(memoryview(np.ascontiguousarray(values)).cast("B"))  # the bytes, not a copy of them
         if len(self._buf) > (_FLUSH if self._binned else self.cap):
             self._flush()
 
@@ -225,7 +225,7 @@ class Samples:
             return
         if not self._binned:  # bit-identical to the pre-cap summary
             v = np.frombuffer(self._buf, dtype=np.float64) * scale
-            mean, median, (p95, p99) = float(np.mean(v)), quantiles.median(v), quantiles.percentiles(v, (95, 99))
+            mean, (median, (p95, p99)) = float(np.mean(v)), quantiles.median_percentiles(v, (95, 99))
             out.update(zip(keys, (mean, median, p95, p99), strict=True))  # numpy's bits, without numpy.ma
             return
         values = [self.total / self.count, *self.percentiles((50, 95, 99))]
@@ -287,6 +287,43 @@ def derived_latencies(cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
     return ttft, e2el, tpot
 
 
+class AttainmentTally:
+    """SLO attainment per "hour" of arrival, counted as rows leave (autoscaling's day-scale figure,
+    simcore.autoscale.run_attainment), so a day of millions of requests needs no kept rows: per
+    hour the requests and those meeting TTFT <= `ttft_slo_ms` (and TPOT <= `tpot_slo_ms` when
+    given; a one-token answer has no TPOT and meets it; a rejected request misses). Integer
+    counts, so they do not depend on the order or batching of the rows: both engine cores, which
+    hand over the same rows, give the same counts."""
+
+    def __init__(self, hour_s: float, ttft_slo_ms: float, tpot_slo_ms: float | None) -> None:
+        self.key = (float(hour_s), float(ttft_slo_ms), None if tpot_slo_ms is None else float(tpot_slo_ms))
+        self.requests = np.zeros(0, dtype=np.int64)  # by hour
+        self.met = np.zeros(0, dtype=np.int64)
+
+    def matches(self, hour_s: float, ttft_slo_ms: float, tpot_slo_ms: float | None) -> bool:
+        return self.key == (float(hour_s), float(ttft_slo_ms), None if tpot_slo_ms is None else float(tpot_slo_ms))
+
+    def add(self, arrival_s: np.ndarray, ttft_s: np.ndarray, tpot_s: np.ndarray) -> None:
+        """Count rows (their arrival, TTFT and TPOT, NaN where undefined)."""
+        hour_s, ttft_ms, tpot_ms = self.key
+        ok = np.nan_to_num(ttft_s, nan=np.inf) <= ttft_ms / 1e3
+        if tpot_ms is not None:
+            ok &= np.nan_to_num(tpot_s, nan=0.0) <= tpot_ms / 1e3
+        hours = np.floor(np.asarray(arrival_s, dtype=float) / hour_s).astype(np.int64)
+        if not len(hours):
+            return
+        n = max(len(self.requests), int(hours.max()) + 1)
+        requests, met = np.bincount(hours, minlength=n), np.bincount(hours[ok], minlength=n)
+        requests[: len(self.requests)] += self.requests
+        met[: len(self.met)] += self.met
+        self.requests, self.met = requests.astype(np.int64), met.astype(np.int64)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """[{hour, requests, met, attainment (None without requests)}] from hour 0."""
+        return [{"hour": h, "requests": int(n), "met": int(m), "attainment": (int(m) / int(n)) if n else None}
+                for h, (n, m) in enumerate(zip(self.requests, self.met, strict=True))]
+
+
 class RequestRecords:
     """Every request that left the engine(s): kept as numpy columns while at most `cap` rows,
     else folded into running sums and histograms (`Bounded`). Shared by the replicas of a run.
@@ -314,6 +351,35 @@ class RequestRecords:
         self._watch: Callable[[RequestRecords], Any] | None = None
         self._watch_every = 0
         self._watch_at = 0  # num_left at which the watch runs next (0: never, as num_left >= 1 there)
+        # counted over every row as it is sealed, kept or not (a day of millions of requests):
+        self.attainment: AttainmentTally | None = None  # set by `count_attainment` before the run
+        self.max_finish_s = np.nan  # the latest finish_s of any row (NaN: none)
+        self.replica_requests = np.zeros(0, dtype=np.int64)  # rows by replica
+        self.replica_positions = np.zeros(0, dtype=np.int64)  # num_positions summed by replica
+
+    def count_attainment(self, hour_s: float, ttft_slo_ms: float, tpot_slo_ms: float | None) -> AttainmentTally:
+        """Count SLO attainment per hour as rows leave (before any row has)."""
+        assert not self.num_left, "count_attainment before the run"
+        self.attainment = AttainmentTally(hour_s, ttft_slo_ms, tpot_slo_ms)
+        return self.attainment
+
+    def _count(self, chunk: dict[str, np.ndarray]) -> None:
+        """The running counts every row feeds (see __init__)."""
+        finish = chunk["finish_s"]
+        if len(finish):
+            latest = float(np.fmax.reduce(finish))  # NaN only if every value is
+            if not np.isnan(latest):
+                self.max_finish_s = latest if np.isnan(self.max_finish_s) else max(self.max_finish_s, latest)
+        replica = chunk["replica"].astype(np.int64)
+        n = max(len(self.replica_requests), int(replica.max()) + 1 if len(replica) else 0)
+        requests = np.bincount(replica, minlength=n)
+        positions = np.bincount(replica, weights=chunk["num_positions"].astype(np.float64), minlength=n)
+        requests[: len(self.replica_requests)] += self.replica_requests
+        positions[: len(self.replica_positions)] += self.replica_positions
+        self.replica_requests, self.replica_positions = requests.astype(np.int64), positions.astype(np.int64)
+        if self.attainment is not None:
+            ttft, _, tpot = derived_latencies(chunk)
+            self.attainment.add(chunk["arrival_s"], ttft, tpot)
 
     def watch(self, every: int, check: Callable[[RequestRecords], Any]) -> None:
         """Run `check(self)` each time `every` more requests have left (the `every`-th, the
@@ -418,6 +484,7 @@ class RequestRecords:
         chunk = {name: rows[:, i].astype(dtype) for i, (name, dtype) in enumerate(_RAW.items())}
         del rows
         del self._rows[:]  # same array object: the bound `_add_row` stays valid
+        self._count(chunk)
         if self.kept:
             self._chunks.append(chunk)
             self._num_kept += len(chunk["request_id"])

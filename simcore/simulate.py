@@ -245,6 +245,8 @@ class Simulation:
                          * e.pipeline_parallel_size) / 2**30
             summary["offload_stored_gib"] = counters["offload_stored_blocks"] * block_gib
             summary["offload_loaded_gib"] = counters["offload_loaded_blocks"] * block_gib
+        if "offload_wait_s" in counters and records.kept:  # issue 25: where a CPU-tier run's TTFT goes
+            summary["ttft_split_ms"] = ttft_split_ms(records.columns(), counters["offload_wait_s"])
         if engines[0].spec_cost is not None:
             summary.update(speculative_summary(counters, [e.spec_cost for e in engines]))
         warnings = list(self.warnings)
@@ -274,7 +276,7 @@ class Simulation:
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
         if self.autoscaler is not None:
-            end_s = float(np.nanmax(records.columns()["finish_s"])) if records.num_left else 0.0
+            end_s = records.max_finish_s if records.num_left else 0.0  # counted as rows left: any run length
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
             if self.fleet:  # each replica's hours (its group's price and GPUs make the fleet's $)
                 record["autoscale"]["replica_hours"] = [r.paid_s / 3600.0 for r in self.autoscaler.replicas]
@@ -341,6 +343,7 @@ def prepare(
     draft_profile: Profile | None = None,
     autoscale: Any = None,
     fleet: list[tuple[ResolvedConfig, Profile, int]] | None = None,
+    attainment: tuple[float, float, float | None] | None = None,
 ) -> Simulation:
     """Validate the inputs (`config` as given, or already resolved by the caller) and wire the
     engine, policy and workload; nothing runs yet. `exact_steps` runs one event per engine step
@@ -350,7 +353,8 @@ def prepare(
     `draft_profile`: the draft model's profile (speculative decoding with method draft_model).
     `fleet`: a heterogeneous fleet (simcore/fleet.py): groups of (resolved config, profile, replicas),
     each replica priced and sized by its group, all behind one router; `config` and `profile` are
-    the first group's."""
+    the first group's. `attainment`: (hour_s, ttft_slo_ms, tpot_slo_ms or None): count SLO
+    attainment per hour as requests leave (simcore.autoscale.run_attainment; any run length)."""
     started = time.perf_counter()
     if engine_core not in ENGINE_CORES:
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
@@ -376,14 +380,16 @@ def prepare(
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)
         exact_steps = True  # a round is priced per step; decode spans price single-stage steps
+    step_by_step = exact_steps  # the Python engine's steps, one event each
     if config.data_parallel_size > 1 and config.router == "prefix-aware":
         # its scores read each replica's KV use at an arrival; a decode span applies its steps' KV
         # only when it ends, so the router would see another state than step-by-step runs do
-        exact_steps = True
+        # (the compiled core always steps one by one: it may still run it)
+        step_by_step = True
     # an autoscaler on the kv metric reads each replica's KV use at its decisions; a decode span applies
     # its steps' KV only when it ends, so those replicas step one event per step (the record keeps what
     # was asked: the compiled core, which always steps so, still runs it)
-    step_exactly = exact_steps or (autoscale is not None and autoscale.metric == "kv")
+    step_exactly = step_by_step or (autoscale is not None and autoscale.metric == "kv")
     spec_cost = _speculative_cost(cfg, latency, draft_profile)  # the first replica's; each has its own
     workload_seed, engine_seed = np.random.SeedSequence(seed).spawn(2)
     dp = config.data_parallel_size if autoscale is None else autoscale.max_replicas
@@ -418,6 +424,8 @@ def prepare(
 
     records = RequestRecords()  # one table for every replica
     records.num_replicas = dp
+    if attainment is not None:
+        records.count_attainment(*attainment)
     if stream is not None:
         records.spill = lambda columns: stream("requests", columns)
     engines = []
@@ -425,6 +433,8 @@ def prepare(
         # each replica its own pricer: it keeps the breakdown of the step its recorder asks about next
         cost = spec_cost if index == 0 or spec_cost is None else spec_cost.fresh()
         r_cfg, r_latency = groups[index] if groups is not None else (cfg, latency)
+        if index and type(r_latency) is PipelineLatency:  # its own rounds: the step its engine prices last
+            r_latency = r_latency.fresh()
         engine = Engine(None, r_latency, r_cfg.max_model_len, r_cfg.swap_block_s, replica_progress(index),
                         step_exactly, cost)
         engine.attach(make_policy(r_cfg, np.random.default_rng(policy_seeds[index])))
@@ -521,10 +531,28 @@ def simulate(
     engine_core: str = "auto",
     draft_profile: Profile | None = None,
     autoscale: Any = None,
+    attainment: tuple[float, float, float | None] | None = None,
 ) -> Result:
     """Simulate one engine replica serving `workload`; deterministic for a given seed.
     `exact_steps=True`: one SimPy event per engine step (the reference the fast path equals).
     `engine_core`: "c" runs the compiled core (an error where it does not apply), "python" the
     Python engine, "auto" the core where it applies (the run's record says which ran, and why)."""
     return prepare(model, gpu, config, workload, profile, seed, progress, exact_steps, stream, engine_core,
-                   draft_profile, autoscale).run()
+                   draft_profile, autoscale, attainment=attainment).run()
+
+
+def ttft_split_ms(cols: dict[str, np.ndarray], load_wait_s: float) -> dict[str, float]:
+    """Mean time to first token of the finished requests split three ways (ms): waiting in the
+    queue, waiting for KV loaded from the CPU tier (`load_wait_s`: their loads, start to ready,
+    before they were first scheduled; a load queued on the host link counts from its start), and
+    from first scheduled to first token (prefill, its chunks, and any preemption in between)."""
+    from kvsim.simcore.records import FINISHED
+
+    done = cols["status"] == FINISHED
+    n = int(done.sum())
+    if not n:
+        return {}
+    waited = float(np.mean(cols["first_scheduled_s"][done] - cols["arrival_s"][done]))
+    prefill = float(np.mean(cols["first_token_s"][done] - cols["first_scheduled_s"][done]))
+    load = load_wait_s / n
+    return {"queueing": (waited - load) * 1000, "load": load * 1000, "prefill": prefill * 1000}

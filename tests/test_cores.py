@@ -38,9 +38,10 @@ class WithNewOption(EngineConfig):
 
 def test_registry_order_and_the_python_core_runs_everything():
     assert cores.names() == ["c", "python"]  # auto prefers the compiled core where it runs
-    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, pipeline_parallel_size=2), _workload(), flat_profile())
+    sampled = load_workload("sharegpt", {"rate": 50, "input_len": 32, "output_len": 8, "num_requests": 30, "n": 2})
+    sim = prepare(TINY, H100, EngineConfig(max_model_len=128), sampled, flat_profile())
     assert cores.get("python").supports(sim) == ""
-    assert "pipeline parallelism" in cores.get("c").supports(sim)
+    assert "parallel sampling" in cores.get("c").supports(sim)
 
 
 def test_every_option_a_core_honours_is_an_engine_option():
@@ -67,8 +68,8 @@ def test_a_new_option_is_refused_by_the_c_core_never_ignored():
 
 @needs_c
 def test_options_off_the_allow_list_are_named():
-    sim = prepare(TINY, H100, EngineConfig(max_model_len=128, pipeline_parallel_size=2), _workload(), flat_profile())
-    assert sim.choose_core()[0] == "python" and "pipeline parallelism" in sim.choose_core()[1]
+    sim = prepare(TINY, H100, WithNewOption(max_model_len=128, num_speculative_tokens=2), _workload(), flat_profile())
+    assert sim.choose_core()[0] == "python" and "--num-speculative-tokens 2" in sim.choose_core()[1]
 
 
 def _rows(n: int, first: int = 0) -> np.ndarray:

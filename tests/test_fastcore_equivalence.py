@@ -175,11 +175,11 @@ def test_auto_and_refusals():
     config, workload = _random_case(np.random.default_rng(3))
     result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
     assert result.record["engine_core"] == "python" and result.record["engine_core_reason"] == "--engine-core python"
-    piped = EngineConfig(max_model_len=64, pipeline_parallel_size=2)
-    sim = prepare(TINY, H100, piped, workload, _profile())
-    assert sim.choose_core()[0] == "python" and "pipeline parallelism" in sim.choose_core()[1]
-    with pytest.raises(ConfigError, match="pipeline parallelism"):
-        simulate(TINY, H100, piped, workload, _profile(), engine_core="c")
+    sampled = load_workload("sharegpt", {"rate": 50, "input_len": 8, "output_len": 8, "num_requests": 10, "n": 2})
+    sim = prepare(TINY, H100, config, sampled, _profile())
+    assert sim.choose_core()[0] == "python" and "parallel sampling" in sim.choose_core()[1]
+    with pytest.raises(ConfigError, match="parallel sampling"):
+        simulate(TINY, H100, config, sampled, _profile(), engine_core="c")
     with pytest.raises(ConfigError, match="exact-steps"):
         simulate(TINY, H100, config, workload, _profile(), engine_core="c", exact_steps=True)
     with pytest.raises(ConfigError, match="engine-core"):
@@ -308,7 +308,7 @@ def test_cli_engine_core():
 
     args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
     for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
-                          (["--pp", "2"], "pipeline parallelism")):
+                          (["--beam-width", "2"], "beam search")):
         result = CliRunner().invoke(app, [*args, *extra, "--engine-core", "c"])
         assert result.exit_code == 2 and result.stdout == "", result.output
         assert result.stderr.startswith("kvsim: error: --engine-core c") and reason in result.stderr

@@ -32,7 +32,7 @@ def _run(config, workload, seed, core, **extra):
 
     exact = core == "python"
     sim = prepare(plain.TINY, plain.H100, config, workload, plain._profile(), seed=seed, exact_steps=exact,
-                  engine_core="auto" if exact else core, **extra)
+                  engine_core=core, **extra)
     for engine in sim.replicas:
         engine.lifecycle.token_times = {}
     result = sim.run()
@@ -77,6 +77,21 @@ def test_speculative_bursts_share_a_time():
         _, times = _same_tokens(config, workload, 900 + case, f"case {900 + case}: {text}")
         bursts += sum(int((np.diff(np.asarray(t)) == 0).sum()) for t in times.values())
     assert bursts, "some verify should accept a draft"
+
+
+def test_reservation_policies_and_pipeline_stages():
+    """Static / dynamic batching and Orca (csrc/batching.c), and two pipeline stages whose
+    micro-batches leave at different times (csrc/pipeline.c): the same token times."""
+    from tests import test_fastcore_batching as batching
+
+    for case, policy in enumerate(("static", "dynamic", "orca") * 3):
+        rng = np.random.default_rng(700 + case)
+        config, workload = batching._random_case(rng, policy)
+        if case % 2:
+            config = dataclasses.replace(config, pipeline_parallel_size=2)
+        _same_tokens(config, workload, 700 + case, f"case {700 + case}: {config}")
+    config, workload = plain._random_case(np.random.default_rng(799))
+    _same_tokens(dataclasses.replace(config, pipeline_parallel_size=2, data_parallel_size=2), workload, 799, "pp")
 
 
 def test_a_longer_run_with_decode_spans():

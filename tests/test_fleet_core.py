@@ -96,7 +96,11 @@ def _policy(rng: np.random.Generator, max_replicas: int) -> AutoscaleConfig:
         metric=metric, target=float(rng.choice([1.0, 2.0, 4.0])) if metric == "inflight" else float(rng.choice([5.0, 20.0, 50.0])),
         interval_s=float(rng.choice([0.1, 0.15, 0.3])), tolerance=float(rng.choice([0.0, 0.1])),
         scale_up_cooldown_s=float(rng.choice([0.0, 0.2])), scale_down_cooldown_s=float(rng.choice([0.0, 0.3, 1.0])),
-        provisioning_s=float(rng.choice([0.0, 0.05, 0.4])), model_load_gbps=1000.0, warmup_s=float(rng.choice([0.0, 0.1])))
+        provisioning_s=float(rng.choice([0.0, 0.05, 0.4])), model_load_gbps=1000.0, warmup_s=float(rng.choice([0.0, 0.1])),
+        # the HPA's rate policies: its defaults (15 s periods, wider than these days) or tight ones that bind
+        scale_up_percent=float(rng.choice([100.0, 50.0, 0.0])), scale_up_pods=int(rng.choice([4, 1, 0])),
+        scale_up_period_s=float(rng.choice([15.0, 0.35])), scale_down_percent=float(rng.choice([100.0, 50.0, 34.0])),
+        scale_down_period_s=float(rng.choice([15.0, 0.35])))
 
 
 def _day(rng: np.random.Generator, mml: int) -> ArraysWorkload:
@@ -284,3 +288,43 @@ def test_the_python_fast_path_autoscales_as_the_reference(metric):
         assert_same_requests(fast.requests, exact.requests, f"fast path {metric} case {case}")
         changed += len(fast.record["autoscale"]["timeline"]) > 1
     assert changed, "the cases should scale"
+
+
+def test_the_hpa_default_behavior_by_hand_in_both_cores():
+    """Kubernetes' default HPA behavior (kubernetes.io "Default Behavior": scale up by the larger of
+    100% and 4 pods per 15 s, no scale-up window; scale down after a 300 s stabilization window),
+    by hand. 40 long requests (2,000 steps of 20 ms: busy until ~41 s) on one replica; the HPA
+    (every 5 s, target 4 in flight, max 8; 100 s cold starts) wants 40 / 4 = 10 -> 8 replicas.
+    t = 5: 1 -> 5 (1 + 4 pods beats 2 x 1). t = 10, 15: the period still holds those 4 (start 1),
+    no more. t = 20: the event at t = 5 is not strictly within (5, 20] -> start 5: limit max(10, 9),
+    8 (max). The load ends at ~41 s; every later recommendation is 1, but the window keeps the
+    highest of the last 300 s: the last 8 was at t = 40, so the scale-down to 1 comes at t = 340
+    (excluded once exactly 300 s old). (The cooldowns this replaced started all 7 at t = 5 and
+    drained them at 5 + 300 = 305 s, timed from the last change, not from the last high
+    recommendation.)"""
+    from tests.helpers import flat_profile
+
+    policy = AutoscaleConfig(min_replicas=1, max_replicas=8, target=4.0, interval_s=5.0, provisioning_s=100.0,
+                             model_load_gbps=1000.0, warmup_s=0.0)  # behavior: the defaults
+    assert (policy.scale_down_cooldown_s, policy.scale_up_percent, policy.scale_up_pods, policy.scale_up_period_s) == \
+        (300.0, 100.0, 4, 15.0)
+    trickle = [7.0 + 10.0 * k for k in range(35)]  # short requests between decisions: the run goes on to 347 s
+    workload = ArraysWorkload([1.0] * 40 + trickle, [8] * (40 + len(trickle)), [2000] * 40 + [2] * len(trickle))
+
+    def make(core, exact):
+        return prepare(TINY, H100, EngineConfig(), workload, flat_profile(linear_ms=10.0), autoscale=policy,
+                       engine_core=core, exact_steps=exact)
+
+    result, _ = _both(make, "HPA default behavior")
+    fleet = result.record["autoscale"]
+    cold = fleet["cold_start_s"]
+    rows = fleet["timeline"]
+    assert rows[:3] == [[0.0, 1, 0, 0], [5.0, 1, 4, 0], [20.0, 1, 7, 0]]
+    busy_until = float(result.requests["finish_s"][result.requests["num_positions"] == 2000].max())
+    assert 40.0 < busy_until < 45.0
+    full = next(r for r in rows if r[1] == 8)
+    assert full[0] == pytest.approx(20.0 + cold)
+    after = rows[rows.index(full) + 1]
+    assert after[:2] == [340.0, 1] and after[3] == 7  # down to 1 at once (scale-down policy: 100% per 15 s)
+    assert rows[-1][1:] == [1, 0, 0] and all(r[0] == 340.0 for r in rows[rows.index(after):-1])
+    assert (result.requests["status"] == "finished").all()

@@ -153,6 +153,6 @@ def test_a_sweep_point_of_sessions_whose_queue_grows_is_overloaded(tmp_path):
     offered ones (3.1 of 3.4 /s) and the whole run's queue slope is 0.02 s/s; while sessions
     start, the queue grows 1.6 s per s."""
     light, heavy = _overloaded_sessions(tmp_path, 0.3), _overloaded_sessions(tmp_path, 5.0)
-    assert light["saturation"] == "sustained" and "session_queue_slope" not in light
+    assert light["saturation"] == "sustained" and light["session_queue_slope"] < 0.05
     assert heavy["queue_wait_slope"] < 0.05 < heavy["session_queue_slope"]
     assert heavy["saturation"] == "overloaded"

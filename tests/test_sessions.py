@@ -50,7 +50,7 @@ def test_turn_two_hits_exactly_the_blocks_turn_one_computed():
     assert prefills == [10, 9]
     assert result.summary["prefix_cache_hit_rate"] == 12 / (10 + 21)
     assert result.requests["num_prompt_tokens"].tolist() == [10, 21]
-    assert result.record["engine_core"] == "python"
+    assert result.record["engine_core"] == "c"  # the compiled core runs sessions (the same run: below)
     assert [row["count"] for row in result.summary["ttft_by_turn"]] == [1, 1]
 
 
@@ -67,9 +67,9 @@ def test_an_evicted_turn_is_loaded_back_from_the_cpu_tier_priced_as_pcie_transfe
     # loads 3 blocks over the host link (the engine is idle: it waits exactly the transfer).
     wl = traced([(0, 0.0, 12, 4), (1, 1.0, 27, 1), (0, 0.0, 4, 2)], think_s=10.0)
     config = EngineConfig(block_size=4, max_model_len=28, num_gpu_blocks_override=7, kv_offloading_size=0.01)
-    sim = prepare(TINY, H100, config, wl, flat_profile())
-    assert fastcore.unsupported(sim)
+    sim = prepare(TINY, H100, config, wl, flat_profile(), exact_steps=True)
     result = sim.run()
+    assert result.record["engine_core"] == "python"
     assert result.summary["offload_loaded_blocks"] == 3
     assert result.summary["cpu_prefix_cache_hit_rate"] == 12 / (12 + 27 + 20)
     turn2 = result.requests.iloc[-1]
@@ -77,6 +77,12 @@ def test_an_evicted_turn_is_loaded_back_from_the_cpu_tier_priced_as_pcie_transfe
     waited = turn2["first_scheduled_s"] - turn2["arrival_s"]
     assert waited == pytest.approx(3 * sim.config.swap_block_s, rel=1e-9)
     assert [n for n in result.steps["num_prefill_tokens"].tolist() if n][-1] == 20 - 12
+    # TTFT split three ways: the load is turn 2's wait, the parts add up to the mean TTFT
+    split = result.summary["ttft_split_ms"]
+    assert split["load"] == pytest.approx(3 * sim.config.swap_block_s * 1000 / 3, rel=1e-9)
+    assert split["queueing"] + split["load"] + split["prefill"] == pytest.approx(result.summary["mean_ttft_ms"], rel=1e-9)
+    assert split["queueing"] == pytest.approx(0.0, abs=1e-9)  # idle engine: nobody queued
+    _same_in_both_cores(config, wl, "evicted turn loaded back")
 
 
 def test_without_the_cpu_tier_the_evicted_turn_is_recomputed():
@@ -94,9 +100,8 @@ def test_prefix_aware_router_sends_turn_two_to_turn_ones_replica_when_load_is_eq
     # follows the cache, least-loaded takes the lowest index
     wl = traced([(0, 0.0, 40, 200), (1, 0.001, 40, 20), (0, 0.0, 8, 2), (1, 0.0, 8, 2)], think_s=5.0)
     config = EngineConfig(block_size=4, max_model_len=128, data_parallel_size=2, router=router)
-    sim = prepare(TINY, H100, config, wl, flat_profile())
-    assert fastcore.unsupported(sim)
-    result = sim.run()
+    result = prepare(TINY, H100, config, wl, flat_profile(), exact_steps=True).run()
+    _same_in_both_cores(config, wl, f"router {router}")
     replicas = dict(zip(result.requests["request_id"], result.requests["replica"], strict=True))
     assert replicas[1] == 1
     assert replicas[2] == replica
@@ -112,25 +117,32 @@ def test_session_affinity_keeps_a_conversation_on_one_replica():
     assert (replicas[0], replicas[2]) == (0, 0) and (replicas[1], replicas[3]) == (1, 1)
 
 
-def test_the_c_core_refuses_sessions_offloading_and_prefix_aware_routing():
-    plain = ListWorkload([req(0, 0.0, 8, 2)])
+def test_the_c_core_runs_sessions_the_cpu_tier_and_both_routers_but_not_the_tier_with_declared_prefixes():
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
+    from tests.test_fastcore_equivalence import ArraysWorkload
+
+    plain = ArraysWorkload([0.0], [8], [2])
     sessions = traced([(0, 0.0, 10, 6)])
-    cases = [
-        (sessions, {}, "session"),
-        (plain, {"kv_offloading_size": 1.0}, "kv-offloading-size"),
-        (plain, {"data_parallel_size": 2, "router": "prefix-aware"}, "prefix-aware"),
-    ]
-    for workload, fields, word in cases:
+    for workload, fields in [(sessions, {}), (plain, {"kv_offloading_size": 1.0}),
+                             (plain, {"data_parallel_size": 2, "router": "prefix-aware"}),
+                             (sessions, {"data_parallel_size": 2, "router": "session-affinity", "kv_offloading_size": 1.0})]:
         sim = prepare(TINY, H100, EngineConfig(block_size=4, max_model_len=64, **fields), workload, flat_profile())
-        assert word in fastcore.unsupported(sim)
-        with pytest.raises(ConfigError):
-            prepare(TINY, H100, EngineConfig(block_size=4, max_model_len=64, **fields), workload, flat_profile(),
-                    engine_core="c").run()
+        assert fastcore.unsupported(sim) == ""
+    prefixed = WorkloadSpec(name="p", num_requests=4, arrival=GammaArrivals(rate=10.0), prompt_len=Uniform(1, 20),
+                            output_len=Uniform(1, 20), shared_prefix=SharedPrefix(num_groups=1, prefix_len=8, fraction=1.0))
+    config = EngineConfig(block_size=4, max_model_len=64, kv_offloading_size=1.0)
+    sim = prepare(TINY, H100, config, prefixed, flat_profile())
+    assert "declared shared prefixes" in fastcore.unsupported(sim)
+    with pytest.raises(ConfigError, match="declared shared prefixes"):
+        prepare(TINY, H100, config, prefixed, flat_profile(), engine_core="c").run()
 
 
 @pytest.mark.parametrize("fields", [{"kv_offloading_size": -1.0}, {"kv_offloading_size": float("nan")},
                                     {"kv_offloading_size": 1.0, "enable_chunked_prefill": False},
-                                    {"kv_offloading_size": 1.0, "enable_prefix_caching": False}])
+                                    {"kv_offloading_size": 1.0, "enable_prefix_caching": False},
+                                    {"kv_offloading_size": 1.0, "preemption_mode": "swap"}])
 def test_bad_offloading_sizes_are_refused(fields):
     with pytest.raises(ConfigError, match="kv-offloading-size"):
         prepare(TINY, H100, EngineConfig(max_model_len=64, **fields), ListWorkload([req(0, 0.0, 8, 2)]), flat_profile())
@@ -197,7 +209,7 @@ def test_cli_runs_sessions_with_a_cpu_tier_and_sweeps_router_and_tier_size(tmp_p
 @pytest.mark.parametrize("args, words", [
     (["plan", "--rate", "1", "--workload", "chat-sessions", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on"],
      "session"),  # (plan sizes sessions aggregated: tests/test_plan_sessions.py)
-    (["run", "--model", "tiny", "--workload", "chat-sessions", "--find-max-rate", "--rate", "1"], "--find-max-rate"),
+    # (run --find-max-rate on sessions searches sessions/s: tests/test_session_runs.py)
     (["run", "--model", "tiny", "--workload", "chat-sessions", "--max-tokens", "5"], "--max-tokens"),
     (["run", "--model", "tiny", "--kv-offloading-size", "-1"], "--kv-offloading-size"),
     (["run", "--model", "llama3-8b", "--prefill-replicas", "1", "--decode-replicas", "1", "--workload",
@@ -240,3 +252,110 @@ def test_the_cpu_tier_is_an_lru_of_block_hashes_written_through_once():
     assert (tier.num_stored, tier.num_evicted) == (4, 1)
     assert "b" not in tier and tier.num_hits(["a", "c", "d"], 0) == 3
     assert tier.num_hits(["a", "b", "c"], 0) == 1  # a prefix stops at the first miss
+
+
+# -- the compiled core against the Python reference (tests/test_fastcore_equivalence.py's checks) --
+
+def _same_in_both_cores(config, workload, context, seed=0):
+    """The C core's run is the Python engine's (--exact-steps): requests, ITLs, summary (TTFT by
+    turn, hit rates per tier and replica, offload traffic), steps, the workload's record."""
+    from kvsim.simcore import ccore
+    from tests.test_fastcore_equivalence import _compare
+
+    if ccore.library() is None:
+        pytest.skip("no compiled core (no C compiler?)")
+    return _compare(config, workload, seed=seed, context=context)
+
+
+def _random_sessions(rng):
+    """A random small session workload: open loop (Poisson starts) or closed loop (clients, with
+    or without pauses between sessions) or a trace; think times (some zero); system prompts shared
+    by some sessions; turns that run into max_model_len."""
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+    from kvsim.workloads.spec import SharedPrefix
+    from tests.test_fastcore_equivalence import _random_case
+
+    config, _ = _random_case(rng)
+    mml = config.max_model_len
+    num = int(rng.integers(1, 12))
+    kind = int(rng.integers(0, 3))
+    think = float(rng.choice([0.0, 0.0005, 0.005]))
+    prefix = SharedPrefix(num_groups=int(rng.integers(1, 3)), prefix_len=int(rng.integers(1, mml // 3)),
+                          fraction=float(rng.choice([0.0, 0.5, 1.0]))) if rng.random() < 0.5 else None
+    if kind == 2:
+        rows = [(int(rng.integers(0, num)), float(rng.exponential(0.002)), int(rng.integers(1, mml // 3)),
+                 int(rng.integers(1, mml // 3))) for _ in range(int(rng.integers(2, 24)))]
+        rows.sort(key=lambda r: r[1])
+        ids = sorted({r[0] for r in rows})
+        rows = [(ids.index(r[0]), *r[1:]) for r in rows]
+        wl = traced(rows, think_s=think, max_model_len=mml, shared_prefix=prefix)
+    else:
+        arrival = (GammaArrivals(rate=float(rng.choice([200.0, 2000.0, 20000.0]))) if kind == 0 else
+                   ClosedLoop(int(rng.integers(1, 5)), float(rng.choice([0.0, 0.001])), str(rng.choice(["fixed", "exponential"]))))
+        wl = SessionWorkload("s", num, arrival, Uniform(1, 5), Uniform(1, mml // 3), Uniform(1, mml // 3),
+                             think_time_s=think, think_time_dist=str(rng.choice(["fixed", "exponential"])),
+                             first_prompt_len=Uniform(1, mml // 2) if rng.random() < 0.3 else None,
+                             shared_prefix=prefix, max_model_len=mml)
+    return config, wl
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_sessions_in_the_core_match_the_python_reference(block):
+    """Random session runs on one replica, V0 and V1, prefix caching on and off, tiny caches that
+    evict and preempt: turns sent when answers come back, chained block hashes adopted across turns."""
+    import dataclasses
+
+    hits = ended = 0
+    for case in range(block * 12, (block + 1) * 12):
+        rng = np.random.default_rng(9000 + case)
+        config, wl = _random_sessions(rng)
+        if rng.random() < 0.6:
+            config = dataclasses.replace(config, enable_prefix_caching=True)
+        core, _ = _same_in_both_cores(config, wl, f"sessions case {case}: {config}", seed=case)
+        hits += bool(core.summary.get("prefix_cache_hit_rate"))
+        ended += core.record["workload"]["generation"]["ended_at_max_model_len"]
+    assert hits >= 3 and ended, "the cases should hit cached turns and end sessions at max_model_len"
+
+
+@pytest.mark.parametrize("router", ["prefix-aware", "session-affinity", "least-loaded", "round-robin"])
+def test_sessions_behind_each_router_match(router):
+    """Sessions over 2 or 4 replicas behind each router, the prefix-aware one scoring the real caches."""
+    import dataclasses
+
+    for case in range(8):
+        rng = np.random.default_rng(9500 + case)
+        config, wl = _random_sessions(rng)
+        config = dataclasses.replace(config, data_parallel_size=int(rng.choice([2, 4])), router=router,
+                                     enable_prefix_caching=bool(rng.random() < 0.8))
+        _same_in_both_cores(config, wl, f"{router} case {case}: {config}", seed=case)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_the_cpu_tier_in_the_core_matches(dp):
+    """The CPU tier (V1, prefix caching): write-through of computed blocks, LRU evictions, loads
+    queued on each replica's host link while other requests step, an idle engine woken when its
+    load is done; small GPU caches so turns are evicted and loaded back."""
+    import dataclasses
+
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Uniform
+
+    loaded = 0
+    for case in range(10):
+        rng = np.random.default_rng(9800 + case)
+        config, wl = _random_sessions(rng)
+        mml = config.max_model_len
+        if case % 2:  # more sessions than the GPU cache holds, coming back after thinking
+            wl = SessionWorkload("s", int(rng.integers(6, 16)), GammaArrivals(rate=float(rng.choice([500.0, 5000.0]))),
+                                 Uniform(2, 5), Uniform(1, mml // 4), Uniform(1, mml // 4),
+                                 think_time_s=float(rng.choice([0.002, 0.02])), max_model_len=mml)
+        blocks = -(-mml // config.block_size)
+        config = dataclasses.replace(config, enable_chunked_prefill=True, enable_prefix_caching=True,
+                                     preemption_mode="recompute", max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                     num_gpu_blocks_override=blocks + int(rng.integers(0, 2 * blocks)),
+                                     kv_offloading_size=float(rng.choice([0.00002, 0.0001, 0.01])),
+                                     data_parallel_size=dp, router=str(rng.choice(["prefix-aware", "least-loaded"])))
+        core, _ = _same_in_both_cores(config, wl, f"tier dp {dp} case {case}: {config}", seed=case)
+        loaded += core.summary.get("offload_loaded_blocks", 0) > 0
+    assert loaded >= 3, "the cases should load turns back from the CPU tier"

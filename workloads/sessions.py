@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 THINK_DISTS = ("fixed", "exponential")
 MAX_SESSIONS = 10_000_000  # sessions' start times are drawn up front (and sessions run in the Python engine)
 TURN_ROWS = 8  # per-turn TTFT rows in the summary: turns 1..7, then 8 and later together
+# At r sessions/s about r x lifetime sessions are in flight at once, so a run must start sessions
+# over a few lifetimes to reach the steady state (reports.capacity.SessionRateScaler sizes its
+# runs so; `warnings` says when a run is shorter)
+STEADY_LIFETIMES = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,12 +288,31 @@ class SessionWorkload:
     def sample_requests(self, seed: np.random.SeedSequence | int, limit: int | None = None) -> list[Request]:
         return self.draw(seed, limit)[0]
 
+    def steady_sessions(self) -> tuple[int, float, float] | None:
+        """(sessions a run needs to reach the steady state, session rate, lifetime s) for Poisson /
+        Gamma starts: STEADY_LIFETIMES x rate x lifetime, the lifetime's lower bound being (turns -
+        1) x think time (answers take time too); None for a closed loop or a trace."""
+        if not isinstance(self.arrival, GammaArrivals) or self.turns is None:
+            return None
+        rate = float(self.arrival.rate) / self.start_scale
+        lifetime = max(self.num_requests / int(self.num_sessions) - 1.0, 0.0) * float(self.think_time_s)
+        return int(np.ceil(STEADY_LIFETIMES * rate * lifetime)), rate, lifetime
+
     def warnings(self, stats: dict[str, Any] | None = None) -> list[str]:
+        lines = []
         ended = (stats or {}).get("ended_at_max_model_len", 0)
         if ended and ended >= 0.1 * max((stats or {}).get("sessions", 1), 1):
-            return [f"{ended} of {stats['sessions']} sessions ended early: their next prompt would not fit "
-                    f"max_model_len {self.max_model_len}"]
-        return []
+            lines.append(f"{ended} of {stats['sessions']} sessions ended early: their next prompt would not fit "
+                         f"max_model_len {self.max_model_len}")
+        steady = self.steady_sessions()
+        if steady is not None and int(self.num_sessions) < steady[0]:
+            need, rate, lifetime = steady
+            lines.append(f"{int(self.num_sessions):,} sessions at {rate:g} sessions/s all start within "
+                         f"{int(self.num_sessions) / rate:.0f} s, too few to reach the steady state (a session "
+                         f"lasts at least {lifetime:.0f} s): about {STEADY_LIFETIMES:g} x rate x lifetime = "
+                         f"{need:,} sessions are needed (--num-requests {need}); the figures describe a server "
+                         "still filling up, and can hide overload")
+        return lines
 
     def notes(self, stats: dict[str, Any] | None = None) -> list[str]:
         return []

@@ -17,9 +17,11 @@
 #include <string.h>
 
 #include "engine.h"
+#include "sessions.h"  /* sessions, the CPU KV tier, block-hash keys (sessions.c): hooks marked SESSIONS */
 #include "fleet.h"
 #include "spec.h"  /* speculative decoding: csrc/spec.c (hooks marked "spec:") */
 #include "batching.h"  /* static / dynamic batching, Orca: csrc/batching.c (hooks marked "bt:") */
+#include "pipeline.h"  /* pipeline parallelism: csrc/pipeline.c (hooks marked "pp:") */
 #include "tokens.h"  /* per-request token times (--save-result): csrc/tokens.c (hooks marked "tokens:") */
 
 typedef struct {
@@ -32,10 +34,15 @@ typedef struct {
        tokens adopted from the cache when admitted this step */
     long g, npt, npb, adm_cached; long *pt;
     double arrival, first_sched, first_token;
+    /* SESSIONS: a conversation's turn (tok): its blocks are keyed by hk[i] (hash ids of its
+       session's blocks) in the replica's hash group; a load from the CPU tier in flight */
+    const long *hk; long tok, off_cached, off_loaded, off_rest; double ready, load_start;
+    int loading;  /* 1: loading; 2: admitted, its load done, this step */
     long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
 } kv_req;
 
-enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2 };
+enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,  /* (batching.h: 3, 4) */
+       ENG_IDLE_T = 5, ENG_HOPPING = 6 };  /* SESSIONS: idle until a wakeup or a CPU-tier load's end, and woken */
 /* where the workload's process stands (workloads/arrivals.py open_loop_process): at the top of
    its loop, about to send (past the timeout, before the hold check), or held (sends late) */
 enum { ARR_LOOK = 0, ARR_SEND = 1, ARR_SEND_LATE = 2 };
@@ -101,10 +108,15 @@ struct kv_rep {
     double *chunk; long chunk_n; double *kept; long kept_n, kept_cap, halvings; int coalesced, streaming;
     long t_steps, t_seq_steps, t_max_running, t_kv_max, t_preempted; double t_sums[3 + KV_STEP_KINDS];
     int itl_done;  /* the last partial block is in the sum */
+    /* SESSIONS: the CPU KV tier (NULL: none), when its host link is free, what it loaded; the
+       idle timer's generation (a stale timer does nothing) */
+    kv_tier *tier; double link_free, off_wait_s; long off_hit_tokens, off_loaded_blocks, idle_gen, load_reserved;
+    long *loads; long nload, load_cap;  /* slots loading, in the order their loads started */
     long *phase_count;  /* decode spans: requests by the step at which they need a block (mod block size) */
     double gap[KV_GAP_BUF]; long gap_n;  /* gaps not binned yet (itl_put, itl_flush) */
     kv_spec *sp;  /* spec: speculative decoding's state (csrc/spec.c); NULL: none */
     struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
+    struct kv_pipe *pp;  /* pp: pipeline stages' rounds (csrc/pipeline.c); NULL: one stage */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
 };
 
@@ -131,6 +143,9 @@ struct kv_engine {
     int started;
     int err;  /* an allocation failed inside an event (KV_NOMEM): the run stops with it */
     kv_outputs *out;
+    /* SESSIONS: the session workload (NULL: arrays), the group keyed by hash ids (-1: none yet),
+       the CPU tier's size per replica, seconds per block loaded, keys */
+    kv_sessions *sess; long hash_group; long tier_blocks; double load_block_s; long nkeys;
     kv_fleet *fleet;  /* fleet.c: autoscaling (which replicas serve); NULL: all of them */
     struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
 };
@@ -154,6 +169,11 @@ static void bt_row(const kv_rep *e, double *row);
 static int bt_idle(kv_rep *e);
 static int bt_wake(kv_rep *e);
 static int bt_event(kv_engine *S, const kv_event *ev);
+/* hooks of pipeline parallelism (pipeline.c, included at the end of this file) */
+struct kv_pipe;
+static void pp_free(struct kv_pipe *q);
+static int pp_start_step(kv_rep *e);
+static double pp_emit_time(const kv_rep *e, long k);
 
 /* -- the event heap: SimPy's order, by time and then creation (`seq`) ----------------------- */
 static int ev_before(const kv_event *a, const kv_event *b) {
@@ -205,9 +225,12 @@ static void rep_free(kv_rep *e) {
     free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
+    if (e->tier) { kvt_free(e->tier); free(e->tier); }
+    free(e->loads);
     kv_spec_free(e->sp);
     kv_tok_free(e->tt);
     bt_free(e->bt);
+    pp_free(e->pp);
 }
 
 static int rep_init(kv_rep *e, kv_engine *S, long index) {
@@ -253,6 +276,7 @@ kv_engine *kv_engine_new(const kv_engine_config *cfg, const kv_pricing *pricing)
         if (!rep_init(&S->reps[i], S, i)) { kv_engine_free(S); return NULL; }
     S->arr_resume = 1;
     S->taking = -1;
+    S->hash_group = -1;
     return S;
 }
 
@@ -269,6 +293,7 @@ void kv_engine_free(kv_engine *S) {
         for (long i = 0; i < S->nrep; i++) rep_free(&S->reps[i]);
     kv_fleet_free(S->fleet);
     free(S->reps); free(S->heap); free(S->client_think); free(S->pid_keys); free(S->pid_vals);
+    kvs_free(S->sess);
     free_input(S);
     dg_free(S);
     free(S);
@@ -357,6 +382,8 @@ static long new_slot(kv_rep *e) {
 }
 
 /* -- prefix caching (simcore/block_pool.py BlockPool, PagedAllocator) ----------------------- */
+/* block i's content key in r's group: i in a shared prefix's group, its hash id for a turn (SESSIONS) */
+#define KEY(r, i) ((r)->hk ? (r)->hk[i] : (i))
 static long h_new(kv_rep *e) {
     long h;
     if (e->hfree_n) h = e->hfree[--e->hfree_n];
@@ -466,7 +493,7 @@ static int pc_release(kv_rep *e, kv_req *r) {
 /* the cached leading blocks of r's prefix it may adopt (at least one token is still computed) */
 static long pc_hits(const kv_rep *e, const kv_req *r) {
     long hits = 0;
-    while (hits < r->npb && g_get(e, r->g, hits) >= 0) hits++;
+    while (hits < r->npb && g_get(e, r->g, KEY(r, hits)) >= 0) hits++;
     long most = (r->prompt + r->generated - 1) / e->c.block_size;
     return hits < most ? hits : most;
 }
@@ -475,7 +502,7 @@ static long pc_hits(const kv_rep *e, const kv_req *r) {
    and `num_new` tokens after them takes (the evictable hits it revives included) */
 static long pc_need(const kv_rep *e, const kv_req *r, long hit, long num_new) {
     long revived = 0;
-    for (long i = 0; i < hit; i++) revived += e->blk[g_get(e, r->g, i)].ref == 0;
+    for (long i = 0; i < hit; i++) revived += e->blk[g_get(e, r->g, KEY(r, i))].ref == 0;
     return revived + blocks_for(e, hit * e->c.block_size + num_new) - hit;
 }
 
@@ -483,7 +510,7 @@ static long pc_need(const kv_rep *e, const kv_req *r, long hit, long num_new) {
    then new blocks for `num_new` tokens after them; the caller checked that they fit */
 static int pc_admit(kv_rep *e, kv_req *r, long hit, long num_new) {
     for (long i = 0; i < hit; i++) {
-        long h = g_get(e, r->g, i);
+        long h = g_get(e, r->g, KEY(r, i));
         if (!e->blk[h].ref) { lru_remove(e, h); e->free_blocks--; }
         e->blk[h].ref++;
         r->pt[i] = h;
@@ -502,11 +529,20 @@ static int pc_cache_full(kv_rep *e, kv_req *r) {
     if (full > r->nblk) full = r->nblk;
     for (long i = 0; i < full; i++) {
         long h = r->pt[i];
-        if (e->blk[h].g >= 0 || g_get(e, r->g, i) >= 0) continue;
-        if (!g_set(e, r->g, i, h)) return KV_NOMEM;
-        e->blk[h].g = r->g; e->blk[h].i = i; e->num_cached++;
+        long key = KEY(r, i);
+        if (e->blk[h].g >= 0 || g_get(e, r->g, key) >= 0) continue;
+        if (!g_set(e, r->g, key, h)) return KV_NOMEM;
+        e->blk[h].g = r->g; e->blk[h].i = key; e->num_cached++;
     }
     return 0;
+}
+
+/* ContinuousPagedPolicy._cache_blocks: r's full blocks registered, and (SESSIONS) a turn's
+   written through to the CPU tier */
+static int cache_blocks(kv_rep *e, kv_req *r) {
+    int rc = pc_cache_full(e, r);
+    if (!rc && e->tier && r->tok) kvt_store(e->tier, r->hk, r->ntok / e->c.block_size);
+    return rc;
 }
 
 /* dense group of a prefix id (S-wide: every replica keys its cache the same) */
@@ -690,18 +726,52 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     double *row = o->req + KV_REQ_ROW * o->req_n++;
     row[0] = (double)r->id; row[1] = (double)e->index; row[2] = rejected ? 1 : 0; row[3] = rejected ? 0 : -1;
     row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
-    row[7] = rejected ? -1.0 : S->now; row[8] = (double)r->prompt; row[9] = (double)r->generated;
+    row[7] = rejected ? -1.0 : e->pp ? r->last_token : S->now;  /* pp: at its last token (Lifecycle.finish) */
+    row[8] = (double)r->prompt; row[9] = (double)r->generated;
     row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
     e->num_done++;
     if (S->dg && !rejected) return dg_left(e, (kv_req *)r);  /* the proxy's next hop (disagg.c) */
-    if (r->client >= 0) return ev_push(S, S->now, EV_DONE, r->client);
+    if (r->client >= 0) {
+        if (S->sess) kvs_left(S->sess, r->client, rejected);  /* SESSIONS: client = the session */
+        return ev_push(S, S->now, EV_DONE, r->client);
+    }
     return 0;
 }
 
 /* -- arrival (Router._pick, Engine._accept) ------------------------------------------------ */
-static kv_rep *pick(kv_engine *S) {
+static kv_rep *least_loaded(kv_engine *S);
+
+/* SESSIONS: Router._best_prefix (llm-d's precise prefix-cache scorer, weights 2 : 1 : 1): the
+   share of the prompt's full blocks a replica holds as a prefix (GPU cache, then its CPU tier),
+   its free KV share, its queue min-max scaled; the highest score (ties: the lowest index) */
+static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt) {
+    long low = S->reps[0].wq_len, high = low;
+    for (long i = 1; i < S->nrep; i++) {
+        long q = S->reps[i].wq_len;
+        if (q < low) low = q;
+        if (q > high) high = q;
+    }
+    kv_rep *best = S->reps; double best_score = -1.0;
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        double kv_free = (double)e->free_blocks / (double)e->c.num_gpu_blocks, prefix = 0.0;
+        long nb = prompt / e->c.block_size;
+        if (nb && e->pc && hk) {  /* (no turn cached yet: no hash group yet) */
+            long hits = 0;
+            while (S->hash_group >= 0 && hits < nb && g_get(e, S->hash_group, hk[hits]) >= 0) hits++;
+            if (e->tier) hits += kvt_hits(e->tier, hk, hits, nb);
+            prefix = (double)hits / (double)nb;
+        }
+        double queue = high > low ? (double)(high - e->wq_len) / (double)(high - low) : 1.0;
+        double score = 2.0 * prefix + 1.0 * kv_free + 1.0 * queue;
+        if (score > best_score) { best = e; best_score = score; }
+    }
+    return best;
+}
+
+static kv_rep *pick(kv_engine *S, long sess, const long *hk, long prompt) {
     if (S->fleet) return &S->reps[kv_fleet_pick(S)];  /* autoscaling: the active replicas only */
     if (S->nrep == 1) return S->reps;
     if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
@@ -709,6 +779,16 @@ static kv_rep *pick(kv_engine *S) {
         S->rr_next = (S->rr_next + 1) % S->nrep;
         return e;
     }
+    if (S->c.router == KV_ROUTER_PREFIX_SCORE && sess >= 0) return best_prefix(S, hk, prompt);
+    if (S->c.router == KV_ROUTER_SESSION_AFFINITY && sess >= 0) {  /* a conversation stays where it began */
+        long a = kvs_affinity(S->sess, sess);
+        if (a < 0) { a = least_loaded(S)->index; kvs_set_affinity(S->sess, sess, a); }
+        return &S->reps[a];
+    }
+    return least_loaded(S);
+}
+
+static kv_rep *least_loaded(kv_engine *S) {
     kv_rep *best = S->reps;  /* the fewest waiting, running or swapped; ties: the lowest index */
     long least = best->wq_len + best->run_len + best->sq_len;
     for (long i = 1; i < S->nrep; i++) {
@@ -719,13 +799,15 @@ static kv_rep *pick(kv_engine *S) {
     return best;
 }
 
-static int send(kv_engine *S, long i, double stamp, long client) {
-    if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
-    kv_rep *e = pick(S);
+/* Engine._accept of one request: `client` waits for it (-1: nobody; SESSIONS: with sessions, the
+   session, `hk` its block keys, NULL without prefix caching) */
+static int send_req(kv_engine *S, long id, long prompt, long out, long max_tokens, long pid, long npt,
+                    double stamp, long client, const long *hk, long nkeys) {
+    kv_rep *e = pick(S, S->sess ? client : -1, hk, prompt);
     kv_req r;
     memset(&r, 0, sizeof r);
-    r.id = S->in_id[i]; r.prompt = S->in_prompt[i]; r.max_tokens = S->in_max[i]; r.client = client; r.g = -1;
-    long room = e->c.max_model_len - r.prompt, out = S->in_output[i];
+    r.id = id; r.prompt = prompt; r.max_tokens = max_tokens; r.client = client; r.g = -1;
+    long room = e->c.max_model_len - r.prompt;
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
     r.arrival = stamp; r.first_sched = r.first_token = r.last_token = -1.0;
@@ -739,10 +821,16 @@ static int send(kv_engine *S, long i, double stamp, long client) {
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
     if (kind) return put_req(e, &r, 1, kind, out);
-    if (e->pc && S->in_pid[i] >= 0) {  /* ContinuousPagedPolicy._prefix_hashes: (g, 0..npb-1) */
-        r.g = pid_group(S, S->in_pid[i]);
-        r.npt = S->in_npt[i]; r.npb = r.npt / e->c.block_size;
+    if (e->pc && pid >= 0) {  /* ContinuousPagedPolicy._prefix_hashes: (g, 0..npb-1) */
+        r.g = pid_group(S, pid);
+        r.npt = npt; r.npb = r.npt / e->c.block_size;
         if (r.g < 0) return KV_NOMEM;
+        if (r.npb && !(r.pt = malloc(sizeof(long) * r.npb))) return KV_NOMEM;
+    } else if (e->pc && hk) {  /* SESSIONS: a turn's every full block, keyed by hash id */
+        if (S->hash_group < 0 && (S->hash_group = pid_group(S, (long)(~0UL >> 2))) < 0) return KV_NOMEM;
+        r.g = S->hash_group; r.hk = hk; r.tok = 1;
+        r.npb = (r.prompt + r.target) / e->c.block_size;
+        if (r.npb > nkeys) r.npb = nkeys;
         if (r.npb && !(r.pt = malloc(sizeof(long) * r.npb))) return KV_NOMEM;
     }
     long s = new_slot(e);
@@ -753,7 +841,53 @@ static int send(kv_engine *S, long i, double stamp, long client) {
         e->eng = ENG_WAKE;
         return ev_push(S, S->now, EV_ENGINE, e->index);
     }
-    return e->bt ? bt_wake(e) : 0;  /* bt: static batching's engine may wait on its timer too */
+    if (e->bt) return bt_wake(e);  /* bt: static batching's engine may wait on its timer too */
+    if (e->eng == ENG_IDLE_T) {  /* SESSIONS: it waits on the first of its wakeup and a timer */
+        e->eng = ENG_HOPPING;
+        return ev_push(S, S->now, EV_HOP, e->index);
+    }
+    return 0;
+}
+
+static int send(kv_engine *S, long i, double stamp, long client) {
+    if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
+    return send_req(S, S->in_id[i], S->in_prompt[i], S->in_output[i], S->in_max[i], S->in_pid[i], S->in_npt[i],
+                    stamp, client, NULL, 0);
+}
+
+/* SESSIONS: what sessions.c calls */
+double kvi_now(const kv_engine *S) { return S->now; }
+int kvi_push(kv_engine *S, double t, int kind, long arg) { return ev_push(S, t, kind, arg); }
+int kvi_send_turn(kv_engine *S, long id, long prompt, long output, long sess, const long *keys, long nkeys) {
+    return send_req(S, id, prompt, output, output, -1, 0, S->now, sess, keys, nkeys);
+}
+int kvi_attach_sessions(kv_engine *S, kv_sessions *q) {
+    kvs_free(S->sess);
+    S->sess = q;
+    return 0;
+}
+kv_sessions *kvi_sessions(const kv_engine *S) { return S->sess; }
+
+int kv_engine_offload(kv_engine *S, long num_blocks, double load_block_s, long nkeys) {
+    S->tier_blocks = num_blocks; S->load_block_s = load_block_s; S->nkeys = nkeys;
+    for (long i = 0; i < S->nrep; i++) {
+        kv_rep *e = &S->reps[i];
+        if (!(e->tier = malloc(sizeof(kv_tier))) || !kvt_init(e->tier, num_blocks, nkeys)) return KV_NOMEM;
+    }
+    return 0;
+}
+
+void kv_engine_tier_wait(const kv_engine *S, double *out) {
+    for (long i = 0; i < S->nrep; i++) out[i] = S->reps[i].off_wait_s;
+}
+
+void kv_engine_tier_counts(const kv_engine *S, long *out) {
+    for (long i = 0; i < S->nrep; i++) {
+        const kv_rep *e = &S->reps[i];
+        long *o = out + KV_TIER_COUNTS * i;
+        o[0] = e->off_hit_tokens; o[1] = e->off_loaded_blocks;
+        o[2] = e->tier ? e->tier->stored : 0; o[3] = e->tier ? e->tier->evicted : 0;
+    }
 }
 
 /* The open-loop arrival process, from where it stands: send the requests planned at the same
@@ -839,7 +973,7 @@ static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
             e->num_sampled += 1;
             if (e->sp) kv_spec_drafting(e->sp, computed + num_new);  /* spec */
         }
-        if (e->pc && computed < r->npt && r->npb) e->filling[e->num_filling++] = s;
+        if (e->pc && (computed < r->npt || r->tok) && r->npb) e->filling[e->num_filling++] = s;
     }
 }
 
@@ -910,6 +1044,7 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
                 e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
                 e->num_swap_blocks += vr->nblk;
             } else {
+                if (vr->tok) fail(e, cache_blocks(e, vr));  /* SESSIONS: its blocks stay cached (vLLM) */
                 release(e, vr);
             }
             e->by_swap[e->num_preempted] = (char)swap;
@@ -931,7 +1066,9 @@ static long admit_one(kv_rep *e, long s, long num_new, long hit) {
     long cached = hit * e->c.block_size;
     if (e->pc) {
         fail(e, pc_admit(e, r, hit, num_new));
-        if (r->npb) e->prefix_query_tokens += r->prompt + r->generated;
+        /* _take_admitted's shares_prefix: it has hashes (V1: or it is a turn; SESSIONS) */
+        if (r->tok ? e->c.chunked_prefill || (r->prompt + r->generated) / e->c.block_size : r->npb)
+            e->prefix_query_tokens += r->prompt + r->generated;
         e->prefix_hit_tokens += cached;
     } else {
         long need = blocks_for(e, num_new);
@@ -965,6 +1102,35 @@ static long swap_in(kv_rep *e, long *n, long budget) {
         budget -= num_new;
     }
     return budget;
+}
+
+/* SESSIONS: ContinuousPagedPolicy._start_load: if r's prefix continues in the CPU tier past its
+   `hit` GPU blocks, take GPU blocks for both and queue the load on the host link; 1 if it did */
+static int start_load(kv_rep *e, long s, long hit) {
+    kv_req *r = &e->reqs[s];
+    long bs = e->c.block_size, nt = r->prompt + r->generated, nb = nt / bs;
+    kvt_touch(e->tier, r->hk, nb);  /* get_num_new_matched_tokens touches the request's blocks */
+    long loaded = kvt_hits(e->tier, r->hk, hit, nb), most = (nt - 1) / bs - hit;
+    if (loaded > most) loaded = most;
+    if (loaded <= 0) return 0;
+    long need = pc_need(e, r, hit, nt - hit * bs);
+    if (need + e->load_reserved > e->free_blocks) return 0;  /* the whole prompt must fit now, beside the queued loads' */
+    if (pc_need(e, r, hit, loaded * bs) > e->free_blocks) return 0;
+    fail(e, pc_admit(e, r, hit, loaded * bs));
+    double now = e->S->now, ready = (now > e->link_free ? now : e->link_free) + (double)loaded * e->S->load_block_s;
+    e->link_free = ready;
+    r->loading = 1; r->ready = ready; r->load_start = now; r->off_cached = (hit + loaded) * bs; r->off_loaded = loaded * bs;
+    e->off_loaded_blocks += loaded;
+    r->off_rest = blocks_for(e, nt) - r->nblk;
+    e->load_reserved += r->off_rest;
+    if (e->nload == e->load_cap) {
+        long nc = e->load_cap ? 2 * e->load_cap : 64;
+        long *l = realloc(e->loads, sizeof(long) * nc);
+        if (!l) { fail(e, KV_NOMEM); return 1; }
+        e->loads = l; e->load_cap = nc;
+    }
+    e->loads[e->nload++] = s;
+    return 1;
 }
 
 /* returns 1 when a step is planned */
@@ -1004,15 +1170,46 @@ static int schedule(kv_rep *e) {
         if (e->num_swapped_in < e->sq_len) return e->num_parts > 0;
     }
     long num_seqs = n;
-    for (long j = 0; j < e->wq_len; j++) {
+    int stopped = 0;
+    /* SESSIONS: requests loading from the CPU tier first, in the order their loads started (vLLM
+       puts the requests it skipped back at the front of its queue); each passed over until done */
+    for (long k = 0; k < e->nload; k++) {
+        long s = e->loads[k];
+        kv_req *r = &e->reqs[s];
+        if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) { stopped = 1; break; }
+        if (r->ready > e->S->now) continue;
+        long num_new = r->prompt + r->generated - r->off_cached;
+        if (num_new > budget) num_new = budget;
+        if (!grow_seq(e, r, num_new)) { stopped = 1; break; }
+        r->loading = 2;
+        if (r->first_sched < 0) e->off_wait_s += r->ready - r->load_start;  /* (TTFT split) */
+        e->load_reserved -= r->off_rest;
+        e->prefix_query_tokens += r->prompt + r->generated;
+        e->prefix_hit_tokens += r->off_cached - r->off_loaded;
+        e->off_hit_tokens += r->off_loaded;
+        r->adm_cached = r->off_cached;
+        e->admitted[e->num_admitted++] = s;
+        plan_add(e, s, num_new, r->off_cached);
+        num_seqs += 1;
+        budget -= num_new;
+    }
+    if (e->num_admitted) {  /* the loads still in flight, in order */
+        long w = 0;
+        for (long k = 0; k < e->nload; k++)
+            if (e->reqs[e->loads[k]].loading == 1) e->loads[w++] = e->loads[k];
+        e->nload = w;
+    }
+    for (long j = 0; !stopped && j < e->wq_len; j++) {
         long s = wq_at(e, j);
-        const kv_req *r = &e->reqs[s];
+        kv_req *r = &e->reqs[s];
+        if (r->loading) continue;  /* looked at above */
         if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
         if (r->dg_state) {  /* its prompt's KV is on a prefill instance (disagg.c) */
             if (dg_admit(e, s, &num_seqs, &budget)) break;
             continue;
         }
         long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
+        if (e->tier && r->tok && (r->prompt + r->generated) / e->c.block_size && start_load(e, s, hit)) continue;
         long num_new = r->prompt + r->generated - hit * e->c.block_size;
         if (num_new > budget) num_new = budget;
         if ((hit ? pc_need(e, r, hit, num_new) : blocks_for(e, num_new)) > e->free_blocks) break;
@@ -1043,6 +1240,7 @@ static int begin_step(kv_rep *e) {
         long s = e->admitted[k];
         if (wq_at(e, 0) == s) wq_pop_front(e);
         else wq_remove(e, s);  /* disaggregated: requests loading remote KV stay queued ahead */
+        e->reqs[s].loading = 0;  /* SESSIONS */
         kv_req *r = &e->reqs[s];
         r->computed = r->adm_cached;
         if (r->first_sched < 0) r->first_sched = e->S->now;
@@ -1052,6 +1250,7 @@ static int begin_step(kv_rep *e) {
 }
 
 static int start_step(kv_rep *e) {
+    if (e->pp) return pp_start_step(e);  /* pp: a round of micro-batches through the stages */
     kv_engine *S = e->S;
     long prefill_out = 0;
     double spec_ms = 0.0;
@@ -1209,10 +1408,11 @@ static int end_step(kv_rep *e) {
             emitted = r->computed == r->prompt + r->generated;  /* == num_tokens: a token out */
         }
         if (emitted) {
-            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], t, emitted));  /* tokens: */
-            if (r->generated) itl_put(e, t - r->last_token);
-            else r->first_token = t;
-            r->last_token = t;
+            double at = e->pp ? pp_emit_time(e, k) : t;  /* pp: when its micro-batch leaves the last stage */
+            if (e->tt) fail(e, kv_tok_put(e->tt, e->part_slot[k], at, emitted));  /* tokens: */
+            if (r->generated) itl_put(e, at - r->last_token);
+            else r->first_token = at;
+            r->last_token = at;
             r->generated += emitted;
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
@@ -1226,7 +1426,12 @@ static int end_step(kv_rep *e) {
         if (rc) return rc;
     }
     for (long k = 0; k < e->num_filling; k++) {  /* policy.end_step: register the prefix blocks written */
-        int rc = pc_cache_full(e, &e->reqs[e->filling[k]]);
+        int rc = cache_blocks(e, &e->reqs[e->filling[k]]);
+        if (rc) return rc;
+    }
+    for (long k = 0; k < nf; k++) {  /* SESSIONS: a turn's answer blocks, for the next turn */
+        kv_req *r = &e->reqs[e->finished[k]];
+        int rc = r->tok ? cache_blocks(e, r) : 0;
         if (rc) return rc;
     }
     /* end_step's snapshot, before the finished let go: with nothing cached nothing is shared, so
@@ -1415,7 +1620,12 @@ static int engine_event(kv_rep *e) {
     for (;;) {
         int planned = schedule(e);
         if (planned < 0) return planned;
-        if (!planned) break;
+        if (!planned) {
+            if (!(e->num_preempted && e->tier)) break;
+            int rc = begin_step(e);  /* SESSIONS: preemptions alone, with the CPU tier: applied, look again (Engine.run) */
+            if (rc) return rc;
+            continue;
+        }
         int rc = begin_step(e);
         if (rc) return rc;
         if (S->held && e->wq_len <= e->c.hold_at / 2) {  /* the held workload may go on */
@@ -1428,13 +1638,26 @@ static int engine_event(kv_rep *e) {
         rc = span_run(e);  /* hook: decode spans (1: steps ended there; plan the next one here) */
         if (rc != 1) return rc;
     }
-    if (e->num_preempted && !S->dg) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
-    if (e->num_preempted) {  /* disaggregated: blocks of requests that do not run fill the cache (disagg.c) */
+    if (e->num_preempted && !S->dg && !e->tier) return KV_STALL;  /* a plan of preemptions alone: never in V0/V1 here */
+    if (e->num_preempted) {  /* disaggregated (disagg.c), or loads from the CPU tier (SESSIONS): blocks of
+                                requests that do not run fill the cache */
         int rc = begin_step(e);  /* the preemptions apply; nothing runs; it idles until woken, as Engine.run */
         if (rc) return rc;
     }
     if (e->bt && bt_idle(e)) return 0;  /* bt: static batching waits for its wakeup or its batch timer */
     e->eng = ENG_IDLE;
+    if (e->tier && e->wq_len) {  /* SESSIONS: policy.idle_timeout: it also wakes when the next load is done */
+        double next = 0.0; int any = 0;
+        for (long j = 0; j < e->wq_len; j++) {
+            const kv_req *r = &e->reqs[wq_at(e, j)];
+            if (r->loading == 1 && r->ready > S->now && (!any || r->ready < next)) { next = r->ready; any = 1; }
+        }
+        if (any) {
+            e->eng = ENG_IDLE_T;
+            e->idle_gen++;
+            return ev_push(S, S->now + (next - S->now), EV_IDLE_TIMER, e->idle_gen * S->nrep + e->index);
+        }
+    }
     return 0;
 }
 
@@ -1449,6 +1672,11 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
             int rc = kv_fleet_begin(S);
             if (rc) return rc;
         }
+        if (S->sess) {  /* SESSIONS: the session workload's process instead */
+            S->arr_resume = 0; S->clients_to_start = 0;
+            int rc = kvs_start(S->sess);
+            if (rc) return rc;
+        }
     }
     for (;;) {
         if (!has_room(S))
@@ -1460,6 +1688,11 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         }
         if (S->taking >= 0) {
             int rc = client_take(S);
+            if (rc) return rc;
+            continue;
+        }
+        if (S->sess && kvs_pending(S->sess)) {  /* SESSIONS: a session goes on now */
+            int rc = kvs_go(S->sess);
             if (rc) return rc;
             continue;
         }
@@ -1499,13 +1732,30 @@ int kv_engine_run(kv_engine *S, kv_outputs *out) {
         case EV_ARRIVAL: S->arr_resume = 1; break;
         case EV_DRAIN: S->late = 1; S->arr_resume = 1; break;
         case EV_DONE:  /* the client's request left: it thinks, or takes the next one now */
+            if (S->sess) { rc = kvs_done(S->sess, ev.arg); break; }  /* SESSIONS: its session goes on */
             if (S->client_think[ev.arg] > 0) rc = ev_push(S, S->now + S->client_think[ev.arg], EV_THINK, ev.arg);
             else S->taking = ev.arg;
             break;
         case EV_THINK: S->taking = ev.arg; break;
         case EV_FLEET: rc = kv_fleet_event(S, ev.arg); break;
         case EV_BT_TIMER: case EV_BT_WAKE: rc = bt_event(S, &ev); break;  /* bt: static batching's idle */
-        default: rc = dg_event(S, &ev); break;  /* the proxy's and the KV links' (disagg.c) */
+        case EV_HOP: {  /* SESSIONS: an idle engine's wakeup, processed: its first_of succeeds */
+            kv_rep *e = &S->reps[ev.arg];
+            if (e->eng == ENG_HOPPING) { e->eng = ENG_WAKE; rc = ev_push(S, S->now, EV_ENGINE, e->index); }
+            break;
+        }
+        case EV_IDLE_TIMER: {  /* SESSIONS: the idle timer, unless stale or beaten by the wakeup */
+            kv_rep *e = &S->reps[ev.arg % S->nrep];
+            if (ev.arg / S->nrep == e->idle_gen && (e->eng == ENG_IDLE_T || e->eng == ENG_HOPPING)) {
+                e->eng = ENG_WAKE;
+                rc = ev_push(S, S->now, EV_ENGINE, e->index);
+            }
+            break;
+        }
+        default:
+            if (S->dg) rc = dg_event(S, &ev);  /* the proxy's and the KV links' (disagg.c) */
+            else rc = kvs_event(S->sess, ev.kind, ev.arg);  /* SESSIONS: starts, think times */
+            break;
         }
         if (rc) return rc;
         if (S->err) return S->err;
@@ -1568,5 +1818,6 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
     return kv_tok_table(S->reps[replica].tt, ntimes, ids, counts, times);
 }
 
+#include "pipeline.c"  /* pipeline parallelism: uses the static helpers above */
 #include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */

@@ -51,7 +51,9 @@ typedef struct {
     double swap_block_s;   /* seconds to copy one block over PCIe */
 } kv_engine_config;
 
-enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1 };
+enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1,
+       /* sessions.c's hooks in engine.c (disagg.h's KV_ROUTER_PREFIX_AWARE, 2, is the prefill pool's) */
+       KV_ROUTER_SESSION_AFFINITY = 4, KV_ROUTER_PREFIX_SCORE = 5 };
 
 typedef struct {
     double *req; long req_cap, req_n;          /* KV_REQ_ROW doubles per request that left */

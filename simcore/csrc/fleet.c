@@ -27,11 +27,35 @@ struct kv_fleet {
     long n;
     int *state;
     double *cold, *paid_since, *paid_s;  /* paid_since < 0: not paid now */
-    double last_change;
     long decisions, clients_ended;
     int begun, arrivals_done;
     double *rows; long rows_n, rows_cap;  /* (t, active, starting, draining) */
+    /* the HPA's memory (AutoscalingRouter._recommendations / _events), oldest first from *_head */
+    double *rec_t; long *rec_v; long rec_head, rec_n, rec_cap;  /* (time, raw recommendation) */
+    double *ev_t; long *ev_v; long ev_head, ev_n, ev_cap;       /* (time, replicas added or removed (< 0)) */
 };
+
+/* append (t, v) to a queue of pairs, dropping its first `head` (read no more) when it must grow */
+static int push_pair(double **ts, long **vs, long *head, long *n, long *cap, double t, long v) {
+    if (*n == *cap) {
+        if (*head) {  /* slide the live pairs to the front */
+            memmove(*ts, *ts + *head, sizeof(double) * (size_t)(*n - *head));
+            memmove(*vs, *vs + *head, sizeof(long) * (size_t)(*n - *head));
+            *n -= *head; *head = 0;
+        }
+        if (*n == *cap) {
+            long nc = *cap ? 2 * *cap : 32;
+            double *a = realloc(*ts, sizeof(double) * (size_t)nc);
+            if (!a) return KV_NOMEM;
+            *ts = a;
+            long *b = realloc(*vs, sizeof(long) * (size_t)nc);
+            if (!b) return KV_NOMEM;
+            *vs = b; *cap = nc;
+        }
+    }
+    (*ts)[*n] = t; (*vs)[*n] = v; (*n)++;
+    return 0;
+}
 
 static long count(const kv_fleet *F, int state) {
     long k = 0;
@@ -70,7 +94,6 @@ int kv_engine_autoscale(kv_engine *S, const kv_autoscale_config *cfg, const doub
     kv__set_fleet(S, F);  /* freed with the engine from here on */
     if (!F->state || !F->cold || !F->paid_since || !F->paid_s) return KV_NOMEM;
     memcpy(F->cold, cold_start_s, sizeof(double) * (size_t)n);
-    F->last_change = -INFINITY;
     for (long i = 0; i < n; i++) {
         F->paid_since[i] = -1.0;
         if (i < cfg->min_replicas) { F->state[i] = KV_REP_ACTIVE; F->paid_since[i] = 0.0; }
@@ -81,6 +104,7 @@ int kv_engine_autoscale(kv_engine *S, const kv_autoscale_config *cfg, const doub
 void kv_fleet_free(kv_fleet *F) {
     if (!F) return;
     free(F->state); free(F->cold); free(F->paid_since); free(F->paid_s); free(F->rows);
+    free(F->rec_t); free(F->rec_v); free(F->ev_t); free(F->ev_v);
     free(F);
 }
 
@@ -130,6 +154,57 @@ static long desired(const kv_engine *S, const kv_fleet *F) {
     return want;
 }
 
+/* replicas added less those removed by the changes strictly after `cutoff` (_changed) */
+static long changed(const kv_fleet *F, double cutoff) {
+    long sum = 0;
+    for (long k = F->ev_head; k < F->ev_n; k++)
+        if (F->ev_t[k] > cutoff) sum += F->ev_v[k];
+    return sum;
+}
+
+/* AutoscalingRouter.normalized: the HPA's stabilization windows, then its rate policies */
+static int normalized(kv_fleet *F, double now, long raw, long current, long *out) {
+    const kv_autoscale_config *c = &F->c;
+    double up_cut = now - c->scale_up_cooldown_s, down_cut = now - c->scale_down_cooldown_s;
+    long up = raw, down = raw;
+    for (long k = F->rec_head; k < F->rec_n; k++) {
+        if (F->rec_t[k] > up_cut && F->rec_v[k] < up) up = F->rec_v[k];
+        if (F->rec_t[k] > down_cut && F->rec_v[k] > down) down = F->rec_v[k];
+    }
+    long want = current;
+    if (want < up) want = up;
+    if (want > down) want = down;
+    double old = up_cut < down_cut ? up_cut : down_cut;
+    while (F->rec_head < F->rec_n && F->rec_t[F->rec_head] <= old) F->rec_head++;
+    int rc = push_pair(&F->rec_t, &F->rec_v, &F->rec_head, &F->rec_n, &F->rec_cap, now, raw);
+    if (rc) return rc;
+    if (want > current) {
+        long start = current - changed(F, now - c->scale_up_period_s);
+        long pct = (long)ceil((double)start * (1.0 + c->scale_up_percent / 100.0));
+        long pods = start + (long)c->scale_up_pods;
+        long limit = pct > pods ? pct : pods;
+        if (limit < current) limit = current;
+        if (want > limit) want = limit;
+        if (want > F->n) want = F->n;
+    } else if (want < current) {
+        long start = current - changed(F, now - c->scale_down_period_s);
+        long limit = (long)((double)start * (1.0 - c->scale_down_percent / 100.0));
+        if (limit > current) limit = current;
+        if (want < limit) want = limit;
+        if (want < c->min_replicas) want = c->min_replicas;
+    }
+    *out = want;
+    return 0;
+}
+
+/* AutoscalingRouter._scaled: remember a change for the rate policies */
+static int scaled(kv_fleet *F, double now, long change) {
+    double pu = F->c.scale_up_period_s, pd = F->c.scale_down_period_s;
+    double old = now - (pu > pd ? pu : pd);
+    while (F->ev_head < F->ev_n && F->ev_t[F->ev_head] <= old) F->ev_head++;
+    return push_pair(&F->ev_t, &F->ev_v, &F->ev_head, &F->ev_n, &F->ev_cap, now, change);
+}
+
 int kv_fleet_begun(const kv_engine *S) { return kv__fleet(S)->begun; }
 
 int kv_fleet_begin(kv_engine *S) {
@@ -159,14 +234,17 @@ static int drain_check(kv_engine *S, kv_fleet *F, long i) {
 static int tick(kv_engine *S, kv_fleet *F) {
     const kv_autoscale_config *c = &F->c;
     double now = kv__now(S);
-    long want = desired(S, F);
-    F->decisions++;
     long serving = count(F, KV_REP_ACTIVE) + count(F, KV_REP_STARTING);
+    long want;
+    int rc = normalized(F, now, desired(S, F), serving, &want);
+    if (rc) return rc;
+    F->decisions++;
     long n_started = 0;  /* replicas whose _start / _drain processes this decision makes */
     int kind = -1;
     long *made = malloc(sizeof(long) * (size_t)F->n);
     if (!made) return KV_NOMEM;
-    if (want > serving && now - F->last_change >= c->scale_up_cooldown_s) {
+    if (want > serving) {
+        rc = scaled(F, now, want - serving);
         for (long i = 0; i < F->n; i++) {
             if (serving >= want) break;
             if (F->state[i] == KV_REP_DRAINING) {  /* taken back: it is warm */
@@ -179,9 +257,8 @@ static int tick(kv_engine *S, kv_fleet *F) {
             }
         }
         kind = F_START;
-        F->last_change = now;
-    } else if (want < count(F, KV_REP_ACTIVE) && now - F->last_change >= c->scale_down_cooldown_s
-               && count(F, KV_REP_STARTING) == 0) {
+    } else if (want < serving && count(F, KV_REP_STARTING) == 0) {
+        rc = scaled(F, now, want - serving);
         for (long i = F->n - 1; i >= 0; i--) {
             if (count(F, KV_REP_ACTIVE) <= want) break;
             if (F->state[i] == KV_REP_ACTIVE) {
@@ -190,9 +267,8 @@ static int tick(kv_engine *S, kv_fleet *F) {
             }
         }
         kind = F_DRAIN;
-        F->last_change = now;
     }
-    int rc = record(F, now);
+    if (!rc) rc = record(F, now);
     /* the loop ends (no next timeout) once the workload is over and nothing is in flight */
     if (!rc && !(F->arrivals_done && engines_empty(S, F))) rc = kv__push(S, now + c->interval_s, F_TICK);
     /* then the processes it made start (URGENT: before any other event of this instant) */

@@ -7,7 +7,8 @@
  * kv_engine_run; the router (engine.c) sees them all.
  *
  * Autoscaling: kv_engine_autoscale before the first run; the replicas are the pool (max_replicas),
- * the first min_replicas active from t = 0; a Kubernetes-HPA decision every interval_s (fleet.c),
+ * the first min_replicas active from t = 0; a Kubernetes-HPA decision every interval_s (fleet.c: the
+ * recommendation, then the HPA's stabilization windows and rate policies),
  * cold starts (one delay per replica: provisioning + load + warm-up, computed in Python), draining
  * replicas that take no new requests and go off once empty (checked every simulated second), the
  * router (least-loaded) over the active ones only. Once the run is done kv_engine_fleet hands back
@@ -20,7 +21,10 @@
 typedef struct {
     long min_replicas;      /* active at t = 0; the pool is the core's num_replicas */
     long metric;            /* KV_METRIC_* */
-    double target, interval_s, tolerance, scale_up_cooldown_s, scale_down_cooldown_s;
+    double target, interval_s, tolerance;
+    double scale_up_cooldown_s, scale_down_cooldown_s;  /* the HPA's stabilization windows (up, down) */
+    double scale_up_percent, scale_up_pods, scale_up_period_s;  /* its rate policies (selectPolicy Max) */
+    double scale_down_percent, scale_down_period_s;
 } kv_autoscale_config;
 
 enum { KV_METRIC_INFLIGHT = 0, KV_METRIC_KV = 1 };

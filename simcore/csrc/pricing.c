@@ -362,6 +362,9 @@ double kv_p_linear(const kv_pricing *p, long n) { return t1_call(&p->linear, (do
 int kv_p_linear_outside(const kv_pricing *p, long n) { return t1_outside(&p->linear, (double)n); }
 double kv_p_lm_head(const kv_pricing *p, long n) { return t1_call(&p->lm_head, (double)n); }
 double kv_p_decode(const kv_pricing *p, long num_seqs, double context) { return t2_call(&p->decode, num_seqs, context); }
+int kv_p_decode_outside(const kv_pricing *p, long num_seqs, double context) {  /* csrc/pipeline.c */
+    return t2_outside(&p->decode, (double)num_seqs, context);
+}
 double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) {
     return collectives_ms(p, num_tokens, num_sampled);
 }

@@ -40,6 +40,7 @@ double kv_p_linear(const kv_pricing *p, long n);
 int kv_p_linear_outside(const kv_pricing *p, long n);
 double kv_p_lm_head(const kv_pricing *p, long n);
 double kv_p_decode(const kv_pricing *p, long num_seqs, double context);
+int kv_p_decode_outside(const kv_pricing *p, long num_seqs, double context);
 double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled);
 double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens);
 int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,

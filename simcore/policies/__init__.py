@@ -116,15 +116,16 @@ _CONTINUOUS = {"allocator", "enable_chunked_prefill", "engine_version"}  # steps
 # for vLLM's continuous batching over the paged allocator, each checked against the Python engine by
 # tests/test_fastcore_equivalence.py. Fields that only shape the memory plan or the step prices
 # (resolved before either core runs: gpu_memory_utilization, kv_cache_dtype, quantization,
-# tensor_parallel_size, enable_expert_parallel) are honoured by both. pipeline_parallel_size is not
-# here, so pipelined runs go to the Python core. Listing a field is a claim backed by an equivalence test.
+# tensor_parallel_size, enable_expert_parallel) are honoured by both. Listing a field is a claim backed by an equivalence test.
 C_CORE_CONTINUOUS_PAGED = frozenset({
     "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override",
     "kv_cache_dtype", "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_num_seqs",
     "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
     "preemption_mode", "swap_space", "data_parallel_size", "router",
+    "kv_offloading_size",  # the CPU KV tier (simcore/csrc/sessions.c; tests/test_sessions.py)
     "speculative_config",  # eagle / eagle3 / mtp / ngram / draft_model: csrc/spec.c (tests/test_fastcore_speculative.py)
     "engine_version",  # only selects the profile's host terms, which the core reads from the pricing blob
+    "pipeline_parallel_size",  # csrc/pipeline.c's rounds (tests/test_fastcore_pipeline.py)
 })
 # The reservation policies in the compiled core (simcore/csrc/batching.c), each checked against the
 # Python engine by tests/test_fastcore_batching.py: the memory plan's fields, one replica or several
@@ -133,7 +134,7 @@ C_CORE_CONTINUOUS_PAGED = frozenset({
 _C_CORE_RESERVED = frozenset({
     "policy", "allocator", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_dtype",
     "quantization", "tensor_parallel_size", "enable_expert_parallel", "max_model_len", "data_parallel_size",
-    "router", "max_num_seqs", "max_num_batched_tokens",
+    "router", "max_num_seqs", "max_num_batched_tokens", "pipeline_parallel_size",
 })
 register(PolicySpec(
     "static", "contiguous", "FasterTransformer / HF generate: fixed batches, padded, max_model_len slots",

@@ -39,6 +39,7 @@ multi-sequence request preempted by recompute re-prefills one sequence and forks
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -71,11 +72,15 @@ class ContinuousPagedPolicy:
         # block from it over the host link
         self.host_tier = host_tier
         self.load_block_s = load_block_s
-        self._offloads: dict[int, tuple[float, int, int]] = {}  # request id -> (ready at, cached, of them loaded)
+        # request id -> (ready at, cached, of them loaded, blocks its prompt still needs once loaded,
+        # its state, when the load started), in the order the loads started
+        self._offloads: dict[int, tuple[float, int, int, int, ReqState, float]] = {}
+        self._load_reserved = 0  # those blocks, summed over the queued loads
         self._offload_tokens = 0  # slots written by sequences still loading from the CPU tier (not running)
         self._link_free_s = 0.0  # when the replica's host link finishes its last queued load
         self.offload_hit_tokens = 0  # prompt tokens loaded from the CPU tier instead of recomputed
         self.offload_loaded_blocks = 0
+        self.offload_wait_s = 0.0  # seconds requests waited for their loads before their first scheduling
         self._filling_prefix: list[ReqState] = []  # planned requests writing shared-prefix blocks
         self.prefix_query_tokens = 0  # prompt tokens of admitted requests that share a prefix
         self.prefix_hit_tokens = 0  # of those, tokens adopted from the prefix cache
@@ -124,14 +129,15 @@ class ContinuousPagedPolicy:
     def idle_timeout(self, queues: Queues, now: float) -> float | None:
         """An idle engine wakes when the next KV load from the CPU tier completes (a loaded request
         still waiting for blocks waits, like any other, for a step to free them)."""
-        pending = [ready for ready, _, _ in self._offloads.values() if ready > now]
+        pending = [load[0] for load in self._offloads.values() if load[0] > now]
         return min(pending) - now if pending else None
 
     def counters(self) -> dict[str, int]:
         out = {"prefix_query_tokens": self.prefix_query_tokens, "prefix_hit_tokens": self.prefix_hit_tokens}
         if self.host_tier is not None:
             out.update(offload_hit_tokens=self.offload_hit_tokens, offload_loaded_blocks=self.offload_loaded_blocks,
-                       offload_stored_blocks=self.host_tier.num_stored, offload_evicted_blocks=self.host_tier.num_evicted)
+                       offload_stored_blocks=self.host_tier.num_stored, offload_evicted_blocks=self.host_tier.num_evicted,
+                       offload_wait_s=self.offload_wait_s)
         return out
 
     # -- scheduling ------------------------------------------------------------------------
@@ -343,15 +349,23 @@ class ContinuousPagedPolicy:
         """Waiting requests in order while the budget, `max_num_seqs` (`num_seqs` already
         scheduled or running) and the blocks allow; chunked when the budget ends in a prompt.
         A request whose prefix continues in the CPU tier starts loading it instead and is
-        passed over until the load is done, as vLLM skips requests waiting for remote KV."""
+        passed over until the load is done, as vLLM skips requests waiting for remote KV; and
+        as vLLM puts the requests it skipped back at the front of its queue, those loading are
+        looked at first, in the order their loads started (so a request preempted to the head of
+        the queue cannot wait forever for blocks the loads behind it hold)."""
         if not queues.waiting:
             return
         alloc = self.allocator
-        for st in queues.waiting:
+        order = queues.waiting
+        if self._offloads:
+            loads = [load[4] for load in self._offloads.values()]
+            started = set(self._offloads)
+            order = chain(loads, (st for st in queues.waiting if st.request_id not in started))
+        for st in order:
             if budget <= 0 or num_seqs + group_width(st) > self.max_num_seqs:
                 break
             if st.request_id in self._offloads:
-                ready_s, num_cached, num_loaded = self._offloads[st.request_id]
+                ready_s, num_cached, num_loaded, rest, _, start_s = self._offloads[st.request_id]
                 if ready_s > now:
                     continue
                 num_new = st.num_tokens - num_cached
@@ -362,6 +376,9 @@ class ContinuousPagedPolicy:
                 if not alloc.append_slots(st.request_id, num_new):
                     break
                 del self._offloads[st.request_id]
+                if st.first_scheduled_s < 0:  # a load in its time to first token (TTFT split: simulate)
+                    self.offload_wait_s += ready_s - start_s
+                self._load_reserved -= rest
                 self._offload_tokens -= num_cached
                 num_seqs += self._take_admitted(plan, st, num_new, num_cached, True, num_loaded)
                 budget -= num_new
@@ -410,8 +427,13 @@ class ContinuousPagedPolicy:
         if num_loaded <= 0:
             return False
         bs = alloc.block_size
-        if alloc.num_blocks_to_allocate(st.num_tokens - hit_blocks * bs, hashes[:hit_blocks]) > alloc.num_free_blocks:
-            return False  # its whole prompt does not fit now: it waits, as without the tier, and looks again
+        need = alloc.num_blocks_to_allocate(st.num_tokens - hit_blocks * bs, hashes[:hit_blocks])
+        if need + self._load_reserved > alloc.num_free_blocks:
+            # its whole prompt does not fit now, beside what the queued loads' prompts still need:
+            # it waits, as without the tier, and looks again. (A load holds its blocks while it
+            # waits; without that reserve, loads could hold every block with nothing running to
+            # free one: a deadlock vLLM's scheduler, which checks only the loaded blocks, can reach.)
+            return False
         if not alloc.allocate_slots(st.request_id, num_loaded * bs, hashes[:hit_blocks]):
             return False
         # (the loaded blocks are registered in the GPU cache once the request runs, as vLLM delays
@@ -419,7 +441,9 @@ class ContinuousPagedPolicy:
         ready_s = max(now, self._link_free_s) + num_loaded * self.load_block_s
         self._link_free_s = ready_s
         num_cached = (hit_blocks + num_loaded) * bs
-        self._offloads[st.request_id] = (ready_s, num_cached, num_loaded * bs)
+        rest = alloc.blocks_for(st.num_tokens) - len(alloc.block_table(st.request_id))
+        self._offloads[st.request_id] = (ready_s, num_cached, num_loaded * bs, rest, st, now)
+        self._load_reserved += rest
         self._offload_tokens += num_cached
         self.offload_loaded_blocks += num_loaded
         return True

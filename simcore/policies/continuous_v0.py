@@ -65,7 +65,7 @@ class VllmV0PagedPolicy(ContinuousPagedPolicy):
         running, budget = self._plan_running(plan, queues, self.max_num_batched_tokens)
         if queues.swapped and not plan.num_preempted:
             self._swap_in(queues, plan, list(queues.running) if running is None else running, budget)
-        return plan if plan.num_scheduled else None
+        return plan if plan.num_scheduled or plan.num_preempted else None
 
     def _schedule_prefills(self, queues: Queues, plan: StepPlan, num_seqs: int) -> None:
         """Whole waiting prompts in order while the budget, `max_num_seqs` (`num_seqs` running)
