@@ -170,12 +170,8 @@ class Simulation:
             return cores.PYTHON, "--engine-core python"
         if self.record["resolved"]["exact_steps"] and self.config.engine.pipeline_parallel_size == 1:
             if self.engine_core != "auto":
-                engine = self.config.engine  # prepare() steps prefix-aware replicas exactly, unasked
-                why = ("--router prefix-aware over replicas reads each one's KV at every arrival, so every step "
-                       "is an event" if engine.data_parallel_size > 1 and engine.router == "prefix-aware"
-                       else "--exact-steps")
-                raise ConfigError(f"--engine-core {self.engine_core} cannot run this simulation: {why}; that is "
-                                  "the Python engine, the reference")
+                raise ConfigError(f"--engine-core {self.engine_core} runs no --exact-steps: that is the "
+                                  "Python engine, the reference")
             return cores.PYTHON, "--exact-steps"
         return cores.choose(self, self.engine_core, AUTO_C)
 

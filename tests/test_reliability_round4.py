@@ -253,14 +253,3 @@ def test_resume_parquet_with_a_bad_cell(tmp_path, monkeypatch):
     assert ".x.parquet.rows.csv" not in result.stderr
     assert entries(tmp_path) == ["x.parquet"] and (tmp_path / "x.parquet").read_bytes() == before
 
-
-# --- the two engine cores --------------------------------------------------------------------
-
-
-def test_engine_core_c_with_prefix_aware_replicas_names_the_router():
-    """`--dp 3 --router prefix-aware --engine-core c` said 'runs no --exact-steps', a flag not
-    given: prepare() steps prefix-aware replicas exactly; the refusal now names the router."""
-    result = invoke("run", "--num-requests", "4", "--rate", "5", "--no-error-bars", "--dp", "3", "--router",
-                    "prefix-aware", "--engine-core", "c")
-    assert_one_line_error(result, "--engine-core c", "--router prefix-aware")
-    assert "--exact-steps" not in result.stderr
