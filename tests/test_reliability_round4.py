@@ -67,7 +67,7 @@ def test_speculative_config_nested_too_deeply(argv, no_work):
 
 def test_speculative_config_integer_of_thousands_of_digits(no_work):
     """num_speculative_tokens of 5,000 digits: ValueError traceback (Python's int() digit limit)."""
-    text = '{"method": "eagle", "num_speculative_tokens": %s}' % HUGE
+    text = '{"method": "eagle", "num_speculative_tokens": ' + HUGE + "}"
     result = invoke("run", *TINY, "--speculative-config", text)
     assert_one_line_error(result, "--speculative-config", "thousands of digits")
     assert "set_int_max_str_digits" not in result.stderr
@@ -84,8 +84,8 @@ AUTOSCALE = ["run", "--num-requests", "20", "--rate", "5", "--no-error-bars", "-
 
 @pytest.mark.parametrize(("config", "needle"), [
     (DEEP, "nested too deeply"),
-    ('{"target": %s}' % ("9" * 400), "400 digits"),  # float() of it: OverflowError traceback
-    ('{"target": %s}' % HUGE, "thousands of digits"),
+    ('{"target": ' + "9" * 400 + "}", "400 digits"),  # float() of it: OverflowError traceback
+    ('{"target": ' + HUGE + "}", "thousands of digits"),
     ('{"target": 1, "target": 2}', "'target' is given twice"),  # the last one silently won
 ])
 def test_autoscale_config_hostile_json(config, needle, no_work):
