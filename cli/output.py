@@ -132,6 +132,10 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
         lines.append(_row("External (CPU tier) prefix hit rate (%):", 100 * s["cpu_prefix_cache_hit_rate"]))
         lines.append(_row("CPU tier loaded / stored (GiB):",
                           f"{s.get('offload_loaded_gib', 0):.2f} / {s.get('offload_stored_gib', 0):.2f}", "s"))
+        split = s.get("ttft_split_ms")
+        if split:  # mean TTFT three ways (simcore.simulate.ttft_split_ms)
+            lines.append(_row("Mean TTFT queue / load / prefill (ms):",
+                              f"{split['queueing']:.2f} / {split['load']:.2f} / {split['prefill']:.2f}", "s"))
     if s.get("prefix_cache_hit_rate_by_replica"):
         lines.append(_row("  by replica (%):", ", ".join(
             "-" if r is None else f"{100 * r:.1f}" for r in s["prefix_cache_hit_rate_by_replica"])))

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.cli.options import SloTpotP95, SloTtftP95, check_slos
+from kvsim.cli.options import SloTargets, SloTpotP95, SloTtftP95, check_slos
 
 app = typer.Typer(no_args_is_help=True, help="Build reports: tables, figures and their markdown.")
 
@@ -59,19 +59,24 @@ def sweep_report(
     out: Annotated[Path | None, typer.Option(help="Folder for the PNGs and sweep-report.html. [default: ./reports/sweep-TABLE in the current directory]")] = None,
     slo_ttft_p95_ms: SloTtftP95 = None,
     slo_tpot_p95_ms: SloTpotP95 = None,
+    slo_targets: SloTargets = None,
 ) -> None:
     """Draw a sweep table: heatmaps over block size x utilisation, throughput-latency curves, one HTML page."""
+    from kvsim.reports.capacity import SLO, parse_slo_targets
     from kvsim.reports.sweep_report import load_report, write_sweep_report
 
     check_slos(slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms)
+    slo = SLO.of(parse_slo_targets(slo_targets, slo_ttft_p95_ms=slo_ttft_p95_ms, slo_tpot_p95_ms=slo_tpot_p95_ms))
     from kvsim.cli.output import check_out_folder
     from kvsim.reports.sweep_report import FILES
 
     out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
-    report = load_report(table, slo_ttft_p95_ms, slo_tpot_p95_ms)  # a bad table: nothing created
+    # a bad table: nothing created
+    report = load_report(table, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.percentile_ms)
     check_out_folder(out_dir, FILES)
     command = " ".join(["kvsim report sweep", str(table)] + (["--out", str(out)] if out else []) + [
         f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
-                                                       ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None])
+                                                       ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None]
+        + [f"--slo {text}" for text in slo_targets or []])
     paths = write_sweep_report(report, out_dir, command)
     typer.echo(f"Wrote {len(paths)} file{'s' if len(paths) != 1 else ''} to {out_dir}: {', '.join(p.name for p in paths)}")

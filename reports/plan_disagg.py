@@ -146,16 +146,38 @@ def assess(cands: list[DisaggCandidate], spec, take: int, slo: SLO, prices: dict
                 bounds_memo[key] = (single_step_bounds(one, c.profiles[name], prompts, outputs),
                                     single_step_bounds(one, c.profiles[name], *share).rate_ub)
             bounds[name], work[name] = bounds_memo[key]
-        if slo.ttft_p95_ms is not None and bounds["prefill"].ttft_p95_ms > slo.ttft_p95_ms:
-            c.status, c.reason = "prefill time", (
-                f"prefilling each prompt alone at TP{c.prefill.tensor_parallel_size} already gives TTFT p95 >= "
-                f"{bounds['prefill'].ttft_p95_ms:,.0f} ms")
-        elif slo.tpot_p95_ms is not None and bounds["decode"].tpot_p95_ms > slo.tpot_p95_ms:
-            c.status, c.reason = "decode time", (
-                f"one decode step alone at TP{c.decode.tensor_parallel_size} already takes "
-                f"{bounds['decode'].tpot_p95_ms:,.1f} ms at p95 context")
+        pruned = _out_of_reach(c, bounds, slo)
+        if pruned is not None:
+            c.status, c.reason = pruned
         # every request passes through both pools: the slower pool's bound bounds the unit
         c.rate_ub = min(c.prefill.data_parallel_size * work["prefill"], c.decode.data_parallel_size * work["decode"])
+
+
+def _out_of_reach(c: DisaggCandidate, bounds: dict[str, Any], slo: SLO) -> tuple[str, str] | None:
+    """(status, reason) of the first SLO target an idle unit already misses at the target's own
+    percentile, or None. TTFT is bounded by the prefill pool's prefill alone, TPOT by the decode
+    pool's step, E2EL per request by both (prefill alone, then one decode step per further token;
+    the KV transfer only adds), each percentile taken of the per-request bounds (reports.plan.Bounds.at)."""
+    for target in slo.targets:
+        if target.metric == "e2el":
+            pre, dec = bounds["prefill"].per_request_s, bounds["decode"].per_request_s
+            if not all(k in d for d, k in ((pre, "ttft"), (dec, "e2el"), (dec, "ttft"))):
+                continue
+            least = 1000 * float(np.percentile(pre["ttft"] + dec["e2el"] - dec["ttft"], target.percentile))
+        else:
+            pool = "prefill" if target.metric == "ttft" else "decode"
+            least = bounds[pool].at(target)
+        if least is None or least <= target.limit_ms:
+            continue
+        if target.metric == "ttft":
+            return "prefill time", (f"prefilling each prompt alone at TP{c.prefill.tensor_parallel_size} already "
+                                    f"gives {target.name} >= {least:,.0f} ms")
+        if target.metric == "tpot":
+            return "decode time", (f"one decode step alone at TP{c.decode.tensor_parallel_size} already takes "
+                                   f"{least:,.1f} ms at p{target.name.split(' p')[1]} context")
+        return "request time", (f"prefill at TP{c.prefill.tensor_parallel_size} and one decode step per token at "
+                                f"TP{c.decode.tensor_parallel_size} alone already give {target.name} >= {least:,.0f} ms")
+    return None
 
 
 def run_disagg(c: DisaggCandidate, workload, seed: int, slo: SLO, placement: str | None,

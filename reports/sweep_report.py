@@ -14,6 +14,7 @@ highest throughput), or without an SLO the highest throughput.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,29 +47,42 @@ class SweepReport:
     best: int | None  # row of `cells`
     slo: dict[str, float | None]  # ttft_p95_ms, tpot_p95_ms
     context: dict[str, Any]  # model, workload, seeds, versions, profiles
+    targets: tuple = ()  # reports.capacity.Target: the SLO's targets beyond the two p95s (--slo)
 
 
-def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_ms: float | None = None) -> SweepReport:
-    """Read a sweep table and summarise it; SLOs default to the ones the sweep was run with."""
+def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_ms: float | None = None,
+                targets: Sequence[Any] = ()) -> SweepReport:
+    """Read a sweep table and summarise it; SLOs default to the ones the sweep was run with.
+    `targets` (reports.capacity.Target, e.g. from --slo ttft:p99:800) are judged on the rows'
+    own percentile columns (`p99_ttft_ms`): every run records p95 and p99; another percentile
+    only if the sweep was run with that --slo."""
+    from kvsim.reports.capacity import parse_slo_targets
     from kvsim.reports.sweep_table import read_table
 
     rows = read_table(table)
     if rows.empty:
         raise ConfigError(f"{table}: the sweep table has no rows")
-    swept = [k for k in SWEEPABLE if k in rows.columns]
-    cells = summarize_points(rows, swept)
-    varying = [SWEEPABLE[k][1] for k in swept if rows[k].nunique(dropna=False) > 1]
     slo = {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms}
     for key in slo:
         if slo[key] is None and f"slo_{key}" in rows.columns and rows[f"slo_{key}"].notna().any():
             slo[key] = float(rows[f"slo_{key}"].dropna().iloc[0])
-    if slo["ttft_p95_ms"] is not None or slo["tpot_p95_ms"] is not None:
-        cells = add_slo(cells, slo["ttft_p95_ms"], slo["tpot_p95_ms"])
+    if not targets and "slo_percentiles" in rows.columns and rows["slo_percentiles"].notna().any():
+        targets = parse_slo_targets(str(rows["slo_percentiles"].dropna().iloc[0]).split())  # the sweep's --slo
+    targets = tuple(targets)
+    for t in targets:
+        if t.key not in rows.columns or rows[t.key].isna().all():
+            raise ConfigError(f"{table}: the sweep table has no {t.key} values for the SLO {t.spec}: rerun "
+                              f"`kvsim sweep` with --slo {t.spec} (every run records p95 and p99 only)")
+    swept = [k for k in SWEEPABLE if k in rows.columns]
+    cells = summarize_points(rows, swept, {t.column: t.key for t in targets} or None)
+    varying = [SWEEPABLE[k][1] for k in swept if rows[k].nunique(dropna=False) > 1]
+    if slo["ttft_p95_ms"] is not None or slo["tpot_p95_ms"] is not None or targets:
+        cells = add_slo(cells, slo["ttft_p95_ms"], slo["tpot_p95_ms"], targets)
         best = cheapest_passing(cells, [0 if pd.isna(g) else int(g) for g in cells["gpus"]])
     else:
         ran = cells["output_tok_s"].astype(float)
         best = None if ran.isna().all() else int(ran.idxmax())
-    return SweepReport(table, cells, varying, best, slo, _context(rows))
+    return SweepReport(table, cells, varying, best, slo, _context(rows), targets)
 
 
 def _context(rows: pd.DataFrame) -> dict[str, Any]:
@@ -84,6 +98,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
         "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
         "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
                             for r in profiles.itertuples()}),
+        "rate_unit": values("rate_unit") or "req/s",
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,
     }
 
@@ -309,6 +324,7 @@ def _slo_text(report: SweepReport) -> str:
         parts.append(f"TTFT p95 <= {report.slo['ttft_p95_ms']:g} ms")
     if report.slo["tpot_p95_ms"] is not None:
         parts.append(f"TPOT p95 <= {report.slo['tpot_p95_ms']:g} ms")
+    parts += [f"{t.name} <= {t.limit_ms:g} ms" for t in report.targets]
     return ", ".join(parts) or "no SLO"
 
 
@@ -322,6 +338,8 @@ def _best_label(report: SweepReport) -> str:
 def _load_axis(report: SweepReport) -> tuple[str, str] | None:
     for col, label in LOADS:
         if col in report.varying:
+            if col == "rate" and report.context.get("rate_unit") == "sessions/s":  # a session workload
+                label = "offered rate (sessions/s)"
             return col, label
     return None
 
@@ -534,7 +552,12 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
         "Profiles": "<br>".join(ctx["profiles"]) or "none ran",
         "Versions": ", ".join(f"{k} {v}" for k, v in html.versions().items()),
     }
-    best = "No point ran." if report.best is None else _best_sentence(report)
+    if report.best is not None:
+        best = _best_sentence(report)
+    elif "meets_slo" in report.cells.columns and report.cells["output_tok_s"].notna().any():
+        best = f"No point meets the SLO ({_slo_text(report)})."
+    else:
+        best = "No point ran."
     over = int((report.cells["load"] == OVERLOADED).sum()) if "load" in report.cells.columns else 0
     warn = (f' <span class="mark">{over} of {len(report.cells)} points ran overloaded</span> (arrivals outpaced '
             "the engine, the queue grew): they never meet an SLO, and their latencies grow with the run's "
@@ -567,7 +590,9 @@ def _best_sentence(report: SweepReport) -> str:
     settings = ", ".join(f"{k}={row[k]}" for k in report.varying)
     what = _best_label(report).removeprefix("best: ")
     return (f"{what[0].upper()}{what[1:]}: {settings or 'the only point'}: {row['output_tok_s']:,.1f} output tok/s, TTFT p95 "
-            f"{row['ttft_p95_ms']:,.1f} ms, TPOT p95 {row['tpot_p95_ms']:,.1f} ms, KV waste "
+            f"{row['ttft_p95_ms']:,.1f} ms, TPOT p95 {row['tpot_p95_ms']:,.1f} ms, "
+            + "".join(f"{t.name} {row[t.column]:,.1f} ms, " for t in report.targets if row.get(t.column) is not None)
+            + "KV waste "
             f"{100 * row['kv_waste']:.1f}%, {row['gpus']} GPU(s).")
 
 

@@ -85,6 +85,7 @@ def run_point(point: Point) -> dict[str, Any]:
         from kvsim.reports.capacity import judge_sessions
 
         judge_sessions(row, result, point.workload, point.seed)
+        row["rate_unit"] = "sessions/s"  # its rate starts sessions (`kvsim report sweep` labels its axis so)
     if point.options.get("slo_percentiles"):  # targets beyond the summary's p95 / p99 (kvsim sweep --slo)
         from kvsim.reports.capacity import SLO, parse_slo_targets, summary_with_goodput
 

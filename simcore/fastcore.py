@@ -4,7 +4,10 @@ batching (V0 / V1) over the paged allocator, prefix caching of shared prefixes i
 replica or several behind either router, open-loop arrivals or a workload file's closed loop;
 static / dynamic batching and Orca over contiguous reservations (csrc/batching.c), pipeline
 stages (csrc/pipeline.c), and every token's time when the run keeps them (csrc/tokens.c,
---save-result).
+--save-result);
+multi-turn sessions (workloads.sessions: turns sent as answers come back, their blocks keyed by
+the chained hashes computed here, `_sessions`), the CPU KV tier and the session-affinity and
+prefix-aware routers (simcore/csrc/sessions.c and its hooks in engine.c).
 
 Why: the Python engine spends ~100 us of interpreter time per step; a planner runs hundreds of
 simulations and users replay day-long traces (issue 10). The Python engine stays the reference

@@ -15,6 +15,11 @@ What vLLM does (vllm/distributed/kv_transfer/kv_connector/v1/offloading/schedule
   loaded tokens counted as computed. kvsim prices the load at the replica's host link (blocks x
   bytes per block / PCIe bandwidth, per GPU of the replica in parallel, as swap is priced), one
   load after another on that link, overlapped with the engine's steps.
+- Requests loading are looked at first at each step, in the order their loads started (vLLM puts
+  the requests its scheduler skipped back at the front of the queue). A load starts only when the
+  request's whole prompt fits beside what the loads already queued still need (a reserve kvsim
+  adds: loads hold their blocks while they wait, and without it they could hold every block
+  with nothing running to free one). vLLM V1 has no swap preemption: the tier needs recompute.
 - A miss (neither tier) is recomputed by prefill, as without the tier.
 
 `--kv-offloading-size` is the whole buffer of a replica, summed over its TP ranks (vLLM's

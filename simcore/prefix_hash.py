@@ -14,8 +14,10 @@ kvsim has no text, so each conversation gets a synthetic token stream (`TokenStr
 at position p is a function of the stream's key and p, and positions below `shared_len` come
 from a shared stream (a system prompt many sessions start with). Every turn of a session reads
 the same stream (its prompt is the previous turn's prompt and answer, then new user tokens), so
-its blocks chain to the previous turn's. H is Python's `hash` of a tuple of ints, which is
-deterministic across processes (only str/bytes hashing is salted), so runs are reproducible;
+its blocks chain to the previous turn's. H is Python's `hash` of a tuple of ints (no extra keys
+is an empty tuple, not None: hash(None) follows None's address before Python 3.12), which is
+deterministic across processes (only str/bytes hashing is salted); only which hashes are equal
+matters to a run (the compiled core keys blocks by ids numbered in first-seen order), and
 vLLM's sha256 would give other numbers, not other matches.
 """
 
@@ -34,7 +36,7 @@ _WRAP = 1 << 64
 
 def hash_block_tokens(parent: Hashable | None, token_ids: tuple[int, ...], extra_keys: tuple | None = None) -> int:
     """vLLM's chained block hash: the parent's hash (NONE_HASH for block 0), the block's ids and extra keys."""
-    return hash((NONE_HASH if parent is None else parent, token_ids, extra_keys))
+    return hash((NONE_HASH if parent is None else parent, token_ids, () if extra_keys is None else extra_keys))
 
 
 class TokenStream:

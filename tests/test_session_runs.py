@@ -71,7 +71,7 @@ def test_too_few_sessions_for_the_steady_state_warn_with_the_count_needed():
     assert closed.steady_sessions() is None  # a closed loop has no session rate
 
 
-def test_run_and_sweep_warn_when_too_few_sessions_start(short):
+def test_run_and_sweep_warn_when_too_few_sessions_start(short, tmp_path):
     # at 20 sessions/s a ~2 s session needs 3 x 20 x 2 = 120 sessions; 60 start
     ran = runner.invoke(app, [*RUN, "--max-num-seqs", "64", "--workload", short, "--rate", "20", "--num-requests",
                               "60", "--json"])
@@ -80,10 +80,14 @@ def test_run_and_sweep_warn_when_too_few_sessions_start(short):
     ok = runner.invoke(app, [*RUN, "--workload", short, "--rate", "1", "--json"])
     assert ok.exit_code == 0 and "steady state" not in ok.stderr
     swept = runner.invoke(app, ["sweep", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--workload", short,
-                                "--rate", "1,20", "--json"])
+                                "--rate", "1,20", "--json", "--out", str(tmp_path / "t.csv")])
     assert swept.exit_code == 0, swept.output
     lines = [x for x in swept.stderr.splitlines() if "steady state" in x]
     assert len(lines) == 1 and "at 20 sessions/s" in lines[0]  # the point that is short, once
+    # the sweep report's load axis is the session rate
+    from kvsim.reports.sweep_report import _load_axis, load_report
+
+    assert _load_axis(load_report(tmp_path / "t.csv")) == ("rate", "offered rate (sessions/s)")
 
 
 def test_find_max_rate_searches_sessions_per_second(short):
@@ -105,3 +109,18 @@ def test_find_max_rate_refuses_a_closed_loop_of_sessions(short):
     result = runner.invoke(app, [*RUN, "--workload", short, "--concurrency", "4", "--find-max-rate",
                                  "--slo-ttft-p95-ms", "2000"])
     assert result.exit_code != 0 and "closed loop" in result.output and "Traceback" not in result.output
+
+
+def test_plan_chart_of_a_session_plan_is_in_sessions_per_second(short, tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    labels: list[str] = []
+    original = matplotlib.axes.Axes.set_ylabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylabel",
+                        lambda self, text, *a, **k: (labels.append(text), original(self, text, *a, **k))[1])
+    result = runner.invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                                 "--slo-ttft-p95-ms", "500", "--search-requests", "60", "--confirm-requests", "100",
+                                 "--workload", short, "--rate", "1", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p" / "capacity.png").is_file()
+    assert labels and all("sessions/s" in x and "req/s" not in x for x in labels), labels

@@ -151,3 +151,48 @@ def test_sweep_slo_at_p90_adds_its_column_and_judges_it():
     assert all(p["ttft_p90_ms"] is not None and p["ttft_p90_ms"] <= p["ttft_p95_ms"] for p in pl)
     assert not any(p["meets_slo"] for p in pt)
     assert [p["meets_slo"] for p in pl] == [p["load"] != "overloaded" for p in pl]
+
+
+def test_report_sweep_judges_percentile_slos(tmp_path):
+    """`kvsim report sweep --slo`: a p99 target is judged on the table's p99 columns (every run
+    records them); the sweep's own --slo is the default; a percentile the table lacks is refused."""
+    from kvsim.reports.sweep_report import load_report
+
+    table = tmp_path / "t.csv"
+    swept = runner.invoke(app, ["sweep", "--rate", "5,40", "--num-requests", "150", "--input-len", "512",
+                                "--output-len", "64", "--jobs", "1", "--slo", "ttft:p90:100000", "--out", str(table)])
+    assert swept.exit_code == 0, swept.output
+    loose = runner.invoke(app, ["report", "sweep", str(table), "--slo", "ttft:p99:100000", "--out", str(tmp_path / "a")])
+    tight = runner.invoke(app, ["report", "sweep", str(table), "--slo", "ttft:p99:0.01", "--out", str(tmp_path / "b")])
+    for result in (loose, tight):
+        assert result.exit_code == 0, result.output
+    page = (tmp_path / "b" / "sweep-report.html").read_text()
+    assert "TTFT p99 &lt;= 0.01 ms" in page or "TTFT p99 <= 0.01 ms" in page
+    assert "No point meets the SLO (TTFT p99 &lt;= 0.01 ms)" in page
+    assert "TTFT p99 &lt;= 100000 ms" in (tmp_path / "a" / "sweep-report.html").read_text() \
+        or "TTFT p99 <= 100000 ms" in (tmp_path / "a" / "sweep-report.html").read_text()
+    report = load_report(table, targets=parse_slo_targets(["ttft:p99:0.01"]))
+    assert "ttft_p99_ms" in report.cells.columns and not report.cells["meets_slo"].any() and report.best is None
+    default = load_report(table)  # the sweep's --slo ttft:p90:100000
+    assert [t.spec for t in default.targets] == ["ttft:p90:100000"]
+    assert list(default.cells["meets_slo"]) == [load != "overloaded" for load in default.cells["load"]]
+    missing = runner.invoke(app, ["report", "sweep", str(table), "--slo", "tpot:p80:50", "--out", str(tmp_path / "c")])
+    assert missing.exit_code != 0 and "no p80_tpot_ms values" in missing.output and "Traceback" not in missing.output
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("slo, status, words", [
+    ("ttft:p99:1", "prefill time", "already gives TTFT p99 >= "),  # no prefill of 500 tokens takes 1 ms
+    ("tpot:p50:0.5", "decode time", "ms at p50 context"),
+    ("e2el:p90:5", "request time", "alone already give E2EL p90 >= "),  # 29 decode steps take far longer
+])
+def test_the_disaggregated_plan_prunes_at_the_slo_s_own_percentile(slo, status, words):
+    args = ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", "--rate", "2", "--slo", slo,
+            "--disagg", "on", "--disagg-ratios", "1:1,2:1", "--search-requests", "60", "--confirm-requests", "60",
+            "--input-len", "500", "--output-len", "30", "--workload", "fixed-batch", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout[result.stdout.index("{"):])
+    rows = doc["disagg"]["candidates"]
+    assert rows and all(r["status"].startswith(f"{status}: ") and words in r["status"] for r in rows), rows
+    assert doc["disagg"]["answers"][0]["best"] is None and doc["disagg"]["num_runs"] == 0  # nothing simulated
