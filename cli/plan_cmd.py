@@ -174,6 +174,9 @@ def plan(
     if disagg == "on" and out is not None:
         raise ConfigError("--out is not written with --disagg on yet: use --disagg auto (the disaggregated rows go "
                           "to plan.json)")
+    if disagg == "on" and speculative_config is not None:  # its candidates would silently run without it
+        raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet: plan it "
+                          "with --disagg off or auto (the aggregated candidates)")
     if disagg_placement not in (None, "same-node", "cross-node"):
         raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
     from kvsim.reports import plan_disagg
@@ -274,7 +277,7 @@ def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, s
 
     from kvsim.profiles.uncertainty import profile_error
     from kvsim.reports.plan import _cell_value, sized
-    from kvsim.reports.plan_confidence import slo_probability
+    from kvsim.reports.plan_confidence import slo_probability, stretches_with_steps
 
     spec_confirm = sized(spec, confirm_requests)  # (a session workload keeps whole sessions)
     z = NormalDist().inv_cdf(confidence) if confidence != 0.5 else 0.0
@@ -285,7 +288,12 @@ def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, s
         a = next(a for a in result.assessments[answer["model"]]
                  if a.profile is not None and all(best.get(k) == _cell_value(k, v) for k, v in a.candidate.values))
         error = profile_error(a.profile)
-        p = slo_probability(a, best["replicas"], answer["target_rate"], spec_confirm, seed, slo, error.sigma, z)
+        planned = None  # the confirmation's percentiles, where they bound the search (plan_confidence)
+        if str(best.get("confirmed", "")).startswith("yes") and stretches_with_steps(a.candidate.config):
+            planned = {"p95_ttft_ms": best.get("ttft_p95_ms"), "p95_tpot_ms": best.get("tpot_p95_ms"),
+                       **{t.key: best.get(t.column) for t in slo.percentile_ms}}
+        p = slo_probability(a, best["replicas"], answer["target_rate"], spec_confirm, seed, slo, error.sigma, z,
+                            planned)
         result.num_runs += p["runs"]
         answer["slo_probability"] = {**p, "model_error": error.to_dict()}
 

@@ -209,6 +209,10 @@ def run(
             raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet")
         if autoscale:
             raise ConfigError("--autoscale does not apply to a disaggregated run yet (pools of fixed size)")
+        for flag, value in (("--n", n), ("--beam-width", beam_width)):  # simcore.disagg rejects each request
+            if value is not None and value > 1:
+                raise ConfigError(f"{flag} {value}: disaggregated serving runs one sequence per request (no parallel "
+                                  "sampling or beam search); every request would be rejected")
     fields, given = engine_options(
         allocator, reservation, max_num_batched_tokens, enable_chunked_prefill, swap_space,
         preemption_mode, max_model_len, max_batch_size, batch_timeout_s, enable_prefix_caching,
@@ -348,7 +352,8 @@ def run(
         return
     if disagg:  # (--find-max-rate was refused)
         _run_disagg(model_spec, gpu_spec, config, wl, seed, slo, out, as_json, exact_steps, engine_core,
-                    prefill_replicas, decode_replicas, prefill_tp or tp, decode_tp or tp, disagg_placement,
+                    prefill_replicas, decode_replicas, tp if prefill_tp is None else prefill_tp,
+                    tp if decode_tp is None else decode_tp, disagg_placement,
                     prefill_profile, decode_profile, prefill_max_num_batched_tokens, decode_max_num_seqs,
                     percentiles, metrics, assumed=assumed, error_bars=error_bars)
         return

@@ -106,41 +106,76 @@ def deployment_error(profiles: list[Profile]) -> StepTimeError:
                          f"the largest of {len(errors)} profiles' stated errors: {worst.basis}")
 
 
-def _scale_table(table: Any, factor: float) -> None:
+def _scale_table(table: Any, factor: float, peak: list[float]) -> None:
     if not isinstance(table, dict) or "time_ms" not in table:
         return
     z = table["time_ms"]
-    table["time_ms"] = [[v * factor for v in row] for row in z] if z and isinstance(z[0], list) else [v * factor for v in z]
+    if z and isinstance(z[0], list):
+        table["time_ms"] = [[v * factor for v in row] for row in z]
+        peak.append(max((max(row, default=0.0) for row in table["time_ms"]), default=0.0))
+    else:
+        table["time_ms"] = [v * factor for v in z]
+        peak.append(max(table["time_ms"], default=0.0))
 
 
-def _scale_terms(terms: Any, factor: float) -> Any:
+def _scale_terms(terms: Any, factor: float, peak: list[float]) -> Any:
     if isinstance(terms, dict):
-        return {k: v * factor for k, v in terms.items()}
+        out = {k: v * factor for k, v in terms.items()}
+        peak.extend(out.values())
+        return out
+    peak.append(terms * factor)
     return terms * factor  # v1's step_overhead_ms
 
 
 def scaled_profile(profile: Profile, factor: float) -> Profile:
     """The profile with every step time (kernel tables, collectives, host terms) times `factor`:
-    tables are interpolated in log space, so every priced step scales by it."""
+    tables are interpolated in log space, so every priced step scales by it. Its latency models
+    are the profile's own scaled (StepLatencyModel.scaled: the same numbers as parsing the scaled
+    document, without parsing it again); a profile with none built yet, or a scaled document
+    that validation could refuse, is parsed as any document is."""
     if factor == 1.0:
         return profile
-    doc = copy.deepcopy(profile.data)
+    from kvsim.simcore.latency import ABSURD_MS, _check_absurd, profile_hash
+
+    tables = [profile.data.get(key) for key in ("linear", "prefill_attention", "lm_head", "collective")]
+    tables += list((profile.data.get("decode_attention") or {}).values())
+    tables += list((profile.data.get("collectives") or {}).values())
+    # the tables' value lists are replaced by scaled ones below: deepcopy leaves them (read, never written)
+    keep = {id(t["time_ms"]): t["time_ms"] for t in tables if isinstance(t, dict) and isinstance(t.get("time_ms"), list)}
+    doc = copy.deepcopy(profile.data, memo=keep)
+    peak: list[float] = []  # every scaled value's maximum per table / term: parsing refuses > ABSURD_MS
     for key in ("linear", "prefill_attention", "lm_head", "collective"):
-        _scale_table(doc.get(key), factor)
+        _scale_table(doc.get(key), factor, peak)
     pre = doc.get("prefill_attention")
     if isinstance(pre, dict) and "launch_floor_ms" in pre:
         pre["launch_floor_ms"] *= factor
     for table in (doc.get("decode_attention") or {}).values():
-        _scale_table(table, factor)
+        _scale_table(table, factor, peak)
     for table in (doc.get("collectives") or {}).values():
-        _scale_table(table, factor)
+        _scale_table(table, factor, peak)
     for key in ("host_overhead", "step_overhead_ms"):
         if key in doc:
-            doc[key] = _scale_terms(doc[key], factor)
+            doc[key] = _scale_terms(doc[key], factor, peak)
     for key in ("host_overhead_by_policy", "host_overhead_by_engine", "step_overhead_ms_by_policy"):
         if isinstance(doc.get(key), dict):
-            doc[key] = {k: _scale_terms(v, factor) for k, v in doc[key].items()}
-    scaled = parse_profile(doc, f"{profile.path or profile.label} x {factor:.4g}")
+            doc[key] = {k: _scale_terms(v, factor, peak) for k, v in doc[key].items()}
+    label = f"{profile.path or profile.label} x {factor:.4g}"
+    models = {**profile._templates}
+    if profile._unused_model is not None:
+        models[None] = profile._unused_model
+    fast = bool(models) and 0.0 < factor < math.inf and max(peak, default=0.0) <= ABSURD_MS
+    if fast:
+        try:
+            _check_absurd(doc, label)  # the one check whose answer scaling can change (a table too fast)
+        except Exception:
+            fast = False
+    if fast:
+        scaled = Profile(data=doc, sha256=profile_hash(doc))
+        scaled._templates = {key: m.scaled(factor) for key, m in models.items() if key is not None}
+        if None in models:
+            scaled._unused_model = models[None].scaled(factor)
+    else:
+        scaled = parse_profile(doc, label)
     scaled.path = profile.path
     # what it was scaled by in all (a draft model's profile follows its target's: profiles.draft_profile)
     scaled.step_time_factor = getattr(profile, "step_time_factor", 1.0) * factor

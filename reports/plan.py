@@ -45,6 +45,7 @@ from kvsim.reports.capacity import (
     run_against,
     summary_with_goodput,
 )
+from kvsim.simcore import quantiles
 from kvsim.simcore.errors import ConfigError, DoesNotFitError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
@@ -122,6 +123,16 @@ def expand(model: ModelSpec, dims: list[Dimension], base: EngineConfig,
 # -- bounds from single steps -------------------------------------------------------------------
 
 
+def _unique(values: np.ndarray) -> list:
+    """np.unique(values).tolist() without numpy.ma (np.unique imports it on its first call)."""
+    return sorted(set(values.tolist()))
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """float(np.percentile(values, q)), bit for bit, without numpy.ma (simcore.quantiles)."""
+    return quantiles.percentiles(np.asarray(values, dtype=np.float64), (q,))[0]
+
+
 def _step_s(latency, prefill_tokens: int, context: int, num_decode: int, decode_context: int, sampled: int) -> float:
     """One step's time from the latency model (the one place that knows its signature)."""
     chunks = [(prefill_tokens, context)] if prefill_tokens else []
@@ -147,7 +158,7 @@ class Bounds:
         values = self.per_request_s.get(target.metric)
         if values is None or not len(values):
             return None
-        return 1000 * float(np.percentile(values, target.percentile))
+        return 1000 * _percentile(values, target.percentile)
 
 
 def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outputs: np.ndarray) -> Bounds:
@@ -160,7 +171,7 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}
-    for p in np.unique(prompts).tolist():
+    for p in _unique(prompts):
         done, total = 0, 0.0
         while done < p:
             chunk = min(budget, p - done)
@@ -173,7 +184,7 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     # speculative decoding emits up to k + 1 tokens per step (its steps cost at least a decode step)
     spec = config.speculative_config
     burst = 1 + spec.num_speculative_tokens if spec is not None else 1
-    tpot_by_ctx = {c: _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(ctx).tolist()}
+    tpot_by_ctx = {c: _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in _unique(ctx)}
     tpot = np.array([tpot_by_ctx[c] for c in ctx.tolist()])
     sizes = [t for t in (256, 512, 1024, 2048, 4096, 8192, 16384) if t <= budget] or [budget]
     per_token = min(_step_s(latency, t, 0, 0, 0, 0) / t for t in sizes)
@@ -185,10 +196,10 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     kv_ub = resolved.memory.num_gpu_tokens / kv_seconds if kv_seconds > 0 else math.inf
     # a request's end-to-end time is at least its prefill alone plus its other tokens at one
     # decode step each (k + 1 tokens a step at best when speculating)
-    step_at = {c: tpot_by_ctx.get(c) or _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in np.unique(prompts).tolist()}
+    step_at = {c: tpot_by_ctx.get(c) or _step_s(latency, 0, 0, 1, c + 1, 1) / burst for c in _unique(prompts)}
     per_out = np.array([step_at[c] for c in prompts.tolist()])
     e2el = ttft + np.maximum(outputs - 1, 0) * per_out
-    return Bounds(1000 * float(np.percentile(ttft, 95)), 1000 * float(np.percentile(tpot, 95)),
+    return Bounds(1000 * _percentile(ttft, 95), 1000 * _percentile(tpot, 95),
                   min(throughput_ub, kv_ub), {"ttft": ttft, "tpot": tpot, "e2el": e2el})
 
 
@@ -337,7 +348,7 @@ def search_all(
         progress(0, len(live))
     while pending:
         found = [b.r1 / b.bounds.rate_ub for b in live if b.capacity is not None and b.r1 > 0]
-        share = float(np.median(found)) if found else 0.5  # what share of its bound a replica reached
+        share = quantiles.median(np.asarray(found, dtype=np.float64)) if found else 0.5  # what share of its bound a replica reached
         # Cheapest-looking first (its cost if it reached `share` of its throughput bound): once
         # the likely winner is found, every other candidate only needs to show it cannot reach
         # the rate at which it would be cheaper (`_floor`), usually one run at that rate. The

@@ -378,18 +378,15 @@ def _set_speculative(lib, handle, engines) -> Any:
 
 
 def _collect_speculative(lib, handle, engines) -> None:
-    """Each replica's spec-decode counters into its policy and its pricer's sums (what the
-    Python engine leaves there: simulate.speculative_summary reads them)."""
+    """Each replica's spec-decode counters into its policy and its pricer's sums, through their
+    owners' load methods (what the Python engine leaves there: simulate.speculative_summary reads them)."""
     k = engines[0].spec_cost.spec.num_speculative_tokens
     ints = (ctypes.c_long * (3 + 2 * k))()
     sums = (ctypes.c_double * 2)()
     for index, e in enumerate(engines):
         lib.kv_engine_spec_stats(handle, index, ints, sums)
-        policy = e.policy
-        policy.num_drafts, policy.num_draft_tokens, policy.num_accepted_tokens = ints[0], ints[1], ints[2]
-        policy.accepted_at = np.array(ints[3:3 + k], dtype=np.int64)
-        policy.drafted_at = np.array(ints[3 + k:3 + 2 * k], dtype=np.int64)
-        e.spec_cost.verify_ms, e.spec_cost.draft_ms = sums[0], sums[1]
+        e.policy.load_counts(ints[0], ints[1], ints[2], ints[3:3 + k], ints[3 + k:3 + 2 * k])
+        e.spec_cost.load_sums(sums[0], sums[1])
 
 
 def run(sim: Any, progress=None) -> Any:
@@ -632,10 +629,8 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             break
         raise RuntimeError(f"kvsim: the C engine core stopped with code {rc}")
     arrive_upto(out.num_arrived)
-    for name, count in zip(("linear", "prefill_attention", "decode_attention"), out.extrap[1:], strict=True):
-        if count:
-            latency.extrapolated.tables[name] = latency.extrapolated.tables.get(name, 0) + count
-    latency.extrapolated.steps += out.extrap[0]
+    latency.extrapolated.add(out.extrap[0], dict(zip(("linear", "prefill_attention", "decode_attention"),
+                                                     out.extrap[1:], strict=True)))
     counts = (ctypes.c_long * (KV_COUNTS * dp))()
     lib.kv_engine_counts(handle, counts)
     for index, e in enumerate(engines):  # each replica's counters, set by their owner

@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 from bisect import bisect_right
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,8 @@ _THOUSAND = np.array(1000.0)  # ms per s, as a 0-d array for decode spans (see _
 
 
 def _monotone(values: list[float]) -> list[float]:
-    out, best = [], 0.0
-    for v in values:
-        best = max(best, v)
-        out.append(best)
-    return out
+    """The running maximum from 0.0: max(best, v) step by step (accumulate calls it so)."""
+    return list(accumulate(values, max, initial=0.0))[1:]
 
 
 def _log(x: float) -> float:
@@ -82,13 +80,23 @@ def _log(x: float) -> float:
 class Table1D:
     """y(x) on a sorted grid, log-log piecewise linear, monotone non-decreasing."""
 
-    __slots__ = ("lx", "ly", "lo", "hi", "_memo")
+    __slots__ = ("lx", "ly", "y", "lo", "hi", "_memo")
 
     def __init__(self, xs: list[float], ys: list[float]):
         self.lx = [math.log(x) for x in xs]
-        self.ly = [_log(y) for y in _monotone(ys)]
+        self.y = _monotone(ys)  # the values interpolated (kept for scaled())
+        self.ly = [_log(y) for y in self.y]
         self.lo, self.hi = xs[0], xs[-1]
         self._memo: dict[float, float] = {}
+
+    def scaled(self, factor: float) -> Table1D:
+        """This table with every value x `factor` (> 0): the very table built from values scaled
+        before parsing, since rounding keeps order (monotone(v x f) = monotone(v) x f, bit for bit)."""
+        new = object.__new__(Table1D)
+        new.lx, new.lo, new.hi, new._memo = self.lx, self.lo, self.hi, {}
+        new.y = [y * factor for y in self.y]
+        new.ly = [_log(y) for y in new.y]
+        return new
 
     def __call__(self, x: float) -> float:
         hit = self._memo.get(x)
@@ -117,7 +125,7 @@ class Table2D:
     per a and kept, and each row's steps are subtracted once: the same floating-point operations
     on the same values as working them out per call, so a kept value never changes a result."""
 
-    __slots__ = ("la", "lb", "lz", "a_range", "b_range", "a_lo", "a_hi", "b_lo", "b_hi", "_dlb", "_dlz", "_by_a",
+    __slots__ = ("la", "lb", "z", "lz", "a_range", "b_range", "a_lo", "a_hi", "b_lo", "b_hi", "_dlb", "_dlz", "_by_a",
                  "_rows_by_a", "_np_inner")
 
     def __init__(self, a: list[float], b: list[float], z: list[list[float]]):
@@ -125,16 +133,31 @@ class Table2D:
         self.lb = [math.log1p(x) for x in b]
         rows = [_monotone(row) for row in z]
         cols = [_monotone([rows[i][j] for i in range(len(a))]) for j in range(len(b))]
-        self.lz = [[_log(cols[j][i]) for j in range(len(b))] for i in range(len(a))]
+        self.z = [[cols[j][i] for j in range(len(b))] for i in range(len(a))]  # the values interpolated
         self.a_range, self.b_range = (a[0], a[-1]), (b[0], b[-1])
         self.a_lo, self.a_hi, self.b_lo, self.b_hi = a[0], a[-1], b[0], b[-1]
         n = len(self.lb)
         self._dlb = [self.lb[j + 1] - self.lb[j] for j in range(n - 1)]  # b segments' widths
+        self._np_inner = np.asarray(self.lb[1:-1], dtype=np.float64)  # inner grid points, for row()
+        self._set_values()
+
+    def _set_values(self) -> None:
+        """The logarithms of `z` and what depends on them (fresh memos)."""
+        self.lz = [[_log(v) for v in row] for row in self.z]
         # each row's steps z[j + 1] - z[j]; the last 0.0 is z[j] - z[j] (only a one-point b grid reads it)
         self._dlz = [[hi - lo for lo, hi in zip(row, row[1:], strict=False)] + [0.0] for row in self.lz]
         self._by_a: dict[float, tuple] = {}  # a -> (s, top row, its steps, bottom row, its steps)
         self._rows_by_a: dict[float, tuple] = {}  # the same as numpy arrays, for row()
-        self._np_inner = np.asarray(self.lb[1:-1], dtype=np.float64)  # inner grid points, for row()
+
+    def scaled(self, factor: float) -> Table2D:
+        """This table with every value x `factor` (> 0): bit for bit the table built from values
+        scaled before parsing (rows and columns made monotone commute with scaling, rounding keeps order)."""
+        new = object.__new__(Table2D)
+        for name in ("la", "lb", "a_range", "b_range", "a_lo", "a_hi", "b_lo", "b_hi", "_dlb", "_np_inner"):
+            setattr(new, name, getattr(self, name))
+        new.z = [[v * factor for v in row] for row in self.z]
+        new._set_values()
+        return new
 
     def outside(self, a: float, b: float) -> bool:
         return not (self.a_lo <= a <= self.a_hi and self.b_lo <= b <= self.b_hi)
@@ -290,6 +313,14 @@ def _need(d: dict, key: str, where: str) -> Any:
 def _numbers(values: Any, where: str, positive: bool = True) -> list[float]:
     if not isinstance(values, list) or not values:
         raise ProfileError(f"{where}: expected a non-empty list of numbers")
+    if all(type(v) is float or type(v) is int for v in values):  # JSON numbers: checked in bulk
+        try:
+            out = [float(v) for v in values]
+        except OverflowError:
+            out = None  # (an int too large for a float: refused one by one below)
+        # a finite sum has no NaN or infinity among values >= 0 (one too large for the sum: below)
+        if out is not None and math.isfinite(sum(out)) and (min(out) > 0 if positive else min(out) >= 0):
+            return out
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -491,9 +522,22 @@ class ExtrapolationCounter:
     def note(self, table: str) -> None:
         self.tables[table] = self.tables.get(table, 0) + 1
 
+    def add(self, steps: int, tables: dict[str, int]) -> None:
+        """Counts another core made (simcore/fastcore.py): `steps` more steps, and per table
+        its count (tables counted 0 are not added, as note() never adds them)."""
+        self.steps += steps
+        for table, count in tables.items():
+            if count:
+                self.tables[table] = self.tables.get(table, 0) + count
+
 
 def _check_table_values(table: dict, where: str) -> None:
     z = table.get("time_ms") if isinstance(table, dict) else None
+    try:  # a table of numbers all at most ABSURD_MS (NaN compares false: looked at one by one)
+        if isinstance(z, list) and max(max(row) if isinstance(row, list) else row for row in z) <= ABSURD_MS:
+            return
+    except (TypeError, ValueError):  # not all numbers, an empty row: one by one, as parsing reports them
+        pass
     flat = [v for row in z for v in (row if isinstance(row, list) else [row])] if isinstance(z, list) else []
     for v in flat:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > ABSURD_MS:
@@ -593,6 +637,26 @@ class StepLatencyModel:
         elif data.get("collective"):
             self.collective = _table1d(data["collective"], "num_tokens", f"{where}.collective")
         self._coll_memo: dict[tuple[int, int], float] = {}
+
+    def scaled(self, factor: float) -> StepLatencyModel:
+        """A fresh model with every step time x `factor` (> 0): every table, collective and host
+        term scaled, exactly the model parsed from a profile whose values were all scaled
+        (profiles.uncertainty.scaled_profile) without parsing or validating it again."""
+        new = self.fresh()
+        h = self.host
+        new.host = HostOverhead(h.per_step_ms * factor, h.per_seq_ms * factor, h.per_prefill_step_ms * factor,
+                                h.per_prefill_token_ms * factor)
+        new.step_overhead_ms = new.host.per_step_ms
+        for name in ("linear", "lm_head", "prefill", "collective", "all_reduce", "send_recv", "send_recv_inter_node"):
+            table = getattr(self, name)
+            if table is not None:
+                setattr(new, name, table.scaled(factor))
+        if self.occupancy is not None:
+            new.occupancy = copy.copy(self.occupancy)
+            new.occupancy.floor_ms = self.occupancy.floor_ms * factor
+        new.decode_by_block_size = {bs: t.scaled(factor) for bs, t in self.decode_by_block_size.items()}
+        new.decode = new.decode_by_block_size[self.decode_block_size]
+        return new
 
     def fresh(self) -> StepLatencyModel:
         """A copy for another simulation: the same tables (read-only; their memos are pure), its

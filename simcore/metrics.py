@@ -380,8 +380,9 @@ def _stats(prefix: str, values_s: np.ndarray | Samples, out: dict[str, Any]) -> 
         return
     v = values_s[~np.isnan(values_s)] * 1000.0 if len(values_s) else values_s
     out[f"mean_{prefix}_ms"] = float(np.mean(v)) if len(v) else None
-    out[f"median_{prefix}_ms"] = quantiles.median(v) if len(v) else None  # np.median's bits, no numpy.ma
-    for p, value in zip((95, 99), quantiles.percentiles(v, (95, 99)) if len(v) else (None, None), strict=True):
+    median, pcts = quantiles.median_percentiles(v, (95, 99)) if len(v) else (None, (None, None))
+    out[f"median_{prefix}_ms"] = median  # np.median's bits, no numpy.ma
+    for p, value in zip((95, 99), pcts, strict=True):
         out[f"p{p}_{prefix}_ms"] = value
 
 

@@ -31,6 +31,17 @@ def median(values: np.ndarray) -> float:
 def percentiles(values: np.ndarray, qs: Iterable[float]) -> list[float]:
     """`[float(np.percentile(values, q)) for q in qs]` (method 'linear') of a non-empty 1-D
     float64 array; each q in [0, 100]."""
+    return _select(values, qs, False)[1]
+
+
+def median_percentiles(values: np.ndarray, qs: Iterable[float]) -> tuple[float, list[float]]:
+    """`(median(values), percentiles(values, qs))` from one partition of the values (each
+    position a partition fixes holds the same order statistic whichever others it fixes, so
+    the results are those of the two calls): a run's ITL summary selects from every gap once."""
+    return _select(values, qs, True)
+
+
+def _select(values: np.ndarray, qs: Iterable[float], with_median: bool) -> tuple[float | None, list[float]]:
     n = len(values)
     points = []
     for q in qs:
@@ -43,16 +54,19 @@ def percentiles(values: np.ndarray, qs: Iterable[float]) -> list[float]:
             above = below + 1
             gamma = virtual - below
         points.append((below, above, gamma))
-    kth = sorted({0, n - 1, *(i for below, above, _ in points for i in (below, above))})
+    half = n // 2
+    middle = ([half] if n % 2 else [half - 1, half]) if with_median else []
+    kth = sorted({0, n - 1, *middle, *(i for below, above, _ in points for i in (below, above))})
     part = np.partition(values, kth)
     if np.isnan(part[-1]):
-        return [float(part[-1])] * len(points)
+        return float(part[-1]) if with_median else None, [float(part[-1])] * len(points)
     out = []
     for below, above, gamma in points:
         a, b = float(part[below]), float(part[above])
         diff = b - a
         out.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)  # numpy's _lerp
-    return out
+    mid = float(np.mean(part[middle[0]: half + 1])) if with_median else None  # as median() takes it
+    return mid, out
 
 
-__all__ = ["median", "percentiles"]
+__all__ = ["median", "median_percentiles", "percentiles"]

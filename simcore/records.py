@@ -77,7 +77,7 @@ class Samples:
         """Add an array of values (copied into the buffer; a float64 array's bytes as they are)."""
         if type(values) is not np.ndarray or values.dtype is not _FLOAT64:
             values = np.asarray(values, dtype=np.float64)
-        self._buf.frombytes(values.tobytes())
+        self._buf.frombytes(memoryview(np.ascontiguousarray(values)).cast("B"))  # the bytes, not a copy of them
         if len(self._buf) > (_FLUSH if self._binned else self.cap):
             self._flush()
 
@@ -225,7 +225,7 @@ class Samples:
             return
         if not self._binned:  # bit-identical to the pre-cap summary
             v = np.frombuffer(self._buf, dtype=np.float64) * scale
-            mean, median, (p95, p99) = float(np.mean(v)), quantiles.median(v), quantiles.percentiles(v, (95, 99))
+            mean, (median, (p95, p99)) = float(np.mean(v)), quantiles.median_percentiles(v, (95, 99))
             out.update(zip(keys, (mean, median, p95, p99), strict=True))  # numpy's bits, without numpy.ma
             return
         values = [self.total / self.count, *self.percentiles((50, 95, 99))]

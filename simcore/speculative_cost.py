@@ -52,6 +52,10 @@ class SpeculativeStepCost:
         self.draft_ms = 0.0  # drafter passes, summed
         self._last = (0.0, 0.0, 0.0)  # (kernels, collectives, host) ms of the step just priced
 
+    def load_sums(self, verify_ms: float, draft_ms: float) -> None:
+        """The sums of a run another core priced (simcore/fastcore.py), set by their owner."""
+        self.verify_ms, self.draft_ms = verify_ms, draft_ms
+
     def fresh(self) -> SpeculativeStepCost:
         """The same pricer with its own sums and last breakdown (another replica's)."""
         return SpeculativeStepCost(self.latency, self.spec, self._target, self.draft)

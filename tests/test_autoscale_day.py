@@ -16,7 +16,7 @@ from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.config import resolve
 from kvsim.simcore.records import AttainmentTally, derived_latencies
 from kvsim.simcore.simulate import prepare
-from tests.helpers import assert_same_value
+from tests.helpers import assert_same_requests, assert_same_value
 from tests.test_fastcore_equivalence import _random_case
 from tests.test_fleet_core import _day, _policy
 
@@ -76,6 +76,7 @@ def test_past_the_row_cap_both_cores_count_the_same_day(monkeypatch):
             assert c.records.max_finish_s == p.records.max_finish_s, context
             assert run_attainment(c, *key[1:], key[0]) == run_attainment(p, *key[1:], key[0]), context
             if not capped:
+                assert_same_requests(c.requests, p.requests, context)
                 kept_runs[case] = c
                 cols = c.records.columns()  # the counts are those of the kept rows
                 ttft, _, tpot = derived_latencies(cols)

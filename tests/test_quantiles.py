@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.simcore.quantiles import median, percentiles
+from kvsim.simcore.quantiles import median, median_percentiles, percentiles
 
 QS = (0, 1, 5, 25, 50, 75, 90, 95, 99, 99.9, 100)
 
@@ -77,3 +77,14 @@ def test_no_numpy_ma():
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_median_and_percentiles_from_one_partition_are_numpys():
+    """median_percentiles (a run's ITL summary: one selection over every gap) gives np.median's and
+    np.percentile's bits, ties and odd / even counts included."""
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 10, 1001, 4096):
+        v = np.round(rng.gamma(2.0, 20.0, n), 1 if n % 2 else 6)
+        mid, pcts = median_percentiles(v, (95, 99, 0, 100))
+        assert mid == float(np.median(v))
+        assert pcts == [float(np.percentile(v, q)) for q in (95, 99, 0, 100)]

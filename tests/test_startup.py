@@ -337,9 +337,9 @@ def test_profile_lookup_finds_what_a_glob_finds(tmp_path):
 
 
 def test_profile_hands_its_validation_model_to_the_first_run_only():
-    """parse_profile builds a StepLatencyModel to validate the profile; the first simulation of
-    that policy prices with it (no second build), later ones and other policies build their own,
-    and a pickled profile (sweep workers) carries none."""
+    """parse_profile builds a StepLatencyModel to validate the profile; it becomes the template of
+    that policy (no second build) and every simulation gets its own fresh copy of it; other policies
+    build their own template, and a pickled profile (sweep workers) carries none."""
     import pickle
 
     from kvsim.profiles import default_profile
@@ -350,7 +350,8 @@ def test_profile_hands_its_validation_model_to_the_first_run_only():
     assert spare is not None and spare.policy == "continuous"
     assert pickle.loads(pickle.dumps(profile))._unused_model is None
     first, second = profile.latency_model(policy="continuous"), profile.latency_model(policy="continuous")
-    assert first is spare and second is not spare and profile._unused_model is None
+    assert first is not spare and second is not spare and first is not second
+    assert profile._unused_model is None and list(profile._templates.values()) == [spare]
     assert second.host == first.host and second.decode_block_size == first.decode_block_size
     other = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
     static = other.latency_model(policy="static")

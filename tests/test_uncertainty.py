@@ -31,6 +31,38 @@ def test_a_scaled_profile_scales_every_step_by_its_factor(engine_version):
     assert scaled_profile(PROFILE, 1.0) is PROFILE
 
 
+@pytest.mark.parametrize("engine_version", ["vllm-v0", "vllm-v1"])
+def test_a_scaled_profiles_models_are_its_own_scaled_bit_for_bit(engine_version):
+    """scaled_profile scales the profile's built models (StepLatencyModel.scaled) instead of parsing
+    the scaled document: the same document, hash and prices, bit for bit, in both cores' form."""
+    import numpy as np
+
+    from kvsim.simcore.ccore import pricing_blob
+
+    base = default_profile(get_gpu("H100-SXM-80GB"), get_model("llama2-70b"), 4)
+    before = copy.deepcopy(base.data)
+    base.latency_model(engine_version=engine_version)  # a model built: scaled_profile scales it
+    for factor in (0.8, 1.25, 1.4918):
+        fast = scaled_profile(base, factor)
+        parsed = parse_profile(copy.deepcopy(fast.data), "scaled")
+        assert fast.data == parsed.data and fast.sha256 == parsed.sha256
+        for policy in ("continuous", "static"):
+            a = fast.latency_model(policy=policy, engine_version=engine_version)
+            b = parsed.latency_model(policy=policy, engine_version=engine_version)
+            assert a.host == b.host
+            for block_size in (16, 32):
+                a.set_block_size(block_size), b.set_block_size(block_size)
+                assert np.array_equal(pricing_blob(a), pricing_blob(b))  # what the C core prices from
+                for step in STEPS:
+                    assert a.step_time_s(*step) == b.step_time_s(*step)
+                sums = np.arange(1000, 1100) * 40
+                assert np.array_equal(a.decode_span_times_s(40, sums), b.decode_span_times_s(40, sums))
+    assert base.data == before  # the profile scaled is left as it was
+    # a scaled document that validation refuses is still refused
+    with pytest.raises(Exception, match="plausible"):
+        scaled_profile(base, 1e12)
+
+
 def test_each_profile_kind_states_its_error():
     err = profile_error(PROFILE)
     assert err.kind == "roofline" and err.median_abs_error == MEDIAN_ABS_ERROR["roofline"] == 0.09

@@ -55,6 +55,17 @@ class SpeculativePagedPolicy(ContinuousPagedPolicy):
         self.accepted_at = np.zeros(k, dtype=np.int64)  # drafts whose position i was accepted
         self.drafted_at = np.zeros(k, dtype=np.int64)  # drafts that had a position i
 
+    def load_counts(self, num_drafts: int, num_draft_tokens: int, num_accepted_tokens: int,
+                    accepted_at: list[int], drafted_at: list[int]) -> None:
+        """The spec-decode counters of a run another core made of this replica (simcore/fastcore.py),
+        set by their owner as Engine.load_counts sets the engine's: drafts, draft tokens, accepted
+        tokens, and per draft position how many drafts had it and had it accepted."""
+        k = self.spec.num_speculative_tokens
+        assert len(accepted_at) == len(drafted_at) == k, "one count per draft position"
+        self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens = num_drafts, num_draft_tokens, num_accepted_tokens
+        self.accepted_at = np.array(accepted_at, dtype=np.int64)
+        self.drafted_at = np.array(drafted_at, dtype=np.int64)
+
     def check(self, st: ReqState) -> str:
         if group_width(st) > 1:
             return "parallel sampling and beam search are not modelled with speculative decoding"
