@@ -359,3 +359,19 @@ def test_the_cpu_tier_in_the_core_matches(dp):
         core, _ = _same_in_both_cores(config, wl, f"tier dp {dp} case {case}: {config}", seed=case)
         loaded += core.summary.get("offload_loaded_blocks", 0) > 0
     assert loaded >= 3, "the cases should load turns back from the CPU tier"
+
+
+def test_a_start_time_the_timeout_rounds_below_starts_the_session_in_both_cores():
+    """Regression (fuzz): the open loop's starter waits `timeout(at - now)`, which lands on
+    now + (at - now), here one ulp below `at`; the session starts then (the Python loop does not
+    test `at > now` again), where the C core used to wait once more and start it one ulp late."""
+    from tests.test_fastcore_equivalence import _random_case
+
+    first, second = 0.0017722674047465881, 0.0038806673178451924
+    assert first + (second - first) < second  # the rounding this case is about
+    config, _ = _random_case(np.random.default_rng(0))
+    wl = traced([(0, first, 20, 10), (1, second, 12, 6)], think_s=0.0005, max_model_len=config.max_model_len)
+    core, exact = _same_in_both_cores(config, wl, "two traced starts")
+    arrivals = core.requests["arrival_s"].to_numpy()
+    assert np.array_equal(arrivals, exact.requests["arrival_s"].to_numpy())  # bit for bit
+    assert arrivals[1] == first + (second - first)

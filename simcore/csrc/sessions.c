@@ -165,11 +165,14 @@ static int session_end(kv_sessions *q, long sess) {
 }
 
 /* open loop: start the sessions planned for now, then wait for the next start time */
-static int starter(kv_sessions *q) {
+/* `woken`: its timeout fired, so the session it waited for starts now, even when now + (at - now)
+   rounded below `at` (the Python loop does not test `at > env.now` again after the yield) */
+static int starter(kv_sessions *q, int woken) {
     double now = kvi_now(q->S);
     while (q->next_start < q->n) {
         double at = 0.0 + q->start[q->next_start];
-        if (at > now) return kvi_push(q->S, now + (at - now), EV_SESS_START, 0);
+        if (!woken && at > now) return kvi_push(q->S, now + (at - now), EV_SESS_START, 0);
+        woken = 0;
         int rc = go_push(q, q->next_start++);
         if (rc) return rc;
     }
@@ -185,7 +188,7 @@ int kvs_start(kv_sessions *q) {
         }
         return 0;
     }
-    return starter(q);
+    return starter(q, 0);
 }
 
 /* the session at the head of the go queue goes on: its next turn is sent, or it ends (then a
@@ -252,7 +255,7 @@ int kvs_done(kv_sessions *q, long sess) {
 
 int kvs_event(kv_sessions *q, int kind, long arg) {
     switch (kind) {
-    case EV_SESS_START: return starter(q);
+    case EV_SESS_START: return starter(q, 1);
     case EV_SESS_THINK: return go_push(q, arg);
     case EV_SESS_CLIENT: return client_next(q, arg);
     }
