@@ -238,22 +238,30 @@ def unsupported(sim: Any) -> str:
     return _unavailable_core()
 
 
+_GROUPS_REFUSED = ("parallel sampling (n > 1) with another policy than paged continuous batching, shared "
+                   "prefixes with prefix caching, the CPU KV tier, pipeline parallelism, disaggregation or a fleet")
+
+
 def _groups_unsupported(sim: Any) -> str:
     """Why the C core cannot run parallel sampling (n > 1) here ("" when it can): csrc/seqgroup.c
-    models forked groups on the paged continuous policies (V0 and V1) without prefix caching,
+    models forked groups on the paged continuous policies (V0 and V1) where no block is ever
+    cached (prefix caching on but no shared prefix declared is fine: nothing is hashed), without
     the CPU tier, speculative decoding, pipeline stages, disaggregation or a fleet."""
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
     engines = sim.replicas
     policy = engines[0].policy
-    if (type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy) or policy.enable_prefix_caching
+    workload = sim.workload
+    trace = getattr(workload, "trace", None)
+    prefixes = getattr(workload, "shared_prefix", None) is not None or "prefix_id" in (
+        getattr(trace, "extras", {}) if trace is not None else {})
+    if (type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy) or (policy.enable_prefix_caching and prefixes)
             or getattr(policy, "host_tier", None) is not None or _pipelined(engines)
             or getattr(sim, "fleet", None) is not None or getattr(sim, "autoscaler", None) is not None
             or getattr(sim, "disagg", None) is not None or getattr(sim, "behind_proxy", False)
             or getattr(sim.workload, "is_session", False)):
-        return ("parallel sampling (n > 1) with another policy than paged continuous batching, prefix "
-                "caching, the CPU KV tier, pipeline parallelism, disaggregation or a fleet")
+        return _GROUPS_REFUSED
     return ""
 
 
@@ -750,8 +758,9 @@ def _feed(lib, handle, chunk, closed: bool, tier: bool = False, groups: bool = F
         raise CoreUnavailable("beam search")
     wide = bool((chunk.n != 1).any())
     if wide and not groups:
-        raise CoreUnavailable("parallel sampling (n > 1) with another policy than paged continuous batching, "
-                              "prefix caching, the CPU KV tier, pipeline parallelism, disaggregation or a fleet")
+        raise CoreUnavailable(_GROUPS_REFUSED)
+    if wide and (np.asarray(chunk.prefix_id) >= 0).any():  # (blocks that may be cached: _groups_unsupported)
+        raise CoreUnavailable(_GROUPS_REFUSED)
     if tier and (np.asarray(chunk.prefix_id) >= 0).any():
         raise CoreUnavailable("the CPU KV tier (--kv-offloading-size) with declared shared prefixes")
     at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)

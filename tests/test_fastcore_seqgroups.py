@@ -55,7 +55,7 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, GroupsWorkload
     config = EngineConfig(
         block_size=block_size, max_model_len=mml, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(budget, max_num_seqs), enable_chunked_prefill=chunked,
-        enable_prefix_caching=False,
+        enable_prefix_caching=bool(rng.random() < 0.5),  # on, as V1's default: no shared prefix, nothing cached
         preemption_mode=str(rng.choice(["recompute", "swap"])), swap_space=float(rng.choice([0.0001, 0.001, 1.0])),
         num_gpu_blocks_override=blocks,
     )
@@ -91,7 +91,8 @@ def test_parallel_sampling_matches_the_python_reference(block):
 
 def test_beam_search_stays_in_python():
     """Beam search (its parents drawn from numpy's Generator) is refused with its reason; n > 1
-    with prefix caching too (csrc/seqgroup.c keeps block counts, not identities)."""
+    with shared prefixes and prefix caching too (csrc/seqgroup.c keeps block counts, not
+    identities), not with prefix caching alone (nothing is cached then)."""
     from kvsim.simcore.errors import ConfigError
     from kvsim.workloads import load_workload
 
@@ -105,5 +106,7 @@ def test_beam_search_stays_in_python():
     sampled = load_workload("sharegpt", {"rate": 50, "input_len": 8, "output_len": 8, "num_requests": 10, "n": 2})
     assert prepare(TINY, H100, config, sampled, _profile()).choose_core()[0] == "c"
     cached = dataclasses.replace(config, enable_prefix_caching=True)
-    core, reason = prepare(TINY, H100, cached, sampled, _profile()).choose_core()
-    assert core == "python" and "prefix caching" in reason
+    assert prepare(TINY, H100, cached, sampled, _profile()).choose_core()[0] == "c"
+    prefixed = load_workload("shared-prefix", {"rate": 50, "num_requests": 10, "n": 2})
+    core, reason = prepare(TINY, H100, cached, prefixed, _profile()).choose_core()
+    assert core == "python" and "shared prefixes with prefix caching" in reason

@@ -1,6 +1,7 @@
 /* Parallel sampling (n > 1) in the compiled core: simcore/sampling.py's SequenceGroups and the
  * multi-sequence paths of policies/continuous.py (_grow, _swap_in, _preempt, end_step's fork and
- * snapshot), on the paged cache without prefix caching (blocks are counts, not identities).
+ * snapshot), on the paged cache with no block ever cached (blocks are counts, not identities:
+ * prefix caching may be on, as vLLM V1's default, where no request declares a shared prefix).
  * engine.c calls these hooks (marked "sg:" there); included at its end (it uses its static
  * helpers). Beam search stays in Python (its parents are drawn from numpy's Generator).
  *
@@ -60,6 +61,13 @@ static int sg_emitting(kv_rep *e, long s) {
 
 static long sg_distinct(const kv_req *r) { return r->gsh + r->k * r->gown; }
 
+/* `d` more free GPU blocks (fewer if negative); with prefix caching on (fastcore lets groups
+   run only where no block is ever cached) every free block is an uncached one */
+static void sg_free(kv_rep *e, long d) {
+    e->free_blocks += d;
+    if (e->pc) e->uncached_free += d;
+}
+
 /* ContinuousPagedPolicy._grow of a forked group: one slot for each sequence, all or nothing
    (the free-block check counts a copy for every sequence on a shared partly filled last block,
    as num_blocks_needed does before any of them copied) */
@@ -68,11 +76,11 @@ static int sg_grow(kv_rep *e, kv_req *r) {
     long need = (r->gown == 0 || !partial) ? k : 0;
     if (need > e->free_blocks) return 0;
     if (r->gown == 0) {  /* the shared last block: copied on write, or a new block each */
-        if (partial) { e->free_blocks -= k - 1; r->gsh -= 1; }
-        else e->free_blocks -= k;
+        if (partial) { sg_free(e, -(k - 1)); r->gsh -= 1; }
+        else sg_free(e, -k);
         r->gown = 1;
     } else if (!partial) {
-        e->free_blocks -= k; r->gown += 1;
+        sg_free(e, -k); r->gown += 1;
     }
     r->ntok += 1; e->gpu_tokens += k;
     r->nblk = r->gsh + r->gown;
@@ -81,7 +89,7 @@ static int sg_grow(kv_rep *e, kv_req *r) {
 
 /* SequenceGroups.release (finish or recompute preemption) */
 static void sg_release(kv_rep *e, kv_req *r) {
-    e->free_blocks += sg_distinct(r); e->gpu_tokens -= r->k * r->ntok;
+    sg_free(e, sg_distinct(r)); e->gpu_tokens -= r->k * r->ntok;
     e->sg_extra -= r->k - 1; e->sg_forked--;
     r->forked = 0; r->gsh = r->gown = 0; r->nblk = 0; r->ntok = 0;
 }
@@ -90,7 +98,7 @@ static void sg_release(kv_rep *e, kv_req *r) {
 static int sg_swap_out(kv_rep *e, kv_req *r) {
     long d = sg_distinct(r);
     if (!e->c.swap || d > e->cpu_free) return 0;
-    e->free_blocks += d; e->cpu_free -= d; e->gpu_tokens -= r->k * r->ntok;
+    sg_free(e, d); e->cpu_free -= d; e->gpu_tokens -= r->k * r->ntok;
     e->num_swap_blocks += d;
     return 1;
 }
@@ -101,7 +109,7 @@ static long sg_swap_in(kv_rep *e, kv_req *r, long n, long budget) {
     long d = sg_distinct(r), need = d + 2 * r->k;
     if (!n && need > e->c.num_gpu_blocks) need = e->c.num_gpu_blocks;
     if (e->free_blocks < need || r->k > budget) return -1;
-    e->cpu_free += d; e->free_blocks -= d; e->gpu_tokens += r->k * r->ntok;
+    e->cpu_free += d; sg_free(e, -d); e->gpu_tokens += r->k * r->ntok;
     e->num_swap_blocks += d;
     sg_grow(e, r);  /* checked: it fits */
     return r->k;
