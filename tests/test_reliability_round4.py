@@ -253,3 +253,22 @@ def test_resume_parquet_with_a_bad_cell(tmp_path, monkeypatch):
     assert ".x.parquet.rows.csv" not in result.stderr
     assert entries(tmp_path) == ["x.parquet"] and (tmp_path / "x.parquet").read_bytes() == before
 
+
+
+# --- --dataset-name --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dataset", "count"), [("sonnet", "0"), ("sonnet", "-5"), ("random", "0")])
+def test_dataset_with_zero_requests(dataset, count, no_work):
+    """`--dataset-name sonnet --num-requests 0` ran vLLM's default 1,000 requests (0 read as unset);
+    a plain run refuses 0."""
+    assert_one_line_error(invoke("run", "--dataset-name", dataset, "--num-requests", count, "--no-error-bars"),
+                          f"--num-requests must be an integer >= 1, got {count}")
+
+
+@pytest.mark.parametrize("flag", ["--sonnet-output-len", "--output-len"])
+def test_sonnet_output_longer_than_max_model_len(flag, no_work):
+    """Ran with every output clipped to max_model_len (a WARNING after the run); --random-output-len
+    of the same length is refused up front."""
+    result = invoke("run", "--dataset-name", "sonnet", flag, "100000000", "--num-requests", "3", "--no-error-bars")
+    assert_one_line_error(result, f"{flag} 100000000", "max_model_len 8192")
