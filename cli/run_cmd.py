@@ -275,6 +275,10 @@ def run(
 
     from kvsim.simcore.config import resolve
 
+    if scaling is not None and scaling.metric == "kv" and (config.policy != "continuous" or config.allocator != "paged"):
+        # (simcore.autoscale refuses it too, but only once the replicas are built: after the header)
+        raise ConfigError("--autoscale-config: metric kv needs the paged KV cache (its block use is the metric): "
+                          "--policy continuous --allocator paged")
     fleet_groups = None
     if fleet is not None:  # each group checked and planned on its own GPU and TP (simcore/fleet.py)
         from kvsim.simcore.fleet import parse_fleet, resolve_fleet

@@ -306,3 +306,10 @@ def test_plan_price_absurd_or_repeated(prices, needle, no_work):
 def test_autoscale_price_of_1e308(no_work):
     result = invoke(*AUTOSCALE, "--autoscale-config", '{"price_usd_per_gpu_hour": 1e308}')
     assert_one_line_error(result, "price_usd_per_gpu_hour", "at most")
+
+
+@pytest.mark.parametrize("layout", [["--allocator", "contiguous"], ["--policy", "static"]])
+def test_autoscale_on_kv_without_a_paged_cache(layout, no_work):
+    """The refusal came once the replicas were built, after the run's header on stdout."""
+    result = invoke(*AUTOSCALE, "--autoscale-config", '{"metric": "kv", "target": 80}', *layout)
+    assert_one_line_error(result, "metric kv needs the paged KV cache")
