@@ -4,10 +4,10 @@ mean as the comparison an operator asks for. The simulation itself is simcore.au
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+import kvsim.simcore.userjson as userjson
 from kvsim.simcore.errors import ConfigError
 
 DEFAULT_TTFT_SLO_MS = 1000.0  # attainment thresholds unless --autoscale-config or --slo-* say otherwise
@@ -35,7 +35,7 @@ def parse_autoscale(enabled: bool, min_replicas: int | None, max_replicas: int |
     extra: dict[str, Any] = {}
     if config_json is not None:
         try:
-            extra = json.loads(config_json)
+            extra = userjson.loads(config_json)  # a repeated key or a too-deep nesting: refused, not a traceback
         except ValueError as exc:
             raise ConfigError(f"--autoscale-config: not JSON ({exc})") from None
         if not isinstance(extra, dict):
@@ -46,15 +46,22 @@ def parse_autoscale(enabled: bool, min_replicas: int | None, max_replicas: int |
         for key, value in extra.items():
             if key != "metric" and (isinstance(value, bool) or not isinstance(value, int | float)):
                 raise ConfigError(f"--autoscale-config: {key} must be a number, got {value!r}")
+            if key != "metric" and isinstance(value, int) and abs(value) > 2**53:  # float() would overflow
+                raise ConfigError(f"--autoscale-config: {key} must be a finite number, got {len(str(abs(value)))} digits")
     policy = {k: (float(v) if k != "metric" else v) for k, v in extra.items()
               if k not in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour")}
     lo = 1 if min_replicas is None else min_replicas
     config = AutoscaleConfig(min_replicas=lo, max_replicas=max(lo, 4) if max_replicas is None else max_replicas,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning_delay is None else provisioning_delay,
                              **policy)
+    from kvsim.reports.prices import MAX_USD_PER_GPU_HOUR
+
     for key in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour"):
         if key in extra and not (math.isfinite(extra[key]) and extra[key] > 0):
             raise ConfigError(f"--autoscale-config: {key} must be > 0, got {extra[key]!r}")
+    if extra.get("price_usd_per_gpu_hour", 0) > MAX_USD_PER_GPU_HOUR:  # as --price
+        raise ConfigError(f"--autoscale-config: price_usd_per_gpu_hour must be at most {MAX_USD_PER_GPU_HOUR:,.0f}, "
+                          f"got {extra['price_usd_per_gpu_hour']!r}")
     return config, {k: float(extra[k]) for k in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour") if k in extra}
 
 

@@ -154,16 +154,33 @@ def check_result_target(path: Path) -> None:
 
     if path.is_dir():
         raise ConfigError(f"--result-filename {path}: is a folder")
+    if os.path.lexists(path) and not _is_kvsim_result(path):  # e.g. --result-filename /etc/passwd: replaced whole
+        raise ConfigError(f"--save-result {path}: exists and is not a kvsim result file; give another "
+                          "--result-filename or remove it")
     parent = path.parent
     if parent.exists() and not parent.is_dir():
         raise ConfigError(f"--result-dir {parent}: not a folder")
     existing = parent.absolute()  # the nearest folder that exists must be a writable folder
     while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # mkdir would fail on it after the whole run
+            raise ConfigError(f"--result-dir {parent}: {existing} is a symlink to nothing")
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"--result-dir {parent}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--result-dir {parent}: {existing} is not writable")
+
+
+def _is_kvsim_result(path: Path) -> bool:
+    """A regular file that a previous --save-result wrote (its first keys say so): safe to replace."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b'{"date": ') and b'"backend": "kvsim"' in head
 
 
 def write_result(path: Path, document: dict[str, Any]) -> None:

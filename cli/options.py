@@ -265,6 +265,11 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
     sequences, max_num_batched_tokens tokens) can never be scheduled, and the engine would
     reject every such request after the whole run. Refused here, before any work, naming the
     flag that set it (`given`: flag -> value) or the workload's field."""
+    if getattr(resolved.engine, "speculative_config", None) is not None:  # the engine rejects each such request
+        for flag, value in (given or {}).items():  # (simcore.policies.speculative); a flag sets every request's
+            if value is not None and value > 1:
+                raise ConfigError(f"{flag} {value} with --speculative-config: parallel sampling and beam search are "
+                                  "not modelled with speculative decoding; every request would be rejected")
     widths = {key: max(getattr(getattr(wl, key, None), "values", None) or (1,)) for key in ("n", "beam_width")}
     trace = getattr(wl, "trace", None)
     for key in widths:

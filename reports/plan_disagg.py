@@ -73,16 +73,18 @@ class DisaggCandidate:
 
 def parse_ratios(text: str | None) -> list[tuple[int, int]]:
     """"P:D,P:D" -> [(P, D), ...]."""
-    if not text:
+    if text is None:
         return list(DEFAULT_RATIOS)
-    out = []
-    for part in text.split(","):
+    out: list[tuple[int, int]] = []
+    for part in text.split(","):  # '' or '1:1,' is a mistake, as in every other list (cli.options)
         try:
             p, d = (int(x) for x in part.strip().split(":"))
         except ValueError:
             raise ConfigError(f"--disagg-ratios: expected P:D pairs such as 1:1,2:1, got {part.strip()!r}") from None
         if p < 1 or d < 1 or p > 16 or d > 16:
             raise ConfigError(f"--disagg-ratios: instance counts must be from 1 to 16, got {part.strip()!r}")
+        if (p, d) in out:
+            raise ConfigError(f"--disagg-ratios: {p}:{d} is listed twice")
         out.append((p, d))
     return out
 

@@ -104,6 +104,7 @@ class SweepTable:
             if not resume:
                 raise ConfigError(f"--out {self.target} exists; add --resume to finish that sweep, or remove it")
             if not exists:  # a finished sweep: its rows become the journal again
+                self._created.insert(0, self.path)  # removed again if they are refused below
                 self._journal_from_parquet()
                 exists = True
         if exists and not resume:
@@ -116,7 +117,13 @@ class SweepTable:
             with open(self.path, "w"):
                 pass
             return set()
-        rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
+        try:
+            rows = self._read_rows()  # checked before the partial line is cut: a wrong file stays as it was
+        except ConfigError as exc:
+            if self.path not in self._created:
+                raise
+            # the journal was made from the user's Parquet file just now: name that file, not the journal
+            raise ConfigError(str(exc).replace(str(self.path), f"{self.target} (its rows as CSV)")) from None
         self._drop_partial_line()
         other = {r.get("sweep_id") for r in rows} - {sweep_id}
         if other:

@@ -90,6 +90,16 @@ DEFAULT_MODEL_LOAD_GBPS = 2.0
 DEFAULT_WARMUP_S = 30.0
 
 
+# a replica that takes longer than a day to start is no autoscaling (and a cold start of 1e308 s
+# would be printed as a 309-digit number)
+MAX_PROVISIONING_S = 86400.0
+
+
+def _what(field_name: str) -> str:
+    """How the user gave a field: its flag (--provisioning-delay), or its key in --autoscale-config."""
+    return "--provisioning-delay" if field_name == "provisioning_s" else f"--autoscale-config: {field_name}"
+
+
 @dataclass(frozen=True)
 class AutoscaleConfig:
     """The policy and its cold start (see the module docstring)."""
@@ -118,21 +128,23 @@ class AutoscaleConfig:
             raise ConfigError(f"--max-replicas must be from --min-replicas ({self.min_replicas}) to 1024, "
                               f"got {self.max_replicas}")
         if self.metric not in METRICS:
-            raise ConfigError(f"--autoscale-metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+            raise ConfigError(f"{_what('metric')} must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if not (math.isfinite(self.interval_s) and self.interval_s >= MIN_INTERVAL_S):
             raise ConfigError(f"--autoscale-config: interval_s must be a finite number >= {MIN_INTERVAL_S:g} s, "
                               f"got {self.interval_s!r}")
         for name, low in (("target", 0.0), ("model_load_gbps", 0.0)):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > low):
-                raise ConfigError(f"--autoscale-{name.replace('_', '-')} must be a finite number > {low:g}, got {value!r}")
+                raise ConfigError(f"{_what(name)} must be a finite number > {low:g}, got {value!r}")
         if self.metric == "kv" and self.target > 100:
-            raise ConfigError(f"--autoscale-target for kv is a percentage (0, 100], got {self.target}")
+            raise ConfigError(f"{_what('target')} for kv is a percentage (0, 100], got {self.target}")
         for name in ("tolerance", "scale_up_cooldown_s", "scale_down_cooldown_s", "provisioning_s", "warmup_s",
                      "scale_up_percent", "scale_up_pods"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+                raise ConfigError(f"{_what(name)} must be a finite number >= 0, got {value!r}")
+            if name == "provisioning_s" and value > MAX_PROVISIONING_S:
+                raise ConfigError(f"{_what(name)} must be at most {MAX_PROVISIONING_S:,.0f} s (a day), got {value:g}")
         if self.scale_up_pods != int(self.scale_up_pods) or self.scale_up_pods > 1024:
             raise ConfigError(f"--autoscale-config: scale_up_pods must be a whole number of replicas from 0 to 1024, "
                               f"got {self.scale_up_pods!r}")
@@ -176,7 +188,7 @@ class AutoscalingRouter:
         """`cold_start_s`, `gpus_per_replica`: one for every replica, or one each (a fleet's groups)."""
         assert len(engines) == config.max_replicas
         if config.metric == "kv" and not hasattr(engines[0].policy.allocator, "num_used_blocks"):
-            raise ConfigError("--autoscale-metric kv needs the paged KV cache (its block use is the metric)")
+            raise ConfigError(f"{_what('metric')} kv needs the paged KV cache (its block use is the metric)")
         n = len(engines)
         self.engines, self.config = engines, config
         self.cold_starts = [float(x) for x in cold_start_s] if isinstance(cold_start_s, list) else [cold_start_s] * n

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+import kvsim.simcore.userjson as userjson
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import ModelSpec
 
@@ -269,16 +270,24 @@ def _rate(value: Any, name: str) -> float:
     return float(value)
 
 
+def _json(text: str, flag: str) -> Any:
+    """The flag's JSON, strictly (simcore.userjson: a repeated key, nesting too deep for the parser
+    or an integer of thousands of digits is a ConfigError, not a traceback)."""
+    try:
+        return userjson.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{flag} is not valid JSON ({exc})") from None
+
+
 def parse_speculative_configs(text: str, flag: str = "--speculative-config") -> list[SpeculativeConfig | None]:
     """A sweep or plan dimension: one JSON object, or a JSON list of objects where null (or
     "off") is a run without speculation, e.g. '[null, {"method": "eagle", "num_speculative_tokens": 3}]'."""
     stripped = text.strip()
     if not stripped.startswith("["):
         return [parse_speculative_config(text)]
-    try:
-        items = json.loads(stripped)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{flag} is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    items = _json(stripped, flag)
     if not items:
         raise ConfigError(f"{flag}: the list is empty; give configs, or null for no speculation")
     out: list[SpeculativeConfig | None] = []
@@ -296,10 +305,7 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     if value is None:
         return None
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--speculative-config is not valid JSON ({exc.msg} at character {exc.pos})") from None
+        value = _json(value, "--speculative-config")
     if not isinstance(value, dict):
         raise ConfigError("--speculative-config must be a JSON object, e.g. "
                           "'{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'")

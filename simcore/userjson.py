@@ -2,7 +2,8 @@
 
 `json.loads` keeps the last of two equal keys without a word (a profile or config edited by hand
 could then mean something else than it shows) and raises RecursionError, not a decode error, on
-deeply nested input. `loads` turns both into `ValueError` with a short reason, so each reader can
+deeply nested input (ValueError naming an interpreter setting on an integer of thousands of
+digits). `loads` turns each into `ValueError` with a short reason, so each reader can
 name its file in its own error.
 """
 
@@ -27,3 +28,9 @@ def loads(text: str) -> Any:
         return json.loads(text, object_pairs_hook=_unique)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # Python's int() limit (4,300 digits): its text names an interpreter setting
+        if "integer string conversion" not in str(exc):
+            raise
+        raise ValueError("an integer has thousands of digits") from None

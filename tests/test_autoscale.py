@@ -143,8 +143,8 @@ def test_the_hpa_behavior_by_hand():
     (["--autoscale", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas"),
     (["--autoscale", "--autoscale-config", "{bad"], "not JSON"),
     (["--autoscale", "--autoscale-config", '{"colour": 1}'], "unknown key 'colour'"),
-    (["--autoscale", "--autoscale-config", '{"metric": "gpu"}'], "--autoscale-metric"),
-    (["--autoscale", "--provisioning-delay", "-1"], "--provisioning-s"),
+    (["--autoscale", "--autoscale-config", '{"metric": "gpu"}'], "--autoscale-config: metric"),
+    (["--autoscale", "--provisioning-delay", "-1"], "--provisioning-delay"),
 ])
 def test_bad_autoscale_flags_are_one_line(args, words):
     result = CliRunner().invoke(app, ["run", "--num-requests", "10", *args])

@@ -151,3 +151,13 @@ def test_shared_prefixes_with_prefix_caching_match(dp):
         core, _ = _compare(config, workload, seed=case, context=f"prefix dp {dp} case {case}: {text}")
         hit += bool(core.summary.get("prefix_cache_hit_rate"))
     assert hit >= 4, "most cases should adopt cached blocks"
+
+
+def test_a_recomputing_requests_one_token_chunk_does_not_draft():
+    """Regression (fuzz, case 901 at seed 1): a request preempted by recompute that gets a one-token
+    chunk (the budget's last token) is priced as a decode but samples nothing, so the drafter does
+    not run for it; the C core counted it among the drafting sequences (one more in the EAGLE-3
+    head's passes) and its step cost more."""
+    config, workload, text = _random_case(np.random.default_rng(901), "eagle3")
+    core, _ = _compare(config, workload, seed=1, context=f"case 901 seed 1: {text}")
+    assert core.totals.num_preempted > 0

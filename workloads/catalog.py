@@ -353,6 +353,12 @@ def session_trace(trace: Trace) -> SessionTrace:
         raise WorkloadError(f"trace file {trace.source}: a session workload needs a session_id column")
     if (ids < 0).any():
         raise WorkloadError(f"trace file {trace.source}: every row of a session trace needs a session_id")
+    # a turn's prompt is the conversation so far plus its new tokens (workloads.sessions): these
+    # per-request columns have no meaning there and would otherwise be dropped without a word
+    ignored = [column for column in trace.extras if column != "session_id"]
+    if ignored:
+        raise WorkloadError(f"trace file {trace.source}: column {ignored[0]!r} is not read in a session trace "
+                            "(a turn's prompt is the conversation so far); leave it out")
     return SessionTrace(trace.source, ids, trace.arrival_s, trace.num_prompt_tokens, trace.num_output_tokens)
 
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import simpy
 
 THINK_DISTS = ("fixed", "exponential")
+MAX_SESSIONS = 10_000_000  # sessions' start times are drawn up front (and sessions run in the Python engine)
 TURN_ROWS = 8  # per-turn TTFT rows in the summary: turns 1..7, then 8 and later together
 # At r sessions/s about r x lifetime sessions are in flight at once, so a run must start sessions
 # over a few lifetimes to reach the steady state (reports.capacity.SessionRateScaler sizes its
@@ -104,9 +105,27 @@ class SessionWorkload:
         if self.trace is not None and self.num_sessions > len(self.trace.sessions()):
             raise WorkloadError(f"session trace {self.trace.source}: asked for {self.num_sessions} sessions but it "
                                 f"holds {len(self.trace.sessions())}")
+        if self.num_sessions > MAX_SESSIONS:  # their start times are drawn at once: 1e12 would be 7 TiB
+            raise WorkloadError(f"workload {self.name}: at most {MAX_SESSIONS:,} sessions, got {int(self.num_sessions):,}")
         if self.max_model_len is not None and self.shared_prefix is not None and self.shared_prefix.prefix_len >= self.max_model_len:
             raise WorkloadError(f"workload {self.name}: the system prompt ({self.shared_prefix.prefix_len} tokens) "
                                 f"does not fit max_model_len {self.max_model_len}")
+        first = self._shortest_first_prompt()
+        if self.max_model_len is not None and first >= self.max_model_len:  # no turn would ever be sent
+            raise WorkloadError(f"workload {self.name}: every session's first prompt ({first:,} tokens or more) "
+                                f"does not fit max_model_len {self.max_model_len:,}")
+
+    def _shortest_first_prompt(self) -> int:
+        """The fewest tokens a session's first turn can have (1 when its length is unbounded below)."""
+        if self.trace is not None:
+            heads = [int(self.trace.num_new_tokens[rows[0]]) for _, rows in self.trace.sessions()[: int(self.num_sessions)]]
+            return min(heads, default=1)
+        dist = self.first_prompt_len if self.first_prompt_len is not None else self.prompt_len
+        least = getattr(dist, "value", None) if hasattr(dist, "value") else getattr(dist, "low", None)
+        if least is None and getattr(dist, "values", None) is not None and len(dist.values):
+            least = int(np.min(dist.values))
+        system = self.shared_prefix.prefix_len if self.shared_prefix is not None and self.shared_prefix.fraction >= 1 else 0
+        return int(least or 1) + system
 
     @property
     def is_closed_loop(self) -> bool:
@@ -140,6 +159,8 @@ class SessionWorkload:
             starts = (self.arrival.arrival_times(rng["arrivals"], int(self.num_sessions)) * self.start_scale).tolist()
         for index in range(int(self.num_sessions)):
             n = max(1, int(self.turns.sample(rng["trace"], 1)[0]))
+            if self.max_model_len is not None:  # turn t's prompt holds >= 2t-1 tokens: later ones are never sent,
+                n = min(n, self.max_model_len // 2 + 1)  # and 1e8 drawn turns would take minutes and gigabytes
             new = self.prompt_len.sample(rng["prompt"], n)
             if self.first_prompt_len is not None:
                 new[0] = self.first_prompt_len.sample(rng["prompt"], 1)[0]

@@ -983,7 +983,9 @@ static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     if (r->forked) sg_plan_decode(e, r);  /* sg: one token for each of its sequences */
     else if (num_new == 1 && r->generated) {
         e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += r->computed + 1; e->num_sampled += 1;
-        if (e->sp) kv_spec_drafting(e->sp, r->computed + 1);  /* spec: it samples, so it drafts next */
+        /* spec: it drafts next only if it samples: a recomputing request's 1-token chunk is priced
+           as a decode here (as ContinuousPagedPolicy._add does) but samples nothing */
+        if (e->sp && computed + 1 == r->prompt + r->generated) kv_spec_drafting(e->sp, computed + 1);
     } else if (e->sp && r->generated && computed + 1 == r->prompt + r->generated) {
         /* spec: a verify (its last token and num_new - 1 drafts), one decode in the plan's counts */
         e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += computed + 1; e->num_sampled += 1;
