@@ -1567,8 +1567,9 @@ static int has_room(const kv_engine *S) {
  * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
- * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
- * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
+ * (tests/test_fastcore_equivalence.py, test_core_spans.py). With prefix caching only while no
+ * block is cached and no running request has prefix blocks (then its allocation is that of no
+ * caching); not with speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
 /* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
    and nobody finishes at it; returns the steps after
@@ -1577,7 +1578,10 @@ static int has_room(const kv_engine *S) {
 static long span_setup(kv_rep *e) {
     kv_engine *S = e->S;
     long R = e->run_len, bs = e->c.block_size;
-    if (e->pc || e->sp || S->dg || e->sg_forked || e->sg_nemit || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
+    /* prefix caching: only while nothing is cached and no running request has prefix blocks
+       (npb 0: none of its blocks is ever registered), so pc_take takes uncached free blocks,
+       exactly as without it (span_run keeps uncached_free in step) */
+    if ((e->pc && (e->num_cached || e->tier)) || e->sp || S->dg || e->sg_forked || e->sg_nemit || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
         || e->num_preempted || e->num_swapped_in || e->num_swap_blocks || e->num_decode_seqs != R)
         return 0;
     if (!S->heap_n || S->heap[0].seq != S->seq - 1) return 0;  /* another event comes first */
@@ -1589,6 +1593,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
+        if (e->pc && r->npb) return 0;
         if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
@@ -1647,6 +1652,7 @@ static int span_run(kv_rep *e) {
         long need = e->phase_count[(ended - 1) % bs];
         if (need > e->free_blocks) { rc = 1; break; }
         e->free_blocks -= need; e->gpu_tokens += R; e->decode_ctx += R;
+        if (e->pc) e->uncached_free -= need;  /* pc_take of blocks past npb: uncached ones (nothing cached) */
         planned++;
         rc = start_step(e);
         if (rc) break;
