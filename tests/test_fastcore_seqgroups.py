@@ -36,7 +36,7 @@ class GroupsWorkload(ArraysWorkload):
         c = self.chunk
         requests = [Request(i, a, p, o, m, n=w, beam_width=b) for i, (a, p, o, m, w, b) in enumerate(zip(
             c.arrival_s.tolist(), c.num_prompt_tokens.tolist(), c.num_output_tokens.tolist(),
-            c.max_tokens.tolist(), c.n.tolist(), c.beam_width.tolist()))]
+            c.max_tokens.tolist(), c.n.tolist(), c.beam_width.tolist(), strict=True))]
         yield from open_loop_process(env, sink, [(requests, c.arrival_s)])
         return {"generated": self.num_requests}
 
