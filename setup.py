@@ -61,7 +61,7 @@ setup(
             depends=[f"{CSRC}/engine.h", f"{CSRC}/pricing.h", f"{CSRC}/spec.h", f"{CSRC}/disagg.c",
                      f"{CSRC}/disagg.h", f"{CSRC}/fleet.h", f"{CSRC}/tokens.h", f"{CSRC}/sessions.h",
                      f"{CSRC}/batching.c", f"{CSRC}/batching.h",
-                     f"{CSRC}/pipeline.c", f"{CSRC}/pipeline.h"],  # disagg.c, batching.c, pipeline.c: #included by engine.c
+                     f"{CSRC}/pipeline.c", f"{CSRC}/pipeline.h", f"{CSRC}/seqgroup.c"],  # disagg.c, batching.c, pipeline.c, seqgroup.c: #included by engine.c
             extra_compile_args=["-std=c99", "-O2", "-ffp-contract=off", "-fno-fast-math"],
             libraries=["m"],
             py_limited_api=True,

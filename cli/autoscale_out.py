@@ -54,9 +54,14 @@ def parse_autoscale(enabled: bool, min_replicas: int | None, max_replicas: int |
     config = AutoscaleConfig(min_replicas=lo, max_replicas=max(lo, 4) if max_replicas is None else max_replicas,
                              provisioning_s=DEFAULT_PROVISIONING_S if provisioning_delay is None else provisioning_delay,
                              **policy)
+    from kvsim.reports.prices import MAX_USD_PER_GPU_HOUR
+
     for key in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour"):
         if key in extra and not (math.isfinite(extra[key]) and extra[key] > 0):
             raise ConfigError(f"--autoscale-config: {key} must be > 0, got {extra[key]!r}")
+    if extra.get("price_usd_per_gpu_hour", 0) > MAX_USD_PER_GPU_HOUR:  # as --price
+        raise ConfigError(f"--autoscale-config: price_usd_per_gpu_hour must be at most {MAX_USD_PER_GPU_HOUR:,.0f}, "
+                          f"got {extra['price_usd_per_gpu_hour']!r}")
     return config, {k: float(extra[k]) for k in ("ttft_slo_ms", "tpot_slo_ms", "price_usd_per_gpu_hour") if k in extra}
 
 

@@ -87,7 +87,7 @@ N = Annotated[int | None, typer.Option("--n", help="Parallel samples per request
 BeamWidth = Annotated[int | None, typer.Option(help="Beam search width.")]
 ThinkTime = Annotated[float | None, typer.Option(help="Closed loop: seconds a client waits between a response and its next request.")]
 ProfilePath = Annotated[Path | None, typer.Option("--profile", help="Latency profile: a JSON file, or a committed profile's name from `kvsim list profiles`. [default: the committed profile for GPU/model/TP, else a roofline]")]
-EngineCoreOpt = Annotated[EngineCore, typer.Option("--engine-core", help="Which engine runs the simulation: c (the compiled core: continuous batching, paged KV, one sequence per request, one replica, open-loop arrivals), python (every configuration), or auto (c where it applies). Same results either way.")]
+EngineCoreOpt = Annotated[EngineCore, typer.Option("--engine-core", help="Which engine runs the simulation: c (the compiled core: nearly every configuration; beam search and a few combinations run in Python, the record says why), python (every configuration), or auto (c where it applies). Same results either way.")]
 KvCacheDtypeOpt = Annotated[KvCacheDtype, typer.Option("--kv-cache-dtype", help="KV cache storage: auto (the model dtype) or fp8 (1 byte per element: twice the KV tokens).")]
 QuantizationOpt = Annotated[QuantizationName | None, typer.Option("--quantization", "-q", help="Weight quantization: fp8 (FP8 linear layers, FP8 tensor-core GEMMs; Hopper only). [default: the checkpoint's own]")]
 PipelineParallel = Annotated[int, typer.Option("--pp", "--pipeline-parallel-size", help="Pipeline stages per replica, each --tp GPUs; stages beyond a node talk over the inter-node link (GPUs = tp x pp x dp).")]

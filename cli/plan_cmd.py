@@ -35,6 +35,7 @@ from kvsim.simcore.errors import ConfigError
 LIST = "Comma-separated list."
 PLAN_FILES = ("plan.csv", "plan.json", "capacity.png", "plan.parquet", "plan.html")
 MAX_TARGET_RATES = 100  # target rates of one plan
+MIN_CONFIDENCE = 0.001  # --confidence from 0.1% to 99.9%: the normal quantiles of a stated step-time error
 MAX_CANDIDATES = 1_000  # deployments one plan searches (the default grid is 4 GPUs x 4 TPs = 16)
 MAX_RUN_REQUESTS = 10_000_000  # requests of one search or confirming run (the default is 600 / 2,000)
 
@@ -159,8 +160,9 @@ def plan(
         raise ConfigError(f"--jobs must be from 1 to 1024, got {jobs}")
     if confirm_top < 1:
         raise ConfigError(f"--confirm-top must be >= 1, got {confirm_top}")
-    if not 0 < confidence < 1:
-        raise ConfigError(f"--confidence must be in (0, 1), got {confidence:g}")
+    if not MIN_CONFIDENCE <= confidence <= 1 - MIN_CONFIDENCE:  # 1e-300 scaled step times past the datasheet
+        raise ConfigError(f"--confidence must be from {MIN_CONFIDENCE:g} to {1 - MIN_CONFIDENCE:g} (a stated error "
+                          f"says nothing about tails beyond), got {confidence:g}")
     if confidence != 0.5 and disagg != "off":  # its candidates are priced by reports.plan_disagg's own runs
         raise ConfigError("--confidence applies to aggregated candidates only, not with --disagg on or auto")
     from kvsim.simcore.specs import ENGINE_PRESETS, ENGINE_VERSIONS
@@ -218,6 +220,9 @@ def plan(
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
     _check_trace_prompts(spec, max_len, as_json)
+    if disagg != "off" and getattr(spec, "is_session", False):
+        raise ConfigError(f"--disagg {disagg} does not plan session workloads ({spec.name}) yet: plan them "
+                          "aggregated (--disagg off)")
     slo = SLO.of(targets, tuple(goodput_ms.items()))
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
@@ -226,9 +231,6 @@ def plan(
         f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress
 
-    if disagg != "off" and getattr(spec, "is_session", False):
-        raise ConfigError(f"--disagg {disagg} does not plan session workloads ({spec.name}) yet: plan them "
-                          "aggregated (--disagg off)")
     if disagg == "on":  # disaggregated candidates only
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
                      confirm_requests, disagg_placement, kv_cache_dtype, quantization, None, out, as_json, started)

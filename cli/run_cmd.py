@@ -275,6 +275,10 @@ def run(
 
     from kvsim.simcore.config import resolve
 
+    if scaling is not None and scaling.metric == "kv" and (config.policy != "continuous" or config.allocator != "paged"):
+        # (simcore.autoscale refuses it too, but only once the replicas are built: after the header)
+        raise ConfigError("--autoscale-config: metric kv needs the paged KV cache (its block use is the metric): "
+                          "--policy continuous --allocator paged")
     fleet_groups = None
     if fleet is not None:  # each group checked and planned on its own GPU and TP (simcore/fleet.py)
         from kvsim.simcore.fleet import parse_fleet, resolve_fleet
@@ -819,7 +823,11 @@ def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides
         return None
     if workload is not None:
         raise ConfigError("give either --workload or --dataset-name, not both")
-    num = overrides.pop("num_requests", None) or datasets.DEFAULT_NUM_PROMPTS
+    num = overrides.pop("num_requests", None)  # 0 is a mistake, not "unset" (vLLM's 1,000)
+    if num is None:
+        num = datasets.DEFAULT_NUM_PROMPTS
+    elif num < 1:
+        raise ConfigError(f"--num-requests must be an integer >= 1, got {num}")
     if name is DatasetName.random:
         if path is not None:
             raise ConfigError("--dataset-path is for --dataset-name sharegpt; random draws its lengths")
@@ -856,17 +864,21 @@ def _dataset(name, path, input_len, output_len, range_ratio, workload, overrides
 def _sonnet(datasets, path, num, seed, overrides, flags, max_model_len):
     """--dataset-name sonnet (workloads.datasets.sonnet_dataset); --input-len / --output-len are
     vLLM's general names for --sonnet-input-len / --sonnet-output-len."""
-    lens = {}
+    lens, given = {}, {}
     for kind, default in (("input", datasets.SONNET_INPUT_LEN), ("output", datasets.SONNET_OUTPUT_LEN)):
         general, specific = overrides.pop(f"{kind}_len", None), flags[f"--sonnet-{kind}-len"]
         if general is not None and specific is not None:
             raise ConfigError(f"give --{kind}-len or --sonnet-{kind}-len, not both")
         value = specific if specific is not None else general
-        lens[kind] = default if value is None else _whole(value, f"--sonnet-{kind}-len")
+        given[kind] = f"--sonnet-{kind}-len" if specific is not None or general is None else f"--{kind}-len"
+        lens[kind] = default if value is None else _whole(value, given[kind])
     prefix = flags["--sonnet-prefix-len"]  # unset: vLLM's 200, or the whole prompt when that is shorter
     prefix = min(datasets.SONNET_PREFIX_LEN, lens["input"]) if prefix is None else prefix
     if lens["input"] >= max_model_len:
-        raise ConfigError(f"--sonnet-input-len {lens['input']} leaves no room for an output within max_model_len "
+        raise ConfigError(f"{given['input']} {lens['input']} leaves no room for an output within max_model_len "
+                          f"{max_model_len}")
+    if lens["output"] >= max_model_len:  # every output would be clipped (as --random-output-len is refused)
+        raise ConfigError(f"{given['output']} {lens['output']} leaves no room for a prompt within max_model_len "
                           f"{max_model_len}")
     return datasets.sonnet_dataset(path, num, seed, lens["input"], lens["output"], prefix)
 

@@ -32,6 +32,9 @@ BUILTIN_USD_PER_GPU_HOUR: dict[str, float] = {
 }
 
 
+MAX_USD_PER_GPU_HOUR = 1_000_000.0  # far above any rental price (2026: $1-$10 per GPU-hour)
+
+
 def _price(name: str, value: object, where: str) -> tuple[str, float]:
     try:
         gpu = get_gpu(str(name)).name
@@ -45,6 +48,8 @@ def _price(name: str, value: object, where: str) -> tuple[str, float]:
         raise ConfigError(f"{where}: price of {name} must be a number of $/GPU-hour, got {value!r}") from None
     if not (usd > 0 and usd != float("inf")):
         raise ConfigError(f"{where}: price of {name} must be > 0 $/GPU-hour, got {value!r}")
+    if usd > MAX_USD_PER_GPU_HOUR:  # 1e308 printed a 309-digit $/h and an inf-like $/M tokens
+        raise ConfigError(f"{where}: price of {name} must be at most {MAX_USD_PER_GPU_HOUR:,.0f} $/GPU-hour, got {value!r}")
     return gpu, usd
 
 
@@ -52,10 +57,14 @@ def load_prices(overrides: list[str] | None = None) -> dict[str, float]:
     """The built-in table, then each `--price` in order: `GPU=USD` or a YAML file mapping GPU
     names to $/GPU-hour."""
     prices = dict(BUILTIN_USD_PER_GPU_HOUR)
+    flagged: set[str] = set()
     for item in overrides or []:
         name, sep, value = item.partition("=")
         if sep:
             gpu, usd = _price(name.strip(), value.strip(), "--price")
+            if gpu in flagged:  # the first one was silently replaced
+                raise ConfigError(f"--price: {gpu} is given twice")
+            flagged.add(gpu)
             prices[gpu] = usd
             continue
         prices.update(_prices_file(Path(item)))

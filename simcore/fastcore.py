@@ -103,6 +103,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kv_engine_free.argtypes = [ctypes.c_void_p]
     lib.kv_engine_feed.restype = ctypes.c_int
     lib.kv_engine_feed.argtypes = [ctypes.c_void_p, ctypes.c_long, _P, lp, lp, lp, lp, _P, lp, lp, ctypes.c_int]
+    lib.kv_engine_feed_widths.restype = ctypes.c_int
+    lib.kv_engine_feed_widths.argtypes = [ctypes.c_void_p, ctypes.c_long, lp]
     lib.kv_engine_run.restype = ctypes.c_int
     lib.kv_engine_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Outputs)]
     lib.kv_engine_counts.restype = None
@@ -225,13 +227,42 @@ def unsupported(sim: Any) -> str:
         # (simcore imports no workloads: the loop's kind, concurrency and per-request think_s, by name)
         return "a closed loop other than a workload file's clients (workloads.arrivals.ClosedLoop)"
     # what a workload file says of every request (a chunk that breaks it anyway stops the run)
-    if any(tuple(getattr(getattr(workload, name, None), "values", (1,))) != (1,) for name in ("n", "beam_width")):
-        return "parallel sampling or beam search"
     trace = getattr(workload, "trace", None)
     extras = getattr(trace, "extras", {}) if trace is not None else {}
-    if "n" in extras or "beam_width" in extras:
-        return "parallel sampling or beam search"
+    if tuple(getattr(getattr(workload, "beam_width", None), "values", (1,))) != (1,) or "beam_width" in extras:
+        return "beam search"
+    if tuple(getattr(getattr(workload, "n", None), "values", (1,))) != (1,) or "n" in extras:
+        reason = _groups_unsupported(sim)  # csrc/seqgroup.c: parallel sampling on the plain paged policy
+        if reason:
+            return reason
     return _unavailable_core()
+
+
+_GROUPS_REFUSED = ("parallel sampling (n > 1) with another policy than paged continuous batching, shared "
+                   "prefixes with prefix caching, the CPU KV tier, pipeline parallelism, disaggregation or a fleet")
+
+
+def _groups_unsupported(sim: Any) -> str:
+    """Why the C core cannot run parallel sampling (n > 1) here ("" when it can): csrc/seqgroup.c
+    models forked groups on the paged continuous policies (V0 and V1) where no block is ever
+    cached (prefix caching on but no shared prefix declared is fine: nothing is hashed), without
+    the CPU tier, speculative decoding, pipeline stages, disaggregation or a fleet."""
+    from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
+    from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
+
+    engines = sim.replicas
+    policy = engines[0].policy
+    workload = sim.workload
+    trace = getattr(workload, "trace", None)
+    prefixes = getattr(workload, "shared_prefix", None) is not None or "prefix_id" in (
+        getattr(trace, "extras", {}) if trace is not None else {})
+    if (type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy) or (policy.enable_prefix_caching and prefixes)
+            or getattr(policy, "host_tier", None) is not None or _pipelined(engines)
+            or getattr(sim, "fleet", None) is not None or getattr(sim, "autoscaler", None) is not None
+            or getattr(sim, "disagg", None) is not None or getattr(sim, "behind_proxy", False)
+            or getattr(sim.workload, "is_session", False)):
+        return _GROUPS_REFUSED
+    return ""
 
 
 def _unavailable_core() -> str:
@@ -562,6 +593,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
     stats = None
     ttft: tuple[list, list] = ([], [])  # sessions: (request id, TTFT) of each answered turn, as they left
     tier = getattr(engine.policy, "host_tier", None) is not None
+    groups = not sessions and not _groups_unsupported(sim)  # n > 1 runs here (csrc/seqgroup.c)
 
     def arrive_upto(count: int) -> None:
         """Hand the records the arrival stamps up to the `count`-th arrival."""
@@ -620,7 +652,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
                 stats = stop.value
                 lib.kv_engine_feed(handle, 0, None, *([None] * 4), None, None, None, 1)
                 continue
-            _feed(lib, handle, chunk, closed, tier)
+            _feed(lib, handle, chunk, closed, tier, groups)
             continue
         flush()
         if rc == _FULL:
@@ -718,11 +750,17 @@ def _collect_tokens(lib, handle, engines) -> None:
         del raw, times
 
 
-def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:
-    """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive)."""
+def _feed(lib, handle, chunk, closed: bool, tier: bool = False, groups: bool = False) -> None:
+    """Hand the core the workload's next chunk (kv_engine_feed copies it: nothing to keep alive);
+    `groups`: requests with n > 1 may come (csrc/seqgroup.c)."""
     n = len(chunk.num_prompt_tokens)
-    if (chunk.n != 1).any() or (chunk.beam_width != 1).any():
-        raise CoreUnavailable("parallel sampling or beam search")
+    if (chunk.beam_width != 1).any():
+        raise CoreUnavailable("beam search")
+    wide = bool((chunk.n != 1).any())
+    if wide and not groups:
+        raise CoreUnavailable(_GROUPS_REFUSED)
+    if wide and (np.asarray(chunk.prefix_id) >= 0).any():  # (blocks that may be cached: _groups_unsupported)
+        raise CoreUnavailable(_GROUPS_REFUSED)
     if tier and (np.asarray(chunk.prefix_id) >= 0).any():
         raise CoreUnavailable("the CPU KV tier (--kv-offloading-size) with declared shared prefixes")
     at = None if closed else np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
@@ -738,6 +776,9 @@ def _feed(lib, handle, chunk, closed: bool, tier: bool = False) -> None:
                             *(a.ctypes.data_as(lp) for a in (ids, prompt, output, max_tokens)),
                             None if think is None else think.ctypes.data_as(_P),
                             *(a.ctypes.data_as(lp) for a in (prefix_id, prefix_tokens)), 0)
+    if not rc and wide:
+        widths = np.ascontiguousarray(chunk.n, dtype=np.int64)
+        rc = lib.kv_engine_feed_widths(handle, n, widths.ctypes.data_as(lp))
     if rc:
         raise MemoryError("kvsim: the C engine core could not take the workload's next chunk")
 
@@ -747,7 +788,7 @@ def _reason(engine, row: np.ndarray) -> str:
     from kvsim.simcore.request import Request
     from kvsim.simcore.state import ReqState
 
-    request = Request(int(row[0]), float(row[4]), int(row[8]), int(row[15]), int(row[10]))
+    request = Request(int(row[0]), float(row[4]), int(row[8]), int(row[15]), int(row[10]), n=int(row[11]))
     return engine.reject_reason(ReqState(request, None, engine.max_model_len))
 
 

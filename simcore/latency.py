@@ -42,8 +42,8 @@ import hashlib
 import json
 import math
 from bisect import bisect_right
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 

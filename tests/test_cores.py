@@ -38,10 +38,11 @@ class WithNewOption(EngineConfig):
 
 def test_registry_order_and_the_python_core_runs_everything():
     assert cores.names() == ["c", "python"]  # auto prefers the compiled core where it runs
-    sampled = load_workload("sharegpt", {"rate": 50, "input_len": 32, "output_len": 8, "num_requests": 30, "n": 2})
-    sim = prepare(TINY, H100, EngineConfig(max_model_len=128), sampled, flat_profile())
+    beams = load_workload("sharegpt", {"rate": 50, "input_len": 32, "output_len": 8, "num_requests": 30,
+                                       "beam_width": 2})
+    sim = prepare(TINY, H100, EngineConfig(max_model_len=128), beams, flat_profile())
     assert cores.get("python").supports(sim) == ""
-    assert "parallel sampling" in cores.get("c").supports(sim)
+    assert "beam search" in cores.get("c").supports(sim)
 
 
 def test_every_option_a_core_honours_is_an_engine_option():

@@ -175,11 +175,11 @@ def test_auto_and_refusals():
     config, workload = _random_case(np.random.default_rng(3))
     result = simulate(TINY, H100, config, workload, _profile(), engine_core="python")
     assert result.record["engine_core"] == "python" and result.record["engine_core_reason"] == "--engine-core python"
-    sampled = load_workload("sharegpt", {"rate": 50, "input_len": 8, "output_len": 8, "num_requests": 10, "n": 2})
-    sim = prepare(TINY, H100, config, sampled, _profile())
-    assert sim.choose_core()[0] == "python" and "parallel sampling" in sim.choose_core()[1]
-    with pytest.raises(ConfigError, match="parallel sampling"):
-        simulate(TINY, H100, config, sampled, _profile(), engine_core="c")
+    beams = load_workload("sharegpt", {"rate": 50, "input_len": 8, "output_len": 8, "num_requests": 10, "beam_width": 2})
+    sim = prepare(TINY, H100, config, beams, _profile())
+    assert sim.choose_core()[0] == "python" and "beam search" in sim.choose_core()[1]
+    with pytest.raises(ConfigError, match="beam search"):
+        simulate(TINY, H100, config, beams, _profile(), engine_core="c")
     with pytest.raises(ConfigError, match="exact-steps"):
         simulate(TINY, H100, config, workload, _profile(), engine_core="c", exact_steps=True)
     with pytest.raises(ConfigError, match="engine-core"):
@@ -307,7 +307,7 @@ def test_cli_engine_core():
     from kvsim.cli.main import app
 
     args = ["run", "--num-requests", "20", "--rate", "5", "--input-len", "64", "--output-len", "8", "--json"]
-    for extra, reason in ((["--n", "2"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
+    for extra, reason in ((["--n", "2", "--policy", "static"], "parallel sampling"), (["--exact-steps"], "exact-steps"),
                           (["--beam-width", "2"], "beam search")):
         result = CliRunner().invoke(app, [*args, *extra, "--engine-core", "c"])
         assert result.exit_code == 2 and result.stdout == "", result.output

@@ -43,6 +43,9 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("work started for a bad input")
 
+    # modules that bind `prepare` at their import must get the real one, not this test's stand-in
+    importlib.import_module("kvsim.simcore.disagg")
+
     for module, name in (("kvsim.simcore.simulate", "prepare"), ("kvsim.reports.sweep_runner", "run_points"),
                          ("kvsim.reports.plan", "plan")):
         monkeypatch.setattr(importlib.import_module(module), name, refuse)
@@ -253,3 +256,60 @@ def test_resume_parquet_with_a_bad_cell(tmp_path, monkeypatch):
     assert ".x.parquet.rows.csv" not in result.stderr
     assert entries(tmp_path) == ["x.parquet"] and (tmp_path / "x.parquet").read_bytes() == before
 
+
+
+# --- --dataset-name --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dataset", "count"), [("sonnet", "0"), ("sonnet", "-5"), ("random", "0")])
+def test_dataset_with_zero_requests(dataset, count, no_work):
+    """`--dataset-name sonnet --num-requests 0` ran vLLM's default 1,000 requests (0 read as unset);
+    a plain run refuses 0."""
+    assert_one_line_error(invoke("run", "--dataset-name", dataset, "--num-requests", count, "--no-error-bars"),
+                          f"--num-requests must be an integer >= 1, got {count}")
+
+
+@pytest.mark.parametrize("flag", ["--sonnet-output-len", "--output-len"])
+def test_sonnet_output_longer_than_max_model_len(flag, no_work):
+    """Ran with every output clipped to max_model_len (a WARNING after the run); --random-output-len
+    of the same length is refused up front."""
+    result = invoke("run", "--dataset-name", "sonnet", flag, "100000000", "--num-requests", "3", "--no-error-bars")
+    assert_one_line_error(result, f"{flag} 100000000", "max_model_len 8192")
+
+
+# --- plan ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("confidence", ["1e-300", "0.9995"])
+def test_plan_confidence_in_the_far_tails(confidence, no_work):
+    """`--confidence 1e-300` printed the plan's header, then refused the committed profile scaled
+    x0.007 as 'over 10x faster than the datasheet': a late, confusing line."""
+    assert_one_line_error(invoke(*PLAN, "--confidence", confidence), "--confidence must be from 0.001 to 0.999")
+
+
+def test_plan_disagg_auto_on_a_session_workload_refused_before_the_header(no_work):
+    """The refusal came after the 'Planning ...' header on stdout."""
+    assert_one_line_error(invoke(*PLAN, "--workload", "chat-sessions", "--disagg", "auto"), "session workloads")
+
+
+@pytest.mark.parametrize(("prices", "needle"), [
+    (["H100-SXM-80GB=1e308"], "at most 1,000,000"),  # printed a 309-digit $/h
+    (["H100-SXM-80GB=1", "H100-SXM-80GB=2"], "given twice"),  # the first silently replaced
+])
+def test_plan_price_absurd_or_repeated(prices, needle, no_work):
+    argv = [*PLAN]
+    for price in prices:
+        argv += ["--price", price]
+    assert_one_line_error(invoke(*argv), "--price", needle)
+
+
+def test_autoscale_price_of_1e308(no_work):
+    result = invoke(*AUTOSCALE, "--autoscale-config", '{"price_usd_per_gpu_hour": 1e308}')
+    assert_one_line_error(result, "price_usd_per_gpu_hour", "at most")
+
+
+@pytest.mark.parametrize("layout", [["--allocator", "contiguous"], ["--policy", "static"]])
+def test_autoscale_on_kv_without_a_paged_cache(layout, no_work):
+    """The refusal came once the replicas were built, after the run's header on stdout."""
+    result = invoke(*AUTOSCALE, "--autoscale-config", '{"metric": "kv", "target": 80}', *layout)
+    assert_one_line_error(result, "metric kv needs the paged KV cache")

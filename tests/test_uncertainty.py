@@ -114,5 +114,5 @@ def test_plan_at_higher_confidence_never_needs_fewer_gpus():
 def test_plan_bad_confidence_is_one_line(value):
     result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
                                       "--rate", "10", "--confidence", value])
-    assert result.exit_code == 2 and "--confidence must be in (0, 1)" in result.stderr
+    assert result.exit_code == 2 and "--confidence must be from 0.001 to 0.999" in result.stderr
     assert result.stderr.count("\n") == 1

@@ -5,7 +5,8 @@ It runs a simulation when two lists agree: the policy variant's registry entry n
 engine option set off its default among those the C core honours (`PolicySpec.cores`, an
 allow-list: a new option is refused until it is listed, with an equivalence test), and the
 driver supports the simulation's shape (`fastcore.unsupported`: one replica, open-loop arrays,
-no shared prefixes with prefix caching, n = beam width = 1, the library loaded).
+no shared prefixes with prefix caching, beam width 1 (n > 1 on the paged continuous policies:
+csrc/seqgroup.c), the library loaded).
 """
 
 from __future__ import annotations

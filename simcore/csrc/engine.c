@@ -39,6 +39,7 @@ typedef struct {
     const long *hk; long tok, off_cached, off_loaded, off_rest; double ready, load_start;
     int loading;  /* 1: loading; 2: admitted, its load done, this step */
     long dg_state, dg_tag;  /* disaggregated (disagg.c): a decode instance's remote-KV state, the proxy's entry */
+    long k, gsh, gown; int forked;  /* sg: its width (n), a forked group's shared and own blocks (seqgroup.c) */
 } kv_req;
 
 enum { ENG_IDLE = 0, ENG_WAKE = 1, ENG_STEP = 2,  /* (batching.h: 3, 4) */
@@ -118,6 +119,9 @@ struct kv_rep {
     struct kv_batch *bt;  /* bt: a reservation policy's state (csrc/batching.c); NULL: paged continuous batching */
     struct kv_pipe *pp;  /* pp: pipeline stages' rounds (csrc/pipeline.c); NULL: one stage */
     kv_tokens *tt;  /* tokens: every token's time by request (csrc/tokens.c); NULL: not kept */
+    /* sg: parallel sampling (seqgroup.c): sequences past the first of forked groups, forked
+       groups (running or swapped), the snapshot's shared slots, groups emitting this step */
+    long sg_extra, sg_forked, sg_saved; long *sg_emit; long sg_nemit, sg_emit_cap;
 };
 
 struct kv_engine {
@@ -148,6 +152,7 @@ struct kv_engine {
     kv_sessions *sess; long hash_group; long tier_blocks; double load_block_s; long nkeys;
     kv_fleet *fleet;  /* fleet.c: autoscaling (which replicas serve); NULL: all of them */
     struct kv_disagg *dg;  /* disaggregated prefill/decode (disagg.c); NULL: none */
+    long *in_w; long sg_next;  /* sg: the chunk's widths (NULL: all 1), the next request's */
 };
 
 /* hooks of disaggregated prefill/decode (disagg.c, included at the end of this file) */
@@ -169,6 +174,15 @@ static void bt_row(const kv_rep *e, double *row);
 static int bt_idle(kv_rep *e);
 static int bt_wake(kv_rep *e);
 static int bt_event(kv_engine *S, const kv_event *ev);
+/* hooks of parallel sampling (seqgroup.c, included at the end of this file) */
+static long sg_check(const kv_rep *e, const kv_req *r);
+static void sg_plan_decode(kv_rep *e, const kv_req *r);
+static int sg_emitting(kv_rep *e, long s);
+static int sg_grow(kv_rep *e, kv_req *r);
+static void sg_release(kv_rep *e, kv_req *r);
+static int sg_swap_out(kv_rep *e, kv_req *r);
+static long sg_swap_in(kv_rep *e, kv_req *r, long n, long budget);
+static void sg_end(kv_rep *e, long *internal);
 /* hooks of pipeline parallelism (pipeline.c, included at the end of this file) */
 struct kv_pipe;
 static void pp_free(struct kv_pipe *q);
@@ -223,6 +237,7 @@ static void rep_free(kv_rep *e) {
         for (long i = 0; i < e->ngroups; i++) free(e->groups[i].h);
     free(e->groups);
     free(e->reqs); free(e->free_slots); free(e->wq); free(e->run);
+    free(e->sg_emit);  /* sg */
     free(e->part_slot); free(e->part_new); free(e->chunk_tokens); free(e->chunk_ctx);
     free(e->preempted); free(e->admitted); free(e->finished); free(e->swapped_in); free(e->by_swap); free(e->sq);
     if (e->tier) { kvt_free(e->tier); free(e->tier); }
@@ -285,6 +300,7 @@ static void free_input(kv_engine *S) {
     free(S->in_pid); free(S->in_npt);
     S->in_at = S->in_think = NULL;
     S->in_id = S->in_prompt = S->in_output = S->in_max = S->in_pid = S->in_npt = NULL;
+    free(S->in_w); S->in_w = NULL;  /* sg: kv_engine_feed_widths follows the feed */
 }
 
 void kv_engine_free(kv_engine *S) {
@@ -728,7 +744,7 @@ static int put_req(kv_rep *e, const kv_req *r, int rejected, long kind, long out
     row[4] = r->arrival; row[5] = r->first_sched; row[6] = r->first_token;
     row[7] = rejected ? -1.0 : e->pp ? r->last_token : S->now;  /* pp: at its last token (Lifecycle.finish) */
     row[8] = (double)r->prompt; row[9] = (double)r->generated;
-    row[10] = (double)r->max_tokens; row[11] = 1; row[12] = 1; row[13] = (double)r->preemptions;
+    row[10] = (double)r->max_tokens; row[11] = r->k > 1 ? (double)r->k : 1; row[12] = 1;  /* sg: n */ row[13] = (double)r->preemptions;
     row[14] = (double)kind; row[15] = (double)output; row[16] = (double)o->num_arrived;
     o->num_done++;
     e->num_done++;
@@ -807,6 +823,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
     kv_req r;
     memset(&r, 0, sizeof r);
     r.id = id; r.prompt = prompt; r.max_tokens = max_tokens; r.client = client; r.g = -1;
+    r.k = S->sg_next > 1 ? S->sg_next : 1; S->sg_next = 0;  /* sg: its width */
     long room = e->c.max_model_len - r.prompt;
     r.target = out < room ? out : room;
     if (r.target < 1) r.target = 1;
@@ -818,6 +835,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
     if (r.prompt > e->c.max_model_len) kind = KV_REJECT_MODEL_LEN;
     else if (e->bt) kind = bt_check(e, &r);  /* bt: the reservation policy's own checks */
     else if (!e->c.chunked_prefill && r.prompt > e->c.max_num_batched_tokens) kind = KV_REJECT_BUDGET;
+    else if (r.k > 1) kind = sg_check(e, &r);  /* sg: a group's own checks (no watermark) */
     else if (need > e->c.num_gpu_blocks) kind = KV_REJECT_CACHE;
     else if (!e->c.chunked_prefill && need > e->c.num_gpu_blocks - e->c.watermark_blocks) kind = KV_REJECT_WATERMARK;
     if (kind) return put_req(e, &r, 1, kind, out);
@@ -851,6 +869,7 @@ static int send_req(kv_engine *S, long id, long prompt, long out, long max_token
 
 static int send(kv_engine *S, long i, double stamp, long client) {
     if (S->dg) return dg_accept(S, i, stamp, client);  /* to the disaggregated proxy (disagg.c) */
+    S->sg_next = S->in_w ? S->in_w[i] : 1;  /* sg */
     return send_req(S, S->in_id[i], S->in_prompt[i], S->in_output[i], S->in_max[i], S->in_pid[i], S->in_npt[i],
                     stamp, client, NULL, 0);
 }
@@ -952,6 +971,7 @@ static void plan_reset(kv_rep *e) {
     e->num_parts = e->num_chunks = e->num_preempted = e->num_admitted = e->num_filling = 0;
     e->num_swapped_in = e->num_swap_blocks = 0;
     e->num_tokens = e->num_decode_seqs = e->decode_ctx = e->num_sampled = 0;
+    e->sg_nemit = 0;  /* sg */
     if (e->sp) kv_spec_reset(e->sp);
 }
 
@@ -959,7 +979,9 @@ static void plan_reset(kv_rep *e) {
 static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
     const kv_req *r = &e->reqs[s];
     e->part_slot[e->num_parts] = s; e->part_new[e->num_parts++] = num_new;
-    if (num_new == 1 && r->generated) {
+    if (r->k > 1 && computed + num_new == r->prompt + r->generated) fail(e, sg_emitting(e, s));  /* sg */
+    if (r->forked) sg_plan_decode(e, r);  /* sg: one token for each of its sequences */
+    else if (num_new == 1 && r->generated) {
         e->num_tokens += 1; e->num_decode_seqs += 1; e->decode_ctx += r->computed + 1; e->num_sampled += 1;
         /* spec: it drafts next only if it samples: a recomputing request's 1-token chunk is priced
            as a decode here (as ContinuousPagedPolicy._add does) but samples nothing */
@@ -980,6 +1002,7 @@ static inline void plan_add(kv_rep *e, long s, long num_new, long computed) {
 }
 
 static void release(kv_rep *e, kv_req *r) {
+    if (r->forked) { sg_release(e, r); return; }  /* sg */
     if (e->pc) { fail(e, pc_release(e, r)); return; }
     e->free_blocks += r->nblk; e->gpu_tokens -= r->ntok; r->nblk = 0; r->ntok = 0;
 }
@@ -1011,7 +1034,8 @@ static long decode_run(kv_rep *e, long i, long n, long *budget_io) {
     for (; i < n && budget > 0; i++) {
         long s = run[i];
         kv_req *r = &reqs[s];
-        if (!r->generated || r->computed + 1 != r->prompt + r->generated || r->ntok + 1 > r->nblk * bs) break;
+        if (!r->generated || r->computed + 1 != r->prompt + r->generated || r->ntok + 1 > r->nblk * bs
+            || r->k > 1) break;  /* (sg: a group, forked or not, takes the generic path) */
         r->ntok += 1; gt += 1;
         ps[np] = s; pn[np++] = 1;
         nt += 1; nd += 1; dctx += r->computed + 1; ns += 1;
@@ -1034,12 +1058,18 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
         long num_new = left < budget ? left : budget;
         if (e->sp && r->generated && left == 1)  /* spec: a decoding request verifies its drafts */
             num_new = 1 + kv_spec_drafts(e->sp, r->target - r->generated - 1, budget - 1);
-        int ok = grow_seq(e, r, num_new);
+        if (r->forked) {  /* sg: a forked group decodes, a token per sequence */
+            num_new = 1;
+            if (r->k > budget) break;
+        }
+        int ok = r->forked ? sg_grow(e, r) : grow_seq(e, r, num_new);
         while (!ok) {  /* ContinuousPagedPolicy._preempt: swap while the CPU pool has room */
             long v = e->run[--*n];
             kv_req *vr = &e->reqs[v];
-            int swap = e->c.swap && vr->nblk <= e->cpu_free;
-            if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
+            int swap = vr->forked ? sg_swap_out(e, vr) : e->c.swap && vr->nblk <= e->cpu_free;
+            if (vr->forked) {  /* sg: swapped out above, or released */
+                if (!swap) release(e, vr);
+            } else if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
                 e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok; e->num_swap_blocks += vr->nblk;
                 for (long pos = 0; pos < vr->nblk; pos++) fail(e, pc_decref(e, vr, pos));
             } else if (swap) {
@@ -1052,11 +1082,11 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
             e->by_swap[e->num_preempted] = (char)swap;
             e->preempted[e->num_preempted++] = v;
             if (v == s) break;
-            ok = grow_seq(e, r, num_new);
+            ok = r->forked ? sg_grow(e, r) : grow_seq(e, r, num_new);
         }
         if (!ok) break;
         plan_add(e, s, num_new, r->computed);
-        budget -= num_new;
+        budget -= r->forked ? num_new * r->k : num_new;  /* (sg: a forked group's k sequences) */
         i++;
     }
     return budget;
@@ -1086,9 +1116,19 @@ static long admit_one(kv_rep *e, long s, long num_new, long hit) {
    and the step's new tokens), appended to the running set (length *n) */
 static long swap_in(kv_rep *e, long *n, long budget) {
     long j = 0;
-    while (j < e->sq_len && budget > 0 && *n < e->c.max_num_seqs) {
+    while (j < e->sq_len && budget > 0 && *n + e->sg_extra < e->c.max_num_seqs) {
         long s = sq_at(e, j);
         kv_req *r = &e->reqs[s];
+        if (r->forked) {  /* sg: a forked group's blocks and a token per sequence */
+            long got = sg_swap_in(e, r, *n, budget);
+            if (got < 0) break;
+            e->swapped_in[e->num_swapped_in++] = s;
+            e->run[(*n)++] = s;
+            j++;
+            plan_add(e, s, 1, r->computed);
+            budget -= got;
+            continue;
+        }
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
         if (e->free_blocks < blocks_for(e, r->computed + num_new) || 1 > budget) break;
@@ -1142,17 +1182,17 @@ static int schedule(kv_rep *e) {
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
         if (!e->sq_len && e->wq_len) {
-            long num_seqs = n;
+            long num_seqs = n + e->sg_extra;  /* (sg: a forked group's sequences count) */
             for (long j = 0; j < e->wq_len; j++) {
                 long s = wq_at(e, j);
                 const kv_req *r = &e->reqs[s];
                 long num_tokens = r->prompt + r->generated;
-                if (num_tokens > budget || num_seqs + 1 > e->c.max_num_seqs) break;
+                if (num_tokens > budget || num_seqs + r->k > e->c.max_num_seqs) break;
                 long hit = e->pc && r->npb ? pc_hits(e, r) : 0;
                 long need = hit ? pc_need(e, r, hit, num_tokens - hit * e->c.block_size) : blocks_for(e, num_tokens);
                 if (e->free_blocks - need < e->c.watermark_blocks) break;
                 admit_one(e, s, num_tokens - hit * e->c.block_size, hit);
-                num_seqs += 1;
+                num_seqs += r->k;
                 budget -= num_tokens;
             }
             if (e->num_parts) return 1;
@@ -1171,7 +1211,7 @@ static int schedule(kv_rep *e) {
         e->run_len = n;
         if (e->num_swapped_in < e->sq_len) return e->num_parts > 0;
     }
-    long num_seqs = n;
+    long num_seqs = n + e->sg_extra;  /* (sg: a forked group's sequences count) */
     int stopped = 0;
     /* SESSIONS: requests loading from the CPU tier first, in the order their loads started (vLLM
        puts the requests it skipped back at the front of its queue); each passed over until done */
@@ -1205,7 +1245,7 @@ static int schedule(kv_rep *e) {
         long s = wq_at(e, j);
         kv_req *r = &e->reqs[s];
         if (r->loading) continue;  /* looked at above */
-        if (budget <= 0 || num_seqs + 1 > e->c.max_num_seqs) break;
+        if (budget <= 0 || num_seqs + r->k > e->c.max_num_seqs) break;
         if (r->dg_state) {  /* its prompt's KV is on a prefill instance (disagg.c) */
             if (dg_admit(e, s, &num_seqs, &budget)) break;
             continue;
@@ -1216,7 +1256,7 @@ static int schedule(kv_rep *e) {
         if (num_new > budget) num_new = budget;
         if ((hit ? pc_need(e, r, hit, num_new) : blocks_for(e, num_new)) > e->free_blocks) break;
         admit_one(e, s, num_new, hit);
-        num_seqs += 1;
+        num_seqs += r->k;
         budget -= num_new;
     }
     return e->num_parts > 0;
@@ -1446,6 +1486,7 @@ static int end_step(kv_rep *e) {
         internal = 0;
         for (long k = 0; k < e->run_len; k++) internal += (bs - e->reqs[e->run[k]].computed % bs) % bs;
     }
+    sg_end(e, &internal);  /* sg: groups fork; with any forked, their unfilled and shared slots */
     int held = e->S->dg && dg_holds(e);  /* a prefill instance keeps the KV until it is read (disagg.c) */
     for (long k = 0; k < nf; k++) {
         kv_req *r = &e->reqs[e->finished[k]];
@@ -1462,7 +1503,8 @@ static int end_step(kv_rep *e) {
             if (e->reqs[e->run[k]].id >= 0) e->run[w++] = e->run[k];
         e->run_len = w;
     }
-    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in;
+    int decode_only = !e->num_chunks && !e->num_preempted && !e->num_admitted && !nf && !e->num_swapped_in
+                      && !e->sg_saved;  /* sg: a span row's slot-seconds have no shared slots (fold_row) */
     record_step(e, allocated, internal, decode_only);
     return 0;
 }
@@ -1481,10 +1523,11 @@ static void record_step(kv_rep *e, long allocated, long internal, int decode_onl
         e->step_start, dt, 1, (double)e->num_parts, (double)(e->num_tokens - e->num_decode_seqs),
         (double)e->num_decode_seqs, (double)e->run_len, (double)e->wq_len, (double)e->sq_len,
         (double)e->num_preempted, (double)e->num_swap_blocks,
-        (double)allocated, (double)(allocated - internal), 0, (double)internal, 0, 0, (double)allocated,
+        (double)allocated, (double)(allocated - internal), 0, (double)internal, 0, 0, (double)(allocated + e->sg_saved),
         kernels, coll, host, (double)allocated * dt, (double)internal * dt, blocked ? dt : 0.0, 0,
         (double)e->index,
     };
+    e->sg_saved = 0;  /* sg: this step's (a span's steps set none) */
     if (e->bt) bt_row(e, row);  /* bt: the reservation ledger's KV breakdown */
     if (e->c.aggregate && decode_only) {
         double *s = e->span_row;
@@ -1524,8 +1567,9 @@ static int has_room(const kv_engine *S) {
  * step every request emits one token at the same gap, so the per-request state is brought up to date once, when
  * the span stops; a step costs its pricing and its gaps, not a pass over the batch. The
  * timestamps, gaps, KV counts and rows are those of step-by-step simulation
- * (tests/test_fastcore_equivalence.py, test_core_spans.py). Not with prefix caching (block
- * identities), speculative decoding (several tokens a step) or disaggregation (its proxy). */
+ * (tests/test_fastcore_equivalence.py, test_core_spans.py). With prefix caching only while no
+ * block is cached and no running request has prefix blocks (then its allocation is that of no
+ * caching); not with speculative decoding (several tokens a step) or disaggregation (its proxy). */
 
 /* the steps a span may end: the one just started (step 1) is a pure decode of the whole batch
    and nobody finishes at it; returns the steps after
@@ -1534,7 +1578,10 @@ static int has_room(const kv_engine *S) {
 static long span_setup(kv_rep *e) {
     kv_engine *S = e->S;
     long R = e->run_len, bs = e->c.block_size;
-    if (e->pc || e->sp || S->dg || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
+    /* prefix caching: only while nothing is cached and no running request has prefix blocks
+       (npb 0: none of its blocks is ever registered), so pc_take takes uncached free blocks,
+       exactly as without it (span_run keeps uncached_free in step) */
+    if ((e->pc && (e->num_cached || e->tier)) || e->sp || S->dg || e->sg_forked || e->sg_nemit || !e->c.aggregate || !R || e->num_parts != R || e->num_chunks || e->num_admitted
         || e->num_preempted || e->num_swapped_in || e->num_swap_blocks || e->num_decode_seqs != R)
         return 0;
     if (!S->heap_n || S->heap[0].seq != S->seq - 1) return 0;  /* another event comes first */
@@ -1546,6 +1593,7 @@ static long span_setup(kv_rep *e) {
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
         long left = r->target - r->generated, room = r->nblk * bs - r->ntok;
+        if (e->pc && r->npb) return 0;
         if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
@@ -1604,6 +1652,7 @@ static int span_run(kv_rep *e) {
         long need = e->phase_count[(ended - 1) % bs];
         if (need > e->free_blocks) { rc = 1; break; }
         e->free_blocks -= need; e->gpu_tokens += R; e->decode_ctx += R;
+        if (e->pc) e->uncached_free -= need;  /* pc_take of blocks past npb: uncached ones (nothing cached) */
         planned++;
         rc = start_step(e);
         if (rc) break;
@@ -1823,3 +1872,4 @@ long kv_engine_tokens(const kv_engine *S, long replica, long *ntimes, long *ids,
 #include "pipeline.c"  /* pipeline parallelism: uses the static helpers above */
 #include "batching.c"  /* static / dynamic batching, Orca: uses the static helpers above */
 #include "disagg.c"  /* disaggregated prefill/decode: uses the static helpers above */
+#include "seqgroup.c"  /* parallel sampling: uses the static helpers above */

@@ -75,6 +75,9 @@ void kv_engine_free(kv_engine *e);
 int kv_engine_feed(kv_engine *e, long n, const double *at, const long *ids, const long *prompt,
                    const long *output, const long *max_tokens, const double *think,
                    const long *prefix_id, const long *prefix_tokens, int last);
+/* sg: the widths (n: parallel samples) of the chunk just fed, one per request (seqgroup.c);
+   call right after kv_engine_feed, or not at all for one sequence each */
+int kv_engine_feed_widths(kv_engine *e, long n, const long *widths);
 int kv_engine_run(kv_engine *e, kv_outputs *out);
 /* per replica (KV_COUNTS longs each): requests arrived, requests that left, times arrivals were
    held, prompt tokens of admitted requests that share a prefix, of those adopted from the cache */
