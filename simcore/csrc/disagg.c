@@ -197,6 +197,7 @@ static int dg_enqueue(kv_rep *e, const dg_entry *x, long output, long max_tokens
     kv_req r;
     memset(&r, 0, sizeof r);
     r.id = x->id; r.prompt = x->prompt; r.max_tokens = max_tokens; r.client = client; r.g = -1;
+    r.k = 1;  /* one sequence (seqgroup.c's width: n > 1 never reaches a disaggregated run) */
     r.target = dg_target(e, x->prompt, output);
     r.arrival = x->arrival; r.first_sched = r.first_token = r.last_token = -1.0;
     r.dg_state = state; r.dg_tag = tag;
@@ -234,6 +235,7 @@ static int dg_accept(kv_engine *S, long i, double stamp, long client) {
         kv_req r;
         memset(&r, 0, sizeof r);
         r.id = S->in_id[i]; r.prompt = prompt; r.max_tokens = S->in_max[i]; r.client = client; r.g = -1;
+        r.k = 1;  /* one sequence */
         r.arrival = stamp; r.first_sched = r.first_token = r.last_token = -1.0;
         d0->num_arrived++;
         return put_req(d0, &r, 1, kind, output);
