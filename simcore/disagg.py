@@ -414,16 +414,8 @@ class DisaggSimulation(Simulation):
 
         core, why = self.choose_core()
         stats = None
-        if core != cores.PYTHON:  # the compiled core (simcore.fastcore_disagg)
-            try:
-                stats = cores.get(core).run(self, cores.Hooks(self.progress))
-            except cores.CoreUnavailable as exc:
-                if self.engine_core == core:
-                    raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
-                if not exc.clean:
-                    raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
-                                      "run it with --engine-core python") from None
-                core, why = cores.PYTHON, str(exc)
+        # the compiled core (simcore.fastcore_disagg) where chosen; the Python engine below otherwise
+        core, why, stats = cores.run_compiled(self, core, why, cores.Hooks(self.progress))
         if core == cores.PYTHON:
             if self.engine_core == "auto":
                 _say_python_core_once(why)

@@ -38,6 +38,18 @@ _REJECT_MODEL_LEN = 1
 _ROWS_CAP = 1 << 14  # output buffers (rows)
 FOLD_STEPS = True  # step rows folded in C unless they must stream out (False: through Python; tests)
 _PROGRESS_EVERY = 256  # simcore.lifecycle's
+
+
+def record_step_rows(rows: np.ndarray, engines: list) -> None:
+    """Hands each engine its step rows from the core's buffer (column 25: the engine's index;
+    columns 21-24 reordered as the recorder takes its counts)."""
+    if len(engines) == 1:
+        engines[0].recorder.record_rows(rows[:, :21], rows[:, 21:25][:, [3, 0, 1, 2]])
+        return
+    for index, e in enumerate(engines):
+        mine = rows[rows[:, 25] == index]
+        if len(mine):
+            e.recorder.record_rows(mine[:, :21], mine[:, 21:25][:, [3, 0, 1, 2]])
 LONG_BYTES = ctypes.sizeof(ctypes.c_long)  # engine.h's `long`; _feed hands it int64 arrays
 
 
@@ -630,13 +642,7 @@ def _drive(lib, handle, sim, engines, latency, progress, fold: bool) -> Any:
             out.req_n = 0
         if out.step_n:
             rows = step[:out.step_n]
-            if dp == 1:
-                engine.recorder.record_rows(rows[:, :21], rows[:, 21:25][:, [3, 0, 1, 2]])
-            else:
-                for index, e in enumerate(engines):
-                    mine = rows[rows[:, 25] == index]
-                    if len(mine):
-                        e.recorder.record_rows(mine[:, :21], mine[:, 21:25][:, [3, 0, 1, 2]])
+            record_step_rows(rows, engines)
             out.step_n = 0
 
     while True:

@@ -202,11 +202,7 @@ def _drive(lib, handle, sim, progress, fold: bool) -> Any:
                     progress(count)
             out.req_n = 0
         if out.step_n:
-            rows = step[:out.step_n]
-            for index, e in enumerate(engines):
-                mine = rows[rows[:, 25] == index]
-                if len(mine):
-                    e.recorder.record_rows(mine[:, :21], mine[:, 21:25][:, [3, 0, 1, 2]])
+            fastcore.record_step_rows(step[:out.step_n], engines)
             out.step_n = 0
 
     while True:

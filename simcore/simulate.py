@@ -187,16 +187,7 @@ class Simulation:
         hooks = cores.Hooks(self.progress, watch)
         stats = None
         try:
-            if core != cores.PYTHON:
-                try:
-                    stats = cores.get(core).run(self, hooks)
-                except cores.CoreUnavailable as exc:
-                    if self.engine_core == core:
-                        raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
-                    if not exc.clean:
-                        raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
-                                          "run it with --engine-core python") from None
-                    core, why = cores.PYTHON, str(exc)  # nothing was recorded yet: the Python engine runs it
+            core, why, stats = cores.run_compiled(self, core, why, hooks)
             if core == cores.PYTHON:
                 if self.engine_core == "auto":
                     _say_python_core_once(why)

@@ -112,6 +112,24 @@ def choose(sim: Simulation, wanted: str, auto_compiled: bool = True) -> tuple[st
     raise AssertionError("the Python core runs every simulation")
 
 
+def run_compiled(sim: Simulation, core: str, why: str, hooks: Hooks) -> tuple[str, str, Any]:
+    """Runs `sim` on the chosen `core` unless it is the Python one: (core that ran or runs next,
+    why not the compiled one, the run's counts or None). A compiled core that finds out too late
+    that it cannot run it hands the run to the Python engine when nothing was recorded yet; when
+    the user asked for that core, or rows were already out, that is a ConfigError."""
+    if core == PYTHON:
+        return core, why, None
+    try:
+        return core, why, get(core).run(sim, hooks)
+    except CoreUnavailable as exc:
+        if sim.engine_core == core:
+            raise ConfigError(f"--engine-core {core} cannot run this simulation: {exc}") from None
+        if not exc.clean:
+            raise ConfigError(f"the compiled engine core stopped after rows were written out ({exc}); "
+                              "run it with --engine-core python") from None
+        return PYTHON, str(exc), None  # nothing was recorded yet: the Python engine runs it
+
+
 def refused_options(core: str, cfg: ResolvedConfig) -> str:
     """The engine options set off their defaults that `core` does not honour for the policy
     variant `cfg` selects ("" when none): its registry entry lists what each compiled core

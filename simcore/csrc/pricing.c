@@ -310,72 +310,10 @@ static double occupancy_share(const kv_pricing *p, long num_chunks, const long *
     return ctas / (ceil(ctas / p->sms) * p->sms);
 }
 
-/* StepLatencyModel._parts_ms (with fixed_parts_ms) */
-int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const long *chunk_tokens,
-                  const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
-                  long num_sampled, double out[4], long *prefill_out) {
-    unsigned long h = (unsigned long)num_tokens * 2654435761UL + (unsigned long)num_decode_seqs * 40503UL
-                      + (unsigned long)num_chunks * 97UL + (unsigned long)num_sampled * 7919UL;
-    shape_terms *f = &p->shapes[(h ^ (h >> 13)) & (SHAPE_MEMO - 1)];
-    long key[4] = {num_tokens, num_decode_seqs, num_chunks, num_sampled};
-    if (!f->valid || memcmp(f->key, key, sizeof key) != 0) {
-        f->gemm = p->num_layers * t1_call(&p->linear, (double)num_tokens) + t1_call(&p->lm_head, (double)num_sampled);
-        f->coll = collectives_ms(p, num_tokens, num_sampled);
-        f->host = host_ms(p, num_chunks + num_decode_seqs, num_tokens - num_decode_seqs);
-        f->linear_out = t1_outside(&p->linear, (double)num_tokens);
-        memcpy(f->key, key, sizeof key);
-        f->valid = 1;
-    }
-    out[0] = f->gemm;
-    out[2] = f->coll;
-    out[3] = f->host;
-    int mask = f->linear_out ? KV_OUT_LINEAR : 0;
-    long prefill_outside = 0;
-    double ms = 0.0;
-    if (num_chunks > 0) {
-        for (long k = 0; k < num_chunks; k++) {
-            ms += t2_call(&p->prefill, chunk_tokens[k], (double)chunk_context[k]);
-            if (t2_outside(&p->prefill, (double)chunk_tokens[k], (double)chunk_context[k]))
-                prefill_outside++;
-        }
-        if (p->has_occupancy)
-            ms = p->floor_ms + ms / occupancy_share(p, num_chunks, chunk_tokens);
-    }
-    if (num_decode_seqs != 0) {
-        double mean_ctx = (double)decode_context_tokens / (double)num_decode_seqs;
-        ms += t2_call(&p->decode, num_decode_seqs, mean_ctx);
-        if (t2_outside(&p->decode, (double)num_decode_seqs, mean_ctx))
-            mask |= KV_OUT_DECODE;
-    }
-    out[1] = p->num_layers * ms;
-    if (prefill_outside)
-        mask |= KV_OUT_PREFILL;
-    if (prefill_out != NULL)
-        *prefill_out = prefill_outside;
-    return mask;
-}
-
-/* --- building blocks for csrc/spec.c (a speculative step is priced from the same tables) --- */
-
-double kv_p_layers(const kv_pricing *p) { return p->num_layers; }
-double kv_p_linear(const kv_pricing *p, long n) { return t1_call(&p->linear, (double)n); }
-int kv_p_linear_outside(const kv_pricing *p, long n) { return t1_outside(&p->linear, (double)n); }
-double kv_p_lm_head(const kv_pricing *p, long n) { return t1_call(&p->lm_head, (double)n); }
-double kv_p_decode(const kv_pricing *p, long num_seqs, double context) { return t2_call(&p->decode, num_seqs, context); }
-int kv_p_decode_outside(const kv_pricing *p, long num_seqs, double context) {  /* csrc/pipeline.c */
-    return t2_outside(&p->decode, (double)num_seqs, context);
-}
-double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) {
-    return collectives_ms(p, num_tokens, num_sampled);
-}
-double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
-    return host_ms(p, num_seqs, num_prefill_tokens);
-}
-
-/* One layer's attention as kv_step_parts works it out (before the num_layers factor):
-   SpeculativeStepCost._attention_ms. Returns KV_OUT_PREFILL / KV_OUT_DECODE bits. */
-int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,
-                   long num_decode_seqs, long decode_context_tokens, double *ms_out, long *prefill_out) {
+/* One layer's attention as a step's parts work it out (before the num_layers factor):
+   SpeculativeStepCost._attention_ms too. Returns KV_OUT_PREFILL / KV_OUT_DECODE bits. */
+static int attention_parts(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,
+                           long num_decode_seqs, long decode_context_tokens, double *ms_out, long *prefill_out) {
     int mask = 0;
     long prefill_outside = 0;
     double ms = 0.0;
@@ -399,4 +337,59 @@ int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_token
     *ms_out = ms;
     *prefill_out = prefill_outside;
     return mask;
+}
+
+/* StepLatencyModel._parts_ms (with fixed_parts_ms) */
+int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const long *chunk_tokens,
+                  const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
+                  long num_sampled, double out[4], long *prefill_out) {
+    unsigned long h = (unsigned long)num_tokens * 2654435761UL + (unsigned long)num_decode_seqs * 40503UL
+                      + (unsigned long)num_chunks * 97UL + (unsigned long)num_sampled * 7919UL;
+    shape_terms *f = &p->shapes[(h ^ (h >> 13)) & (SHAPE_MEMO - 1)];
+    long key[4] = {num_tokens, num_decode_seqs, num_chunks, num_sampled};
+    if (!f->valid || memcmp(f->key, key, sizeof key) != 0) {
+        f->gemm = p->num_layers * t1_call(&p->linear, (double)num_tokens) + t1_call(&p->lm_head, (double)num_sampled);
+        f->coll = collectives_ms(p, num_tokens, num_sampled);
+        f->host = host_ms(p, num_chunks + num_decode_seqs, num_tokens - num_decode_seqs);
+        f->linear_out = t1_outside(&p->linear, (double)num_tokens);
+        memcpy(f->key, key, sizeof key);
+        f->valid = 1;
+    }
+    out[0] = f->gemm;
+    out[2] = f->coll;
+    out[3] = f->host;
+    long prefill_outside = 0;
+    double ms = 0.0;
+    int mask = (f->linear_out ? KV_OUT_LINEAR : 0)
+               | attention_parts(p, num_chunks, chunk_tokens, chunk_context, num_decode_seqs,
+                                 decode_context_tokens, &ms, &prefill_outside);
+    out[1] = p->num_layers * ms;
+    if (prefill_out != NULL)
+        *prefill_out = prefill_outside;
+    return mask;
+}
+
+/* --- building blocks for csrc/spec.c (a speculative step is priced from the same tables) --- */
+
+double kv_p_layers(const kv_pricing *p) { return p->num_layers; }
+double kv_p_linear(const kv_pricing *p, long n) { return t1_call(&p->linear, (double)n); }
+int kv_p_linear_outside(const kv_pricing *p, long n) { return t1_outside(&p->linear, (double)n); }
+double kv_p_lm_head(const kv_pricing *p, long n) { return t1_call(&p->lm_head, (double)n); }
+double kv_p_decode(const kv_pricing *p, long num_seqs, double context) { return t2_call(&p->decode, num_seqs, context); }
+int kv_p_decode_outside(const kv_pricing *p, long num_seqs, double context) {  /* csrc/pipeline.c */
+    return t2_outside(&p->decode, (double)num_seqs, context);
+}
+double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) {
+    return collectives_ms(p, num_tokens, num_sampled);
+}
+double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
+    return host_ms(p, num_seqs, num_prefill_tokens);
+}
+
+/* attention_parts for csrc/spec.c (a speculative step prices its attention from the same tables):
+   SpeculativeStepCost._attention_ms. Returns KV_OUT_PREFILL / KV_OUT_DECODE bits. */
+int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,
+                   long num_decode_seqs, long decode_context_tokens, double *ms_out, long *prefill_out) {
+    return attention_parts(p, num_chunks, chunk_tokens, chunk_context, num_decode_seqs, decode_context_tokens,
+                           ms_out, prefill_out);
 }
