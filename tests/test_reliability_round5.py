@@ -51,3 +51,35 @@ def test_swapped_out_groups_no_longer_stall_both_engines(case):
     assert core.summary["completed"] + core.summary["rejected"] == workload.num_requests
     assert int(core.steps["num_swap_blocks"].sum()) > 0, "the case must swap groups out"
     assert core.steps["num_seqs"].max() <= config.max_num_seqs, "a swapped-in group stays within max_num_seqs"
+
+
+# --- spans past float64's resolution ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "--num-requests", "10", "--rate", "1e-300"),
+    ("run", "--num-requests", "2000", "--rate", "1e-6"),
+    ("run", "--workload", "diurnal", "--num-requests", "10", "--rate", "1e-300"),
+    ("run", "--workload", "chat-sessions", "--num-requests", "3", "--rate", "1e-12"),
+    ("run", "--concurrency", "2", "--think-time-s", "1e12", "--num-requests", "10"),
+])
+def test_a_run_spanning_more_than_1e9_simulated_seconds_is_refused(args):
+    """--rate 1e-300 ran and printed a median TTFT of 0.00 ms from a 1e300 s clock; now any
+    workload whose planned arrivals (or think times) pass 1e9 s (31.7 years) is one line."""
+    assert_one_line_error(invoke(*args), "years) of simulated time", "1e+09 s")
+
+
+def test_a_trace_spanning_more_than_1e9_s_is_refused_unless_cut_or_rescaled(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,10,10\n1,10,10\n1e15,10,10\n")
+    assert_one_line_error(invoke("run", "--workload", str(trace), "--no-error-bars"), "3 requests", "years")
+    for cut in (("--num-requests", "2"), ("--rate", "1")):
+        result = invoke("run", "--workload", str(trace), "--no-error-bars", *cut)
+        assert result.exit_code == 0, result.stderr
+
+
+def test_a_sweep_point_spanning_more_than_1e9_s_is_refused_before_any_point_runs(tmp_path):
+    out = tmp_path / "s.csv"
+    result = invoke("sweep", "--rate", "1,1e-300", "--num-requests", "10", "--out", str(out))
+    assert_one_line_error(result, "1e-300 req/s")
+    assert not out.exists() and not list(tmp_path.iterdir())

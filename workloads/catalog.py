@@ -644,4 +644,5 @@ def load_workload(
                     f"max_model_len {max_model_len}"
                 )
         spec = dataclasses.replace(spec, max_model_len=int(max_model_len))
+    spec.check_span()
     return spec
