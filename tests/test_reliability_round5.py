@@ -83,3 +83,27 @@ def test_a_sweep_point_spanning_more_than_1e9_s_is_refused_before_any_point_runs
     result = invoke("sweep", "--rate", "1,1e-300", "--num-requests", "10", "--out", str(out))
     assert_one_line_error(result, "1e-300 req/s")
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# --- session runs: rates of turns, not requests --------------------------------------------
+
+
+def test_a_session_runs_offered_and_completed_rates_are_labelled_turns_and_its_rate_sessions():
+    """A session run's configured rate starts sessions and its requests are turns: "Request rate
+    configured (RPS): 0.50" was the session rate, and "Offered/Completed rate (req/s)" counted turns."""
+    result = invoke("run", "--workload", "chat-sessions", "--num-requests", "12", "--no-error-bars")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "Session rate configured (sessions/s):    0.50" in out and "Request rate configured" not in out
+    assert "Offered rate once warm (turns/s):" in out and "Completed rate once warm (turns/s):" in out
+    assert "(req/s):" not in out.split("Load")[1]
+    plain = invoke("run", "--num-requests", "200", "--rate", "20", "--input-len", "64", "--output-len", "8", "--no-error-bars")
+    assert "Offered rate once warm (req/s):" in plain.stdout and "Request rate configured (RPS):" in plain.stdout
+
+
+def test_an_overloaded_session_runs_failure_reason_counts_turns():
+    from kvsim.reports.capacity import SLO
+
+    reasons = SLO.of(()).failures({"saturation": "overloaded", "offered_rate": 3.0, "completed_rate_warm": 2.0,
+                                      "ttft_by_turn": [{"turn": "1"}]})
+    assert reasons == ["overloaded (completed 2.00 of 3.00 turns/s offered)"]
