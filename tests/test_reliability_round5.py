@@ -107,3 +107,43 @@ def test_an_overloaded_session_runs_failure_reason_counts_turns():
     reasons = SLO.of(()).failures({"saturation": "overloaded", "offered_rate": 3.0, "completed_rate_warm": 2.0,
                                       "ttft_by_turn": [{"turn": "1"}]})
     assert reasons == ["overloaded (completed 2.00 of 3.00 turns/s offered)"]
+
+
+# --- report sweep: intervals in the answer, the SLO's percentile in the curves ----------------
+
+
+@pytest.fixture(scope="module")
+def seeded_sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seeded")
+    table = folder / "s.csv"
+    result = invoke("sweep", "--rate", "5,10", "--num-requests", "40", "--input-len", "64", "--output-len", "16",
+                    "--seeds", "0,1,2", "--jobs", "1", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    return table
+
+
+def test_the_report_sweep_answer_carries_the_95_percent_interval_of_a_seeded_sweep(seeded_sweep, tmp_path):
+    """Several seeds: the table put each cell's 95% interval under it but the answer sentence
+    gave the bare means, surer than the table."""
+    from kvsim.reports.sweep_report import _best_sentence, load_report
+
+    report = load_report(seeded_sweep)
+    sentence = _best_sentence(report)
+    row = report.cells.iloc[report.best]
+    assert f"{row['ttft_p95_ms']:,.1f} ms [{row['ttft_p95_ms_ci95_low']:,.1f}\u2013" in sentence, sentence
+    assert sentence.endswith("In brackets: 95% interval over 3 seeds."), sentence
+    out = tmp_path / "r"
+    assert invoke("report", "sweep", str(seeded_sweep), "--out", str(out)).exit_code == 0
+    assert "In brackets: 95% interval over 3 seeds." in (out / "sweep-report.html").read_text()
+
+
+def test_the_report_sweep_curves_draw_the_percentile_the_slo_names(seeded_sweep):
+    """--slo ttft:p99:800 judged the answer on TTFT p99 while the curves drew TTFT p95 only."""
+    from kvsim.reports.capacity import parse_slo_targets
+    from kvsim.reports.sweep_report import curve_panels, load_report
+
+    plain = load_report(seeded_sweep)
+    assert curve_panels(plain) == [("ttft_p95_ms", "TTFT p95", None), ("tpot_p95_ms", "TPOT p95", None)]
+    judged = load_report(seeded_sweep, targets=parse_slo_targets(["ttft:p99:800", "e2el:p99:9000"]))
+    assert curve_panels(judged) == [("ttft_p99_ms", "TTFT p99", 800.0), ("tpot_p95_ms", "TPOT p95", None),
+                                    ("e2el_p99_ms", "E2EL p99", 9000.0)]
