@@ -147,3 +147,79 @@ def test_the_report_sweep_curves_draw_the_percentile_the_slo_names(seeded_sweep)
     judged = load_report(seeded_sweep, targets=parse_slo_targets(["ttft:p99:800", "e2el:p99:9000"]))
     assert curve_panels(judged) == [("ttft_p99_ms", "TTFT p99", 800.0), ("tpot_p95_ms", "TPOT p95", None),
                                     ("e2el_p99_ms", "E2EL p99", 9000.0)]
+
+
+# --- adversarial pass -------------------------------------------------------------------------
+
+
+def test_an_interrupted_sweep_ends_its_running_workers_instead_of_waiting_for_their_points():
+    """Ctrl-C mid-sweep (--jobs 2): stop_workers read the pool's processes after `shutdown`, which
+    sets them to None, so no worker was ended and "kvsim: interrupted" hung at exit until every
+    running point finished (minutes). The workers are gone when it returns now."""
+    import time
+
+    from kvsim.reports.sweep_runner import process_pool, stop_workers
+
+    pool = process_pool(2)
+    for _ in range(3):
+        pool.submit(time.sleep, 60)
+    processes = list(pool._processes.values())
+    assert processes and all(p.is_alive() for p in processes)
+    stop_workers(pool)
+    assert not any(p.is_alive() for p in processes)
+
+
+def test_a_large_dp_prepares_the_compiled_core_once_per_replica(monkeypatch):
+    """--dp 20000 took 58 s for 5 requests: every replica's config asked whether any of the dp
+    replicas was pipelined (dp x dp). Now once per run (6 s at --dp 20000)."""
+    from kvsim.simcore import fastcore
+
+    calls = []
+    real = fastcore._pipelined
+    monkeypatch.setattr(fastcore, "_pipelined", lambda engines: calls.append(1) or real(engines))
+    result = invoke("run", "--dp", "64", "--num-requests", "5", "--no-error-bars")
+    assert result.exit_code == 0, result.stderr
+    assert 0 < len(calls) <= 4, len(calls)
+
+
+def _undecodable(tmp_path, name: bytes):
+    import os
+
+    return tmp_path / os.fsdecode(name)
+
+
+def test_a_workload_file_named_in_non_utf8_bytes_sweeps_and_reports(tmp_path):
+    """t\\xff.csv: the sweep's rows carried the name's surrogate and pandas (pyarrow strings)
+    raised UnicodeEncodeError after every point ran; the report's HTML could not be written
+    either. The name shows escaped (t\\udcff) and both finish."""
+    trace = _undecodable(tmp_path, b"t\xff.csv")
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,10,10\n1,10,10\n")
+    table = _undecodable(tmp_path, b"s\xff.csv")
+    result = invoke("sweep", "--rate", "1,2", "--workload", str(trace), "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    assert "t\\udcff" in table.read_text(encoding="utf-8")
+    report = _undecodable(tmp_path, b"r\xff")
+    result = invoke("report", "sweep", str(table), "--out", str(report))
+    assert result.exit_code == 0, result.stderr
+    assert "s\\udcff.csv" in (report / "sweep-report.html").read_text(encoding="utf-8")
+
+
+def test_parquet_tables_at_non_utf8_paths_are_written_and_read(tmp_path):
+    """pyarrow cannot encode a path that is not UTF-8: `sweep --out s\\xff.parquet` and `plan --out`
+    raised UnicodeEncodeError; they write (and read back) through a file handle now."""
+    pytest.importorskip("pyarrow")
+    table = _undecodable(tmp_path, b"q\xff.parquet")
+    args = ("sweep", "--rate", "1,2", "--num-requests", "20", "--input-len", "64", "--output-len", "8")
+    assert invoke(*args, "--out", str(table)).exit_code == 0
+    assert invoke("report", "sweep", str(table), "--out", str(tmp_path / "r")).exit_code == 0
+    out = _undecodable(tmp_path, b"plan\xff")
+    result = invoke("plan", "--rate", "1", "--gpu", "H100-SXM-80GB", "--tp", "1", "--model", "llama3-8b",
+                    "--search-requests", "60", "--confirm-requests", "60", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert (out / "plan.parquet").stat().st_size > 0
+
+
+def test_a_workload_that_is_a_symlink_loop_is_named_as_one(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert_one_line_error(invoke("run", "--workload", str(tmp_path / "a")), "symbolic link to nothing")
