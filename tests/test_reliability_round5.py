@@ -223,3 +223,19 @@ def test_a_workload_that_is_a_symlink_loop_is_named_as_one(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert_one_line_error(invoke("run", "--workload", str(tmp_path / "a")), "symbolic link to nothing")
+
+
+def test_a_run_with_stderr_closed_still_prints_its_result():
+    """`kvsim run 2>&-`: Python's sys.stderr is None, the progress bar's isatty() raised, and the
+    run ended (exit 1, nothing said) before its result. Notes go nowhere now; the result prints."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "kvsim.cli.main", "run", *TINY], capture_output=False,
+                          stdout=subprocess.PIPE, text=True, cwd=repo, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, preexec_fn=lambda: os.close(2))
+    assert done.returncode == 0
+    assert "Serving Benchmark Result" in done.stdout and "Simulated in" in done.stdout
