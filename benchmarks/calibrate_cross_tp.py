@@ -75,21 +75,40 @@ def error_lines(label: str, rows: list[Measurement], priced: list[RowPricing]) -
 
 
 def batch1_lines(rows: list[Measurement], priced: list[RowPricing]) -> list[str]:
-    """Batch-1 rows with a measured latency: ms per decode step, kvsim's against the measurement's
-    (its latency less kvsim's own prefill, over output_len - 1 steps). Only as good as kvsim's
-    prefill, so the line says what share of each row that prefill is (1-3% for input = output)."""
+    """Batch-1 rows: ms per decode step, kvsim's against the measurement's (its decode_ms, or else
+    its latency less kvsim's own prefill over output_len - 1 steps: only as good as kvsim's
+    prefill, so the line says what share of each row that prefill is)."""
     out = []
     for tp in sorted({r.tp for r in rows}):
-        pairs = [(r, p) for r, p in zip(rows, priced, strict=True)
-                 if r.tp == tp and r.batch_size == 1 and "latency_ms" in r.measured and r.output_len >= 2]
+        pairs = [(r, p) for r, p in zip(rows, priced, strict=True) if r.tp == tp and r.batch_size == 1
+                 and r.output_len >= 2 and ({"decode_ms", "latency_ms"} & set(r.measured))]
         if not pairs:
             continue
-        meas = [(r.measured["latency_ms"] - p.simulated["prefill_ms"]) / (r.output_len - 1) for r, p in pairs]
+        meas = [r.measured["decode_ms"] if "decode_ms" in r.measured else
+                (r.measured["latency_ms"] - p.simulated["prefill_ms"]) / (r.output_len - 1) for r, p in pairs]
         sim = [p.simulated["decode_ms"] for _, p in pairs]
-        share = [p.simulated["prefill_ms"] / p.simulated["latency_ms"] for _, p in pairs]
+        how = ("measured decode_ms" if all("decode_ms" in r.measured for r, _ in pairs) else
+               f"from latency: kvsim's prefill {100 * max(p.simulated['prefill_ms'] / p.simulated['latency_ms'] for _, p in pairs):.1f}% of a row at most")
         out.append(f"{'batch-1 decode step':>28}  TP {tp}: measured {np.median(meas):.2f} ms, kvsim "
-                   f"{np.median(sim):.2f} ms ({np.median(sim) - np.median(meas):+.2f} ms; medians of {len(pairs)} "
-                   f"rows, prefill {100 * max(share):.1f}% of each row at most)")
+                   f"{np.median(sim):.2f} ms ({np.median(sim) - np.median(meas):+.2f} ms; medians of {len(pairs)} rows, {how})")
+    return out
+
+
+def prefill_slope_lines(rows: list[Measurement], priced: list[RowPricing]) -> list[str]:
+    """Rows with prefill_ms: the cost per prompt token (slope of a line through prefill_ms against
+    batch_size x input_len), measured over kvsim's: issue 27's "prefill per-token cost x1.18 / 1.51
+    / 1.93 too low at TP 2 / 4 / 8"."""
+    out = []
+    for tp in sorted({r.tp for r in rows}):
+        pairs = [(r, p) for r, p in zip(rows, priced, strict=True) if r.tp == tp and "prefill_ms" in r.measured]
+        tokens = np.array([r.batch_size * r.input_len for r, _ in pairs], dtype=float)
+        if len(set(tokens)) < 2:
+            continue
+        design = np.column_stack([np.ones_like(tokens), tokens])
+        slope = [np.linalg.lstsq(design, np.array(v), rcond=None)[0][1] for v in
+                 ([r.measured["prefill_ms"] for r, _ in pairs], [p.simulated["prefill_ms"] for _, p in pairs])]
+        out.append(f"{'prefill per prompt token':>28}  TP {tp}: measured {1e3 * slope[0]:.1f} us, kvsim "
+                   f"{1e3 * slope[1]:.1f} us (x{slope[0] / slope[1]:.2f}; {len(pairs)} rows)")
     return out
 
 
@@ -128,7 +147,7 @@ def main() -> None:
     priced_cal = price_all(model, gpu, measured, calibrated.__getitem__, engine_version=version)
     for line in (error_lines(f"default ({version})", measured, priced)
                  + error_lines(f"calibrated on TP {args.fit_tp}", measured, priced_cal)
-                 + batch1_lines(measured, priced)):
+                 + batch1_lines(measured, priced) + prefill_slope_lines(measured, priced)):
         print(line)
 
 
