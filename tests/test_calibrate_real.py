@@ -64,3 +64,21 @@ def test_terms_seen_only_together_fit_the_first_and_name_it_for_the_others():
     assert why == {"host_prefill_token": "the rows cannot separate it from host_seq, fitted for both"}
     x[1:, PARAMS.index("host_step")] = 0  # a term only one configuration depends on
     assert identifiable(x, x.sum(axis=1), free, keys=list(range(6)))["host_step"] == "only one row depends on it"
+
+
+def test_the_step_level_example_checks_and_calibrates_at_three_tps(tmp_path):
+    path = EXAMPLES / "splitwise-h100-llama2-70b.csv"
+    rows, _ = read_measurements(path)
+    assert len(rows) == 37 and {r.tp for r in rows} == {2, 4, 8}
+    assert all(set(r.measured) == {"prefill_ms", "decode_ms"} for r in rows)
+    assert "MIT License" in (EXAMPLES / "ATTRIBUTION.md").read_text()
+    profiles = [a for tp in (2, 4, 8) for a in ("--profile", f"profiles/H100-SXM-80GB-llama2-70b-tp{tp}.json")]
+    check = CliRunner().invoke(app, ["profile", "check", str(path), *profiles, "--engine-version", "vllm-v0", "--json"])
+    assert check.exit_code == 0, check.stderr
+    assert set(json.loads(check.stdout)["median_abs_error"]) == {"prefill_ms", "decode_ms", "all"}
+    result = CliRunner().invoke(app, ["calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100",
+                                      "--engine-version", "vllm-v0", "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc["errors_by_tp"]) == {"2", "4", "8"} and not doc["not_identifiable"]
+    assert 0 < doc["loo_median_abs_error"] < json.loads(check.stdout)["median_abs_error"]["all"]
