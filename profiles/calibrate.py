@@ -31,8 +31,8 @@ scalar fell to its floor while 24 us per prompt token moved into "host"). A term
 zero in every row (prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP)
 or non-zero in one configuration only stays at the profile's value and is reported as not
 identifiable; of terms the rows see only together (the design matrix loses no rank without each),
-the first is fitted for all of them and the others are reported with its name; a file with fewer distinct points
-(tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
+the first is fitted for all of them and the others are reported with its name; a file with fewer
+distinct points (tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
 configuration, so repeated rows cannot vouch for each other.
 """
 
@@ -371,10 +371,11 @@ def check_enough_points(rows: list[Measurement], free_scalars: tuple[str, ...] =
 def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray, keys: list | None = None) -> dict[str, str]:
     """term -> why not, for every free term the rows cannot pin down: a column of zeros, one only
     one configuration (`keys`, per point) depends on (it would fit that row exactly and no other
-    could vouch for it: leave-one-out cannot test it), or one the terms kept before it (in PARAMS order) already span. Of a set of terms only their joint
-    effect is seen (e.g. host_seq and host_prefill_token when every row has input_len ==
-    output_len: both columns are batch x length), the first is fitted and carries that effect; the
-    others keep the default and name it, so no identified combination is left unfitted."""
+    could vouch for it: leave-one-out cannot test it), or one the terms kept before it (in PARAMS
+    order) already span. Of a set of terms only their joint effect is seen (e.g. host_seq and
+    host_prefill_token when every row has input_len == output_len: both columns are batch x
+    length), the first is fitted and carries that effect; the others keep the default and name it,
+    so no identified combination is left unfitted."""
     a = x / y[:, None]
     why: dict[str, str] = {}
     cols = [j for j in np.flatnonzero(free)]
@@ -404,7 +405,8 @@ def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray, keys: list | No
             continue
         partners = [PARAMS[live[m]] for m in kept if m in dependent
                     and rank([i for i in kept if i != m] + [k]) == base]  # interchangeable with k
-        why[PARAMS[live[k]]] = (f"the rows cannot separate it from {', '.join(partners)}, fitted for both"
+        why[PARAMS[live[k]]] = (f"the rows cannot separate it from {', '.join(partners)}, fitted for "
+                                f"{'both' if len(partners) == 1 else 'all of them'}"
                                 if partners else "the rows cannot separate it from the other terms")
     return why
 
