@@ -44,7 +44,7 @@ def calibrate(
     gpu: Annotated[str, typer.Option(help="Catalog GPU the measurements were taken on.")],
     out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json).")],
     tp: Annotated[str | None, typer.Option(help="TPs to write profiles for, e.g. 2,4,8 [default: the TPs in the data].")] = None,
-    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on: vllm-v0, vllm-0.6 or vllm-v1; its scheduler prices the rows and its default host terms are the fit's prior. [default: vllm-v1]")] = None,
+    engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on: vllm-v0, vllm-0.6, vllm-v1 or vllm-v1-async; its scheduler prices the rows and its default host terms are the fit's prior. [default: vllm-v1]")] = None,
     free: Annotated[str | None, typer.Option(help="Scalars to fit as well, e.g. s_gemm,s_attn,s_coll [default: none: kernels and collectives are measured, so they stay at 1].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit as JSON.")] = False,
 ) -> None:

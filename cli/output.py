@@ -162,10 +162,14 @@ def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metri
     """The band of each headline metric under the profile's stated step-time error: the mean and
     one percentile (the first chosen >= 90, else the last) of the chosen TTFT / TPOT / E2EL, and
     the output throughput."""
-    lo, hi = bars["step_time_factors"]
+    from kvsim.profiles.uncertainty import factors_text
+
+    pre, dec = bars["median_abs_error_prefill"], bars["median_abs_error_decode"]
+    error = f"{100 * dec:.1f}%" if pre == dec else f"prefill {100 * pre:.1f}% / decode {100 * dec:.1f}%"
+    tp = "" if bars.get("tp") is None else f" TP {bars['tp']}"
     lines = [_section(f"Model error ({100 * bars['interval']:.0f}% band)"),
-             _row("Profile kind / median step error:", f"{bars['kind']} / {100 * bars['median_abs_error']:.1f}%"),
-             _row("Step times scaled by:", f"x{lo:.2f} .. x{hi:.2f}")]
+             _row("Profile kind / median step error:", f"{bars['kind']}{tp} / {error}"),
+             _row("Step times scaled by:", factors_text(bars["step_time_factors"]))]
     p = next((q for q in percentiles if q >= 90), percentiles[-1]) if percentiles else None
     word = None if p is None else (str(int(p)) if int(p) == p else str(p))
     keys = []

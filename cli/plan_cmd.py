@@ -256,13 +256,13 @@ def plan(
         progress.stop()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, StepTimeError
+    from kvsim.profiles.uncertainty import ROOFLINE_BY_TP, roofline_error
 
     result.context["confidence"] = confidence
     result.context.update(engine)
-    result.context["model_error"] = {  # what --confidence scaled the step times by, per profile kind
-        kind: {**StepTimeError(kind, m, "").to_dict(), "step_time_factor": StepTimeError(kind, m, "").factor_at_confidence(confidence)}
-        for kind, m in MEDIAN_ABS_ERROR.items()}
+    result.context["model_error"] = {  # what --confidence scaled a roofline profile's step times by, per TP
+        "roofline": {str(tp): {**e.to_dict(), "step_time_factor": e.factor_at_confidence(confidence)._asdict()}
+                     for tp in ROOFLINE_BY_TP for e in [roofline_error(tp)]}}
     _slo_probabilities(result, confidence, spec, confirm_requests, seed, slo)
     if disagg == "auto":
         _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed, tolerance, search_requests,
@@ -270,6 +270,21 @@ def plan(
         return
     wall = time.perf_counter() - started
     _emit(result, slo, prices, out, as_json, wall)
+
+
+def _scaled_words(result) -> str:
+    """': step times x1.34 prefill / x1.49 decode' for the answers' profiles (none at 50%)."""
+    seen = []
+    for answer in result.answers:
+        e = (answer.get("slo_probability") or {}).get("model_error")
+        if e is not None and e.get("step_time_factor") and (e["kind"], e["tp"]) not in [s[:2] for s in seen]:
+            f = e["step_time_factor"]
+            seen.append((e["kind"], e["tp"], f))
+    if not seen or all(f["prefill"] == f["decode"] == 1.0 for *_, f in seen):
+        return ""
+    from kvsim.profiles.uncertainty import PhaseFactors
+
+    return ": step times " + ", ".join(f"{PhaseFactors(**f).text()} ({kind} TP {tp})" for kind, tp, f in seen)
 
 
 def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, seed: int, slo) -> None:
@@ -294,10 +309,10 @@ def _slo_probabilities(result, confidence: float, spec, confirm_requests: int, s
         if str(best.get("confirmed", "")).startswith("yes") and stretches_with_steps(a.candidate.config):
             planned = {"p95_ttft_ms": best.get("ttft_p95_ms"), "p95_tpot_ms": best.get("tpot_p95_ms"),
                        **{t.key: best.get(t.column) for t in slo.percentile_ms}}
-        p = slo_probability(a, best["replicas"], answer["target_rate"], spec_confirm, seed, slo, error.sigma, z,
-                            planned)
+        p = slo_probability(a, best["replicas"], answer["target_rate"], spec_confirm, seed, slo, error, z, planned)
         result.num_runs += p["runs"]
-        answer["slo_probability"] = {**p, "model_error": error.to_dict()}
+        answer["slo_probability"] = {**p, "model_error": {**error.to_dict(), "text": error.text(),
+                                                          "step_time_factor": error.factor(z)._asdict()}}
 
 
 def _profiles_at(confidence: float):
@@ -544,10 +559,8 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
     records = result.records()  # without pandas (its import is a third of a small plan's process)
     unit = result.context.get("rate_unit", "req/s")
     conf = result.context.get("confidence", 0.5)
-    factor = result.context.get("model_error", {}).get("roofline", {}).get("step_time_factor", 1.0)
     engine = f"engine {_engine_words(result.context)}; " if version is not None else ""
-    note = (f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error: step times x{factor:.2f} for "
-            "roofline profiles]")
+    note = f" [{engine}at {100 * conf:g}% confidence under the profiles' stated error{_scaled_words(result)}]"
     doc = {
         "answers": [{**a, "confidence": conf, "engine_version": version, "line": answer_line(a, slo) + note}
                     for a in result.answers],
@@ -571,8 +584,9 @@ def _emit(result, slo, prices: dict[str, float], out: Path | None, as_json: bool
         best = answer["best"]
         p = answer.get("slo_probability")
         if p is not None:
+            e = p["model_error"]
             typer.echo(f"Meets the SLO with probability {_percent(p['probability'])} under the profile's stated "
-                       f"error (median {100 * p['model_error']['median_abs_error']:g}% per step; between "
+                       f"error ({e['kind']} TP {e['tp']}: median {e['text']} per step; between "
                        f"{_percent(p['low'])} and {_percent(p['high'])}, {p['runs']} re-runs of the confirmation)")
         if best is not None and best.get("vllm_serve"):
             typer.echo(f"Serve it: {best['replicas']} x `{best['vllm_serve']}`"

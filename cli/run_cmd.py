@@ -752,18 +752,15 @@ def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -
     latency metrics); `baseline` (its result, its rerun): the speed-ups of speculation over it too,
     each end's speculative run against the baseline at the same factor; `also(result)` -> {name:
     value}: more figures banded alike (an autoscaled run's GPU-hours), under "also"."""
-    from statistics import NormalDist
-
     from kvsim.cli.bench_result import metric_stats
-    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band
+    from kvsim.profiles.uncertainty import BAND_METRICS, INTERVAL, band, band_factors, factors_doc
 
-    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
-    factors = (err.factor(-z), err.factor(z))
+    factors = band_factors(err)
     runs = [result, *(rerun(f) for f in factors)]
     values = [{**r.summary, **metric_stats(r, percentiles, metrics)} for r in runs]
     keys = [k for k in values[0] if k in BAND_METRICS or (k.endswith("_ms") and not k.startswith("std_")
                                                           and k.split("_")[1] in metrics)]
-    doc = {"interval": INTERVAL, "step_time_factors": list(factors), **err.to_dict(),
+    doc = {"interval": INTERVAL, "step_time_factors": factors_doc(*factors), **err.to_dict(),
            "metrics": {k: band([v.get(k) for v in values]) for k in keys if values[0].get(k) is not None}}
     if baseline is not None:
         from kvsim.reports.speculation import speedup_vs
@@ -1070,16 +1067,20 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     found = max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, prof, seed, slo), slo, start, tolerance)
     bars = {"skipped": FIND_MAX_RATE_NO_BAND}
     if error_bars:
-        from statistics import NormalDist
-
-        from kvsim.profiles.uncertainty import INTERVAL, profile_error, scaled_profile
+        from kvsim.profiles.uncertainty import (
+            INTERVAL,
+            band_factors,
+            factors_doc,
+            profile_error,
+            scaled_profile,
+        )
 
         err = profile_error(prof)
-        z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
-        ends = [max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, scaled_profile(prof, err.factor(s_ * z)),
-                                               seed, slo), slo, start, tolerance) for s_ in (-1, 1)]
+        factors = band_factors(err)
+        ends = [max_sustainable_rate(simulator(model_spec, gpu_spec, config, wl, scaled_profile(prof, f),
+                                               seed, slo), slo, start, tolerance) for f in factors]
         rates = [found.max_rate, *(e.max_rate for e in ends)]
-        bars = {"interval": INTERVAL, "step_time_factors": [err.factor(-z), err.factor(z)], **err.to_dict(),
+        bars = {"interval": INTERVAL, "step_time_factors": factors_doc(*factors), **err.to_dict(),
                 "max_sustainable_rate": [min(rates), max(rates)], "at_least": [e.at_least for e in ends],
                 "num_runs": sum(e.num_runs for e in ends)}
     rows = [{
@@ -1124,9 +1125,11 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     if "skipped" in bars:
         typer.echo(f"Model error: no band ({bars['skipped']})")
     else:
+        from kvsim.profiles.uncertainty import factors_text
+
         lo, hi = bars["max_sustainable_rate"]
         typer.echo(f"Model error ({100 * bars['interval']:.0f}% band, {bars['kind']} profile, step times "
-                   f"x{bars['step_time_factors'][0]:.2f} .. x{bars['step_time_factors'][1]:.2f}): max sustainable rate "
+                   f"{factors_text(bars['step_time_factors'])}): max sustainable rate "
                    f"{lo:.3f} .. {hi:.3f} {unit}" + (" (a search reached its ceiling)" if any(bars["at_least"]) else "")
                    + f"; {bars['num_runs']} more runs")
 

@@ -37,7 +37,25 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              collective of the step then waits for the slowest rank, which Vidur's
              POST_PREPARE_INPUTS_BARRIER measures (its excess over TP 1, where there is no one to
              wait for). Persistent batches make V1's input preparation cheaper than V0's, so the
-             per-sequence term is an upper bound there.
+             per-sequence term is an upper bound there. This is vLLM 0.7 to 0.13, where scheduling is
+             synchronous unless `--async-scheduling` is given (an experimental flag since PR #19970).
+             No public measurement of V1's own phases that could replace these terms was found
+             (issue 27, round 2: single-phase micro-benchmarks on unstated hosts and batches only;
+             profiles/README.md lists them), so they stay Vidur's.
+* `vllm-v1-async` vLLM V1 as shipped since v0.14.0 (release notes: "Async scheduling is now
+             enabled by default", vllm-project/vllm PR #27614; excluded for pipeline parallelism and
+             non-EAGLE/MTP speculative decoding in that release). The scheduler runs one step ahead
+             of the GPU (PR #19970, after NanoFlow) and the model runner prepares step n+1's inputs
+             and samples without waiting for step n (PR #23569, "full overlap of the cpu operations
+             (including prepare_inputs) and the model forward pass"); outputs are still processed in
+             another process. Schedule, input preparation, sampling bookkeeping and the ranks'
+             synchronisation therefore run while the GPU executes the previous step, and only the
+             gap between two steps' kernels stays on the critical path: 150-170 us at batch 256 with
+             CUDA graphs, the one published measurement of it (PR #11133, an async V1 prototype on
+             Llama-2-7B, against 5-6 ms without it, issue #10634), priced as ASYNC_GAP_MS per step
+             and nothing per sequence. Valid while the hidden CPU work (the `vllm-v1` terms) is
+             shorter than the GPU's step; where it is longer (small models at large batches) the
+             excess is on the critical path and this prices the step too fast.
 """
 
 from __future__ import annotations
@@ -60,6 +78,9 @@ PER_WORKER_PHASES = ("ray_comm_time",)  # one remote call per worker per step: g
 LOOP = ("schedule", "prepare_inputs_e2e", "sampler_e2e")  # the engine loop's own work
 # vLLM 0.6.0 benchmarks ran multi-step scheduling with --num-scheduler-steps 10 (blog.vllm.ai 2024-09-05).
 MULTI_STEP = 10
+# vLLM >= 0.14 (async scheduling): the GPU idles between two steps' kernels for 150-170 us at batch
+# 256 with CUDA graphs (vllm-project/vllm PR #11133, async V1 prototype, Llama-2-7B); the midpoint.
+ASYNC_GAP_MS = 0.16
 # Eager PyTorch launches one kernel at a time from Python: ~12 kernels per decoder layer (2 norms,
 # QKV, rotary, attention, out-proj, 2 adds, gate/up, act, down, KV write) at ~5 us each (PyTorch
 # "Accelerating PyTorch with CUDA Graphs", 2021: launch overhead of a few microseconds per kernel).
@@ -120,6 +141,8 @@ def engine_host(engine_version: str, tp: int) -> tuple[float, float]:
     if engine_version == "vllm-0.6":
         sync_a, sync_s = _excess_over_tp1("post_prepare_inputs_barrier", tp)
         return _rounded((loop_a + sync_a) / MULTI_STEP, (loop_s + sync_s) / MULTI_STEP)
+    if engine_version == "vllm-v1-async":
+        return ASYNC_GAP_MS, 0.0  # the vllm-v1 phases overlap the previous step's GPU work
     raise ValueError(f"unknown engine version {engine_version!r}; known: {', '.join(ENGINE_VERSIONS)}")
 
 

@@ -1,13 +1,13 @@
 """The probability that a planned deployment meets its SLO, under its profile's stated step-time error.
 
-profiles/uncertainty.py models the error of a profile as one log-normal factor F on every step time
-(median 1, sigma from the profile's validation). Metrics only worsen as steps slow down, so a
-deployment meets the SLO exactly when F <= F*, the largest factor at which its confirmation run
-still passes, and P(meets SLO) = Phi(ln F* / sigma). F* is found by re-running the deployment's
-confirmation (same replicas, target rate, requests and seed) with every step time scaled, bisecting
-ln F over [-3 sigma, +3 sigma]: the first run at +3 sigma settles the common case (P > 99.8%) in one
-run, otherwise BISECTIONS more runs pin F* to 6 sigma / 2^BISECTIONS. The confirmation at the
-planning factor (x1, or --confidence's) is a known pass, so the search starts above it.
+profiles/uncertainty.py models the error of a profile as step-time factors (prefill and decode, each
+log-normal with median 1) that all rise with one standard normal z. Metrics only worsen as steps
+slow down, so a deployment meets the SLO exactly when z <= z*, the largest z at which its
+confirmation run still passes, and P(meets SLO) = Phi(z*). z* is found by re-running the
+deployment's confirmation (same replicas, target rate, requests and seed) with its step times at z,
+bisecting z over [-3, +3]: the first run at +3 settles the common case (P > 99.8%) in one run,
+otherwise BISECTIONS more runs pin z* to 6 / 2^BISECTIONS. The confirmation at the planning z (0,
+or --confidence's) is a known pass, so the search starts above it.
 
 Runs whose answer is already known are not made (the answer, the bisection's points and its
 bounds are those of making every run):
@@ -17,8 +17,10 @@ bounds are those of making every run):
   a step time (or a gap between arrivals), scaling the step times by G is the same run at G times
   the arrival rate with every duration x G, so a time percentile at F x G is at least G times its
   value at F as long as latency does not fall as load rises (what a rate search assumes): a run
-  passing at F with a target's value v and limit L bounds F* <= F x L / v. Not used where other
-  durations enter (pipeline hand-offs, KV offloading or swapping over PCIe, batching timeouts).
+  passing at F with a target's value v and limit L bounds F* <= F x L / v. With the prefill and
+  decode factors apart, z* is at most the z where both have grown by L / v from the passing run's
+  (StepTimeError.z_above: a step slowed more than that only worsens the metrics). Not used where
+  other durations enter (pipeline hand-offs, KV offloading or swapping over PCIe, batching timeouts).
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ from dataclasses import replace
 from statistics import NormalDist
 from typing import Any
 
-Z_RANGE = 3.0  # search F* within +-3 sigma (P from 0.13% to 99.87%)
-BISECTIONS = 5  # runs after the first: F* to 6 sigma / 32, P to about +-3 points near 50%
+Z_RANGE = 3.0  # search z* within +-3 (P from 0.13% to 99.87%)
+BISECTIONS = 5  # runs after the first: z* to 6 / 32, P to about +-3 points near 50%
 CAP_SLACK = 1e-9  # z above a margin's bound by less than this is still run (the bound's own rounding)
 
 
 def _meets(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any,
-           factor: float) -> tuple[bool, dict[str, Any]]:
-    """Whether the deployment's confirmation passes with every step time of its profile x `factor`,
-    and its summary (that of a run stopped early once it provably fails)."""
+           factor: Any) -> tuple[bool, dict[str, Any]]:
+    """Whether the deployment's confirmation passes with its profile's step times x `factor`
+    (profiles.uncertainty.PhaseFactors), and its summary (that of a run stopped early once it
+    provably fails)."""
     from kvsim.profiles.uncertainty import scaled_profile
     from kvsim.reports.capacity import rate_scaler, run_against
 
@@ -56,14 +59,17 @@ def stretches_with_steps(config: Any) -> bool:
 
 
 def slo_probability(a: Any, replicas: int, target: float, spec_confirm: Any, seed: int, slo: Any,
-                    sigma: float, planned_z: float = 0.0, planned: dict[str, Any] | None = None) -> dict[str, Any]:
+                    error: Any, planned_z: float = 0.0, planned: dict[str, Any] | None = None) -> dict[str, Any]:
     """{probability, low, high, runs}: P(meets SLO) of `replicas` replicas of assessment `a` at
-    `target` req/s, where a.profile already has its step times at z = `planned_z` standard
-    deviations (--confidence) and passed its confirmation there; `planned`: that confirmation's
-    summary (its time percentiles bound F*, see the module docstring), None when not known or when
-    the run's durations are not all step times (stretches_with_steps)."""
-    if sigma <= 0:
+    `target` req/s under `error` (profiles.uncertainty.StepTimeError), where a.profile already has
+    its step times at z = `planned_z` (--confidence) and passed its confirmation there; `planned`:
+    that confirmation's summary (its time percentiles bound z*, see the module docstring), None when
+    not known or when the run's durations are not all step times (stretches_with_steps)."""
+    from kvsim.profiles.uncertainty import PhaseFactors
+
+    if error.sigma <= 0:
         return {"probability": 1.0, "low": 1.0, "high": 1.0, "runs": 0}
+    at_plan = error.factor(planned_z)
     phi = NormalDist().cdf
     cap = math.inf  # z* <= cap: above it a point is a known failure
     runs = 0
@@ -73,14 +79,16 @@ def slo_probability(a: Any, replicas: int, target: float, spec_confirm: Any, see
         for t in slo.targets:
             value = summary.get(t.key)
             if value is not None and value > 0 and math.isfinite(value):
-                cap = min(cap, z + math.log(t.limit_ms / value) / sigma)
+                cap = min(cap, error.z_above(z, math.log(t.limit_ms / value)))
 
     def meets(z: float) -> bool:  # the step-time factor at z, relative to the planning profile's own
         nonlocal runs
         if z > cap + CAP_SLACK:
             return False
         runs += 1
-        passed, summary = _meets(a, replicas, target, spec_confirm, seed, slo, math.exp((z - planned_z) * sigma))
+        f = error.factor(z)  # relative to the planning profile's own
+        passed, summary = _meets(a, replicas, target, spec_confirm, seed, slo,
+                                 PhaseFactors(f.prefill / at_plan.prefill, f.decode / at_plan.decode))
         if passed and planned is not None:
             bound(z, summary)
         return passed

@@ -70,7 +70,7 @@ def answer_block(answer: dict[str, Any], doc: dict[str, Any]) -> str:
     p = answer.get("slo_probability")
     if p is not None:
         parts.append(f"<p>Meets the SLO with probability {100 * p['probability']:.1f}% under the profile's stated "
-                     f"error (median {100 * p['model_error']['median_abs_error']:g}% per step).</p>")
+                     f"error (median {html.escape_text(p['model_error'].get('text', ''))} per step).</p>")
     if best.get("vllm_serve"):
         lb = " behind a load balancer" if best["replicas"] > 1 else ""
         parts.append(f"<p>Serve it: {best['replicas']} replica{'s' if best['replicas'] > 1 else ''}{lb}, "

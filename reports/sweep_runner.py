@@ -102,28 +102,26 @@ def run_point(point: Point) -> dict[str, Any]:
 # the row's metrics a sweep's --error-bars bands: those its printed table shows (reports.sweep.BANDED)
 SWEEP_BAND_METRICS = ("median_ttft_ms", "p95_ttft_ms", "median_tpot_ms", "p95_tpot_ms", "output_throughput",
                       "request_throughput")
-_SCALED: dict[tuple[str, float], Any] = {}  # (profile sha256, factor) -> scaled profile, per worker process
+_SCALED: dict[tuple[str, Any], Any] = {}  # (profile sha256, factors) -> scaled profile, per worker process
 
 
 def band_columns(point: Point, config: Any, result: Any) -> dict[str, Any]:
     """The point again with every step time at each end of the 90% band of its profile's stated
     error: `<metric>_band_low` / `_band_high` over the three runs, and the error used."""
-    from statistics import NormalDist
-
-    from kvsim.profiles.uncertainty import INTERVAL, band, profile_error, scaled_profile
+    from kvsim.profiles.uncertainty import band, band_factors, profile_error, scaled_profile
     from kvsim.simcore.simulate import simulate
 
     err = profile_error(point.profile)
-    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
     summaries = [result.summary]
-    for f in (err.factor(-z), err.factor(z)):
+    for f in band_factors(err):
         key = (point.profile.sha256, f)
         if key not in _SCALED:
             if len(_SCALED) > 64:  # a sweep over many profiles: keep the worker's memory bounded
                 _SCALED.clear()
             _SCALED[key] = scaled_profile(point.profile, f)
         summaries.append(simulate(point.model, point.gpu, config, point.workload, _SCALED[key], seed=point.seed).summary)
-    cols: dict[str, Any] = {"model_error_kind": err.kind, "model_error_median": err.median_abs_error}
+    cols: dict[str, Any] = {"model_error_kind": err.kind, "model_error_median": err.median_abs_error,
+                            "model_error_prefill": err.prefill, "model_error_decode": err.decode}
     for metric in SWEEP_BAND_METRICS:
         cols[f"{metric}_band_low"], cols[f"{metric}_band_high"] = band([s.get(metric) for s in summaries])
     return cols

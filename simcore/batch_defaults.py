@@ -2,7 +2,7 @@
 
 `max_num_seqs` and `max_num_batched_tokens` are what vLLM picks when the user gives neither:
 
-* `vllm-v1` (vllm-project/vllm at 99d7eb5d, vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`
+* `vllm-v1`, `vllm-v1-async` (vllm-project/vllm at 99d7eb5d, vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`
   and `_set_default_max_num_seqs_and_batched_tokens_args`): a GPU with at least 70 GiB whose name
   does not contain "a100" (H100, H200, B200, MI300X; "setting large max_num_batched_tokens for A100
   reduces throughput", vLLM PR #17885) gets 8192 tokens for the OpenAI server and 16384 for the
@@ -48,7 +48,7 @@ def batch_defaults(engine_version: str, gpu: GPUSpec, max_model_len: int, chunke
     the user gave is kept, and the other derived from it as vLLM derives it."""
     if usage_context not in USAGE_CONTEXTS:
         raise ValueError(f"unknown usage context {usage_context!r}; known: {', '.join(USAGE_CONTEXTS)}")
-    if engine_version == "vllm-v1":
+    if engine_version in ("vllm-v1", "vllm-v1-async"):  # async scheduling (PR #27614) left these as they were
         big = large_gpu(gpu)
         seqs = V1_SEQS[big] if max_num_seqs is None else max_num_seqs
         tokens = max_num_batched_tokens

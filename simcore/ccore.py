@@ -20,7 +20,7 @@ from typing import Any
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 MODULE = "kvsim.simcore._core"
 REASON_FILE = Path(__file__).resolve().parent / "_core_build.txt"  # setup.py writes it on a failed build
-PRICING_ABI = 1  # csrc/pricing.h KV_PRICING_ABI
+PRICING_ABI = 2  # csrc/pricing.h KV_PRICING_ABI
 BLOB_MAGIC = 1802924141.0  # csrc/pricing.h KV_BLOB_MAGIC
 KV_OUT_LINEAR, KV_OUT_PREFILL, KV_OUT_DECODE = 1, 2, 4  # csrc/pricing.h: tables extrapolated
 SLOWDOWN = "20-80x slower"  # Python core vs C core per request, measured (benchmarks/README.md)
@@ -119,7 +119,8 @@ def pricing_blob(model):
 
     host = model.host
     blob = [BLOB_MAGIC, float(PRICING_ABI), float(model.num_layers),
-            host.per_step_ms, host.per_seq_ms, host.per_prefill_step_ms, host.per_prefill_token_ms]
+            host.per_step_ms, host.per_seq_ms, host.per_prefill_step_ms, host.per_prefill_token_ms,
+            model.prefill_ratio]
     coll = None
     if model.all_reduce is not None:
         coll = model.all_reduce

@@ -21,6 +21,8 @@ for one GPU, model shape, dtype and tensor-parallel degree, times in millisecond
 
 A step costs  host + L * (linear(T) + attention + all_reduce(T)) + lm_head(S)  where T is the step's
 batched tokens and S the sequences sampled; `step_breakdown_ms` returns (kernels, collectives, host).
+A profile scaled per phase for an error band (profiles/uncertainty.py) also holds
+`prefill_vs_decode_factor` f: a step with p prompt tokens of T costs that x (1 + (f - 1) p / T).
 Tables are interpolated piecewise-linearly in log-log space after being made monotone; points outside
 a table are extrapolated along the edge segment and counted.
 
@@ -59,6 +61,10 @@ READABLE_VERSIONS = (1, 2)
 SOURCES = ("measured", "roofline", "calibrated")
 HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_token_ms")
 ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
+# A profile's step times as priced for a prefill-only step over those of a decode-only step (1 unless
+# profiles.uncertainty.scaled_profile scaled the phases apart: the stated errors of prefill and decode
+# differ). A step with p prompt tokens of T is priced x 1 + (ratio - 1) * p / T.
+PREFILL_RATIO_KEY = "prefill_vs_decode_factor"
 POLICIES = ("static", "dynamic", "continuous")
 # Bounds on the pricing memos (kept, never evicted; a key's result is the same computed or kept):
 MEMO_ENTRIES = 65536  # small tuples keyed by a step's shape, a few MiB at most
@@ -361,6 +367,14 @@ def _table2d(d: dict, a_key: str, b_key: str, where: str) -> Table2D:
     return Table2D(a, b, rows)
 
 
+def _prefill_ratio(data: dict, where: str) -> float:
+    """PREFILL_RATIO_KEY's value: a positive finite number, 1.0 when absent."""
+    value = data.get(PREFILL_RATIO_KEY, 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ProfileError(f"{where}.{PREFILL_RATIO_KEY}: expected a positive number, got {value!r}")
+    return float(value)
+
+
 def _check_absurd(data: dict, where: str) -> None:
     """Refuse timings no GPU could produce: a linear table that is all zero, or one layer's GEMMs
     at the largest token count more than 10x faster than the GPU's datasheet peak allows."""
@@ -620,6 +634,7 @@ class StepLatencyModel:
         layers = _need(shape, "num_layers", f"{where}.model_shape")
         self.num_layers = int(_numbers([layers], f"{where}.model_shape.num_layers")[0])
         self.policy, self.engine_version = policy, engine_version
+        self.prefill_ratio = _prefill_ratio(data, where)
         self.host, self.host_source = host_overhead_source(data, where, policy, engine_version)
         self.step_overhead_ms = self.host.per_step_ms  # v1 name, kept for readers of the old field
         for key in ("linear", "prefill_attention", "lm_head"):
@@ -688,11 +703,15 @@ class StepLatencyModel:
             self.collective = _table1d(data["collective"], "num_tokens", f"{where}.collective")
         self._coll_memo: dict[tuple[int, int], float] = {}
 
-    def scaled(self, factor: float) -> StepLatencyModel:
+    def scaled(self, factor: float, prefill_factor: float | None = None) -> StepLatencyModel:
         """A fresh model with every step time x `factor` (> 0): every table, collective and host
         term scaled, exactly the model parsed from a profile whose values were all scaled
-        (profiles.uncertainty.scaled_profile) without parsing or validating it again."""
+        (profiles.uncertainty.scaled_profile) without parsing or validating it again.
+        `prefill_factor`: a step of prompt tokens alone x that instead, a mixed step in proportion
+        to its prompt tokens (PREFILL_RATIO_KEY; the ratio compounds with the model's own)."""
         new = self.fresh()
+        if prefill_factor is not None:
+            new.prefill_ratio = self.prefill_ratio * (prefill_factor / factor)
         h = self.host
         new.host = HostOverhead(h.per_step_ms * factor, h.per_seq_ms * factor, h.per_prefill_step_ms * factor,
                                 h.per_prefill_token_ms * factor)
@@ -806,6 +825,10 @@ class StepLatencyModel:
                     counter.note("decode_attention")
         if out and counter is not None:
             counter.steps += 1
+        r = self.prefill_ratio
+        if r != 1.0 and num_tokens > num_decode_seqs:  # a step with prompt tokens: see _prefill_ratio
+            m = 1.0 + (r - 1.0) * ((num_tokens - num_decode_seqs) / num_tokens)
+            return gemm * m, self.num_layers * ms * m, coll * m, host * m
         return gemm, self.num_layers * ms, coll, host
 
     def step_parts_ms(

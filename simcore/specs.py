@@ -296,12 +296,15 @@ PREEMPTION_MODES = ("recompute", "swap")
 # what each one's host cost is, and why). A preset's scheduler defaults apply to the options the
 # user did not set: V0 and 0.6 schedule prefill-first without chunked prefill and without prefix
 # caching (their defaults; vLLM V0 `SchedulerConfig`), V1 chunks prompts and caches prefixes.
-ENGINE_VERSIONS = ("vllm-v0", "vllm-0.6", "vllm-v1")
+# `vllm-v1-async` is V1 as vLLM ships it since v0.14.0 (async scheduling on by default,
+# vllm-project/vllm PR #27614): the same scheduler, its CPU work overlapped with the GPU's step.
+ENGINE_VERSIONS = ("vllm-v0", "vllm-0.6", "vllm-v1", "vllm-v1-async")
 DEFAULT_ENGINE_VERSION = "vllm-v1"
 ENGINE_PRESETS = {
     "vllm-v0": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
     "vllm-0.6": {"enable_chunked_prefill": False, "enable_prefix_caching": False},
     "vllm-v1": {"enable_chunked_prefill": True, "enable_prefix_caching": True},
+    "vllm-v1-async": {"enable_chunked_prefill": True, "enable_prefix_caching": True},
 }
 RESERVATIONS = ("max", "pow2", "oracle")
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity")

@@ -88,6 +88,10 @@ class SpeculativeStepCost:
         kernels = layers * lat.linear(num_tokens) + lat.lm_head(num_sampled) + layers * attention
         coll = lat.collectives_ms(num_tokens, num_sampled)
         host = lat.host.ms(len(plan.prefill_chunks) + plan.num_decode_seqs, plan.num_tokens - plan.num_decode_seqs)
+        r = getattr(lat, "prefill_ratio", 1.0)  # the verify pass's prompt tokens, as StepLatencyModel._parts_ms (1: unscaled)
+        if r != 1.0 and plan.num_tokens > plan.num_decode_seqs:
+            m = 1.0 + (r - 1.0) * ((plan.num_tokens - plan.num_decode_seqs) / num_tokens)
+            kernels, coll, host = kernels * m, coll * m, host * m
         d_kernels, d_coll, d_host = self._draft_ms(spec, num_tokens, chunks, num_plain, plain_context, attention)
         self.verify_ms += kernels + coll + host
         self.draft_ms += d_kernels + d_coll + d_host

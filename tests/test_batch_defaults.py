@@ -29,6 +29,9 @@ def test_v1_defaults_follow_get_batch_defaults():
     # a given value is kept and the other derived from it as vLLM does
     assert batch_defaults("vllm-v1", H100, 8192, True, "server", max_num_batched_tokens=512) == (512, 512)
     assert batch_defaults("vllm-v1", H100, 1024, True, "server", max_num_seqs=2) == (2, 2048)
+    # async scheduling's default (vLLM 0.14, PR #27614) left get_batch_defaults as it was
+    for args in ((H100, 8192, True, "server"), (A100, 8192, True, "offline"), (A100, 32768, False, "server")):
+        assert batch_defaults("vllm-v1-async", *args) == batch_defaults("vllm-v1", *args)
 
 
 def test_v0_and_06_defaults_follow_their_scheduler_config():

@@ -193,11 +193,12 @@ def test_malformed_blobs_are_refused(lib):
         return bool(ptr)
 
     assert new(blob)
-    wrong_magic, wrong_abi, bad_count = blob.copy(), blob.copy(), blob.copy()
+    wrong_magic, wrong_abi, bad_count, bad_ratio = blob.copy(), blob.copy(), blob.copy(), blob.copy()
     wrong_magic[0] += 1
     wrong_abi[1] += 1
-    bad_count[16] = 2.5  # the linear table's length
-    for bad in (blob[:-1], np.append(blob, 0.0), blob[:10], wrong_magic, wrong_abi, bad_count):
+    bad_count[17] = 2.5  # the linear table's length
+    bad_ratio[7] = 0.0  # prefill_ratio (a profile scaled per phase): positive and finite
+    for bad in (blob[:-1], np.append(blob, 0.0), blob[:10], wrong_magic, wrong_abi, bad_count, bad_ratio):
         assert not new(bad)
 
 

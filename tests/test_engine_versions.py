@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli.main import app
-from kvsim.profiles.host import VIDUR_MEDIANS, engine_host, phase_line
+from kvsim.profiles.host import ASYNC_GAP_MS, VIDUR_MEDIANS, engine_host, phase_line
 from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
 RUN = ["run", "--model", "llama2-70b", "--gpu", "H100-SXM-80GB", "--workload", "fixed-batch",
@@ -51,7 +51,7 @@ def test_run_records_the_engine_version_and_its_host_terms(version):
     assert record["engine"]["host_overhead_from"] == f"host_overhead_by_engine.{version}"
     assert (record["engine"]["host_overhead_ms"]["per_step_ms"], record["engine"]["host_overhead_ms"]["per_seq_ms"]) \
         == engine_host(version, 4)
-    preset_on = version == "vllm-v1"  # V0 and 0.6 schedule prefill-first, no prefix caching
+    preset_on = version.startswith("vllm-v1")  # V0 and 0.6 schedule prefill-first, no prefix caching
     assert record["config"]["enable_chunked_prefill"] is preset_on
     assert record["config"]["enable_prefix_caching"] is preset_on
     assert record["engine_core"] == "c"  # the compiled core prices the host terms from the profile blob
@@ -70,6 +70,17 @@ def test_decode_is_dearer_under_v0_than_v1_and_cheapest_with_multi_step():
         result = CliRunner().invoke(app, [*RUN, "--tp", "8", "--engine-version", version])
         tpot[version] = json.loads(result.stdout)["summary"]["mean_tpot_ms"]
     assert tpot["vllm-v0"] > tpot["vllm-v1"] > tpot["vllm-0.6"]
+    assert tpot["vllm-v1"] > tpot["vllm-v1-async"]  # the same steps, the CPU's work behind the GPU's
+
+
+def test_async_v1_keeps_only_the_measured_gap_between_steps():
+    # vLLM PR #11133: 150-170 us between two steps' kernels at batch 256 with CUDA graphs once the
+    # scheduler and input preparation overlap the GPU (5-6 ms without, issue #10634)
+    assert 0.150 <= ASYNC_GAP_MS <= 0.170
+    for tp in (1, 2, 4, 8):
+        assert engine_host("vllm-v1-async", tp) == (ASYNC_GAP_MS, 0.0)  # nothing per sequence, any TP
+        per_step, per_seq = engine_host("vllm-v1", tp)  # what the overlap hides: V1's own loop
+        assert per_step > ASYNC_GAP_MS and per_seq > 0
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -69,7 +69,7 @@ def test_host_overhead_by_policy_and_fallback():
 
 def test_host_overhead_by_engine_prices_continuous_steps_as_that_version():
     by = DOC["host_overhead_by_engine"]
-    assert set(by) == {"vllm-v0", "vllm-0.6", "vllm-v1"}
+    assert set(by) == {"vllm-v0", "vllm-0.6", "vllm-v1", "vllm-v1-async"}
     for version, terms in by.items():
         m = StepLatencyModel(DOC, policy="continuous", engine_version=version)
         assert m.host.to_dict() == pytest.approx(terms)
@@ -81,6 +81,8 @@ def test_host_overhead_by_engine_prices_continuous_steps_as_that_version():
     # and multi-step scheduling (0.6) spreads the loop over 10 steps
     assert by["vllm-v0"]["per_step_ms"] > by["vllm-v1"]["per_step_ms"] > by["vllm-0.6"]["per_step_ms"]
     assert by["vllm-v0"]["per_seq_ms"] > by["vllm-v1"]["per_seq_ms"] > by["vllm-0.6"]["per_seq_ms"]
+    # async scheduling (vLLM >= 0.14) keeps only the gap between two steps' kernels on the critical path
+    assert by["vllm-v1-async"]["per_step_ms"] < by["vllm-v1"]["per_step_ms"] and by["vllm-v1-async"]["per_seq_ms"] == 0
     with pytest.raises(ProfileError, match="unknown engine version 'vllm-v9'"):
         parse_profile({**DOC, "host_overhead_by_engine": {"vllm-v9": {}}}, "p.json")
 

@@ -131,6 +131,7 @@ def test_sweep_error_bars_are_columns_only_when_asked(tmp_path):
     assert len(rows) == 2
     for row in rows:
         assert row["engine_version"] == "vllm-v1" and float(row["error_bars"]) == 0.9
+        assert float(row["model_error_prefill"]) == float(row["model_error_decode"]) == 0.09  # TP 1: one error
         for key in ("p95_ttft_ms", "p95_tpot_ms", "output_throughput"):
             assert float(row[f"{key}_band_low"]) <= float(row[key]) <= float(row[f"{key}_band_high"])
         assert float(row["p95_tpot_ms_band_high"]) > float(row["p95_tpot_ms"])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli.main import app
 from kvsim.profiles import default_profile
-from kvsim.profiles.uncertainty import MEDIAN_ABS_ERROR, profile_error, scaled_profile
+from kvsim.profiles.uncertainty import ROOFLINE_BY_TP, PhaseFactors, profile_error, scaled_profile
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.latency import StepLatencyModel, parse_profile
 from tests.test_plan import PLAN
@@ -64,17 +64,18 @@ def test_a_scaled_profiles_models_are_its_own_scaled_bit_for_bit(engine_version)
 
 
 def test_each_profile_kind_states_its_error():
-    err = profile_error(PROFILE)
-    assert err.kind == "roofline" and err.median_abs_error == MEDIAN_ABS_ERROR["roofline"] == 0.09
-    assert err.factor_at_confidence(0.5) == 1.0 < err.factor_at_confidence(0.9)
-    assert err.factor(-1.0) * err.factor(1.0) == pytest.approx(1.0)
+    err = profile_error(PROFILE)  # roofline at TP 4: issue 27's step-level check, per phase
+    assert err.kind == "roofline" and (err.prefill, err.decode) == ROOFLINE_BY_TP[4] == (0.23, 0.19)
+    assert err.factor_at_confidence(0.5) == PhaseFactors(1.0, 1.0)
+    assert all(f > 1.0 for f in err.factor_at_confidence(0.9))
+    assert all(lo < 1.0 < hi for lo, hi in zip(err.factor(-1.0), err.factor(1.0), strict=True))
     doc = copy.deepcopy(PROFILE.data)
     doc["source"] = "calibrated"
     doc["provenance"] = {"calibration": {"data_tps": [4], "rows": 12, "loo_median_abs_error": 0.031}}
     cal = profile_error(parse_profile(doc))
     assert cal.kind == "calibrated" and cal.median_abs_error == 0.031
     doc["provenance"]["calibration"]["data_tps"] = [2]  # no rows at this TP: the roofline's error
-    assert profile_error(parse_profile(doc)).median_abs_error == 0.09
+    assert (profile_error(parse_profile(doc)).prefill, profile_error(parse_profile(doc)).decode) == (0.23, 0.19)
 
 
 RUN = ["run", "--model", "llama3-8b", "--num-requests", "60", "--rate", "8", "--json"]
@@ -86,8 +87,10 @@ def test_run_reports_a_band_around_each_headline_metric():
     summary = json.loads(result.stdout)["summary"]
     bars = summary["error_bars"]
     assert bars["kind"] == "roofline" and bars["interval"] == 0.9
-    lo, hi = bars["step_time_factors"]
-    assert lo < 1 < hi and lo * hi == pytest.approx(1.0)
+    factors = bars["step_time_factors"]  # llama3-8b, TP 1: one error for both phases, wider above
+    assert factors["prefill"] == factors["decode"]
+    lo, hi = factors["decode"]
+    assert lo < 1 < hi and lo * hi > 1.0 and bars["tp"] == 1
     for key in ("p95_ttft_ms", "mean_tpot_ms", "output_throughput"):
         low, high = bars["metrics"][key]
         assert low <= summary[key] <= high
@@ -106,8 +109,11 @@ def test_plan_at_higher_confidence_never_needs_fewer_gpus():
     gpus = {c: d["answers"][0]["best"]["gpus"] for c, d in docs.items()}
     assert gpus["0.9"] >= gpus["0.5"]
     assert docs["0.9"]["confidence"] == 0.9 and "at 90% confidence" in docs["0.9"]["answers"][0]["line"]
-    assert docs["0.9"]["model_error"]["roofline"]["step_time_factor"] > 1.0
-    assert docs["0.5"]["model_error"]["roofline"]["step_time_factor"] == 1.0
+    for tp in ("1", "2", "4", "8"):
+        assert min(docs["0.9"]["model_error"]["roofline"][tp]["step_time_factor"].values()) > 1.0
+        assert set(docs["0.5"]["model_error"]["roofline"][tp]["step_time_factor"].values()) == {1.0}
+    chosen = docs["0.9"]["answers"][0]["slo_probability"]["model_error"]
+    assert chosen["step_time_factor"]["decode"] > 1.0 and "TP" in docs["0.9"]["answers"][0]["line"]
 
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5"])

@@ -56,6 +56,10 @@ static int pp_start_step(kv_rep *e) {
         if (kv_p_decode_outside(p, decodes, mean_ctx)) mask |= KV_OUT_DECODE;
     }
     double a = layers * ms;
+    if (tokens > decodes) {  /* (_parts_ms's factor of a step with prompt tokens) */
+        double f = kv_p_prefill_factor(p, tokens - decodes, tokens);
+        if (f != 1.0) { g *= f; a *= f; c *= f; h *= f; }
+    }
     long *x = S->out->extrap;
     if (mask & KV_OUT_LINEAR) x[1]++;
     x[2] += prefill_out;

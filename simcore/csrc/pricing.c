@@ -4,6 +4,7 @@
    Blob layout (float64; counts are whole numbers):
      magic, abi, num_layers,
      host: per_step_ms, per_seq_ms, per_prefill_step_ms, per_prefill_token_ms,
+     prefill_ratio (StepLatencyModel.prefill_ratio: 1.0 unless an error band scaled the phases apart),
      collectives: mode (0 none, 1 all_reduce per call vs bytes, 2 v1 `collective` per layer vs
                   tokens), calls_per_layer, token_bytes, logit_bytes,
      occupancy: present (0/1), tile_tokens, ctas_per_tile, num_sms, launch_floor_ms,
@@ -53,6 +54,7 @@ typedef struct {
 struct kv_pricing {
     double num_layers;
     double per_step_ms, per_seq_ms, per_prefill_step_ms, per_prefill_token_ms;
+    double prefill_ratio;
     int coll_mode;
     double calls_per_layer, token_bytes, logit_bytes;
     int has_occupancy;
@@ -220,6 +222,7 @@ static int parse(kv_pricing *p, const double *v, long len) {
     p->per_seq_ms = take(&r);
     p->per_prefill_step_ms = take(&r);
     p->per_prefill_token_ms = take(&r);
+    p->prefill_ratio = take(&r);
     double mode = take(&r);
     p->calls_per_layer = take(&r);
     p->token_bytes = take(&r);
@@ -229,7 +232,8 @@ static int parse(kv_pricing *p, const double *v, long len) {
     p->ctas = take(&r);
     p->sms = take(&r);
     p->floor_ms = take(&r);
-    if (!(mode == 0.0 || mode == 1.0 || mode == 2.0) || !(occ == 0.0 || occ == 1.0))
+    if (!(mode == 0.0 || mode == 1.0 || mode == 2.0) || !(occ == 0.0 || occ == 1.0)
+        || !(p->prefill_ratio > 0.0 && p->prefill_ratio < INFINITY))
         return 0;
     p->coll_mode = (int)mode;
     p->has_occupancy = occ == 1.0;
@@ -339,6 +343,13 @@ static int attention_parts(const kv_pricing *p, long num_chunks, const long *chu
     return mask;
 }
 
+/* StepLatencyModel._parts_ms's factor of a step with prompt tokens (1.0: none, or phases not apart) */
+static double prefill_factor(const kv_pricing *p, long num_prefill_tokens, long num_tokens) {
+    if (p->prefill_ratio == 1.0 || num_prefill_tokens <= 0)
+        return 1.0;
+    return 1.0 + (p->prefill_ratio - 1.0) * ((double)num_prefill_tokens / (double)num_tokens);
+}
+
 /* StepLatencyModel._parts_ms (with fixed_parts_ms) */
 int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const long *chunk_tokens,
                   const long *chunk_context, long num_decode_seqs, long decode_context_tokens,
@@ -364,6 +375,13 @@ int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const l
                | attention_parts(p, num_chunks, chunk_tokens, chunk_context, num_decode_seqs,
                                  decode_context_tokens, &ms, &prefill_outside);
     out[1] = p->num_layers * ms;
+    if (p->prefill_ratio != 1.0 && num_tokens > num_decode_seqs) {
+        double m = prefill_factor(p, num_tokens - num_decode_seqs, num_tokens);
+        out[0] *= m;
+        out[1] *= m;
+        out[2] *= m;
+        out[3] *= m;
+    }
     if (prefill_out != NULL)
         *prefill_out = prefill_outside;
     return mask;
@@ -384,6 +402,9 @@ double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) 
 }
 double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
     return host_ms(p, num_seqs, num_prefill_tokens);
+}
+double kv_p_prefill_factor(const kv_pricing *p, long num_prefill_tokens, long num_tokens) {
+    return prefill_factor(p, num_prefill_tokens, num_tokens);
 }
 
 /* attention_parts for csrc/spec.c (a speculative step prices its attention from the same tables):

@@ -150,6 +150,10 @@ int kv_spec_price(kv_spec *s, long num_tokens, long num_chunks, const long *chun
     double kernels = L * kv_p_linear(p, T) + kv_p_lm_head(p, S) + L * att;
     double coll = kv_p_collectives(p, T, S);
     double host = kv_p_host(p, num_chunks + num_decode_seqs, num_tokens - num_decode_seqs);
+    if (num_tokens > num_decode_seqs) {  /* the verify pass's prompt tokens (SpeculativeStepCost.step_time_s) */
+        double m = kv_p_prefill_factor(p, num_tokens - num_decode_seqs, T);
+        if (m != 1.0) { kernels *= m; coll *= m; host *= m; }
+    }
     /* _draft_ms */
     double dk = 0.0, dc = 0.0, dh = 0.0;
     long seqs = s->num_drafting, k = s->c.k;
