@@ -26,7 +26,7 @@ from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 # The prefill backend each vLLM version ran on Hopper; the profile's base table is FA3's.
 PREFILL_BACKEND_ON_HOPPER = {"vllm-v0": "FlashAttention-2", "vllm-0.6": "FlashAttention-2",
-                             "vllm-v1": "FlashAttention-3"}
+                             "vllm-v1": "FlashAttention-3", "vllm-v1-async": "FlashAttention-3"}
 BASE_BACKEND = "FlashAttention-3"
 FIG5_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # FA-3 paper Fig. 5 (b), (d), (f): forward with causal mask, TFLOP/s; head dim -> (FA2, FA3).
