@@ -52,7 +52,7 @@ def model(tp: int) -> StepLatencyModel:
 
 def main() -> None:
     m8 = model(8)
-    print("One all-reduce of tokens x 8192 bf16 on 8 H100s (us): kvsim's table (Vidur NCCL, fit past 64 MiB) "
+    print("One all-reduce of tokens x 8192 bf16 on 8 H100s (us): kvsim's table (vLLM's custom kernel below 8 MiB, Vidur NCCL above, fit past 64 MiB) "
           "vs TokenWeave's isolated NCCL and multimem")
     print("tokens    MiB     kvsim   NCCL (kvsim/NCCL)   multimem")
     for tokens, (nccl, mm) in ALL_REDUCE_8_US.items():

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kvsim.profiles import custom_allreduce
 from kvsim.simcore.specs import GPUSpec
 
 FIT_FILE = Path(__file__).with_name("collectives_h100.json")
@@ -157,8 +158,12 @@ def collectives_for(gpu: GPUSpec, tp: int, fit_doc: dict[str, Any] | None = None
         how = (f"scaled from H100 by interconnect datasheet: H100 fit at {n} GPUs, bus bandwidth x "
                f"{scale:.3g} ({gpu.interconnect_gbps:g} / {H100_INTERCONNECT_GBPS:g} GB/s), same latency floor")
     net_scale = gpu.internode_gbps / H100_INTERNODE_GBPS
-    return {
-        "all_reduce": _table(ar, 2.0 * (tp - 1) / tp, scale, measured),
+    all_reduce = _table(ar, 2.0 * (tp - 1) / tp, scale, measured)
+    custom = None
+    if custom_allreduce.eligible(gpu, tp):  # vLLM's own kernel below 8 MiB (profiles/custom_allreduce.py)
+        all_reduce, custom = _with_custom(all_reduce, gpu, tp)
+    block = {
+        "all_reduce": all_reduce,
         "send_recv": _table(intra, 1.0, scale, gpu.interconnect_gbps == H100_INTERCONNECT_GBPS),
         "send_recv_inter_node": _table(inter, 1.0, net_scale, gpu.internode_gbps == H100_INTERNODE_GBPS),
         "all_reduce_calls_per_layer": 2,
@@ -170,6 +175,21 @@ def collectives_for(gpu: GPUSpec, tp: int, fit_doc: dict[str, Any] | None = None
                 "send_recv_inter_node_latency_ms": inter["latency_ms"],
                 "send_recv_inter_node_bandwidth_gbps": round(inter["bandwidth_gbps"] * net_scale, 1)},
     }
+    if custom is not None:
+        block["custom_all_reduce"] = custom
+    return block
+
+
+def _with_custom(nccl: dict[str, list], gpu: GPUSpec, tp: int) -> tuple[dict[str, list], dict[str, Any]]:
+    """The all-reduce table as vLLM runs it: its custom kernel below `custom_allreduce.MAX_BYTES`,
+    NCCL from there (a point at MAX_BYTES read off the NCCL table, log-log as kvsim interpolates it)."""
+    pts, how = custom_allreduce.custom_all_reduce_points(gpu, tp, GRID_BYTES)
+    cut = float(custom_allreduce.MAX_BYTES)
+    lb, lt = np.log(np.array(nccl["bytes"], float)), np.log(np.array(nccl["time_ms"], float))
+    at_cut = float(np.exp(np.interp(np.log(cut), lb, lt)))
+    pts += [(cut, at_cut)] + [(b, t) for b, t in zip(nccl["bytes"], nccl["time_ms"], strict=True) if b > cut]
+    table = {"bytes": [round(b) for b, _ in pts], "time_ms": [round(t, 5) for _, t in pts]}
+    return table, {"below_bytes": custom_allreduce.MAX_BYTES, "source": how}
 
 
 def _send_recv_how(gpu: GPUSpec, scale: float, net_scale: float) -> str:

@@ -1,7 +1,8 @@
 """kvsim's H100 all-reduce prices against TokenWeave's independent public measurement
-(benchmarks/prefill_tp_public.py holds the numbers and their source): the Vidur-measured table,
-and the fit past its largest message, stay within the spread of two NCCL measurements, and the
-collectives of a one-prompt prefill step stay near what vLLM's forward pass spent on them."""
+(benchmarks/prefill_tp_public.py holds the numbers and their source): the Vidur-measured table from
+8 MiB (vLLM's custom kernel below), and the fit past its largest message, stay within the spread of
+two NCCL measurements, and the collectives of a one-prompt prefill step stay near what vLLM's forward
+pass spent on them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
+from kvsim.profiles import custom_allreduce
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "prefill_tp_public.py"
 
@@ -24,9 +27,13 @@ def pub():
 def test_the_h100_all_reduce_table_is_within_the_spread_of_an_independent_nccl_measurement(pub):
     # Vidur times back-to-back calls (an L2-warm buffer); TokenWeave flushes L2 between calls:
     # 2-16 MiB run 15-27% faster in Vidur's table. Past Vidur's 64 MiB the fit is 4-16% slower.
+    # Below 8 MiB vLLM runs its custom kernel (profiles/custom_allreduce.py): between the two.
     m = pub.model(8)
     for tokens, (nccl_us, multimem_us) in pub.ALL_REDUCE_8_US.items():
         kvsim_us = 1e3 * m.all_reduce(tokens * 8192 * 2)
+        if tokens * 8192 * 2 < custom_allreduce.MAX_BYTES:
+            assert multimem_us < kvsim_us < nccl_us, tokens
+            continue
         assert 0.7 * nccl_us <= kvsim_us <= 1.25 * nccl_us, tokens
         assert kvsim_us > multimem_us, tokens  # kvsim prices NCCL, not the NVLS multimem kernel
 

@@ -118,9 +118,10 @@ def test_breakdown_sums_to_step_time_and_collectives_grow_with_tp():
     m1 = StepLatencyModel(build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 1))
     m8 = StepLatencyModel(build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 8))
     assert m1.step_breakdown_ms(*args)[1] == 0.0
-    # 2 all-reduces per layer of a few KB each: the measured latency floor (~20-40 us) dominates
+    # 2 all-reduces per layer of a few KB each: vLLM's custom all-reduce floor (~9-10 us at TP 8 on H100,
+    # profiles/custom_allreduce.py) dominates
     small = m8.step_breakdown_ms(1, [], 1, 100, 1)[1] / (2 * m8.num_layers + 1)
-    assert 0.015 < small < 0.05
+    assert 0.008 < small < 0.012
 
 
 def test_decode_span_equals_scalar_steps():

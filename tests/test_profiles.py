@@ -64,7 +64,8 @@ def test_collectives_carry_the_measured_h100_table():
         assert 0.01 < e["latency_ms"] < 0.045 and bw[0] < e["bus_bandwidth_gbps"] < bw[1]
         assert e["median_abs_rel_error"] < 0.1
     h100 = collectives_for(H100, 8)
-    assert "measured" in h100["source"] and h100["all_reduce"]["time_ms"][0] > 0.02
+    nccl = [t for b, t in zip(h100["all_reduce"]["bytes"], h100["all_reduce"]["time_ms"], strict=True) if b > 2**23]
+    assert "measured" in h100["source"] and nccl[0] > 0.02  # below 8 MiB: vLLM's custom kernel (custom_allreduce.py)
     a100 = collectives_for(get_gpu("A100-80GB"), 8)
     assert "scaled from H100 by interconnect datasheet" in a100["source"]
     big = 2.0**31
