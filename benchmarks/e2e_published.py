@@ -282,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         print("median / worst |error| by engine choice (matched: the source's vLLM version):")
         for line in summarize(results, engines):
             print(line)
+        by_version = {row.version: [r for r, rw in zip(results, rows, strict=True) if rw.version == row.version] for row in rows}
+        if len(by_version) > 1:
+            for version, group in by_version.items():
+                print(f"rows from vLLM {version}:")
+                for line in summarize(group, engines):
+                    print("  " + line)
     return 0
 
 
