@@ -10,7 +10,7 @@ worst |error| per engine choice. The rows were written down, with their sources 
 before kvsim was run on them. Sources, assumptions and results: docs/published-checks.md, section
 "End-to-end absolute figures".
 
-    python benchmarks/e2e_published.py                  # every row (about a minute on 2 shared cores)
+    python benchmarks/e2e_published.py                  # every row (~20 s on 2 shared cores; --all-engines ~1 min)
     python benchmarks/e2e_published.py --rows V3,V7     # some rows
     python benchmarks/e2e_published.py --list           # the rows, their sources and commands; nothing run
     python benchmarks/e2e_published.py --rows V4 --breakdown   # + where the run's step time goes
@@ -21,6 +21,7 @@ Every run is `kvsim run ... --json --no-error-bars` in a subprocess (published_c
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import statistics
 import subprocess
@@ -186,8 +187,6 @@ def breakdown(row: Row, engine: str, workload_dir: str) -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             return "breakdown failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
-        import csv
-
         with open(os.path.join(out, "steps.csv")) as f:
             rows = list(csv.DictReader(f))
     parts = []
