@@ -75,6 +75,7 @@ from kvsim.cli.output import (
     configured_load,
     describe_run,
     format_summary,
+    rate_unit,
     rejected_lines,
     request_columns,
     result_problems,
@@ -429,13 +430,14 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
     """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
     from kvsim.simcore.batch_defaults import engine_assumptions
 
-    host = None
+    host = backend = None
     if prof is not None and cfg.policy == "continuous":
-        from kvsim.simcore.latency import host_overhead_source
+        from kvsim.simcore.latency import host_overhead_source, prefill_attention_engine
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
+        backend = prefill_attention_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0]
     return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
-                              prof.source if prof is not None else None)
+                              prof.source if prof is not None else None, backend)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:
@@ -932,7 +934,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
                    "arrivals and the completed rate keeps pace)", err=True)
     elif judged.get("saturation") == "overloaded":
         s = judged
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+        unit = rate_unit(bool(result.record["workload"].get("sessions")))
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} {unit} offered, {s['completed_rate_warm']:.2f} "
                    "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
@@ -992,7 +995,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
-        typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics))
+        typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics,
+                                  sessions=bool(result.record["workload"].get("sessions"))))
         if extra is not None:
             typer.echo(extra(summary))
         if fleet is not None:
