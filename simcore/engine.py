@@ -278,6 +278,10 @@ class Engine:
             span_durations = durations[:n]
             span_ms = float(np.add.reduce(span_durations)) * 1000.0  # ndarray.sum without its wrapper
             costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
+            if getattr(self.latency, "hidden", None) is not None:  # ASYNC: the steps' hidden CPU work past their GPU time
+                sums = context_sums(plan.decode_context_tokens, num_seqs, n)
+                excess = float(np.add.reduce(self.latency.decode_span_excess_ms(num_seqs, sums)))
+                costs = (costs[0] - excess, costs[1], costs[2] + excess)
             self.recorder.record_span(start, span_durations, plan, allocated, internal, len(life.running),
                                       self._waiting_at(num_waiting, float(ends[n - 1])), len(life.swapped), costs)
             start = float(ends[n - 1])
