@@ -56,7 +56,12 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              and nothing per sequence. The CPU work it hides is the `vllm-v1` terms at the same TP,
              carried as `hidden_per_step_ms` / `hidden_per_seq_ms` (simcore.latency.HostOverhead):
              a step costs max(GPU step, hidden CPU work) + the gap, so where the CPU's work is the
-             longer (small models at large batches) it is on the critical path.
+             longer (small models at large batches) it is on the critical path: vLLM's
+             `EngineCore.step_with_batch_queue` (vllm/v1/engine/core.py at 00080ee) schedules and
+             launches step n+1, then blocks on step n, two batches in flight
+             (`VllmConfig.max_concurrent_batches`, vllm/config/vllm.py at 6cf7b26). The first step
+             after the engine idled is scheduled, then launched, with nothing in flight to hide its
+             CPU work behind: it pays it in full (simcore.engine.Engine.run's `cold`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ for one GPU, model shape, dtype and tensor-parallel degree, times in millisecond
 A step costs  host + L * (linear(T) + attention + all_reduce(T)) + lm_head(S)  where T is the step's
 batched tokens and S the sequences sampled; `step_breakdown_ms` returns (kernels, collectives, host).
 With hidden terms (vLLM's async scheduling, profiles/host.py `vllm-v1-async`) the host term is
-host + max(0, hidden - GPU), GPU = kernels + collectives: the step costs max(GPU, hidden) + host.
+host + max(0, hidden - GPU), GPU = kernels + collectives: the step costs max(GPU, hidden) + host;
+a step after an idle engine (`cold`, set by Engine.run) hides nothing: host + hidden.
 A profile scaled per phase for an error band (profiles/uncertainty.py) also holds
 `prefill_vs_decode_factor` f: a step with p prompt tokens of T costs that x (1 + (f - 1) p / T).
 Tables are interpolated piecewise-linearly in log-log space after being made monotone; points outside
@@ -618,6 +619,9 @@ class StepLatencyModel:
         self.prefill_ratio = _prefill_ratio(data, where)
         self.host, self.host_source = host_overhead_source(data, where, policy, engine_version)
         self.hidden = self.host if self.host.overlaps else None  # ASYNC: CPU work overlapped with the GPU
+        # ASYNC: the step being priced follows an idle engine: no GPU step before it to hide its CPU work
+        # behind (vLLM's step_with_batch_queue schedules it, then launches it); set by Engine.run
+        self.cold = False
         self.step_overhead_ms = self.host.per_step_ms  # v1 name, kept for readers of the old field
         for key in ("linear", "prefill_attention", "lm_head"):
             _check_table_values(data.get(key), f"{where}.{key}")
@@ -713,6 +717,7 @@ class StepLatencyModel:
         new.extrapolated = ExtrapolationCounter()
         new._last_key, new._last_chunks, new._last_parts = None, [], (0.0, 0.0, 0.0)
         new._fixed_memo, new._span_memo, new._coll_memo = {}, {}, {}
+        new.cold = False
         return new
 
     def set_block_size(self, block_size: int) -> bool:
@@ -801,7 +806,7 @@ class StepLatencyModel:
             counter.steps += 1
         a = self.num_layers * ms
         if self.hidden is not None:  # ASYNC: the hidden CPU work's excess over the GPU's step
-            host = host + self.hidden.excess_ms(num_chunks + num_decode_seqs, gemm + a + coll)
+            host = host + self.excess_ms(num_chunks + num_decode_seqs, gemm + a + coll)
         r = self.prefill_ratio
         if r != 1.0 and num_tokens > num_decode_seqs:  # a step with prompt tokens: see _prefill_ratio
             m = 1.0 + (r - 1.0) * ((num_tokens - num_decode_seqs) / num_tokens)
@@ -869,6 +874,11 @@ class StepLatencyModel:
         # a short span: the same operations on Python floats (IEEE, as numpy's), fewer numpy calls
         fixed, layers, coll = floats
         return np.array([(fixed + layers * a + coll) / 1000.0 for a in attention.tolist()])
+
+    def excess_ms(self, num_seqs: int, gpu_ms: float) -> float:
+        """ASYNC: HostOverhead.excess_ms over the GPU's step, or, after an idle engine
+        (`cold`), the whole hidden work (nothing ran before it to hide it behind)."""
+        return self.hidden.excess_ms(num_seqs, 0.0 if self.cold else gpu_ms)
 
     def _span_excess(self, num_seqs: int, gemm: float, a: np.ndarray, coll: float) -> np.ndarray:
         """ASYNC: HostOverhead.excess_ms of each step of a decode span (L * attention in `a`)."""

@@ -164,3 +164,48 @@ def test_pipeline_steps_match(monkeypatch):
         _, exact = _compare(config, workload, seed=case, profile=profile, context=f"pp {case}")
         cpu_bound += int((exact.steps["host_ms"] > ASYNC_GAP_MS + 1e-9).sum())
     assert cpu_bound, "some micro-batches should be CPU-bound"
+
+
+@pytest.mark.parametrize("core", ["python", "c"])
+def test_first_step_after_idle_pays_its_cpu_work(core):
+    """An engine woken from idle has no GPU step to hide its first step's CPU work behind (vLLM's
+    step_with_batch_queue schedules it, then launches it): that step costs gap + hidden + GPU;
+    the steps after it max(GPU, hidden) + gap. Two requests 1 s apart: both first steps are cold."""
+    if core == "c" and ccore.library() is None:
+        pytest.skip("no compiled core")
+    from kvsim.simcore.specs import EngineConfig
+    from tests.test_fastcore_equivalence import ArraysWorkload
+
+    profile = _straddling_profile(0.05, 0.03)  # hidden 0.08 ms at batch 1: under the GPU's decode step
+    config = EngineConfig(block_size=16, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=64,
+                          enable_chunked_prefill=True, enable_prefix_caching=False, engine_version=ASYNC,
+                          num_gpu_blocks_override=100)
+    workload = ArraysWorkload(np.array([0.0, 1.0]), np.array([10, 10]), np.array([3, 3]))
+    kw = {"engine_core": "c"} if core == "c" else {"exact_steps": True}
+    result = simulate(TINY, H100, config, workload, profile, seed=0, **kw)
+    steps = result.steps
+    if core == "c":
+        assert result.record["engine_core"] == "c" and (steps["num_steps"] == 1).all()
+    sync = StepLatencyModel(profile.data, engine_version="vllm-v1")  # the GPU's parts
+    gpu_prefill = sum(sync.step_breakdown_ms(10, [(10, 0)], 0, 0, 1)[:2])
+    hidden = 0.05 + 0.03
+    durations = (steps["duration_s"].to_numpy() * 1000.0).tolist()
+    assert len(durations) == 6  # prefill + 2 decodes, twice
+    for first in (0, 3):
+        assert durations[first] == pytest.approx(ASYNC_GAP_MS + hidden + gpu_prefill, rel=1e-12)
+        for k, ctx in ((1, 11), (2, 12)):
+            gpu = sum(sync.step_breakdown_ms(1, [], 1, ctx, 1)[:2])
+            assert gpu > hidden
+            assert durations[first + k] == pytest.approx(gpu + ASYNC_GAP_MS, rel=1e-12)
+
+
+@needs_core
+def test_orca_reservations_match():
+    """Continuous batching over contiguous reservations (Orca), async-priced, in both cores."""
+    from tests import test_fastcore_batching as batching
+
+    profile = _straddling_profile()
+    for case in range(4):
+        config, workload = batching._random_case(np.random.default_rng(1000 + case), "orca")
+        config = dataclasses.replace(config, engine_version=ASYNC)
+        _compare(config, workload, seed=case, profile=profile, context=f"orca {case}")

@@ -59,6 +59,7 @@ struct kv_pricing {
     double prefill_ratio;
     double hidden_per_step_ms, hidden_per_seq_ms;  /* ASYNC */
     int has_hidden;                                /* ASYNC: HostOverhead.overlaps */
+    int cold;  /* ASYNC: StepLatencyModel.cold, the step follows an idle engine (kv_pricing_set_cold) */
     int coll_mode;
     double calls_per_layer, token_bytes, logit_bytes;
     int has_occupancy;
@@ -299,9 +300,10 @@ static double host_ms(const kv_pricing *p, long num_seqs, long num_prefill_token
     return ms;
 }
 
-/* ASYNC: HostOverhead.excess_ms, the hidden CPU work's excess over the GPU's step (0 if none) */
+/* ASYNC: StepLatencyModel.excess_ms, the hidden CPU work's excess over the GPU's step (0 if none),
+   all of it after an idle engine (cold) */
 static double hidden_excess(const kv_pricing *p, long num_seqs, double gpu_ms) {
-    double excess = (p->hidden_per_step_ms + p->hidden_per_seq_ms * (double)num_seqs) - gpu_ms;
+    double excess = (p->hidden_per_step_ms + p->hidden_per_seq_ms * (double)num_seqs) - (p->cold ? 0.0 : gpu_ms);
     return excess > 0.0 ? excess : 0.0;
 }
 
@@ -418,6 +420,7 @@ double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) 
 double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
     return host_ms(p, num_seqs, num_prefill_tokens);
 }
+void kv_pricing_set_cold(kv_pricing *p, int cold) { p->cold = cold; }  /* ASYNC */
 double kv_p_hidden_excess(const kv_pricing *p, long num_seqs, double gpu_ms) {  /* ASYNC */
     return p->has_hidden ? hidden_excess(p, num_seqs, gpu_ms) : 0.0;
 }
