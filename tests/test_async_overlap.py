@@ -209,3 +209,49 @@ def test_orca_reservations_match():
         config, workload = batching._random_case(np.random.default_rng(1000 + case), "orca")
         config = dataclasses.replace(config, engine_version=ASYNC)
         _compare(config, workload, seed=case, profile=profile, context=f"orca {case}")
+
+
+@needs_core
+def test_autoscaled_replicas_match():
+    """Replicas started, drained and woken by the autoscaler (each one's first step after idle
+    priced cold), async-priced, in both cores."""
+    from kvsim.simcore.config import resolve
+    from kvsim.simcore.simulate import prepare
+    from tests.test_fleet_core import _both, _day, _policy
+
+    profile = _straddling_profile()
+    scaled_up = 0
+    for case in (6000, 6001, 6002, 6005):  # seeds of tests/test_fleet_core.py's cases; 3 of them scale up
+        rng = np.random.default_rng(case)
+        config, _ = plain_case(rng)
+        workload = _day(rng, config.max_model_len)
+        policy = _policy(rng, int(rng.integers(1, 5)))
+        cfg = resolve(TINY, H100, dataclasses.replace(config, engine_version=ASYNC))
+
+        def make(core, exact, cfg=cfg, workload=workload, policy=policy, case=case):
+            return prepare(TINY, H100, cfg, workload, profile, seed=case, autoscale=policy, engine_core=core,
+                           exact_steps=exact)
+
+        core, _ = _both(make, f"async autoscale case {case}")
+        scaled_up += any(r[2] for r in core.record["autoscale"]["timeline"])
+    assert scaled_up, "some cases should start replicas"
+
+
+@needs_core
+def test_disaggregated_pools_match():
+    """Prefill and decode pools (each instance's first step after idle priced cold), async-priced."""
+    from kvsim.simcore.errors import StalledError
+    from tests.test_disagg_core import _random_case as disagg_case
+    from tests.test_disagg_core import compare
+
+    profiles = {"prefill": _straddling_profile(), "decode": _straddling_profile()}
+    ran = 0
+    for case in range(6):
+        configs, workload, link = disagg_case(np.random.default_rng(case))
+        configs = {k: dataclasses.replace(c, engine_version=ASYNC) for k, c in configs.items()}
+        try:
+            compare(TINY, configs, workload, profiles, seed=case, link=link, context=f"async disagg {case}")
+        except StalledError:  # a tiny decode cache (tests/test_disagg_core.py's STALLS)
+            continue
+        ran += 1
+    assert ran >= 4
