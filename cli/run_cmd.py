@@ -429,13 +429,14 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
     """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
     from kvsim.simcore.batch_defaults import engine_assumptions
 
-    host = None
+    host = backend = None
     if prof is not None and cfg.policy == "continuous":
-        from kvsim.simcore.latency import host_overhead_source
+        from kvsim.simcore.latency import host_overhead_source, prefill_attention_engine
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
+        backend = prefill_attention_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0]
     return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
-                              prof.source if prof is not None else None)
+                              prof.source if prof is not None else None, backend)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:

@@ -29,9 +29,10 @@ measured operator timings, the collectives are measured NCCL tables), and freein
 end-to-end rows trades them off against the host terms (issue 27: fitted on one TP, the collectives
 scalar fell to its floor while 24 us per prompt token moved into "host"). A term whose column is
 zero in every row (prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP)
-or that the rows cannot separate from the others (the design matrix loses no rank without it) stays
-at the profile's value and is reported as not identifiable; a file with fewer distinct points
-(tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
+or non-zero in one configuration only stays at the profile's value and is reported as not
+identifiable; of terms the rows see only together (the design matrix loses no rank without each),
+the first is fitted for all of them and the others are reported with its name; a file with fewer
+distinct points (tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
 configuration, so repeated rows cannot vouch for each other.
 """
 
@@ -367,30 +368,46 @@ def check_enough_points(rows: list[Measurement], free_scalars: tuple[str, ...] =
     return free
 
 
-def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray) -> dict[str, str]:
-    """term -> why not, for every free term the rows cannot pin down: a column of zeros, or one
-    the others already span (dropping it leaves the relative design's rank unchanged)."""
+def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray, keys: list | None = None) -> dict[str, str]:
+    """term -> why not, for every free term the rows cannot pin down: a column of zeros, one only
+    one configuration (`keys`, per point) depends on (it would fit that row exactly and no other
+    could vouch for it: leave-one-out cannot test it), or one the terms kept before it (in PARAMS
+    order) already span. Of a set of terms only their joint effect is seen (e.g. host_seq and
+    host_prefill_token when every row has input_len == output_len: both columns are batch x
+    length), the first is fitted and carries that effect; the others keep the default and name it,
+    so no identified combination is left unfitted."""
     a = x / y[:, None]
     why: dict[str, str] = {}
     cols = [j for j in np.flatnonzero(free)]
     for j in cols:
         if not np.any(a[:, j]):
             why[PARAMS[j]] = "no row depends on it"
+        elif keys is not None and len({k for k, v in zip(keys, a[:, j], strict=True) if v}) < 2:
+            why[PARAMS[j]] = "only one row depends on it"
     live = [j for j in cols if PARAMS[j] not in why]
     if not live:
         return why
     unit = a[:, live] / np.linalg.norm(a[:, live], axis=0)
 
-    def rank(m: np.ndarray) -> int:
-        if m.shape[1] == 0:
+    def rank(ks: list[int]) -> int:
+        if not ks:
             return 0
-        sv = np.linalg.svd(m, compute_uv=False)
+        sv = np.linalg.svd(unit[:, ks], compute_uv=False)
         return int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
 
-    full = rank(unit)
-    for k, j in enumerate(live):
-        if rank(np.delete(unit, k, axis=1)) == full:
-            why[PARAMS[j]] = "the rows cannot separate it from the other terms"
+    full = rank(list(range(len(live))))
+    dependent = [k for k in range(len(live)) if rank([i for i in range(len(live)) if i != k]) == full]
+    kept = [k for k in range(len(live)) if k not in dependent]
+    for k in dependent:  # PARAMS order: keep a term when it adds what the kept ones do not span
+        base = rank(kept)
+        if rank(kept + [k]) > base:
+            kept.append(k)
+            continue
+        partners = [PARAMS[live[m]] for m in kept if m in dependent
+                    and rank([i for i in kept if i != m] + [k]) == base]  # interchangeable with k
+        why[PARAMS[live[k]]] = (f"the rows cannot separate it from {', '.join(partners)}, fitted for "
+                                f"{'both' if len(partners) == 1 else 'all of them'}"
+                                if partners else "the rows cannot separate it from the other terms")
     return why
 
 
@@ -400,7 +417,8 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
     x, y, index = _design(rows, priced)
     _check_possible(x, y)
     free = check_enough_points(rows, free_scalars)
-    unidentified = identifiable(x, y, free)
+    keys = [_key(r) for r, _ in index]
+    unidentified = identifiable(x, y, free, keys)
     fit_free = free & np.array([name not in unidentified for name in PARAMS])
     theta = _solve(x, y, prior, fit_free)
     fitted = x @ theta
@@ -414,7 +432,8 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
         held_free = fit_free.copy()
         if len({ri.tp for ri in held}) < 2:
             held_free[PARAMS.index("host_rank")] = False
-        held_free &= np.array([name not in identifiable(x[~out], y[~out], held_free) for name in PARAMS])
+        held_keys = [k for k, o in zip(keys, out, strict=True) if not o]
+        held_free &= np.array([name not in identifiable(x[~out], y[~out], held_free, held_keys) for name in PARAMS])
         t = _solve(x[~out], y[~out], prior, held_free)
         loo[out] = x[out] @ t
     table = []

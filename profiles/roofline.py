@@ -402,6 +402,7 @@ def build_roofline_profile(
 ) -> dict[str, Any]:
     """A schema-v2 profile document priced from the datasheet and the fitted efficiencies;
     `ep` > 1: the MoE layers run expert-parallel over that many GPUs (ep_moe_ops)."""
+    from kvsim.profiles.attention import prefill_attention_by_engine
     from kvsim.profiles.collectives import collectives_for
     from kvsim.profiles.host import host_overhead_block
 
@@ -464,6 +465,12 @@ def build_roofline_profile(
             "collective": collectives["source"] if collectives else "none (tp 1)",
         },
     }
+    by_engine = prefill_attention_by_engine(gpu, model, CHUNK_TOKENS, PREFILL_CONTEXT, _r)
+    if by_engine:  # Hopper: vLLM 0.5 / 0.6 ran FlashAttention-2 there (profiles/attention.py)
+        doc["prefill_attention_by_engine"] = by_engine
+        doc["provenance"]["prefill_attention_by_engine"] = (
+            "vllm-v0 / vllm-0.6 ran FlashAttention-2 on Hopper: the FA3 table x FA3 / FA2 forward throughput "
+            "measured side by side (FlashAttention-3 paper Fig. 5, causal; profiles/attention.py)")
     if collectives:
         doc["collectives"] = collectives
     if ep > 1:

@@ -87,28 +87,36 @@ def apply_batch_defaults(config: EngineConfig, gpu: GPUSpec, model: ModelSpec, f
 # Prefill attention of a roofline profile follows FlashAttention-3's measured H100 curve
 # (profiles/roofline.py FLASH_ATTENTION). vLLM picks FA3 on compute capability 9.0 (Hopper) only
 # since vllm-project/vllm PR #12093 (January 2025, vLLM 0.7: "if hopper default to FA3, otherwise
-# stick to FA2"); vLLM 0.5 / 0.6 ran FlashAttention-2 there, and FA3 is 1.5-2.0x faster than FA2 on
-# the H100 (Shah et al. 2024, "FlashAttention-3", abstract). Stated, not modelled: a per-version
-# attention curve needs the roofline tables per version, and calibration (which scales the
-# profile's tables) to know which backend its rows ran.
+# stick to FA2"); vLLM 0.5 / 0.6 ran FlashAttention-2 there. Roofline profiles of Hopper GPUs carry
+# that per version (`prefill_attention_by_engine`: profiles/attention.py, from the FlashAttention-3
+# paper's side-by-side FA2 / FA3 measurements); one generated before they did is priced with FA3's
+# curve for every version, and a run says so.
 HOPPER_PREFIXES = ("H100", "H200")
 FA2_ERA_VERSIONS = ("vllm-v0", "vllm-0.6")
 
 
-def prefill_attention_note(engine_version: str, gpu_name: str, profile_source: str | None) -> str | None:
-    """What a roofline profile's prefill attention assumes of the attention backend, and where that
-    is not the backend this vLLM version ran (None for measured / calibrated profiles: their own)."""
+def prefill_attention_note(engine_version: str, gpu_name: str, profile_source: str | None,
+                           backend: str | None = None) -> str | None:
+    """What a roofline profile's prefill attention assumes of the attention backend: `backend`, the
+    kernel the profile's per-version table for this version models (None: its one table; a
+    calibrated profile keeps the roofline's per-version scales on its fitted table); and where that
+    one table is not the backend this vLLM version ran (None for other measured / calibrated
+    profiles: their own)."""
+    if backend is not None:
+        return f"{backend}, the kernel {engine_version} ran on {gpu_name} (per-version table, profiles/attention.py)"
     if profile_source != "roofline":
         return None
     if engine_version in FA2_ERA_VERSIONS and gpu_name.startswith(HOPPER_PREFIXES):
         return ("FlashAttention-3's curve, but vLLM 0.5 / 0.6 ran FlashAttention-2 on Hopper (FA3 is 1.5-2.0x "
-                "faster, Shah et al. 2024): prefill attention priced too fast, not modelled")
+                "faster, Shah et al. 2024) and this profile has no per-version table: prefill attention "
+                "priced too fast, not modelled")
     return "FlashAttention-3 curve (profiles/roofline.py)"
 
 
 def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fill: frozenset[str] | set[str] = frozenset(),
                        usage_context: str | None = None, given: bool = False,
-                       host_overhead_from: str | None = None, profile_source: str | None = None) -> dict:
+                       host_overhead_from: str | None = None, profile_source: str | None = None,
+                       prefill_backend: str | None = None) -> dict:
     """What a run assumes of the engine it models (issue 27: every answer names it): the vLLM
     version (None for a policy that is not vLLM's continuous batching, which no version prices),
     whether the user chose it, the usage context and the step limits its per-GPU defaults filled,
@@ -123,7 +131,7 @@ def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fil
         "max_num_batched_tokens": config.resolved_max_num_batched_tokens(model),
         **({"host_overhead_from": host_overhead_from} if host_overhead_from else {}),
         **({"prefill_attention": note} if (note := prefill_attention_note(config.engine_version, gpu.name,
-                                                                          profile_source)) else {}),
+                                                                          profile_source, prefill_backend)) else {}),
     }
 
 
@@ -146,6 +154,10 @@ def engine_text(a: dict) -> str:
         host = f"; host cost: the profile's {a['engine_version']} terms" if by_version else \
             f"; host cost: the profile's {source} (not per version)"
     attention = a.get("prefill_attention") or ""
-    warn = "; prefill attention: FA3's curve, this version ran FA2 here (not modelled)" \
-        if "not modelled" in attention else ""
-    return f"{version}, {limits}{host}{warn}"
+    if "not modelled" in attention:
+        attention = "; prefill attention: FA3's curve, this version ran FA2 here (not modelled)"
+    elif "per-version table" in attention:  # the kernel this version ran, where it is not the profile's base
+        attention = f"; prefill attention: {attention.split(',')[0]}"
+    else:
+        attention = ""
+    return f"{version}, {limits}{host}{attention}"

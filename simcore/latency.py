@@ -553,6 +553,51 @@ def host_overhead_source(data: dict, where: str, policy: str,
     return chosen, source
 
 
+def prefill_attention_engine(data: dict, where: str, policy: str,
+                             engine_version: str | None = None) -> tuple[str | None, list[list[float]] | None]:
+    """The attention backend a `continuous` run as `engine_version` prices prefill with, and the
+    time_scale that turns the profile's prefill_attention table into it: its entry in
+    `prefill_attention_by_engine` (a roofline's per-version kernels: profiles/attention.py) when
+    the profile has one, else (None, None): the table as it is. Every entry is checked, whichever
+    is picked. The scale is dimensionless, so a profile scaled as a whole (calibration, error
+    bars) scales every version's prefill with it."""
+    by_engine = data.get("prefill_attention_by_engine")
+    if by_engine is None:
+        return None, None
+    key = f"{where}.prefill_attention_by_engine"
+    if not isinstance(by_engine, dict):
+        raise ProfileError(f"{key}: expected an object keyed by engine version")
+    pre = data.get("prefill_attention") if isinstance(data.get("prefill_attention"), dict) else {}
+    rows, cols = len(pre.get("chunk_tokens") or []), len(pre.get("context_tokens") or [])
+    chosen: tuple[str | None, list[list[float]] | None] = (None, None)
+    for version, entry in by_engine.items():
+        if version not in ENGINE_VERSIONS:
+            raise ProfileError(f"{key}: unknown engine version {version!r}; known: {', '.join(ENGINE_VERSIONS)}")
+        if not isinstance(entry, dict) or not isinstance(entry.get("backend"), str):
+            raise ProfileError(f"{key}.{version}: expected an object with a backend name and a time_scale")
+        z = entry.get("time_scale")
+        if not isinstance(z, list) or len(z) != rows:
+            raise ProfileError(f"{key}.{version}.time_scale: expected {rows} rows (one per chunk_tokens)")
+        scale = []
+        for i, row in enumerate(z):
+            row = _numbers(row, f"{key}.{version}.time_scale[{i}]")
+            if len(row) != cols:
+                raise ProfileError(f"{key}.{version}.time_scale[{i}]: expected {cols} values (one per context_tokens)")
+            scale.append(row)
+        if policy == "continuous" and version == engine_version:
+            chosen = (entry["backend"], scale)
+    return chosen
+
+
+def _scaled_rows(table: dict, scale: list[list[float]], factor: float = 1.0) -> dict:
+    """`table` (prefill_attention) with time_ms x factor, then x scale cell by cell: the order
+    parsing a profile scaled by `factor` as a whole prices it in."""
+    z = table["time_ms"]
+    if factor != 1.0:
+        z = [[v * factor for v in row] for row in z]
+    return {**table, "time_ms": [[v * s for v, s in zip(row, srow, strict=True)] for row, srow in zip(z, scale, strict=True)]}
+
+
 @dataclass
 class ExtrapolationCounter:
     """How many priced steps needed a value outside a profiled grid."""
@@ -628,6 +673,11 @@ class StepLatencyModel:
         self.linear = _table1d(_need(data, "linear", where), "num_tokens", f"{where}.linear")
         pre = _need(data, "prefill_attention", where)
         self.prefill = _table2d(pre, "chunk_tokens", "context_tokens", f"{where}.prefill_attention")
+        self.prefill_backend, self._prefill_scale = prefill_attention_engine(data, where, policy, engine_version)
+        self._prefill_table = pre if self._prefill_scale is not None else None  # kept for scaled()
+        if self._prefill_scale is not None:  # this version's kernel: the base table x its time_scale
+            self.prefill = _table2d(_scaled_rows(pre, self._prefill_scale), "chunk_tokens", "context_tokens",
+                                    f"{where}.prefill_attention")
         self.occupancy: PrefillOccupancy | None = None
         if isinstance(pre, dict) and "occupancy" in pre:
             floor = _numbers([pre.get("launch_floor_ms", 0.0)], f"{where}.prefill_attention.launch_floor_ms", False)[0]
@@ -703,6 +753,11 @@ class StepLatencyModel:
             table = getattr(self, name)
             if table is not None:
                 setattr(new, name, table.scaled(factor))
+        if self._prefill_scale is not None:  # scaled, then x the version's time_scale, as parsing the scaled profile
+            new.prefill = _table2d(_scaled_rows(self._prefill_table, self._prefill_scale, factor),
+                                   "chunk_tokens", "context_tokens", "prefill_attention")
+            new._prefill_table = {**self._prefill_table,
+                                  "time_ms": [[v * factor for v in row] for row in self._prefill_table["time_ms"]]}
         if self.occupancy is not None:
             new.occupancy = copy.copy(self.occupancy)
             new.occupancy.floor_ms = self.occupancy.floor_ms * factor

@@ -58,6 +58,8 @@ def _one_point(doc: dict) -> dict:
     ar["bytes"], ar["time_ms"] = ar["bytes"][5:6], ar["time_ms"][5:6]
     pre = doc["prefill_attention"]
     pre["chunk_tokens"], pre["context_tokens"], pre["time_ms"] = [512], [0], [[pre["time_ms"][2][0]]]
+    for entry in doc.get("prefill_attention_by_engine", {}).values():  # per-version scales on the same grid
+        entry["time_scale"] = [[entry["time_scale"][2][0]]]
     dec = doc["decode_attention"]["16"]
     doc["decode_attention"] = {
         "16": {"batch_size": dec["batch_size"][2:3], "context_tokens": dec["context_tokens"],

@@ -158,18 +158,29 @@ def test_plan_answers_name_the_engine(tmp_path, version):
     assert {r["engine_version"] for r in csv.DictReader((tmp_path / "p" / "plan.csv").open())} == {want}
 
 
-def test_the_attention_backend_a_version_ran_is_stated_where_the_roofline_does_not_model_it():
-    from kvsim.simcore.batch_defaults import prefill_attention_note
+def test_the_attention_backend_a_version_ran_is_stated_and_modelled_where_the_profile_has_its_table(tmp_path):
+    import json
 
-    assert "not modelled" in prefill_attention_note("vllm-0.6", "H100-SXM-80GB", "roofline")
+    from kvsim.profiles.roofline import build_roofline_profile
+    from kvsim.simcore.batch_defaults import prefill_attention_note
+    from kvsim.simcore.catalog import get_gpu, get_model
+
+    assert "not modelled" in prefill_attention_note("vllm-0.6", "H100-SXM-80GB", "roofline")  # no per-version table
     assert "not modelled" in prefill_attention_note("vllm-v0", "H200-141GB", "roofline")
+    assert "not modelled" not in prefill_attention_note("vllm-v0", "H200-141GB", "roofline", "FlashAttention-2")
     assert "not modelled" not in prefill_attention_note("vllm-v1", "H100-SXM-80GB", "roofline")  # FA3 on Hopper
     assert "not modelled" not in prefill_attention_note("vllm-0.6", "A100-80GB", "roofline")  # FA2 everywhere
     assert prefill_attention_note("vllm-0.6", "H100-SXM-80GB", "calibrated") is None  # the user's own tables
-    doc = _json([*RUN, "--no-error-bars", "--engine-version", "vllm-0.6"])
-    assert "FlashAttention-2" in doc["engine_assumptions"]["prefill_attention"]
-    text = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--engine-version", "vllm-0.6"]).stdout
-    assert "prefill attention: FA3's curve, this version ran FA2 here (not modelled)" in text
+    doc = build_roofline_profile(get_gpu("H100-SXM-80GB"), get_model("llama3-8b"), 1)
+    (tmp_path / "with.json").write_text(json.dumps(doc))
+    del doc["prefill_attention_by_engine"]  # as generated before per-version tables
+    (tmp_path / "without.json").write_text(json.dumps(doc))
+    for name, words in (("with", "prefill attention: FlashAttention-2"),
+                        ("without", "prefill attention: FA3's curve, this version ran FA2 here (not modelled)")):
+        args = [*RUN, "--no-error-bars", "--engine-version", "vllm-0.6", "--profile", str(tmp_path / f"{name}.json")]
+        assert "FlashAttention-2" in _json(args)["engine_assumptions"]["prefill_attention"]
+        text = CliRunner().invoke(app, args).stdout
+        assert words in text and (name == "without") == ("not modelled" in text)
 
 
 @pytest.mark.parametrize("flag", [["--engine-version", "vllm-0.6"], ["--confidence", "0.9"],
