@@ -42,6 +42,25 @@ def _drop_stdout() -> None:
         pass
 
 
+def _usable_streams() -> None:
+    """A path the user gave in bytes that are not UTF-8 (kept by Python as lone surrogates) is
+    printed escaped, as stderr prints it, rather than ending a finished command with a
+    UnicodeEncodeError: stdout is strict under most UTF-8 locales (en_US.UTF-8; the C locale
+    already escapes). A closed stderr (`2>&-`: Python's sys.stderr is None) takes the notes and
+    progress to /dev/null, rather than the first of them ending the run before its result."""
+    if sys.stderr is None:
+        try:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+        except OSError:
+            pass
+    stream = sys.stdout
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (ValueError, OSError, AttributeError):  # a stream that cannot change: left as it is
+            pass
+
+
 class _Interrupted(BaseException):
     """A Ctrl-C carried past typer, which would turn it into a silent `Exit(130)`."""
 
@@ -60,6 +79,7 @@ class OneLineErrorsGroup(TyperGroup):
             raise _Interrupted() from None
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):  # noqa: D401
+        _usable_streams()
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except (_Interrupted, KeyboardInterrupt):

@@ -58,17 +58,19 @@ def format_disagg(s: dict[str, Any]) -> str:
 
 def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
                    percentiles: tuple[float, ...] = (95.0, 99.0),
-                   metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")) -> str:
+                   metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el"), sessions: bool = False) -> str:
     """vLLM's result block (its labels, order and widths) and kvsim's Load and KV cache sections;
     `percentiles` and `metrics` as `--metric-percentiles` / `--percentile-metrics` chose them
-    (the `p{P}_{metric}_ms` keys must be in `s`)."""
+    (the `p{P}_{metric}_ms` keys must be in `s`). `sessions`: a session workload, whose
+    configured rate starts sessions and whose requests are turns (the labels say so)."""
     lines = [f"{title:=^50}"]
     lines.append(_row("Successful requests:", s["completed"]))
     lines.append(_row("Failed requests:", s.get("rejected", 0)))  # vLLM fails what it rejects (too long)
     if s.get("max_concurrency") is not None:
         lines.append(_row("Maximum request concurrency:", s["max_concurrency"]))
     if s.get("request_rate") is not None:
-        lines.append(_row("Request rate configured (RPS):", s["request_rate"]))
+        label = "Session rate configured (sessions/s):" if sessions else "Request rate configured (RPS):"
+        lines.append(_row(label, s["request_rate"]))
     lines += [
         _row("Benchmark duration (s):", s["duration_s"]),
         _row("Total input tokens:", s["total_input_tokens"]),
@@ -104,8 +106,9 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
             lines.append(_row(f"{label} {name} (ms):", s.get(f"{stat}_{key}_ms")))
     lines.append(_section("Load"))
     lines.append(_row("Offered load:", _load_label(s)))
-    for key, label in (("offered_rate", "Offered rate once warm (req/s):"),
-                       ("completed_rate_warm", "Completed rate once warm (req/s):"),
+    unit = rate_unit(sessions)
+    for key, label in (("offered_rate", f"Offered rate once warm ({unit}):"),
+                       ("completed_rate_warm", f"Completed rate once warm ({unit}):"),
                        ("queue_wait_slope", "Queueing delay growth (s per s):"),
                        ("session_queue_slope", "  while sessions start (s per s):")):
         if s.get(key) is not None:
@@ -307,6 +310,11 @@ def check_out_file(out: Path | None, flag: str = "--out") -> Path | None:
     from kvsim.reports.files import check_out_file as check
 
     return check(out, flag)
+
+
+def rate_unit(sessions: bool) -> str:
+    """The unit of a run's offered and completed rates: a session workload's requests are its turns."""
+    return "turns/s" if sessions else "req/s"
 
 
 def _arrival_text(workload: dict[str, Any]) -> str:

@@ -624,6 +624,11 @@ def _has_pyarrow() -> bool:
     return True
 
 
+def _write_parquet(table, path: Path) -> None:
+    with open(path, "wb") as f:  # a handle, not the path: pyarrow cannot encode a non-UTF-8 name
+        table.to_parquet(f, index=False)
+
+
 def _write(out: Path, table, doc: dict[str, Any], result) -> None:
     import tempfile
 
@@ -642,7 +647,7 @@ def _write(out: Path, table, doc: dict[str, Any], result) -> None:
             "plan.html": lambda p: p.write_text(page),
         }
         if _has_pyarrow():
-            writers["plan.parquet"] = lambda p: table.to_parquet(p, index=False)
+            writers["plan.parquet"] = lambda p: _write_parquet(table, p)
         write_files(out, writers)
 
 

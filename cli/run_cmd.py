@@ -75,6 +75,7 @@ from kvsim.cli.output import (
     configured_load,
     describe_run,
     format_summary,
+    rate_unit,
     rejected_lines,
     request_columns,
     result_problems,
@@ -933,7 +934,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
                    "arrivals and the completed rate keeps pace)", err=True)
     elif judged.get("saturation") == "overloaded":
         s = judged
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} req/s offered, {s['completed_rate_warm']:.2f} "
+        unit = rate_unit(bool(result.record["workload"].get("sessions")))
+        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} {unit} offered, {s['completed_rate_warm']:.2f} "
                    "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
@@ -993,7 +995,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
-        typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics))
+        typer.echo(format_summary(summary, percentiles=percentiles, metrics=metrics,
+                                  sessions=bool(result.record["workload"].get("sessions"))))
         if extra is not None:
             typer.echo(extra(summary))
         if fleet is not None:

@@ -61,6 +61,7 @@ from kvsim.cli.output import check_out_file
 from kvsim.simcore.catalog import get_gpu, get_model
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
+from kvsim.simcore.userfiles import shown
 
 LIST_HELP = "Comma-separated list to sweep."
 
@@ -357,7 +358,7 @@ def sweep(
     plan = plan_sweep(
         model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
         _profiles(profile, len(model_specs) * len(gpu_specs)), seed_list,
-        {"profile": str(profile) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
+        {"profile": shown(str(profile)) if profile else "default", "slo_ttft_p95_ms": slo_ttft_p95_ms,
          "slo_tpot_p95_ms": slo_tpot_p95_ms, **slo_columns,
          # (columns only when asked: the point ids of other sweeps stay)
          **({"usage_context": usage_context or DEFAULT_USAGE_CONTEXT} if fill else {}),

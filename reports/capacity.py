@@ -148,9 +148,11 @@ class SLO:
             reasons.append(f"overloaded (queueing delay grows {summary['session_queue_slope']:.2f} s per s while "
                            "sessions start; their turns wait on answers, so turns alone do not show it)")
         elif summary.get("saturation") == "overloaded":
+            # a session run's requests are its turns (judge_sessions / SessionWorkload.turn_summary keys)
+            unit = "turns/s" if "session_queue_slope" in summary or "ttft_by_turn" in summary else "req/s"
             reasons.append(
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
-                f"{summary['offered_rate']:.2f} req/s offered)"
+                f"{summary['offered_rate']:.2f} {unit} offered)"
             )
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:

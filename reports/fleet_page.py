@@ -33,7 +33,8 @@ def _overload_note(document: dict[str, Any]) -> str:
     if document.get("saturation") != OVERLOADED:
         return ""
     offered, done = document.get("offered_rate"), document.get("completed_rate_warm")
-    rates = (f" ({offered:.2f} req/s offered, {done:.2f} completed once warm)"
+    unit = "turns/s" if ((document.get("record") or {}).get("workload") or {}).get("sessions") else "req/s"
+    rates = (f" ({offered:.2f} {unit} offered, {done:.2f} completed once warm)"
              if offered is not None and done is not None else "")
     return (f' <span class="mark overloaded">Overloaded{rates}:</span> the queue grew for as long as the '
             "load lasted, so its latencies grow with the run's length.")

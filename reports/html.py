@@ -274,11 +274,13 @@ def markdown(text: str, key_columns: int = 1) -> str:
 
 
 def page(title: str, body: Sequence[str]) -> str:
-    """The whole document: inline CSS, the body parts, then the sorting script."""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+    """The whole document: inline CSS, the body parts, then the sorting script. A path that is not
+    UTF-8 (its bytes decoded as surrogates) shows escaped, so the page can be written as UTF-8."""
+    text = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + f"\n<script>{_JS}</script>\n</body></html>\n")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def escape_text(text: str) -> str:

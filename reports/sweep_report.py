@@ -3,7 +3,8 @@
 - Heatmaps of output throughput, TTFT p95, TPOT p95 and KV waste over block size x
   gpu_memory_utilization, one panel per model, policy and GPU that varies; cells that miss the SLO are hatched,
   the SLO boundary is a thick line between passing and failing cells, the best point a star.
-- Throughput-latency curves: TTFT p95 and TPOT p95 against output throughput as the offered load
+- Throughput-latency curves: TTFT and TPOT at the percentiles the SLO names (p95 when it names none;
+  other metrics it names get their own panel) against output throughput as the offered load
   (rate, or clients) rises, one line per model, policy and GPU that varies; the SLO limits dashed, the best point starred.
 
 Other swept settings (TP, DP, max_num_seqs, and the load for the heatmaps) are held at the best
@@ -14,6 +15,7 @@ highest throughput), or without an SLO the highest throughput.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,10 +357,29 @@ def clip_interval(low: np.ndarray, high: np.ndarray, bottom: float, top: float):
     return np.where(cut_low, bottom, low), np.where(cut_high, top, high), cut_low, cut_high
 
 
+def curve_panels(report: SweepReport) -> list[tuple[str, str, float | None]]:
+    """(column, title, SLO limit or None) per throughput-latency panel: TTFT and TPOT at each
+    percentile the SLO names for them (p95 when it names none), then any other metric the SLO
+    names (--slo e2el:p90:...), so the figure shows the percentile the answer was judged on."""
+    from kvsim.reports.capacity import Target
+
+    named = [Target(m, 95.0, v) for m, v in (("ttft", report.slo["ttft_p95_ms"]), ("tpot", report.slo["tpot_p95_ms"]))
+             if v is not None] + list(report.targets)
+    panels: list[tuple[str, str, float | None]] = []
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        mine = [t for t in named if t.metric == metric]
+        if not mine and metric in ("ttft", "tpot"):
+            mine = [Target(metric, 95.0, float("nan"))]
+        for t in mine:
+            if t.column in report.cells.columns and (t.column, t.name, None) not in panels:
+                panels.append((t.column, t.name, None if math.isnan(t.limit_ms) else t.limit_ms))
+    return panels
+
+
 def render_curves(report: SweepReport, path: Path) -> str | None:
-    """TTFT p95 and TPOT p95 vs output throughput over the load, a line per facet; None if the
-    load was not swept. The axes fit the points (and the SLO); error bars are cut at the axes and
-    a cut end carries a triangle; overloaded points are drawn hollow."""
+    """Latency (the percentiles `curve_panels` names) vs output throughput over the load, a line
+    per facet; None if the load was not swept. The axes fit the points (and the SLO); error bars
+    are cut at the axes and a cut end carries a triangle; overloaded points are drawn hollow."""
     load = _load_axis(report)
     if load is None:
         return None
@@ -369,9 +390,11 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
 
     load_col, load_label = load
     held = _held(report, (load_col,))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    panels = curve_panels(report)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    axes = axes[0]
     best = _anchor(report) if report.best is not None else None
-    cols = ("ttft_p95_ms", "tpot_p95_ms")
+    cols = tuple(col for col, _, _ in panels)
     bars: dict[str, list] = {c: [] for c in cols}
     n_over = 0
     for name, cells in _facets(report):
@@ -394,8 +417,7 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
                 ax.annotate(f"{row[load_col]:g}", (row["output_tok_s"], row[col]), textcoords="offset points",
                             xytext=(4, 4), fontsize=7, color="#555")
     n_cut = 0
-    for ax, col, title in zip(axes, cols, ("TTFT p95", "TPOT p95"), strict=True):
-        limit = report.slo[col]
+    for ax, (col, title, limit) in zip(axes, panels, strict=True):
         if limit is not None:
             ax.axhline(limit, color="#b22222", linestyle="--", label=f"SLO {title} <= {limit:g} ms")
         if best is not None and best[load_col] in set(_slice(report.cells, held)[load_col]):
@@ -449,7 +471,8 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
     if n_cut:
         notes += (f" {n_cut} interval end{'s' if n_cut != 1 else ''} ran past the axis (a 95% interval over few seeds "
                   "is wide): cut at the axis and marked with a triangle.")
-    return (f"TTFT p95 and TPOT p95 (ms) against output throughput (tok/s) as the {load_label} "
+    names = [title for _, title, _ in panels]
+    return (f"{', '.join(names[:-1])} and {names[-1]} (ms) against output throughput (tok/s) as the {load_label} "
             f"rises (each point labelled with it), one line per "
             f"{' and '.join(k for k in FACETS if k in report.varying) or 'sweep'}; held: {_held_text(held)}. "
             f"Dashed: SLO limit; star: best point; error bars: 95% interval over seeds (if several).{notes}")
@@ -586,14 +609,41 @@ def render_html(report: SweepReport, figures: list[tuple[Path, str]], command: s
 
 
 def _best_sentence(report: SweepReport) -> str:
+    """The answer: the best point's settings and figures, each with what the table puts under it
+    (its 95% interval over seeds, the model-error band of --error-bars), so the answer is as sure
+    as the table and no surer."""
     row = report.cells.iloc[report.best]
     settings = ", ".join(f"{k}={row[k]}" for k in report.varying)
     what = _best_label(report).removeprefix("best: ")
-    return (f"{what[0].upper()}{what[1:]}: {settings or 'the only point'}: {row['output_tok_s']:,.1f} output tok/s, TTFT p95 "
-            f"{row['ttft_p95_ms']:,.1f} ms, TPOT p95 {row['tpot_p95_ms']:,.1f} ms, "
-            + "".join(f"{t.name} {row[t.column]:,.1f} ms, " for t in report.targets if row.get(t.column) is not None)
-            + "KV waste "
-            f"{100 * row['kv_waste']:.1f}%, {row['gpus']} GPU(s).")
+    seeds = len(report.context["seeds"])
+
+    def figure(col: str, unit: str, scale: float = 1.0, fmt: str = ",.1f") -> str:
+        def num(v: Any) -> str:
+            return f"{scale * float(v):{fmt}}"
+
+        text = f"{num(row[col])}{unit}"
+        extra = []
+        low, high = row.get(f"{col}_ci95_low"), row.get(f"{col}_ci95_high")
+        if not any(v is None or pd.isna(v) for v in (low, high)) and float(low) != float(high):
+            cut_low, cut_high = cut_ends(col, row[col], low, high)
+            extra.append(f"{num(low)}{CUT if cut_low else ''}\u2013{num(high)}{CUT if cut_high else ''}")
+            kinds.add(f"95% interval over {seeds} seeds")
+            if cut_low or cut_high:
+                kinds.add(f"{CUT} cut at what the quantity can take")
+        low, high = row.get(f"{col}_band_low"), row.get(f"{col}_band_high")
+        if not any(v is None or pd.isna(v) for v in (low, high)):
+            extra.append(f"model {num(low)}..{num(high)}")
+            kinds.add("model low..high: the 90% band under the profile's stated error")
+        return text + (f" [{'; '.join(extra)}]" if extra else "")
+
+    kinds: set[str] = set()
+    text = (f"{what[0].upper()}{what[1:]}: {settings or 'the only point'}: {figure('output_tok_s', ' output tok/s')}, "
+            f"TTFT p95 {figure('ttft_p95_ms', ' ms')}, TPOT p95 {figure('tpot_p95_ms', ' ms')}, "
+            + "".join(f"{t.name} {figure(t.column, ' ms')}, " for t in report.targets
+                      if t.percentile != 95 or t.metric not in ("ttft", "tpot")
+                      if row.get(t.column) is not None and not pd.isna(row.get(t.column)))
+            + f"KV waste {figure('kv_waste', '%', 100.0)}, {row['gpus']} GPU(s).")
+    return text + (f" In brackets: {'; '.join(sorted(kinds))}." if kinds else "")
 
 
 def write_sweep_report(report: SweepReport, out_dir: Path, command: str) -> list[Path]:

@@ -171,6 +171,7 @@ def run_points(
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _WATCH_S = 0.5  # how often a worker checks that its parent is alive (the fallback of PDEATHSIG)
+_JOIN_S = 5.0  # how long an interrupted sweep waits for a terminated worker to go
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -212,12 +213,20 @@ def process_pool(max_workers: int):
 def stop_workers(pool) -> None:
     """Interrupted: cancel what has not started and end the running workers now, rather than wait
     for their points (minutes each, maybe) in `shutdown`. Uses the executor's `_processes`
-    (CPython's, present since 3.2); without it the pool is only shut down."""
+    (CPython's, present since 3.2), read before `shutdown`, which sets it to None: read after, no
+    worker was ended and the interrupted sweep waited, at exit, for every running point.
+    Without it the pool is only shut down."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
+    for process in processes:
         try:
             process.terminate()
         except (OSError, AttributeError):
+            pass
+    for process in processes:  # gone before the interpreter's exit joins the pool's threads
+        try:
+            process.join(_JOIN_S)
+        except (OSError, AttributeError, AssertionError):
             pass
 
 

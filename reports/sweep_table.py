@@ -46,7 +46,9 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return repr(value)  # round-trips exactly
-    return str(value).replace("\r", " ").replace("\n", " ")
+    # a file name that is not UTF-8 (a workload path's undecodable bytes, as surrogates) is written
+    # escaped (t\udcff.csv): the table stays UTF-8 and readable
+    return str(value).replace("\r", " ").replace("\n", " ").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _line(values: list[Any]) -> str:
@@ -265,7 +267,8 @@ class SweepTable:
         frame = read_table(self.path)
         tmp = self.target.with_name(f".{self.target.name}.kvsim-{os.getpid()}-{secrets.token_hex(6)}")
         try:
-            frame.to_parquet(tmp, index=False)
+            with open(tmp, "wb") as f:  # a handle, not the path: pyarrow cannot encode a non-UTF-8 name
+                frame.to_parquet(f, index=False)
             os.replace(tmp, self.target)
         finally:
             tmp.unlink(missing_ok=True)
@@ -347,7 +350,8 @@ def _read_parquet(path: Path, prefix: str = "") -> pd.DataFrame:
 
     try:
         check_regular(path, "sweep table")  # a FIFO or /dev/zero: refused before pyarrow reads it
-        frame = pd.read_parquet(path)
+        with open(path, "rb") as f:  # a handle, not the path: pyarrow cannot encode a non-UTF-8 name
+            frame = pd.read_parquet(f)
     except FileNotFoundError:
         raise ConfigError(f"{prefix}{path}: no such file") from None
     except OSError as exc:

@@ -456,7 +456,8 @@ def run(sim: Any, progress=None) -> Any:
     router = _ALL_ROUTERS[sim.sink.policy] if dp > 1 and autoscaler is None else 0
     speculative = engine.spec_cost is not None  # every step its own row, as the Python engine plans them
     # every step its own row: speculative steps as the Python engine plans them, pipeline rounds (exact steps)
-    configs = [_config(e, hold, dp, router, clients, fold, speculative or _pipelined(engines)) for e in engines]
+    each_step = speculative or _pipelined(engines)  # once, not per replica (dp x dp scans at a large --dp)
+    configs = [_config(e, hold, dp, router, clients, fold, each_step) for e in engines]
     pricings: dict[int, int] = {}  # one kv_pricing per latency model (a fleet's groups each have theirs)
     handle = None
     draft = None

@@ -52,8 +52,11 @@ class SequenceGroups:
         return self._seq_ids.get(st.request_id) or [st.request_id]
 
     def num_extra_seqs(self) -> int:
-        """Sequences beyond the first of every forked request."""
-        return sum([len(ids) - 1 for ids in self._seq_ids.values()])
+        """Sequences beyond the first of every forked request on the GPU. A swapped-out group
+        runs nothing, so it takes no `max_num_seqs` room (vLLM's budget counts running sequences
+        only); counting it kept two swapped groups from ever coming back."""
+        alloc = self.allocator
+        return sum([len(ids) - 1 for ids in self._seq_ids.values() if not alloc.is_swapped(ids[0])])
 
     def num_blocks_for(self, st: ReqState) -> int:
         """Blocks the request needs at its longest: the prompt once, the outputs k times."""

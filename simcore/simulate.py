@@ -347,6 +347,9 @@ def prepare(
         raise ConfigError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"--seed must be an integer >= 0, got {seed!r}")
+    check_span = getattr(workload, "check_span", None)  # a span float64 time resolves (workloads.arrivals)
+    if check_span is not None:
+        check_span()
     if isinstance(config, ResolvedConfig):
         assert config.model == config.engine.resolve_model(model) and config.gpu == gpu, (
             "resolved for another model or GPU")

@@ -111,4 +111,11 @@ def is_special(path: str | os.PathLike[str]) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-__all__ = ["CAPS", "RefusedFile", "RefusedFolder", "check_regular", "is_special", "read_bytes", "read_text"]
+__all__ = ["CAPS", "RefusedFile", "RefusedFolder", "check_regular", "is_special", "read_bytes", "read_text", "shown"]
+
+
+def shown(text: str) -> str:
+    """A file name as text that can be printed and written as UTF-8: bytes that are not UTF-8
+    (which Python keeps in a path as lone surrogates) appear escaped, `t\\udcff.csv`. For names
+    derived from a path (a workload's), never for the path that opens the file."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -82,3 +82,43 @@ def assert_same_requests(a, b, context: str) -> None:
             assert same.all(), f"{context}: {col} differs for requests {np.flatnonzero(~same).tolist()}"
         else:
             assert (x == y).all(), f"{context}: {col} differs"
+
+
+def assert_cores_agree(core, exact, context: str) -> None:
+    """The compiled core's run against the Python reference's: which core ran each, request tables,
+    pooled ITLs (in order), summaries, warnings, step totals and the number of steps the rows hold
+    (the checks every equivalence test shares; each adds its own after)."""
+    assert core.record["engine_core"] == "c" and exact.record["engine_core"] == "python", context
+    assert_same_requests(core.requests, exact.requests, context)
+    assert len(core.itl_s) == len(exact.itl_s), context
+    assert np.allclose(core.itl_s, exact.itl_s, rtol=0.0, atol=TIME_TOL_S), context  # same order too
+    assert core.summary.keys() == exact.summary.keys(), context
+    for key in core.summary:
+        assert_same_value(core.summary[key], exact.summary[key], key, context)
+    assert core.warnings == exact.warnings, context
+    ct, et = core.totals, exact.totals
+    for name in ("num_steps", "seq_steps", "max_running", "kv_allocated_max", "num_preempted"):
+        assert getattr(ct, name) == getattr(et, name), (context, name)
+    for name in ("duration_s", "running_s", "kv_blocked_s"):
+        assert_same_value(getattr(ct, name), getattr(et, name), name, context)
+    assert core.steps["num_steps"].sum() == len(exact.steps), context
+
+
+def random_requests(rng: np.random.Generator, max_model_len: int, max_requests: int = 40,
+                    long_outputs: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival_s, prompt, output) of 1 to max_requests - 1 random requests for the equivalence
+    tests: exponential gaps at one of three scales, a quarter of them 0 (simultaneous arrivals);
+    lengths up to half the window, a tenth of the prompts longer (refused by max_model_len or
+    clipped by it) and, with `long_outputs`, a tenth of the outputs max_model_len long."""
+    mml = max_model_len
+    num = int(rng.integers(1, max_requests))
+    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
+    gaps[rng.random(num) < 0.25] = 0.0  # simultaneous arrivals
+    arrivals = np.cumsum(gaps) - gaps[0]
+    prompt = rng.integers(1, mml // 2, size=num)
+    output = rng.integers(1, mml // 2, size=num)
+    long = rng.random(num) < 0.1  # refused (prompt > max_model_len) or clipped by it
+    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
+    if long_outputs:
+        output[rng.random(num) < 0.1] = mml
+    return arrivals, prompt, output

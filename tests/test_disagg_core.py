@@ -21,7 +21,7 @@ from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.disagg import LinkSpec, link_spec, prepare_disagg
 from kvsim.simcore.errors import StalledError
 from kvsim.simcore.specs import EngineConfig
-from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
+from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value, random_requests
 from tests.test_fastcore_equivalence import ArraysWorkload
 
 TINY = MODELS["tiny"]
@@ -109,14 +109,8 @@ def _random_case(rng):
                "decode": _pool(rng, block_size, mml, rng.random() < 0.6)}
     if rng.random() < 0.3:  # the proxy's prefix-aware prefill routing
         configs["prefill"] = replace(configs["prefill"], router="prefix-aware")
-    num = int(rng.integers(1, 40))
-    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
-    gaps[rng.random(num) < 0.25] = 0.0
-    arrivals = np.cumsum(gaps) - gaps[0]
-    prompt = rng.integers(1, mml // 2, size=num)
-    output = rng.integers(1, mml // 2, size=num)
-    long = rng.random(num) < 0.1  # refused or clipped by max_model_len
-    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
+    arrivals, prompt, output = random_requests(rng, mml, long_outputs=False)
+    num = len(arrivals)
     workload = PrefixArraysWorkload(arrivals, prompt, output)
     if rng.random() < 0.4:  # shared prefixes (prefix caching, where a pool has it on)
         workload.chunk.prefix_id = rng.integers(0, 3, size=num)

@@ -12,6 +12,7 @@ import pytest
 
 from kvsim.simcore import ccore
 from kvsim.simcore.specs import EngineConfig
+from tests.helpers import random_requests
 from tests.test_fastcore_equivalence import ArraysWorkload, _compare
 
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
@@ -39,15 +40,8 @@ def _random_case(rng: np.random.Generator, policy: str) -> tuple[EngineConfig, A
                               reservation=str(rng.choice(["max", "pow2", "oracle"])),
                               enable_chunked_prefill=chunked, max_num_seqs=seqs,
                               max_num_batched_tokens=max(budget, seqs), **common)
-    num = int(rng.integers(1, 40))
-    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
-    gaps[rng.random(num) < 0.25] = 0.0  # simultaneous arrivals
-    arrivals = np.cumsum(gaps) - gaps[0]
-    prompt = rng.integers(1, mml // 2, size=num)
-    output = rng.integers(1, mml // 2, size=num)
-    long = rng.random(num) < 0.1  # refused or clipped by max_model_len
-    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
-    output[rng.random(num) < 0.1] = mml
+    arrivals, prompt, output = random_requests(rng, mml)
+    num = len(arrivals)
     max_tokens = output + rng.integers(0, mml, size=num) * (rng.random(num) < 0.5)  # a client's cap
     return config, ArraysWorkload(arrivals, prompt, output, max_tokens)
 

@@ -16,6 +16,7 @@ from kvsim.simcore import ccore
 from kvsim.simcore.simulate import prepare, simulate
 from kvsim.simcore.specs import EngineConfig
 from kvsim.workloads.arrivals import open_loop_process
+from tests.helpers import random_requests
 from tests.test_fastcore_equivalence import H100, TINY, ArraysWorkload, _compare, _profile
 
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
@@ -62,15 +63,8 @@ def _random_case(rng: np.random.Generator) -> tuple[EngineConfig, GroupsWorkload
     if rng.random() < 0.3:
         config = dataclasses.replace(config, data_parallel_size=2,
                                      router=str(rng.choice(["round-robin", "least-loaded"])))
-    num = int(rng.integers(1, 30))
-    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
-    gaps[rng.random(num) < 0.25] = 0.0
-    arrivals = np.cumsum(gaps) - gaps[0]
-    prompt = rng.integers(1, mml // 2, size=num)
-    output = rng.integers(1, mml // 2, size=num)
-    long = rng.random(num) < 0.1
-    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
-    output[rng.random(num) < 0.1] = mml
+    arrivals, prompt, output = random_requests(rng, mml, max_requests=30)
+    num = len(arrivals)
     n = np.where(rng.random(num) < 0.7, rng.integers(2, 5, size=num), 1)
     return config, GroupsWorkload(arrivals, prompt, output, n)
 

@@ -16,6 +16,7 @@ import pytest
 from kvsim.simcore import ccore, fastcore
 from kvsim.simcore.specs import EngineConfig
 from kvsim.simcore.speculative import parse_speculative_config
+from tests.helpers import random_requests
 from tests.test_fastcore_equivalence import H100, TINY, ArraysWorkload, _compare, _profile
 
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
@@ -60,16 +61,7 @@ def _random_case(rng: np.random.Generator, method: str) -> tuple[EngineConfig, A
         router=str(rng.choice(["round-robin", "least-loaded"])) if dp > 1 else "round-robin",
         speculative_config=parse_speculative_config(text),
     )
-    num = int(rng.integers(1, 40))
-    gaps = rng.exponential(float(rng.choice([0.0005, 0.002, 0.02])), size=num)
-    gaps[rng.random(num) < 0.25] = 0.0
-    arrivals = np.cumsum(gaps) - gaps[0]
-    prompt = rng.integers(1, mml // 2, size=num)
-    output = rng.integers(1, mml // 2, size=num)
-    long = rng.random(num) < 0.1
-    prompt[long] = rng.integers(mml // 2, mml + 8, size=int(long.sum()))
-    output[rng.random(num) < 0.1] = mml
-    return config, ArraysWorkload(arrivals, prompt, output), text
+    return config, ArraysWorkload(*random_requests(rng, mml)), text
 
 
 @pytest.mark.parametrize("method", METHODS)

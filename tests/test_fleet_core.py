@@ -20,7 +20,7 @@ from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.config import resolve
 from kvsim.simcore.simulate import prepare
 from kvsim.simcore.specs import EngineConfig
-from tests.helpers import TIME_TOL_S, assert_same_requests, assert_same_value
+from tests.helpers import assert_cores_agree, assert_same_requests
 from tests.test_fastcore_equivalence import ArraysWorkload, _bursty_arrivals, _random_case
 
 TINY = MODELS["tiny"]
@@ -34,20 +34,7 @@ def _both(make, context: str):
     reference; assert they agree; return both results."""
     core = make("c", False).run()
     exact = make("python", True).run()
-    assert core.record["engine_core"] == "c" and exact.record["engine_core"] == "python", context
-    assert_same_requests(core.requests, exact.requests, context)
-    assert len(core.itl_s) == len(exact.itl_s), context
-    assert np.allclose(core.itl_s, exact.itl_s, rtol=0.0, atol=TIME_TOL_S), context
-    assert core.summary.keys() == exact.summary.keys(), context
-    for key in core.summary:
-        assert_same_value(core.summary[key], exact.summary[key], key, context)
-    assert core.warnings == exact.warnings, context
-    ct, et = core.totals, exact.totals
-    for name in ("num_steps", "seq_steps", "max_running", "kv_allocated_max", "num_preempted"):
-        assert getattr(ct, name) == getattr(et, name), (context, name)
-    for name in ("duration_s", "running_s", "kv_blocked_s"):
-        assert_same_value(getattr(ct, name), getattr(et, name), name, context)
-    assert core.steps["num_steps"].sum() == len(exact.steps), context
+    assert_cores_agree(core, exact, context)
     assert core.record.get("autoscale") == exact.record.get("autoscale"), context
     return core, exact
 

@@ -24,8 +24,9 @@ if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (s
 
 # The rates and burstiness a run can mean. Below MIN_RATE, 1/rate (the mean gap in seconds)
 # heads for overflow (inf from 5.6e-309: every gap infinite, and the run refused only after it
-# ran); above it a near-idle run runs, with the warning that the engine sat idle and the longest
-# gap (tests/test_bad_input_audit.py keeps 1e-300 running). Above MAX_RATE (a billion requests a
+# ran); above it a run whose planned span passes MAX_SPAN_S is refused (`refuse_long_span`), and a
+# near-idle one within it runs with the warning that the engine sat idle and the longest gap
+# (tests/test_bad_input_audit.py). Above MAX_RATE (a billion requests a
 # second) every arrival is the same instant anyway. A gamma gap of shape k falls below the
 # smallest double, so it is exactly 0, with probability about (4.9e-324)**k: 0.47 at k = 0.001,
 # 6e-4 at 0.01, 3e-7 at MIN_BURSTINESS (0.02), measured with numpy's gamma; below it the arrivals
@@ -33,6 +34,14 @@ if TYPE_CHECKING:  # annotations only: SimPy is imported by the Python engine (s
 # 0.001, a fixed rate in all but name, and rate * burstiness stays far from overflow.
 MIN_RATE, MAX_RATE = 1e-300, 1e9
 MIN_BURSTINESS, MAX_BURSTINESS = 0.02, 1e6
+# The longest run a workload may plan (arrivals and think times, before any service time): 1e9 s,
+# about 31.7 years. The clock is a float64 of seconds (IEEE 754 binary64, 53-bit significand):
+# below 2**30 s (1.07e9) its spacing is at most 2**-23 s (0.12 us), so a step of a few
+# microseconds still reads to within a few percent; at 1e12 s it is 0.12 ms, and at 1e300 s no
+# latency survives (a 1e-300 req/s run printed a median TTFT of 0.00 ms). Rates down to MIN_RATE
+# stay legal for a few requests; what is refused is the span they plan.
+MAX_SPAN_S = 1e9
+SECONDS_PER_YEAR = 365.25 * 86400
 
 
 def _positive(name: str, value: float) -> None:
@@ -271,6 +280,36 @@ class ClosedLoop:
 
 OpenLoopArrivals = GammaArrivals | FixedRateArrivals | BatchArrivals | PiecewiseRateArrivals
 ArrivalProcess = OpenLoopArrivals | TraceArrivals | ClosedLoop
+
+
+def planned_span_s(process: ArrivalProcess, count: int) -> float:
+    """Seconds from the first to the last of `count` arrivals at the process's mean (a closed
+    loop: each client's think times; a trace: 0, its rows are checked when read)."""
+    count = int(count)
+    if count <= 1:
+        return 0.0
+    if isinstance(process, (GammaArrivals, FixedRateArrivals)):
+        return (count - 1) / float(process.rate)
+    if isinstance(process, BatchArrivals):
+        return float((count - 1) // process.size * process.interval_s) if process.size else 0.0
+    if isinstance(process, PiecewiseRateArrivals):  # the count-th unit-rate epoch, mapped as arrivals are
+        with np.errstate(over="ignore", invalid="ignore"):
+            return float(process._times_of_epochs(np.array([float(count)]))[0])
+    if isinstance(process, ClosedLoop):
+        return float(process.think_time_s) * (count / int(process.concurrency))
+    return 0.0
+
+
+def refuse_long_span(name: str, span_s: float, what: str, fix: str = "raise the rate or lower the number of requests") -> None:
+    """Refuse a workload whose planned span passes MAX_SPAN_S (float64 time would lose its latencies)."""
+    if span_s <= MAX_SPAN_S:
+        return
+    years = span_s / SECONDS_PER_YEAR
+    raise WorkloadError(
+        f"workload {name}: {what} would span about {span_s:.3g} s ({years:.3g} years) of simulated time, past "
+        f"kvsim's limit of {MAX_SPAN_S:g} s ({MAX_SPAN_S / SECONDS_PER_YEAR:.1f} years, where a float64 clock "
+        f"still resolves microseconds); {fix}"
+    )
 
 
 def open_loop_process(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.simcore.errors import WorkloadError
-from kvsim.simcore.userfiles import is_special, read_text
+from kvsim.simcore.userfiles import is_special, read_text, shown
 from kvsim.workloads.arrivals import (
     MAX_BURSTINESS,
     MAX_RATE,
@@ -329,7 +329,7 @@ def parse_sessions(path: Path, data: Any) -> SessionWorkload:
             raise s.error("sessions.num_sessions", "is required (unless a session trace gives the sessions)")
         num_sessions = len(trace.sessions())
     return SessionWorkload(
-        name=f.text("name", path.stem),
+        name=f.text("name", shown(path.stem)),
         description=f.text("description", ""),
         num_sessions=num_sessions,
         arrival=arrival,
@@ -389,7 +389,7 @@ def parse_workload(path: Path, data: Any) -> WorkloadSpec | SessionWorkload:
     if trace is not None and "session_id" in trace.extras:
         raise f.error("trace", "has a session_id column: replay it as sessions (add a `sessions:` section)")
     return WorkloadSpec(
-        name=f.text("name", path.stem),
+        name=f.text("name", shown(path.stem)),
         description=f.text("description", ""),
         num_requests=num_requests,
         arrival=_arrival(file, f.raw("arrival")),
@@ -435,12 +435,12 @@ def load_file(path: Path) -> WorkloadSpec:
             if "session_id" in trace.extras:  # turns of conversations, replayed as sessions
                 sessions = session_trace(trace)
                 return SessionWorkload(
-                    name=path.stem, num_sessions=len(sessions.sessions()), arrival=TraceArrivals(), turns=None,
+                    name=shown(path.stem), num_sessions=len(sessions.sessions()), arrival=TraceArrivals(), turns=None,
                     prompt_len=None, output_len=None, trace=sessions,
-                    description=f"session replay of {path.name}", source=str(path))
+                    description=f"session replay of {shown(path.name)}", source=str(path))
             return WorkloadSpec(
-                name=path.stem, num_requests=len(trace), arrival=TraceArrivals(), trace=trace,
-                description=f"replay of {path.name}", source=str(path),
+                name=shown(path.stem), num_requests=len(trace), arrival=TraceArrivals(), trace=trace,
+                description=f"replay of {shown(path.name)}", source=str(path),
             )  # fmt: skip
         return parse_workload(path, _read_yaml(path))
     except WorkloadError as exc:
@@ -467,6 +467,8 @@ def resolve(name_or_path: str) -> Path:
         return builtin
     if is_special(path):  # a FIFO, /dev/zero: it exists, it is no file to read
         raise WorkloadError(f"workload file {path} is not a regular file")
+    if os.path.lexists(path) and not os.path.exists(path):  # not "unknown workload": the user named a file
+        raise WorkloadError(f"workload file {path} is a symbolic link to nothing (a dangling link, or a loop)")
     if explicit or path.is_file():
         if path.is_dir():
             raise WorkloadError(f"workload file {path} is a folder, not a file")
@@ -644,4 +646,5 @@ def load_workload(
                     f"max_model_len {max_model_len}"
                 )
         spec = dataclasses.replace(spec, max_model_len=int(max_model_len))
+    spec.check_span()
     return spec

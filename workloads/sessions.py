@@ -29,7 +29,13 @@ from kvsim.simcore import quantiles
 from kvsim.simcore.errors import WorkloadError
 from kvsim.simcore.prefix_hash import TokenStream
 from kvsim.simcore.request import Request, RequestSink
-from kvsim.workloads.arrivals import ClosedLoop, GammaArrivals, TraceArrivals
+from kvsim.workloads.arrivals import (
+    ClosedLoop,
+    GammaArrivals,
+    TraceArrivals,
+    planned_span_s,
+    refuse_long_span,
+)
 from kvsim.workloads.lengths import LengthDist
 from kvsim.workloads.spec import SharedPrefix, streams
 
@@ -114,6 +120,28 @@ class SessionWorkload:
         if self.max_model_len is not None and first >= self.max_model_len:  # no turn would ever be sent
             raise WorkloadError(f"workload {self.name}: every session's first prompt ({first:,} tokens or more) "
                                 f"does not fit max_model_len {self.max_model_len:,}")
+
+    def check_span(self) -> None:
+        """Refuse session starts plus a session's think times past arrivals.MAX_SPAN_S (a closed
+        loop's clients think through all the turns between them). Called on the workload a run gets."""
+        count = int(self.num_sessions)
+        think = float(self.think_time_s)
+        if isinstance(self.arrival, ClosedLoop):
+            span = self.num_requests / int(self.arrival.concurrency) * think
+        elif isinstance(self.arrival, GammaArrivals):
+            turns = self.turns.mean if self.turns is not None else 1.0
+            span = planned_span_s(self.arrival, count) * float(self.start_scale) + max(turns - 1.0, 0.0) * think
+        elif self.trace is not None:  # the last start, then the longest session's think times
+            traced = self.trace.sessions()[:count]
+            thinks = self.trace.think_s
+            longest = max((float(thinks[rows].sum()) if thinks is not None else (len(rows) - 1) * think
+                           for _, rows in traced), default=0.0)
+            span = traced[-1][0] * float(self.start_scale) + longest
+        else:
+            return
+        rate = getattr(self.arrival, "rate", None)
+        refuse_long_span(self.name, span, f"{count:,} sessions" + (f" at {rate:g} sessions/s" if rate else "")
+                   + (f" with {think:g} s think times" if think else ""))
 
     def _shortest_first_prompt(self) -> int:
         """The fewest tokens a session's first turn can have (1 when its length is unbounded below)."""

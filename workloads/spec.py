@@ -22,6 +22,8 @@ from kvsim.workloads.arrivals import (
     TraceArrivals,
     closed_loop_process,
     open_loop_process,
+    planned_span_s,
+    refuse_long_span,
 )
 from kvsim.workloads.lengths import Categorical, LengthDist
 from kvsim.workloads.traces import Trace, TraceOptions, select, window_rows
@@ -161,6 +163,27 @@ class WorkloadSpec:
                 )
         if self.max_model_len is not None:
             self._check_fits(self.max_model_len)
+
+    def check_span(self) -> None:
+        """Refuse planned arrivals past arrivals.MAX_SPAN_S; a trace's replayed rows (the first
+        `num_requests` of the window, or the whole window when sampled at random) as rescaled.
+        Called on the workload a run gets (after overrides: a file's own span may be cut)."""
+        count = int(self.num_requests)
+        rate = getattr(self.arrival, "rate", None) or getattr(self.arrival, "mean_rate", None)
+        span = planned_span_s(self.arrival, count)
+        if self.trace is not None and isinstance(self.arrival, TraceArrivals):
+            rate = self.trace_options.rescale_rate
+            if rate is not None:
+                span = (count - 1) / rate
+            else:
+                first, last = window_rows(self.trace, self.trace_options)
+                end = first + count - 1 if self.trace_options.sample == "head" else last - 1
+                span = float(self.trace.arrival_s[end] - self.trace.arrival_s[first])
+        if self.is_closed_loop:
+            refuse_long_span(self.name, span, f"{count:,} requests with {self.arrival.think_time_s:g} s think times "
+                             f"over {self.arrival.concurrency} clients", "shorten the think time or lower the number of requests")
+        refuse_long_span(self.name, span,
+                         f"{count:,} requests" + (f" at {rate:g} req/s" if rate else f" ({self.arrival.kind} arrivals)"))
 
     def _check_fits(self, max_model_len: int) -> None:
         """Refuse a workload whose every prompt would have to be clipped (e.g. `long-context`, 8k-32k

@@ -100,6 +100,7 @@ static int sg_swap_out(kv_rep *e, kv_req *r) {
     if (!e->c.swap || d > e->cpu_free) return 0;
     sg_free(e, d); e->cpu_free -= d; e->gpu_tokens -= r->k * r->ntok;
     e->num_swap_blocks += d;
+    e->sg_extra -= r->k - 1;  /* a swapped group runs no sequence (SequenceGroups.num_extra_seqs) */
     return 1;
 }
 
@@ -108,9 +109,9 @@ static int sg_swap_out(kv_rep *e, kv_req *r) {
 static long sg_swap_in(kv_rep *e, kv_req *r, long n, long budget) {
     long d = sg_distinct(r), need = d + 2 * r->k;
     if (!n && need > e->c.num_gpu_blocks) need = e->c.num_gpu_blocks;
-    if (e->free_blocks < need || r->k > budget) return -1;
+    if (e->free_blocks < need || r->k > budget || n + e->sg_extra + r->k > e->c.max_num_seqs) return -1;
     e->cpu_free += d; sg_free(e, -d); e->gpu_tokens += r->k * r->ntok;
-    e->num_swap_blocks += d;
+    e->num_swap_blocks += d; e->sg_extra += r->k - 1;
     sg_grow(e, r);  /* checked: it fits */
     return r->k;
 }

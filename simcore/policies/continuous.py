@@ -333,7 +333,8 @@ class ContinuousPagedPolicy:
                 need = len(alloc.distinct_blocks(seq_ids)) + 2 * k
                 if not running:
                     need = min(need, alloc.num_gpu_blocks)
-            if alloc.num_free_blocks < need or k > budget:
+            # vLLM's budget.can_schedule: the group's every sequence within max_num_seqs
+            if alloc.num_free_blocks < need or k > budget or self._num_seqs(running) + k > self.max_num_seqs:
                 break
             plan.num_swap_blocks += alloc.swap_in(seq_ids)
             plan.swapped_in.append(st)
