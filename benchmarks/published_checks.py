@@ -264,8 +264,9 @@ def fmt_pub(row: Row) -> str:
     return f"{row.published:.2f}"
 
 
-def write_workloads(folder: str) -> None:
-    for name, text in WORKLOADS.items():
+def write_workloads(folder: str, workloads: dict[str, str] | None = None) -> None:
+    """Write each workload's YAML (name -> text; this module's WORKLOADS by default) as NAME.yaml."""
+    for name, text in (WORKLOADS if workloads is None else workloads).items():
         with open(os.path.join(folder, name + ".yaml"), "w") as f:
             f.write(text)
 

@@ -53,9 +53,15 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              gap between two steps' kernels stays on the critical path: 150-170 us at batch 256 with
              CUDA graphs, the one published measurement of it (PR #11133, an async V1 prototype on
              Llama-2-7B, against 5-6 ms without it, issue #10634), priced as ASYNC_GAP_MS per step
-             and nothing per sequence. Valid while the hidden CPU work (the `vllm-v1` terms) is
-             shorter than the GPU's step; where it is longer (small models at large batches) the
-             excess is on the critical path and this prices the step too fast.
+             and nothing per sequence. The CPU work it hides is the `vllm-v1` terms at the same TP,
+             carried as `hidden_per_step_ms` / `hidden_per_seq_ms` (simcore.latency.HostOverhead):
+             a step costs max(GPU step, hidden CPU work) + the gap, so where the CPU's work is the
+             longer (small models at large batches) it is on the critical path: vLLM's
+             `EngineCore.step_with_batch_queue` (vllm/v1/engine/core.py at 00080ee) schedules and
+             launches step n+1, then blocks on step n, two batches in flight
+             (`VllmConfig.max_concurrent_batches`, vllm/config/vllm.py at 6cf7b26). The first step
+             after the engine idled is scheduled, then launched, with nothing in flight to hide its
+             CPU work behind: it pays it in full (simcore.engine.Engine.run's `cold`).
 """
 
 from __future__ import annotations
@@ -146,6 +152,15 @@ def engine_host(engine_version: str, tp: int) -> tuple[float, float]:
     raise ValueError(f"unknown engine version {engine_version!r}; known: {', '.join(ENGINE_VERSIONS)}")
 
 
+def engine_hidden(engine_version: str, tp: int) -> tuple[float, float]:
+    """(hidden_per_step_ms, hidden_per_seq_ms): the CPU work a version runs while the GPU executes
+    the previous step. `vllm-v1-async` hides what `vllm-v1` runs on the critical path (the same
+    engine loop and rank wait, PRs #19970 / #23569); the other versions hide nothing."""
+    if engine_version == "vllm-v1-async":
+        return engine_host("vllm-v1", tp)
+    return 0.0, 0.0
+
+
 def _engine_loop(tp: int) -> tuple[float, float]:
     """The early-TGI (`dynamic`) loop keeps the TP 1 line at TP 1 and the TP 4 one elsewhere, as
     before engine versions existed (TGI's own multi-rank costs are not measured anywhere we know)."""
@@ -158,7 +173,9 @@ def default_host_overhead(policy: str, num_layers: int, tp: int,
     `engine_version` selects the vLLM version a `continuous` step is priced as."""
     if policy == "continuous":
         per_step, per_seq = engine_host(engine_version, tp)
-        return HostOverhead(per_step_ms=per_step, per_seq_ms=per_seq)
+        hidden_step, hidden_seq = engine_hidden(engine_version, tp)
+        return HostOverhead(per_step_ms=per_step, per_seq_ms=per_seq, hidden_per_step_ms=hidden_step,
+                            hidden_per_seq_ms=hidden_seq)
     base, per_seq = _engine_loop(tp)
     out_a, out_s = phase_line("process_model_outputs", 1)
     out = round(out_a, 3), round(out_s, 3)  # 0.126 + 0.062 per sequence, as before engine versions

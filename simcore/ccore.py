@@ -20,7 +20,7 @@ from typing import Any
 CSRC_DIR = Path(__file__).resolve().parent / "csrc"
 MODULE = "kvsim.simcore._core"
 REASON_FILE = Path(__file__).resolve().parent / "_core_build.txt"  # setup.py writes it on a failed build
-PRICING_ABI = 2  # csrc/pricing.h KV_PRICING_ABI
+PRICING_ABI = 3  # csrc/pricing.h KV_PRICING_ABI
 BLOB_MAGIC = 1802924141.0  # csrc/pricing.h KV_BLOB_MAGIC
 KV_OUT_LINEAR, KV_OUT_PREFILL, KV_OUT_DECODE = 1, 2, 4  # csrc/pricing.h: tables extrapolated
 SLOWDOWN = "20-80x slower"  # Python core vs C core per request, measured (benchmarks/README.md)
@@ -134,6 +134,7 @@ def pricing_blob(model):
     blob += [0.0] * 5 if occ is None else [1.0, occ.tile, occ.ctas, occ.sms, occ.floor_ms]
     blob += _table1d(model.linear) + _table1d(model.lm_head) + (_table1d(coll) if coll is not None else [])
     blob += _table2d(model.prefill) + _table2d(model.decode)
+    blob += [host.hidden_per_step_ms, host.hidden_per_seq_ms]  # ASYNC (ABI 3)
     return np.array(blob, dtype=np.float64)
 
 

@@ -168,6 +168,11 @@ class Engine:
         span_of = None if self.exact_steps else getattr(policy, "decode_span", None)
         # pipeline parallelism: micro-batches leave the last stage at different times in a step
         emit_times = getattr(latency, "emit_times_s", None)
+        # ASYNC (vllm-v1-async): CPU work hidden behind the GPU's previous step; the first step after
+        # the engine idled has none before it, so its CPU work is on the path (`cold`, see _cold_parts)
+        pricer = getattr(latency, "base", latency)  # a pipeline's stages are priced by its base model
+        overlaps = getattr(pricer, "hidden", None) is not None
+        cold = overlaps  # the engine starts idle
         while True:
             plan = policy.schedule(life, env.now)
             if plan is not None and not plan.num_scheduled and plan.num_preempted:
@@ -183,6 +188,7 @@ class Engine:
                     continue
                 plan = None
             if plan is None:
+                cold = overlaps
                 self._wakeup = env.event()
                 timeout = policy.idle_timeout(life, env.now) if life.waiting else None
                 if timeout is None:
@@ -196,7 +202,8 @@ class Engine:
             if self._drained is not None and len(life.waiting) <= self.hold_at // 2:
                 self._drained.succeed()
                 self._drained = None
-            shape = span_of(plan, life) if span_of is not None else None
+            shape = span_of(plan, life) if span_of is not None and not cold else None
+            cold_parts = None
             if shape is not None:
                 sums, durations, ends = self._span_times(plan, shape, start)
                 k = shape.num_steps
@@ -223,13 +230,21 @@ class Engine:
                     record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
                     continue
             elif plan.spec is not None:  # speculative decoding: verify + draft, tokens in bursts
+                if cold:
+                    pricer.cold = True
                 dt = self.spec_cost.step_time_s(plan) + plan.num_swap_blocks * self.swap_block_s
+                if cold:
+                    cold, cold_parts = False, self._cold_parts(plan, pricer)
                 yield env.timeout(dt)
             else:
+                if cold:
+                    pricer.cold = True
                 dt = latency.step_time_s(
                     plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
                     plan.decode_context_tokens, plan.num_sampled,
                 ) + plan.num_swap_blocks * self.swap_block_s
+                if cold:
+                    cold, cold_parts = False, self._cold_parts(plan, pricer)
                 yield env.timeout(dt)
             times = None  # pipeline: each token (and finish) when its micro-batch leaves the last stage
             if emit_times is not None:
@@ -241,7 +256,28 @@ class Engine:
             mem = policy.end_step(plan, finished, life)
             if finished:
                 life.finish(finished, env.now if times is None else None)
-            record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
+            if cold_parts is None:
+                record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
+            else:
+                self._record_cold(cold_parts, start, dt, plan, mem)
+
+    def _cold_parts(self, plan: StepPlan, pricer) -> tuple[float, float, float]:
+        """ASYNC: the (kernels, collectives, host) of the step just priced after an idle engine,
+        read now (replicas share a pricer, which keeps only the last step it priced); the pricer
+        prices the next steps with their CPU work hidden again."""
+        parts = self.recorder._breakdown(plan.num_tokens, plan.prefill_chunks, plan.num_decode_seqs,
+                                         plan.decode_context_tokens, plan.num_sampled)
+        pricer.cold = False
+        return parts
+
+    def _record_cold(self, parts: tuple[float, float, float], start: float, dt: float, plan: StepPlan, mem) -> None:
+        """ASYNC: record a step priced after an idle engine with the breakdown it was priced with."""
+        life, recorder = self.lifecycle, self.recorder
+        breakdown, recorder._breakdown = recorder._breakdown, lambda *_shape: parts
+        try:
+            recorder.record(start, dt, plan, mem, len(life.running), len(life.waiting), len(life.swapped))
+        finally:
+            recorder._breakdown = breakdown
 
     def _span_times(self, plan: StepPlan, shape: SpanShape,
                     start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -278,6 +314,10 @@ class Engine:
             span_durations = durations[:n]
             span_ms = float(np.add.reduce(span_durations)) * 1000.0  # ndarray.sum without its wrapper
             costs = (span_ms - n * (coll_ms + host_ms), n * coll_ms, n * host_ms)
+            if getattr(self.latency, "hidden", None) is not None:  # ASYNC: the steps' hidden CPU work past their GPU time
+                sums = context_sums(plan.decode_context_tokens, num_seqs, n)
+                excess = float(np.add.reduce(self.latency.decode_span_excess_ms(num_seqs, sums)))
+                costs = (costs[0] - excess, costs[1], costs[2] + excess)
             self.recorder.record_span(start, span_durations, plan, allocated, internal, len(life.running),
                                       self._waiting_at(num_waiting, float(ends[n - 1])), len(life.swapped), costs)
             start = float(ends[n - 1])

@@ -17,10 +17,16 @@ for one GPU, model shape, dtype and tensor-parallel degree, times in millisecond
                        per_step + per_seq * sequences + per_prefill_step * [step has a prefill]
                        + per_prefill_token * prefill tokens; `host_overhead_by_policy` holds the
                        same per batching policy (the engine each one models); v1's
-                       `step_overhead_ms[_by_policy]` reads as per_step alone
+                       `step_overhead_ms[_by_policy]` reads as per_step alone; optional
+                       hidden_per_step + hidden_per_seq * sequences: CPU work an engine with async
+                       scheduling runs while the GPU executes, on the critical path only where it
+                       outlasts the GPU (the host term then grows by the excess, see below)
 
 A step costs  host + L * (linear(T) + attention + all_reduce(T)) + lm_head(S)  where T is the step's
 batched tokens and S the sequences sampled; `step_breakdown_ms` returns (kernels, collectives, host).
+With hidden terms (vLLM's async scheduling, profiles/host.py `vllm-v1-async`) the host term is
+host + max(0, hidden - GPU), GPU = kernels + collectives: the step costs max(GPU, hidden) + host;
+a step after an idle engine (`cold`, set by Engine.run) hides nothing: host + hidden.
 A profile scaled per phase for an error band (profiles/uncertainty.py) also holds
 `prefill_vs_decode_factor` f: a step with p prompt tokens of T costs that x (1 + (f - 1) p / T).
 Tables are interpolated piecewise-linearly in log-log space after being made monotone; points outside
@@ -60,6 +66,8 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 SOURCES = ("measured", "roofline", "calibrated")
 HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_token_ms")
+# ASYNC: CPU work an engine with async scheduling runs while the GPU executes (HostOverhead.hidden_ms)
+HIDDEN_TERMS = ("hidden_per_step_ms", "hidden_per_seq_ms")
 ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
 # A profile's step times as priced for a prefill-only step over those of a decode-only step (1 unless
 # profiles.uncertainty.scaled_profile scaled the phases apart: the stated errors of prefill and decode
@@ -457,24 +465,43 @@ class HostOverhead:
     per_prefill_step_ms: float = 0.0  # once in a step that holds any prefill chunk
     per_prefill_token_ms: float = 0.0  # each prompt token computed in the step
 
+    # ASYNC: CPU work run while the GPU executes the previous step (async scheduling): on the
+    # critical path only where it outlasts the GPU's step (StepLatencyModel._parts_ms)
+    hidden_per_step_ms: float = 0.0
+    hidden_per_seq_ms: float = 0.0
+
     def ms(self, num_seqs: int, num_prefill_tokens: int) -> float:
         ms = self.per_step_ms + self.per_seq_ms * num_seqs
         if num_prefill_tokens:
             ms += self.per_prefill_step_ms + self.per_prefill_token_ms * num_prefill_tokens
         return ms
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether any CPU work is hidden behind the GPU (async scheduling)."""
+        return self.hidden_per_step_ms != 0.0 or self.hidden_per_seq_ms != 0.0
+
+    def excess_ms(self, num_seqs: int, gpu_ms: float) -> float:
+        """The hidden CPU work's excess over the GPU's step (0 while the GPU's step is longer):
+        the step then costs max(GPU, hidden) + the visible host terms."""
+        excess = (self.hidden_per_step_ms + self.hidden_per_seq_ms * num_seqs) - gpu_ms
+        return excess if excess > 0.0 else 0.0
+
     def to_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in HOST_TERMS}
+        terms = {k: getattr(self, k) for k in HOST_TERMS}
+        if self.overlaps:
+            terms.update({k: getattr(self, k) for k in HIDDEN_TERMS})
+        return terms
 
 
 def _host_terms(value: Any, where: str) -> HostOverhead:
     if not isinstance(value, dict):
         raise ProfileError(f"{where}: expected an object with {', '.join(HOST_TERMS)}")
-    unknown = sorted(set(value) - set(HOST_TERMS))
+    unknown = sorted(set(value) - set(HOST_TERMS) - set(HIDDEN_TERMS))
     if unknown:
-        raise ProfileError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(HOST_TERMS)}")
+        raise ProfileError(f"{where}: unknown term {unknown[0]!r}; known: {', '.join(HOST_TERMS + HIDDEN_TERMS)}")
     terms = {}
-    for key in HOST_TERMS:
+    for key in HOST_TERMS + HIDDEN_TERMS:
         v = _numbers([value.get(key, 0.0)], f"{where}.{key}", positive=False)[0]
         if v > ABSURD_MS:
             raise ProfileError(f"{where}.{key}: {v:g} ms is not a plausible host cost")
@@ -636,6 +663,10 @@ class StepLatencyModel:
         self.policy, self.engine_version = policy, engine_version
         self.prefill_ratio = _prefill_ratio(data, where)
         self.host, self.host_source = host_overhead_source(data, where, policy, engine_version)
+        self.hidden = self.host if self.host.overlaps else None  # ASYNC: CPU work overlapped with the GPU
+        # ASYNC: the step being priced follows an idle engine: no GPU step before it to hide its CPU work
+        # behind (vLLM's step_with_batch_queue schedules it, then launches it); set by Engine.run
+        self.cold = False
         self.step_overhead_ms = self.host.per_step_ms  # v1 name, kept for readers of the old field
         for key in ("linear", "prefill_attention", "lm_head"):
             _check_table_values(data.get(key), f"{where}.{key}")
@@ -714,7 +745,9 @@ class StepLatencyModel:
             new.prefill_ratio = self.prefill_ratio * (prefill_factor / factor)
         h = self.host
         new.host = HostOverhead(h.per_step_ms * factor, h.per_seq_ms * factor, h.per_prefill_step_ms * factor,
-                                h.per_prefill_token_ms * factor)
+                                h.per_prefill_token_ms * factor, h.hidden_per_step_ms * factor,
+                                h.hidden_per_seq_ms * factor)
+        new.hidden = new.host if new.host.overlaps else None
         new.step_overhead_ms = new.host.per_step_ms
         for name in ("linear", "lm_head", "prefill", "collective", "all_reduce", "send_recv", "send_recv_inter_node"):
             table = getattr(self, name)
@@ -739,6 +772,7 @@ class StepLatencyModel:
         new.extrapolated = ExtrapolationCounter()
         new._last_key, new._last_chunks, new._last_parts = None, [], (0.0, 0.0, 0.0)
         new._fixed_memo, new._span_memo, new._coll_memo = {}, {}, {}
+        new.cold = False
         return new
 
     def set_block_size(self, block_size: int) -> bool:
@@ -825,11 +859,14 @@ class StepLatencyModel:
                     counter.note("decode_attention")
         if out and counter is not None:
             counter.steps += 1
+        a = self.num_layers * ms
+        if self.hidden is not None:  # ASYNC: the hidden CPU work's excess over the GPU's step
+            host = host + self.excess_ms(num_chunks + num_decode_seqs, gemm + a + coll)
         r = self.prefill_ratio
         if r != 1.0 and num_tokens > num_decode_seqs:  # a step with prompt tokens: see _prefill_ratio
             m = 1.0 + (r - 1.0) * ((num_tokens - num_decode_seqs) / num_tokens)
-            return gemm * m, self.num_layers * ms * m, coll * m, host * m
-        return gemm, self.num_layers * ms, coll, host
+            return gemm * m, a * m, coll * m, host * m
+        return gemm, a, coll, host
 
     def step_parts_ms(
         self, num_tokens: int, prefill_chunks: list[tuple[int, int]], num_decode_seqs: int,
@@ -882,11 +919,34 @@ class StepLatencyModel:
         if count:
             self._count_span(num_seqs, mean_ctx, linear_out)
         attention = self.decode.row(num_seqs, mean_ctx)
+        if self.hidden is not None:  # ASYNC: each step max(GPU, hidden) + host, as _parts_ms
+            gemm, coll_ms, host, _ = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
+            a = layers * attention
+            h = host + self._span_excess(num_seqs, gemm, a, coll_ms)
+            return (h + gemm + a + coll_ms) / _THOUSAND
         if len(attention) > SHORT_ROW:
             return (fixed + layers * attention + coll) / _THOUSAND
         # a short span: the same operations on Python floats (IEEE, as numpy's), fewer numpy calls
         fixed, layers, coll = floats
         return np.array([(fixed + layers * a + coll) / 1000.0 for a in attention.tolist()])
+
+    def excess_ms(self, num_seqs: int, gpu_ms: float) -> float:
+        """ASYNC: HostOverhead.excess_ms over the GPU's step, or, after an idle engine
+        (`cold`), the whole hidden work (nothing ran before it to hide it behind)."""
+        return self.hidden.excess_ms(num_seqs, 0.0 if self.cold else gpu_ms)
+
+    def _span_excess(self, num_seqs: int, gemm: float, a: np.ndarray, coll: float) -> np.ndarray:
+        """ASYNC: HostOverhead.excess_ms of each step of a decode span (L * attention in `a`)."""
+        h = self.hidden
+        excess = (h.hidden_per_step_ms + h.hidden_per_seq_ms * num_seqs) - (gemm + a + coll)
+        return np.where(excess > 0.0, excess, 0.0)
+
+    def decode_span_excess_ms(self, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
+        """ASYNC: the host time each step of a decode span adds over its visible host terms
+        (what a step table's host column holds beyond decode_step_fixed_ms's host)."""
+        gemm, coll, _, _ = self.fixed_parts_ms(num_seqs, num_seqs, 0, num_seqs)
+        a = np.array(self.num_layers, dtype=np.float64) * self.decode.row(num_seqs, np.true_divide(context_sums, num_seqs))
+        return self._span_excess(num_seqs, gemm, a, coll)
 
     def count_decode_span(self, num_seqs: int, context_sums: np.ndarray) -> None:
         """Count the extrapolated steps of decode-only steps priced with count=False, as

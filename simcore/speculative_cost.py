@@ -93,6 +93,9 @@ class SpeculativeStepCost:
             m = 1.0 + (r - 1.0) * ((plan.num_tokens - plan.num_decode_seqs) / num_tokens)
             kernels, coll, host = kernels * m, coll * m, host * m
         d_kernels, d_coll, d_host = self._draft_ms(spec, num_tokens, chunks, num_plain, plain_context, attention)
+        if getattr(lat, "hidden", None) is not None:  # ASYNC: the hidden CPU work's excess over the GPU step
+            host = host + lat.excess_ms(len(plan.prefill_chunks) + plan.num_decode_seqs,
+                                        kernels + coll + d_kernels + d_coll)  # verify + draft
         self.verify_ms += kernels + coll + host
         self.draft_ms += d_kernels + d_coll + d_host
         self._last = (kernels + d_kernels, coll + d_coll, host + d_host)

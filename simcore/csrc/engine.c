@@ -97,6 +97,7 @@ struct kv_rep {
     long prefix_query_tokens, prefix_hit_tokens;
     /* an open span row: unchanged decode steps recorded as one */
     int span_open, span_blocked; double span_row[KV_STEP_ROW];
+    int cold;  /* ASYNC: the replica idled since its last step (start_step prices the next one cold) */
     long num_arrived, num_done, num_holds;
     /* inter-token gaps (simcore.records.Samples past its cap): every one binned here */
     long itl_count, itl_zeros, itl_blk_n; double itl_total, itl_min, itl_max, *itl_blk;
@@ -271,6 +272,7 @@ static int rep_init(kv_rep *e, kv_engine *S, long index) {
         if (!e->chunk) return 0;
     }
     e->eng = ENG_IDLE;
+    e->cold = 1;  /* ASYNC: it starts idle */
     e->pc = cfg->prefix_caching != 0;
     e->uncached_free = cfg->num_gpu_blocks; e->lru_head = e->lru_tail = -1;
     return e->itl_blk && e->filling && e->part_slot && e->part_new && e->chunk_tokens && e->chunk_ctx && e->preempted && e->admitted
@@ -1291,7 +1293,7 @@ static int begin_step(kv_rep *e) {
     return 0;
 }
 
-static int start_step(kv_rep *e) {
+static int start_step_priced(kv_rep *e) {
     if (e->pp) return pp_start_step(e);  /* pp: a round of micro-batches through the stages */
     kv_engine *S = e->S;
     long prefill_out = 0;
@@ -1311,6 +1313,17 @@ static int start_step(kv_rep *e) {
     e->step_dt = (e->sp ? spec_ms : p[3] + p[0] + p[1] + p[2]) / 1000.0 + (double)e->num_swap_blocks * e->c.swap_block_s;
     e->eng = ENG_STEP;
     return ev_push(S, S->now + e->step_dt, EV_ENGINE, e->index);
+}
+
+/* ASYNC: a step after the replica idled is priced cold (Engine.run: its CPU work had no GPU step to
+   hide behind); the pricing is shared by the replicas, so the flag is set around this one step */
+static int start_step(kv_rep *e) {
+    if (!e->cold) return start_step_priced(e);
+    e->cold = 0;
+    kv_pricing_set_cold((kv_pricing *)e->pricing, 1);
+    int rc = start_step_priced(e);
+    kv_pricing_set_cold((kv_pricing *)e->pricing, 0);
+    return rc;
 }
 
 /* -- step rows folded (simcore.metrics.StepRecorder: _fold, _seal, _coalesce_pairs) ---------- */
@@ -1697,6 +1710,7 @@ static int engine_event(kv_rep *e) {
     }
     if (e->bt && bt_idle(e)) return 0;  /* bt: static batching waits for its wakeup or its batch timer */
     e->eng = ENG_IDLE;
+    e->cold = 1;  /* ASYNC: its next step's CPU work has no GPU step to hide behind */
     if (e->tier && e->wq_len) {  /* SESSIONS: policy.idle_timeout: it also wakes when the next load is done */
         double next = 0.0; int any = 0;
         for (long j = 0; j < e->wq_len; j++) {

@@ -56,6 +56,7 @@ static int pp_start_step(kv_rep *e) {
         if (kv_p_decode_outside(p, decodes, mean_ctx)) mask |= KV_OUT_DECODE;
     }
     double a = layers * ms;
+    h += kv_p_hidden_excess(p, nch + decodes, g + a + c);  /* ASYNC: as _parts_ms (0 without hidden terms) */
     if (tokens > decodes) {  /* (_parts_ms's factor of a step with prompt tokens) */
         double f = kv_p_prefill_factor(p, tokens - decodes, tokens);
         if (f != 1.0) { g *= f; a *= f; c *= f; h *= f; }

@@ -11,6 +11,8 @@
      tables: linear, lm_head, [collective table if mode != 0] (1-D), prefill, decode (2-D)
        1-D: n, lo, hi, log(x)[n], log(monotone y)[n]                       (Table1D.lx, .ly)
        2-D: na, nb, a_lo, a_hi, b_lo, b_hi, log(a)[na], log1p(b)[nb], z[na][nb] (Table2D.la, .lb, .lz)
+     ASYNC (ABI 3): hidden_per_step_ms, hidden_per_seq_ms (HostOverhead's CPU work overlapped with the
+                    GPU under async scheduling; both 0: none)
    The logarithms of the grids are Python's, so C never recomputes them. */
 #include "pricing.h"
 
@@ -55,6 +57,9 @@ struct kv_pricing {
     double num_layers;
     double per_step_ms, per_seq_ms, per_prefill_step_ms, per_prefill_token_ms;
     double prefill_ratio;
+    double hidden_per_step_ms, hidden_per_seq_ms;  /* ASYNC */
+    int has_hidden;                                /* ASYNC: HostOverhead.overlaps */
+    int cold;  /* ASYNC: StepLatencyModel.cold, the step follows an idle engine (kv_pricing_set_cold) */
     int coll_mode;
     double calls_per_layer, token_bytes, logit_bytes;
     int has_occupancy;
@@ -243,6 +248,9 @@ static int parse(kv_pricing *p, const double *v, long len) {
         read_t1(&r, &p->coll);
     read_t2(&r, &p->prefill);
     read_t2(&r, &p->decode);
+    p->hidden_per_step_ms = take(&r);  /* ASYNC */
+    p->hidden_per_seq_ms = take(&r);
+    p->has_hidden = p->hidden_per_step_ms != 0.0 || p->hidden_per_seq_ms != 0.0;
     return !r.bad && r.pos == len;
 }
 
@@ -290,6 +298,13 @@ static double host_ms(const kv_pricing *p, long num_seqs, long num_prefill_token
     if (num_prefill_tokens != 0)
         ms += p->per_prefill_step_ms + p->per_prefill_token_ms * (double)num_prefill_tokens;
     return ms;
+}
+
+/* ASYNC: StepLatencyModel.excess_ms, the hidden CPU work's excess over the GPU's step (0 if none),
+   all of it after an idle engine (cold) */
+static double hidden_excess(const kv_pricing *p, long num_seqs, double gpu_ms) {
+    double excess = (p->hidden_per_step_ms + p->hidden_per_seq_ms * (double)num_seqs) - (p->cold ? 0.0 : gpu_ms);
+    return excess > 0.0 ? excess : 0.0;
 }
 
 /* StepLatencyModel.collectives_ms */
@@ -375,6 +390,8 @@ int kv_step_parts(const kv_pricing *p, long num_tokens, long num_chunks, const l
                | attention_parts(p, num_chunks, chunk_tokens, chunk_context, num_decode_seqs,
                                  decode_context_tokens, &ms, &prefill_outside);
     out[1] = p->num_layers * ms;
+    if (p->has_hidden)  /* ASYNC: host + max(0, hidden - GPU) */
+        out[3] = f->host + hidden_excess(p, num_chunks + num_decode_seqs, out[0] + out[1] + out[2]);
     if (p->prefill_ratio != 1.0 && num_tokens > num_decode_seqs) {
         double m = prefill_factor(p, num_tokens - num_decode_seqs, num_tokens);
         out[0] *= m;
@@ -402,6 +419,10 @@ double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled) 
 }
 double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens) {
     return host_ms(p, num_seqs, num_prefill_tokens);
+}
+void kv_pricing_set_cold(kv_pricing *p, int cold) { p->cold = cold; }  /* ASYNC */
+double kv_p_hidden_excess(const kv_pricing *p, long num_seqs, double gpu_ms) {  /* ASYNC */
+    return p->has_hidden ? hidden_excess(p, num_seqs, gpu_ms) : 0.0;
 }
 double kv_p_prefill_factor(const kv_pricing *p, long num_prefill_tokens, long num_tokens) {
     return prefill_factor(p, num_prefill_tokens, num_tokens);

@@ -8,7 +8,7 @@
 #ifndef KVSIM_PRICING_H
 #define KVSIM_PRICING_H
 
-#define KV_PRICING_ABI 2   /* bump with any change of the blob layout or of these signatures */
+#define KV_PRICING_ABI 3   /* bump with any change of the blob layout or of these signatures */
 #define KV_BLOB_MAGIC 1802924141.0  /* "kvpm" as a number: the blob's first value */
 
 /* kv_step_parts' bitmask of extrapolated tables (points outside a table's grid) */
@@ -43,6 +43,11 @@ double kv_p_decode(const kv_pricing *p, long num_seqs, double context);
 int kv_p_decode_outside(const kv_pricing *p, long num_seqs, double context);
 double kv_p_collectives(const kv_pricing *p, long num_tokens, long num_sampled);
 double kv_p_host(const kv_pricing *p, long num_seqs, long num_prefill_tokens);
+/* ASYNC: the steps priced next follow an idle engine (1: none of their hidden CPU work is hidden) or
+   not (0); the engine sets it around one step's pricing (StepLatencyModel.cold) */
+void kv_pricing_set_cold(kv_pricing *p, int cold);
+/* ASYNC: the hidden CPU work's excess over a step's GPU ms (HostOverhead.excess_ms; 0 without hidden terms) */
+double kv_p_hidden_excess(const kv_pricing *p, long num_seqs, double gpu_ms);
 /* a step with p prompt tokens of T priced x 1 + (r - 1) * p / T (StepLatencyModel.prefill_ratio) */
 double kv_p_prefill_factor(const kv_pricing *p, long num_prefill_tokens, long num_tokens);
 int kv_p_attention(const kv_pricing *p, long num_chunks, const long *chunk_tokens, const long *chunk_context,

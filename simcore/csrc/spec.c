@@ -178,6 +178,8 @@ int kv_spec_price(kv_spec *s, long num_tokens, long num_chunks, const long *chun
             dc += head_coll(s, seqs, seqs);
         }
     }
+    /* ASYNC: the hidden CPU work's excess over the whole GPU step (SpeculativeStepCost.step_time_s) */
+    host += kv_p_hidden_excess(p, num_chunks + num_decode_seqs, kernels + coll + dk + dc);
     s->verify_ms += kernels + coll + host;
     s->draft_ms += dk + dc + dh;
     parts[0] = kernels + dk; parts[1] = 0.0; parts[2] = coll + dc; parts[3] = host + dh;
