@@ -62,8 +62,13 @@ def test_two_jobs_give_the_rows_of_one_job(tmp_path: Path):
     assert bytes_without_wall_s(tmp_path / "one.csv") == bytes_without_wall_s(tmp_path / "two.csv")
 
 
+# Enough requests that a point takes ~0.2 s in the compiled core: the kill must land between rows
+# 3 and 8 even when the test machine is loaded (at 80 requests a point took ~10 ms).
+KILLED_N = "20000"
+
+
 def _start(out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "kvsim.cli.main", "sweep", *GRID, "--num-requests", "80", "--jobs", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "kvsim.cli.main", "sweep", *GRID, "--num-requests", KILLED_N, "--jobs", "1", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -84,16 +89,16 @@ def test_a_killed_sweep_resumes_to_exactly_the_uninterrupted_rows(tmp_path: Path
     assert 3 <= got < 8, f"the kill came too late ({got} rows)"
     with killed.open("a") as f:  # as if killed in the middle of writing a row
         f.write("99,half-written")
-    resumed = invoke(*GRID, "--num-requests", "80", "--jobs", "2", "--out", str(killed), "--resume")
+    resumed = invoke(*GRID, "--num-requests", KILLED_N, "--jobs", "2", "--out", str(killed), "--resume")
     assert resumed.exit_code == 0, resumed.stderr
-    whole = invoke(*GRID, "--num-requests", "80", "--jobs", "2", "--out", str(tmp_path / "whole.csv"))
+    whole = invoke(*GRID, "--num-requests", KILLED_N, "--jobs", "2", "--out", str(tmp_path / "whole.csv"))
     assert whole.exit_code == 0, whole.stderr
     assert resumed.stdout == whole.stdout
     pd.testing.assert_frame_equal(rows_of(killed), rows_of(tmp_path / "whole.csv"))
     assert bytes_without_wall_s(killed) == bytes_without_wall_s(tmp_path / "whole.csv")
     # resuming a finished sweep runs nothing and changes nothing
     before = killed.read_text()
-    again = invoke(*GRID, "--num-requests", "80", "--out", str(killed), "--resume")
+    again = invoke(*GRID, "--num-requests", KILLED_N, "--out", str(killed), "--resume")
     assert again.exit_code == 0 and killed.read_text() == before
 
 
