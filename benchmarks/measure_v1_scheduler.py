@@ -1,0 +1,225 @@
+"""Time vLLM V1's own engine-core scheduler loop on this CPU, per step, against the running batch.
+
+Why: kvsim's `vllm-v1` host terms (profiles/host.py) are Vidur's profile of a V0-style engine; no
+public measurement of V1's per-step CPU phases against batch size was found. This runs vLLM's real
+V1 `Scheduler` (no GPU, no weights, no tokenizer) the way vLLM's tests build it
+(tests/v1/core/utils.py `create_scheduler`, vllm-project/vllm at the release's tag) and times, for N
+decoding requests, the three engine-core phases of `EngineCore.step` (vllm/v1/engine/core.py) that
+do not need the model: `scheduler.schedule()`, `scheduler.update_from_output()` with a fake
+`ModelRunnerOutput` carrying one sampled token per request, and the output thread's msgpack encode
+of the resulting `EngineCoreOutputs` (`process_output_sockets`, `MsgpackEncoder`); their sum is
+the engine core's per-step CPU work at TP 1 outside the model runner. With TP > 1 the
+multiprocessing executor also pickles the SchedulerOutput into its shared-memory broadcast queue
+(`MessageQueue.enqueue`, distributed/device_communicators/shm_broadcast.py), timed apart. It does NOT
+time the model runner's `_update_states` / `_prepare_inputs`, the sampler, nor the frontend
+process's output processor (detokenisation): those need the GPU model runner or another process.
+
+Not part of kvsim and not run by its tests: it needs vLLM, which kvsim does not depend on.
+Run it in a separate venv (measured with vllm 0.11.0, torch 2.13.0+cpu, Python 3.11):
+
+    python3 -m venv /tmp/venv-vllm && . /tmp/venv-vllm/bin/activate
+    pip install torch==2.13.0            # a CPU build
+    pip install vllm==0.11.0 --no-deps
+    pip install numpy msgspec pydantic cloudpickle transformers pyzmq psutil cachetools regex \
+        cbor2 setproctitle aiohttp requests blake3 pillow prometheus_client fastapi openai \
+        openai_harmony pybase64 diskcache py-cpuinfo
+    python benchmarks/measure_v1_scheduler.py [--steps 200] [--batches 8,16,...] [--json out.json]
+
+Settings are vLLM 0.11's serving defaults where they matter to the scheduler: prefix caching on
+with the sha256 block hasher (EngineCore's), chunked prefill, log_stats on, block size 16. Each
+request has a 128-token prompt and cannot finish within the run (max_tokens fills max_model_len).
+Prints medians in ms per step and a least-squares line (per step + per sequence) for each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pickle
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+# Llama-3-8B's shape: only the config is read (no weights, no tokenizer).
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 32, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+    "bos_token_id": 128000, "eos_token_id": 128001, "tie_word_embeddings": False,
+}
+PROMPT_TOKENS = 128
+MAX_MODEL_LEN = 8192
+BLOCK_SIZE = 16
+EOS = 128001
+
+
+def build_scheduler(max_num_seqs: int, model_dir: str):
+    """A V1 Scheduler as tests/v1/core/utils.py builds one, with EngineCore's block hasher."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.utils import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=8192, max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=True)
+    model_config = ModelConfig(model=model_dir, dtype="bfloat16", seed=0,
+                               skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN)
+    cache_config = CacheConfig(block_size=BLOCK_SIZE, gpu_memory_utilization=0.9, swap_space=0,
+                               cache_dtype="auto", enable_prefix_caching=True)
+    # No accelerator platform is detected here; the scheduler does not use the device.
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
+                             cache_config=cache_config, device_config=DeviceConfig("cpu"))
+    num_blocks = max_num_seqs * (MAX_MODEL_LEN // BLOCK_SIZE) // 4 + 1024
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            BLOCK_SIZE, 8, 128, torch.bfloat16, False))])
+    cache_config.num_gpu_blocks = num_blocks
+    scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                          log_stats=True,
+                          structured_output_manager=StructuredOutputManager(vllm_config))
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return scheduler, get_request_block_hasher(BLOCK_SIZE, hash_fn)
+
+
+def add_requests(scheduler, block_hasher, n: int) -> None:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=MAX_MODEL_LEN - PROMPT_TOKENS, ignore_eos=False)
+    for i in range(n):
+        prompt = [(i * 7919 + j) % 100000 + 1000 for j in range(PROMPT_TOKENS)]  # no shared prefix
+        scheduler.add_request(Request(request_id=f"req-{i}", prompt_token_ids=prompt,
+                                      sampling_params=params, pooling_params=None,
+                                      eos_token_id=EOS, block_hasher=block_hasher))
+
+
+def fake_output(sched_out, step: int):
+    """What the worker returns for a decode step: one sampled token per scheduled request."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(sched_out.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=[[1000 + (step + i) % 50000] for i in range(len(req_ids))],
+        logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+
+
+def measure(n: int, steps: int, warmup: int, model_dir: str) -> dict:
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    gc.unfreeze()
+    gc.collect()
+    scheduler, hasher = build_scheduler(n, model_dir)
+    # EngineCoreProc.__init__ (vllm/v1/engine/core.py) ends with gc.collect(); gc.freeze(), so
+    # the block pool's KVCacheBlocks are not rescanned by the oldest-generation collections.
+    gc.collect()
+    gc.freeze()
+    add_requests(scheduler, hasher, n)
+    encoder = MsgpackEncoder()
+    step = 0
+    # Prefill every prompt (chunked, 8192 tokens a step), then settle into pure decode.
+    while (len(scheduler.running) < n
+           or any(r.num_computed_tokens < PROMPT_TOKENS for r in scheduler.running)):
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, fake_output(out, step))
+        step += 1
+    t_sched, t_update, t_encode, t_pickle = [], [], [], []
+    for k in range(warmup + steps):
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        t1 = time.perf_counter()
+        mro = fake_output(out, step)
+        t2 = time.perf_counter()
+        outputs = scheduler.update_from_output(out, mro)
+        t3 = time.perf_counter()
+        for eco in outputs.values():
+            encoder.encode(eco)
+        t4 = time.perf_counter()
+        pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        t5 = time.perf_counter()
+        step += 1
+        assert len(out.num_scheduled_tokens) == n and out.total_num_scheduled_tokens == n
+        if k >= warmup:
+            t_sched.append((t1 - t0) * 1e3)
+            t_update.append((t3 - t2) * 1e3)
+            t_encode.append((t4 - t3) * 1e3)
+            t_pickle.append((t5 - t4) * 1e3)
+    med = statistics.median
+    sums = [a + b + c for a, b, c in zip(t_sched, t_update, t_encode, strict=True)]
+    return {"batch": n, "schedule_ms": med(t_sched), "update_from_output_ms": med(t_update),
+            "encode_ms": med(t_encode), "sum_ms": med(sums),
+            "sum_p10_ms": statistics.quantiles(sums, n=10)[0],
+            "broadcast_pickle_ms": med(t_pickle)}
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares on relative error, (intercept, slope): every batch weighs the same."""
+    w = [1.0 / (y * y) for y in ys]
+    sw = sum(w)
+    swx = sum(wi * x for wi, x in zip(w, xs, strict=True))
+    swy = sum(wi * y for wi, y in zip(w, ys, strict=True))
+    swxx = sum(wi * x * x for wi, x in zip(w, xs, strict=True))
+    swxy = sum(wi * x * y for wi, x, y in zip(w, xs, ys, strict=True))
+    slope = (sw * swxy - swx * swy) / (sw * swxx - swx * swx)
+    return (swy - slope * swx) / sw, slope
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="8,16,32,64,128,256,512,1024")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args()
+    try:
+        import vllm
+    except ImportError:
+        print("measure_v1_scheduler: vllm is not importable (see the module docstring)",
+              file=sys.stderr)
+        return 2
+    batches = [int(b) for b in args.batches.split(",")]
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), platform.processor())
+    print(f"vllm {vllm.__version__}, python {platform.python_version()}, cpu: {cpu}")
+    with tempfile.TemporaryDirectory() as model_dir:
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(LLAMA_CONFIG, f)
+        rows = []
+        for n in batches:
+            gc.collect()
+            rows.append(measure(n, args.steps, args.warmup, model_dir))
+            r = rows[-1]
+            print(f"batch {n:5d}: schedule {r['schedule_ms']:.3f}  update_from_output "
+                  f"{r['update_from_output_ms']:.3f}  encode {r['encode_ms']:.3f}  "
+                  f"sum {r['sum_ms']:.3f} (p10 {r['sum_p10_ms']:.3f})  [TP>1 broadcast pickle "
+                  f"{r['broadcast_pickle_ms']:.3f}] ms, median of {args.steps}", flush=True)
+    for lo, hi in ((min(batches), max(batches)), (8, 64)):
+        sel = [r for r in rows if lo <= r["batch"] <= hi]
+        if len(sel) < 2:
+            continue
+        xs = [float(r["batch"]) for r in sel]
+        print(f"line over batches {lo}..{hi} (least relative squares), ms: per step + per seq")
+        for key in ("schedule_ms", "update_from_output_ms", "encode_ms", "sum_ms",
+                    "sum_p10_ms", "broadcast_pickle_ms"):
+            a, b = fit(xs, [r[key] for r in sel])
+            print(f"  {key[:-3]:20s} {a:.4f} + {b:.5f} * seqs")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"vllm": vllm.__version__, "cpu": cpu, "steps": args.steps,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
