@@ -1,4 +1,4 @@
-"""Time vLLM V1's own engine-core scheduler loop on this CPU, per step, against the running batch.
+r"""Time vLLM V1's own engine-core scheduler loop on this CPU, per step, against the running batch.
 
 Why: kvsim's `vllm-v1` host terms (profiles/host.py) are Vidur's profile of a V0-style engine; no
 public measurement of V1's per-step CPU phases against batch size was found. This runs vLLM's real
@@ -11,8 +11,9 @@ of the resulting `EngineCoreOutputs` (`process_output_sockets`, `MsgpackEncoder`
 the engine core's per-step CPU work at TP 1 outside the model runner. With TP > 1 the
 multiprocessing executor also pickles the SchedulerOutput into its shared-memory broadcast queue
 (`MessageQueue.enqueue`, distributed/device_communicators/shm_broadcast.py), timed apart. It does NOT
-time the model runner's `_update_states` / `_prepare_inputs`, the sampler, nor the frontend
-process's output processor (detokenisation): those need the GPU model runner or another process.
+time the sampler, the GPU launch path, nor the frontend process's output processor
+(detokenisation). `--model-runner` also times the model runner's `_update_states` and
+`_prepare_inputs` (the GPU runner's code, run by vLLM's CPU runner: see `measure_runner`).
 
 Not part of kvsim and not run by its tests: it needs vLLM, which kvsim does not depend on.
 Run it in a separate venv (measured with vllm 0.11.0, torch 2.13.0+cpu, Python 3.11):
@@ -23,7 +24,9 @@ Run it in a separate venv (measured with vllm 0.11.0, torch 2.13.0+cpu, Python 3
     pip install numpy msgspec pydantic cloudpickle transformers pyzmq psutil cachetools regex \
         cbor2 setproctitle aiohttp requests blake3 pillow prometheus_client fastapi openai \
         openai_harmony pybase64 diskcache py-cpuinfo
-    python benchmarks/measure_v1_scheduler.py [--steps 200] [--batches 8,16,...] [--json out.json]
+    pip install numba                    # only for --model-runner
+    python benchmarks/measure_v1_scheduler.py [--model-runner] [--steps 200] [--batches 8,16,...] \
+        [--json out.json]
 
 Settings are vLLM 0.11's serving defaults where they matter to the scheduler: prefix caching on
 with the sha256 block hasher (EngineCore's), chunked prefill, log_stats on, block size 16. Each
@@ -40,6 +43,7 @@ import os
 import pickle
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -163,6 +167,73 @@ def measure(n: int, steps: int, warmup: int, model_dir: str) -> dict:
             "broadcast_pickle_ms": med(t_pickle)}
 
 
+# The model runner is built on a 2-layer, 256-wide Llama (constructing it allocates the weights):
+# its input preparation depends on the batch, the block table's width and the KV-cache groups,
+# not on the layers' sizes.
+TINY_CONFIG = dict(LLAMA_CONFIG, num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=32000,
+                   bos_token_id=1, eos_token_id=2)
+
+
+def measure_runner(n: int, steps: int, warmup: int, model_dir: str) -> dict:
+    """Time the model runner's `_update_states` and `_prepare_inputs` on vLLM's CPU runner.
+
+    Runs in its own process (`--runner-one`): the platform must be vLLM's CpuPlatform before
+    anything resolves it, and the runner needs a one-rank gloo process group. `CPUModelRunner`
+    (vllm/v1/worker/cpu_model_runner.py) is `GPUModelRunner` with CUDA streams stubbed, so both
+    methods are the GPU runner's own code; what differs on a GPU host is the attention metadata
+    builder (TorchSDPA's here, FlashAttention's there) and the host-to-device copies (memcpy here).
+    """
+    import torch
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    vllm.platforms._current_platform = CpuPlatform()  # noqa: SLF001 - no GPU: run as vLLM's CPU build
+    CpuPlatform.is_pin_memory_available = classmethod(lambda cls: False)  # nothing to pin to here
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    scheduler, hasher = build_scheduler(n, model_dir)
+    vllm_config = scheduler.vllm_config
+    vllm_config.load_config.load_format = "dummy"
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(1, 0, "tcp://127.0.0.1:29533", 0, "gloo")
+        ensure_model_parallel_initialized(1, 1)
+        runner = CPUModelRunner(vllm_config, torch.device("cpu"))
+        runner.load_model()
+        spec = runner.get_kv_cache_spec()
+        names, nb = list(spec), 256  # block ids past nb only index slot mappings, never memory
+        runner.initialize_kv_cache(KVCacheConfig(
+            num_blocks=nb,
+            kv_cache_tensors=[KVCacheTensor(size=spec[k].page_size_bytes * nb, shared_by=[k])
+                              for k in names],
+            kv_cache_groups=[KVCacheGroupSpec(names, spec[names[0]])]))
+        gc.collect()
+        gc.freeze()
+        add_requests(scheduler, hasher, n)
+        t_upd, t_prep = [], []
+        for step in range(100000):
+            out = scheduler.schedule()
+            t0 = time.perf_counter()
+            runner._update_states(out)  # noqa: SLF001 - the phase under test
+            t1 = time.perf_counter()
+            runner._prepare_inputs(out)  # noqa: SLF001
+            t2 = time.perf_counter()
+            scheduler.update_from_output(out, fake_output(out, step))
+            decoding = (len(out.num_scheduled_tokens) == n and out.total_num_scheduled_tokens == n
+                        and all(r.num_computed_tokens > PROMPT_TOKENS for r in scheduler.running))
+            if decoding:
+                t_upd.append((t1 - t0) * 1e3)
+                t_prep.append((t2 - t1) * 1e3)
+                if len(t_upd) == warmup + steps:
+                    break
+    med = statistics.median
+    return {"batch": n, "update_states_ms": med(t_upd[warmup:]),
+            "prepare_inputs_ms": med(t_prep[warmup:])}
+
+
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares on relative error, (intercept, slope): every batch weighs the same."""
     w = [1.0 / (y * y) for y in ys]
@@ -181,6 +252,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--model-runner", action="store_true",
+                    help="also time the model runner's _update_states / _prepare_inputs")
+    ap.add_argument("--runner-one", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     try:
         import vllm
@@ -188,6 +262,13 @@ def main() -> int:
         print("measure_v1_scheduler: vllm is not importable (see the module docstring)",
               file=sys.stderr)
         return 2
+    if args.runner_one is not None:
+        with tempfile.TemporaryDirectory() as model_dir:
+            with open(os.path.join(model_dir, "config.json"), "w") as f:
+                json.dump(TINY_CONFIG, f)
+            print("RUNNER " + json.dumps(measure_runner(args.runner_one, args.steps,
+                                                        args.warmup, model_dir)))
+        return 0
     batches = [int(b) for b in args.batches.split(",")]
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                 if ln.startswith("model name")), platform.processor())
@@ -214,10 +295,30 @@ def main() -> int:
                     "sum_p10_ms", "broadcast_pickle_ms"):
             a, b = fit(xs, [r[key] for r in sel])
             print(f"  {key[:-3]:20s} {a:.4f} + {b:.5f} * seqs")
+    runner_rows = []
+    for n in batches if args.model_runner else ():
+        proc = subprocess.run([sys.executable, __file__, "--runner-one", str(n), "--steps",
+                               str(args.steps), "--warmup", str(args.warmup)],
+                              capture_output=True, text=True, check=False)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RUNNER ")), None)
+        if line is None:
+            print(f"model runner at batch {n} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        runner_rows.append(json.loads(line[len("RUNNER "):]))
+        r = runner_rows[-1]
+        print(f"batch {n:5d}: model runner _update_states {r['update_states_ms']:.3f}  "
+              f"_prepare_inputs {r['prepare_inputs_ms']:.3f} ms (CPU runner), median of "
+              f"{args.steps}", flush=True)
+    if len(runner_rows) >= 2:
+        xs = [float(r["batch"]) for r in runner_rows]
+        print("model runner lines (least relative squares), ms: per step + per seq")
+        for key in ("update_states_ms", "prepare_inputs_ms"):
+            a, b = fit(xs, [r[key] for r in runner_rows])
+            print(f"  {key[:-3]:20s} {a:.4f} + {b:.5f} * seqs")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"vllm": vllm.__version__, "cpu": cpu, "steps": args.steps,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "runner_rows": runner_rows}, f, indent=1)
     return 0
 
 
