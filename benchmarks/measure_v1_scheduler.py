@@ -12,8 +12,9 @@ the engine core's per-step CPU work at TP 1 outside the model runner. With TP > 
 multiprocessing executor also pickles the SchedulerOutput into its shared-memory broadcast queue
 (`MessageQueue.enqueue`, distributed/device_communicators/shm_broadcast.py), timed apart. It does NOT
 time the sampler, the GPU launch path, nor the frontend process's output processor
-(detokenisation). `--model-runner` also times the model runner's `_update_states` and
-`_prepare_inputs` (the GPU runner's code, run by vLLM's CPU runner: see `measure_runner`).
+(detokenisation). `--model-runner` also times the model runner's `_update_states`,
+`_prepare_inputs` and the sampler's CPU bookkeeping `_bookkeeping_sync` (the GPU runner's code,
+run by vLLM's CPU runner: see `measure_runner`), not the sampler's kernels.
 
 Not part of kvsim and not run by its tests: it needs vLLM, which kvsim does not depend on.
 Run it in a separate venv (measured with vllm 0.11.0, torch 2.13.0+cpu, Python 3.11):
@@ -176,7 +177,7 @@ TINY_CONFIG = dict(LLAMA_CONFIG, num_hidden_layers=2, hidden_size=256, intermedi
 
 
 def measure_runner(n: int, steps: int, warmup: int, model_dir: str) -> dict:
-    """Time the model runner's `_update_states` and `_prepare_inputs` on vLLM's CPU runner.
+    """Time the model runner's _update_states, _prepare_inputs, _bookkeeping_sync (CPU runner).
 
     Runs in its own process (`--runner-one`): the platform must be vLLM's CpuPlatform before
     anything resolves it, and the runner needs a one-rank gloo process group. `CPUModelRunner`
@@ -193,6 +194,7 @@ def measure_runner(n: int, steps: int, warmup: int, model_dir: str) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.outputs import SamplerOutput
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     scheduler, hasher = build_scheduler(n, model_dir)
@@ -213,7 +215,8 @@ def measure_runner(n: int, steps: int, warmup: int, model_dir: str) -> dict:
         gc.collect()
         gc.freeze()
         add_requests(scheduler, hasher, n)
-        t_upd, t_prep = [], []
+        t_upd, t_prep, t_book = [], [], []
+        hidden = torch.zeros(n, TINY_CONFIG["hidden_size"])
         for step in range(100000):
             out = scheduler.schedule()
             t0 = time.perf_counter()
@@ -221,17 +224,27 @@ def measure_runner(n: int, steps: int, warmup: int, model_dir: str) -> dict:
             t1 = time.perf_counter()
             runner._prepare_inputs(out)  # noqa: SLF001
             t2 = time.perf_counter()
+            # The sampler's kernels are the GPU's; what follows them on the CPU is the
+            # bookkeeping of one sampled token per request (greedy, no logprobs).
+            sampled = SamplerOutput(
+                sampled_token_ids=torch.randint(1000, 30000, (runner.input_batch.num_reqs, 1)),
+                logprobs_tensors=None)
+            t3 = time.perf_counter()
+            runner._bookkeeping_sync(out, sampled, None, hidden,  # noqa: SLF001
+                                     out.total_num_scheduled_tokens)
+            t4 = time.perf_counter()
             scheduler.update_from_output(out, fake_output(out, step))
             decoding = (len(out.num_scheduled_tokens) == n and out.total_num_scheduled_tokens == n
                         and all(r.num_computed_tokens > PROMPT_TOKENS for r in scheduler.running))
             if decoding:
                 t_upd.append((t1 - t0) * 1e3)
                 t_prep.append((t2 - t1) * 1e3)
+                t_book.append((t4 - t3) * 1e3)
                 if len(t_upd) == warmup + steps:
                     break
     med = statistics.median
     return {"batch": n, "update_states_ms": med(t_upd[warmup:]),
-            "prepare_inputs_ms": med(t_prep[warmup:])}
+            "prepare_inputs_ms": med(t_prep[warmup:]), "bookkeeping_ms": med(t_book[warmup:])}
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -307,12 +320,13 @@ def main() -> int:
         runner_rows.append(json.loads(line[len("RUNNER "):]))
         r = runner_rows[-1]
         print(f"batch {n:5d}: model runner _update_states {r['update_states_ms']:.3f}  "
-              f"_prepare_inputs {r['prepare_inputs_ms']:.3f} ms (CPU runner), median of "
+              f"_prepare_inputs {r['prepare_inputs_ms']:.3f}  _bookkeeping_sync "
+              f"{r['bookkeeping_ms']:.3f} ms (CPU runner), median of "
               f"{args.steps}", flush=True)
     if len(runner_rows) >= 2:
         xs = [float(r["batch"]) for r in runner_rows]
         print("model runner lines (least relative squares), ms: per step + per seq")
-        for key in ("update_states_ms", "prepare_inputs_ms"):
+        for key in ("update_states_ms", "prepare_inputs_ms", "bookkeeping_ms"):
             a, b = fit(xs, [r[key] for r in runner_rows])
             print(f"  {key[:-3]:20s} {a:.4f} + {b:.5f} * seqs")
     if args.json:
