@@ -42,10 +42,10 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              No public measurement of V1's own phases that could replace these terms was found
              (issue 27, round 2: single-phase micro-benchmarks on unstated hosts and batches only;
              profiles/README.md lists them), so they stay Vidur's. vLLM 0.11.0's own scheduler
-             loop and model-runner input preparation were since timed on a CPU here
-             (benchmarks/measure_v1_scheduler.py, profiles/README.md): ~0.19 ms + 0.009 ms per
-             sequence against 0.22 + 0.030 for Vidur's schedule + prepare_inputs; the sampler
-             (0.82 ms of the per-step term) remains unmeasured for V1, so nothing is swapped yet.
+             loop and model-runner CPU phases were since timed on a shared vCPU here
+             (benchmarks/measure_v1_scheduler.py, profiles/README.md): ~0.25 ms + 0.015 ms per
+             sequence against these terms' 1.04 + 0.038; the sampler's kernels (most of
+             sampler_e2e's 0.82 ms per step, likely) are not in it, so nothing is swapped yet.
 * `vllm-v1-async` vLLM V1 as shipped since v0.14.0 (release notes: "Async scheduling is now
              enabled by default", vllm-project/vllm PR #27614; excluded for pipeline parallelism and
              non-EAGLE/MTP speculative decoding in that release). The scheduler runs one step ahead
