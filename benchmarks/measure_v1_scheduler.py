@@ -298,12 +298,14 @@ def main() -> int:
                   f"{r['update_from_output_ms']:.3f}  encode {r['encode_ms']:.3f}  "
                   f"sum {r['sum_ms']:.3f} (p10 {r['sum_p10_ms']:.3f})  [TP>1 broadcast pickle "
                   f"{r['broadcast_pickle_ms']:.3f}] ms, median of {args.steps}", flush=True)
-    for lo, hi in ((min(batches), max(batches)), (8, 64)):
+    ranges = [(min(batches), max(batches))] + ([(8, 64)] if max(batches) > 64 else [])
+    for lo, hi in ranges:
         sel = [r for r in rows if lo <= r["batch"] <= hi]
         if len(sel) < 2:
             continue
         xs = [float(r["batch"]) for r in sel]
-        print(f"line over batches {lo}..{hi} (least relative squares), ms: per step + per seq")
+        print(f"line over batches {xs[0]:.0f}..{xs[-1]:.0f} (least relative squares), ms: "
+              "per step + per seq")
         for key in ("schedule_ms", "update_from_output_ms", "encode_ms", "sum_ms",
                     "sum_p10_ms", "broadcast_pickle_ms"):
             a, b = fit(xs, [r[key] for r in sel])
