@@ -69,6 +69,9 @@ HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_t
 # ASYNC: CPU work an engine with async scheduling runs while the GPU executes (HostOverhead.hidden_ms)
 HIDDEN_TERMS = ("hidden_per_step_ms", "hidden_per_seq_ms")
 ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
+# a layer all-reduces its hidden states twice under Megatron TP (attention out, MLP out: Shoeybi et al.
+# 2019, arXiv:1909.08053 sec. 3); a bound far past that keeps a hand-edited count from overflowing a step
+MAX_CALLS_PER_LAYER = 64
 # A profile's step times as priced for a prefill-only step over those of a decode-only step (1 unless
 # profiles.uncertainty.scaled_profile scaled the phases apart: the stated errors of prefill and decode
 # differ). A step with p prompt tokens of T is priced x 1 + (ratio - 1) * p / T.
@@ -579,10 +582,16 @@ def prefill_attention_engine(data: dict, where: str, policy: str,
         if not isinstance(z, list) or len(z) != rows:
             raise ProfileError(f"{key}.{version}.time_scale: expected {rows} rows (one per chunk_tokens)")
         scale = []
+        times = pre.get("time_ms") if isinstance(pre.get("time_ms"), list) else []
         for i, row in enumerate(z):
             row = _numbers(row, f"{key}.{version}.time_scale[{i}]")
             if len(row) != cols:
                 raise ProfileError(f"{key}.{version}.time_scale[{i}]: expected {cols} values (one per context_tokens)")
+            base = times[i] if i < len(times) and isinstance(times[i], list) else []
+            for s, t in zip(row, base, strict=False):  # the scaled table obeys the tables' own bound
+                if isinstance(t, (int, float)) and not isinstance(t, bool) and s * t > ABSURD_MS:
+                    raise ProfileError(f"{key}.{version}.time_scale[{i}]: {s:g} x {t:g} ms is not a plausible "
+                                       "kernel time")
             scale.append(row)
         if policy == "continuous" and version == engine_version:
             chosen = (entry["backend"], scale)
@@ -727,6 +736,9 @@ class StepLatencyModel:
                     setattr(self, key, _table1d(coll[key], "bytes", f"{where}.{key}"))
             calls = coll.get("all_reduce_calls_per_layer", 2)
             self.calls_per_layer = _numbers([calls], f"{where}.all_reduce_calls_per_layer", positive=False)[0]
+            if self.calls_per_layer > MAX_CALLS_PER_LAYER:
+                raise ProfileError(f"{where}.all_reduce_calls_per_layer: {self.calls_per_layer:g} is not a plausible "
+                                   f"count (Megatron TP makes 2 per layer; at most {MAX_CALLS_PER_LAYER} accepted)")
             dtype_bytes = float(shape.get("dtype_bytes", 2))
             self.token_bytes = float(_need(shape, "hidden_size", f"{where[:-12]}.model_shape")) * dtype_bytes
             self.logit_bytes = float(shape.get("vocab_size", 0)) * dtype_bytes

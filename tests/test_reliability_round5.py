@@ -244,3 +244,74 @@ def test_a_run_with_stderr_closed_still_prints_its_result():
                           env={**os.environ, "PYTHONPATH": str(repo)}, preexec_fn=lambda: os.close(2))
     assert done.returncode == 0
     assert "Serving Benchmark Result" in done.stdout and "Simulated in" in done.stdout
+
+
+# --- adversarial pass over the session's new profile fields and calibration inputs (rel6) ------
+
+
+def _edited_profile(tmp_path, edit, name="H100-SXM-80GB-llama3-8b-tp2.json"):
+    """A shipped profile, hand-edited by `edit(doc)`, written under tmp_path."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "profiles" / name).read_text())
+    edit(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+SPLITWISE = "profiles/examples/splitwise-h100-llama2-70b.csv"
+
+
+def _examples(name):
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / name
+
+
+def test_a_measurements_column_given_twice_is_refused(tmp_path):
+    """A header `tp,...,prefill_ms,prefill_ms` (or `tp,tp,...`): csv.DictReader kept the last such
+    column and dropped the other, so calibrate fitted and `profile check` priced whichever came last
+    without a word. Now one line names the column, and calibrate writes nothing."""
+    lines = _examples(SPLITWISE).read_text().splitlines()[:8]
+    doubled = [lines[0].replace("prefill_ms", "prefill_ms,prefill_ms")]
+    doubled += [",".join(c if i != 4 else f"{c},{c}" for i, c in enumerate(row.split(","))) for row in lines[1:]]
+    data = tmp_path / "dup.csv"
+    data.write_text("\n".join(doubled) + "\n")
+    out = tmp_path / "out"
+    assert_one_line_error(invoke("calibrate", str(data), "--model", "llama2-70b", "--gpu", "H100-SXM-80GB",
+                                 "--out", str(out)), "'prefill_ms' appears twice")
+    assert not out.exists()
+    assert_one_line_error(invoke("profile", "check", str(data), "--profile", "H100-SXM-80GB-llama2-70b-tp2"),
+                          "'prefill_ms' appears twice")
+
+
+def test_profile_check_with_two_profiles_of_one_tp_is_refused(tmp_path):
+    """`profile check --profile A --profile B` with A and B both TP 2 priced every TP-2 row with A
+    and ignored B silently (swap them and the medians changed). Now refused, naming both."""
+    other = _edited_profile(tmp_path, lambda d: None, "H100-SXM-80GB-llama2-70b-tp2.json")
+    result = invoke("profile", "check", str(_examples(SPLITWISE)), "--profile", "H100-SXM-80GB-llama2-70b-tp2",
+                    "--profile", str(other))
+    assert_one_line_error(result, "are both TP 2", "one profile per TP")
+
+
+def test_a_prefill_time_scale_past_the_kernel_bound_is_refused(tmp_path):
+    """prefill_attention_by_engine.vllm-v0.time_scale hand-edited to 1e300: each factor was checked
+    finite and positive but not the scaled table, so `run --engine-version vllm-v0` printed TTFTs of
+    1e300 ms (and numpy overflow warnings) with exit 0. The scaled cells now obey the tables' bound."""
+    def edit(doc):
+        doc["prefill_attention_by_engine"]["vllm-v0"]["time_scale"][0][0] = 1e300
+
+    path = _edited_profile(tmp_path, edit)
+    for version in ("vllm-v0", "vllm-v1-async"):  # every entry is checked, whichever is picked
+        assert_one_line_error(invoke("run", "--profile", str(path), "--tp", "2", "--engine-version", version, *TINY),
+                              "prefill_attention_by_engine.vllm-v0.time_scale[0]", "not a plausible kernel time")
+
+
+def test_an_absurd_all_reduce_call_count_is_refused(tmp_path):
+    """collectives.all_reduce_calls_per_layer 1e300 (finite, >= 0) was accepted: every step cost
+    ~1e300 ms, both cores printed such TTFTs with exit 0. Now one line (Megatron TP makes 2)."""
+    path = _edited_profile(tmp_path, lambda d: d["collectives"].__setitem__("all_reduce_calls_per_layer", 1e300))
+    assert_one_line_error(invoke("run", "--profile", str(path), "--tp", "2", *TINY),
+                          "all_reduce_calls_per_layer", "not a plausible count")
