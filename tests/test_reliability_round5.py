@@ -315,3 +315,12 @@ def test_an_absurd_all_reduce_call_count_is_refused(tmp_path):
     path = _edited_profile(tmp_path, lambda d: d["collectives"].__setitem__("all_reduce_calls_per_layer", 1e300))
     assert_one_line_error(invoke("run", "--profile", str(path), "--tp", "2", *TINY),
                           "all_reduce_calls_per_layer", "not a plausible count")
+
+
+@pytest.mark.parametrize("args", [("run", "--rate"), ("plan", "--disagg"), ("calibrate", "x.csv", "--tp")])
+def test_an_option_missing_its_value_is_one_line_without_a_doubled_prefix(args):
+    """`kvsim run --rate` printed "kvsim: error: kvsim: Option '--rate' requires an argument.":
+    click raises that one without a context, and the handler named "kvsim" for it."""
+    result = invoke(*args)
+    assert_one_line_error(result, f"Option '{args[-1]}' requires an argument")
+    assert "kvsim: error: kvsim:" not in result.stderr
