@@ -386,6 +386,53 @@ def _prefill_ratio(data: dict, where: str) -> float:
     return float(value)
 
 
+def _error_value(v: Any, where: str, signed: bool = False) -> float:
+    """A recorded relative error: finite (error bars cap it at profiles.uncertainty.MAX_ERROR, but a
+    NaN passed the cap and priced every step as NaN); a median |error| is >= 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProfileError(f"{where}: {v!r} is not a finite number")
+    if v < 0 and not signed:
+        raise ProfileError(f"{where}: {v!r} must be >= 0 (a median |error|)")
+    return float(v)
+
+
+def check_calibration_record(data: dict, where: str) -> None:
+    """A calibrated profile's provenance.calibration, as error bars read it (profiles/uncertainty.py):
+    the TPs that had rows, the leave-one-out errors. Checked when the profile is read, so a
+    hand-edited record is one line before a run, not a traceback after its table."""
+    prov = data.get("provenance")
+    if prov is None:
+        return
+    if not isinstance(prov, dict):
+        raise ProfileError(f"{where}.provenance: expected an object")
+    cal = prov.get("calibration")
+    if cal is None:
+        return
+    key = f"{where}.provenance.calibration"
+    if not isinstance(cal, dict):
+        raise ProfileError(f"{key}: expected an object")
+    tps = cal.get("data_tps")
+    if tps is not None and (not isinstance(tps, list)
+                            or any(isinstance(t, bool) or not isinstance(t, int) for t in tps)):
+        raise ProfileError(f"{key}.data_tps: expected a list of integers, got {tps!r}")
+    if cal.get("loo_median_abs_error") is not None:
+        _error_value(cal["loo_median_abs_error"], f"{key}.loo_median_abs_error")
+    by_tp = cal.get("errors_by_tp")
+    if by_tp is not None:
+        if not isinstance(by_tp, dict) or not all(isinstance(v, dict) for v in by_tp.values()):
+            raise ProfileError(f"{key}.errors_by_tp: expected an object of objects keyed by TP")
+        for tp, v in by_tp.items():
+            if v.get("loo_median_abs_error") is not None:
+                _error_value(v["loo_median_abs_error"], f"{key}.errors_by_tp.{tp}.loo_median_abs_error")
+    residuals = cal.get("residuals")
+    if residuals is not None:
+        if not isinstance(residuals, list) or not all(isinstance(r, dict) for r in residuals):
+            raise ProfileError(f"{key}.residuals: expected a list of objects")
+        for i, r in enumerate(residuals):
+            if r.get("loo_error") is not None:
+                _error_value(r["loo_error"], f"{key}.residuals[{i}].loo_error", signed=True)
+
+
 def _check_absurd(data: dict, where: str) -> None:
     """Refuse timings no GPU could produce: a linear table that is all zero, or one layer's GEMMs
     at the largest token count more than 10x faster than the GPU's datasheet peak allows."""
@@ -439,6 +486,8 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
     # whichever it picks; the tables are the same for each), so anything malformed fails here
     model = StepLatencyModel(data, where)
     _check_absurd(data, where)
+    if data["source"] == "calibrated":
+        check_calibration_record(data, where)
     profile = Profile(data=data, sha256=profile_hash(data))
     profile._unused_model = model
     return profile

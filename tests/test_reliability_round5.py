@@ -324,3 +324,31 @@ def test_an_option_missing_its_value_is_one_line_without_a_doubled_prefix(args):
     result = invoke(*args)
     assert_one_line_error(result, f"Option '{args[-1]}' requires an argument")
     assert "kvsim: error: kvsim:" not in result.stderr
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("data_tps", 2, "data_tps: expected a list of integers"),
+    ("residuals", 5, "residuals: expected a list of objects"),
+    ("errors_by_tp", [1], "errors_by_tp: expected an object"),
+    ("loo_median_abs_error", float("nan"), "loo_median_abs_error: nan is not a finite number"),
+    ("loo_median_abs_error", -0.5, "must be >= 0"),
+    ("residuals", [{"quantity": "decode_ms", "loo_error": "abc"}], "residuals[0].loo_error: 'abc'"),
+    (None, "x", "provenance.calibration: expected an object"),
+])
+def test_a_hand_edited_calibration_record_is_refused_before_the_run(tmp_path, field, value, needle):
+    """A calibrated profile whose provenance.calibration was hand-edited (data_tps 2, residuals 5,
+    a loo_error 'abc', ...): the run printed its table, then error bars (on by default) read the
+    record and died with a traceback (TypeError / ValueError / AttributeError), exit 1; a NaN
+    error passed uncertainty's cap and failed on a NaN factor after the table. The record is now
+    checked when the profile is read: one line, nothing printed."""
+    def edit(doc):
+        doc["source"] = "calibrated"
+        cal = doc.setdefault("provenance", {}).setdefault("calibration", {"data_tps": [2], "rows": 3})
+        if field is None:
+            doc["provenance"]["calibration"] = value
+        else:
+            cal[field] = value
+
+    path = _edited_profile(tmp_path, edit)
+    result = invoke("run", "--profile", str(path), "--tp", "2", *TINY[:-1])  # error bars on
+    assert_one_line_error(result, "provenance", needle)
