@@ -10,25 +10,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from kvsim.cli.main import app
 from kvsim.simcore import ccore
+from tests.helpers import assert_one_line_error, invoke_cli
 
 TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "64", "--output-len", "8", "--no-error-bars"]
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line_error(result, *needles: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr
-    assert err.startswith("kvsim: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err and not result.stdout.strip(), (err, result.stdout)
-    for needle in needles:
-        assert needle in err, (needle, err)
+invoke = invoke_cli
 
 
 # --- n > 1: swapped-out groups --------------------------------------------------------------
