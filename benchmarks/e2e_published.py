@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from published_checks import run_json, write_workloads  # noqa: E402  (the shared runner and file writer)
+from published_checks import run_json, select_rows, write_workloads  # noqa: E402  (the shared runner, --rows, file writer)
 
 # Workload files (name -> YAML text). Lengths are what the source states; spreads are ours (below).
 WORKLOADS = {
@@ -238,14 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown", action="store_true",
                         help="also print where each run's step time goes (kernels / collectives / host)")
     args = parser.parse_args(argv)
-    rows = ROWS
-    if args.rows:
-        wanted = args.rows.split(",")
-        unknown = [r for r in wanted if r not in {row.id for row in ROWS}]
-        if unknown:
-            print(f"e2e_published: error: unknown row(s) {','.join(unknown)}", file=sys.stderr)
-            return 2
-        rows = [row for row in ROWS if row.id in wanted]
+    rows = select_rows(ROWS, args.rows, "e2e_published")
+    if rows is None:
+        return 2
     with tempfile.TemporaryDirectory() as folder:
         write_workloads(folder, WORKLOADS)
         if args.list:

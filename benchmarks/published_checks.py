@@ -271,6 +271,18 @@ def write_workloads(folder: str, workloads: dict[str, str] | None = None) -> Non
             f.write(text)
 
 
+def select_rows(rows: list, wanted: str | None, prog: str) -> list | None:
+    """The rows `--rows a,b` names (all without it); None, after one line on stderr, if one is unknown."""
+    if not wanted:
+        return rows
+    ids = wanted.split(",")
+    unknown = [r for r in ids if r not in {row.id for row in rows}]
+    if unknown:
+        print(f"{prog}: error: unknown row(s) {','.join(unknown)}", file=sys.stderr)
+        return None
+    return [row for row in rows if row.id in ids]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", help="comma-separated row ids (default: all)")
@@ -281,14 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_rate_tpot_ms is not None:
         global MAX_RATE_TPOT_P95_MS
         MAX_RATE_TPOT_P95_MS = args.max_rate_tpot_ms
-    rows = ROWS
-    if args.rows:
-        wanted = args.rows.split(",")
-        unknown = [r for r in wanted if r not in {row.id for row in ROWS}]
-        if unknown:
-            print(f"published_checks: error: unknown row(s) {','.join(unknown)}", file=sys.stderr)
-            return 2
-        rows = [row for row in ROWS if row.id in wanted]
+    rows = select_rows(ROWS, args.rows, "published_checks")
+    if rows is None:
+        return 2
     with tempfile.TemporaryDirectory() as folder:
         write_workloads(folder)
         if args.list:

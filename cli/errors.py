@@ -88,8 +88,9 @@ class OneLineErrorsGroup(TyperGroup):
             click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
             sys.exit(0)
         except click.exceptions.UsageError as exc:
-            cmd = exc.ctx.command_path if exc.ctx else "kvsim"
-            fail(f"{cmd}: {exc.format_message()}")
+            # click's parser raises "Option '--x' requires an argument." without a context: no
+            # command to name then (a "kvsim: " here read "kvsim: error: kvsim: Option ...")
+            fail(f"{exc.ctx.command_path}: {exc.format_message()}" if exc.ctx else exc.format_message())
         except Abort:
             interrupted()
         except click.exceptions.ClickException as exc:

@@ -314,10 +314,13 @@ def check_cmd(
     if version not in ENGINE_VERSIONS:
         raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
     rows, _ = read_measurements(measurements)
-    by_tp = {}
+    by_tp, given = {}, {}
     for path in profile_paths:
         p = load_named_profile(path)
-        by_tp.setdefault(p.data["tensor_parallel_size"], p)
+        tp = p.data["tensor_parallel_size"]
+        if tp in by_tp:  # rows go to the profile of their TP: a second one would be ignored
+            raise ConfigError(f"--profile: {given[tp]} and {path} are both TP {tp}; give one profile per TP")
+        by_tp[tp], given[tp] = p, path
     first = next(iter(by_tp.values()))
     model_spec = get_model(model or first.data["model"])
     gpu_spec = get_gpu(first.data["gpu"])

@@ -112,6 +112,9 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
         raw_rows = list(reader)
     except csv.Error as exc:
         raise MeasurementError(f"{path}: not a readable CSV file ({exc})") from None
+    twice = [h for i, h in enumerate(header) if h and h in header[:i]]
+    if twice:  # csv.DictReader would keep the last such column and drop the other silently
+        raise MeasurementError(f"{path}: column {twice[0]!r} appears twice in the header")
     missing = [k for k in KEYS if k not in header]
     if missing:
         raise MeasurementError(f"{path}: missing column {missing[0]!r} (need {', '.join(KEYS)})")

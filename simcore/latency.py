@@ -69,6 +69,9 @@ HOST_TERMS = ("per_step_ms", "per_seq_ms", "per_prefill_step_ms", "per_prefill_t
 # ASYNC: CPU work an engine with async scheduling runs while the GPU executes (HostOverhead.hidden_ms)
 HIDDEN_TERMS = ("hidden_per_step_ms", "hidden_per_seq_ms")
 ABSURD_MS = 1e7  # no single table entry or host term may exceed ~3 hours
+# a layer all-reduces its hidden states twice under Megatron TP (attention out, MLP out: Shoeybi et al.
+# 2019, arXiv:1909.08053 sec. 3); a bound far past that keeps a hand-edited count from overflowing a step
+MAX_CALLS_PER_LAYER = 64
 # A profile's step times as priced for a prefill-only step over those of a decode-only step (1 unless
 # profiles.uncertainty.scaled_profile scaled the phases apart: the stated errors of prefill and decode
 # differ). A step with p prompt tokens of T is priced x 1 + (ratio - 1) * p / T.
@@ -383,6 +386,53 @@ def _prefill_ratio(data: dict, where: str) -> float:
     return float(value)
 
 
+def _error_value(v: Any, where: str, signed: bool = False) -> float:
+    """A recorded relative error: finite (error bars cap it at profiles.uncertainty.MAX_ERROR, but a
+    NaN passed the cap and priced every step as NaN); a median |error| is >= 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ProfileError(f"{where}: {v!r} is not a finite number")
+    if v < 0 and not signed:
+        raise ProfileError(f"{where}: {v!r} must be >= 0 (a median |error|)")
+    return float(v)
+
+
+def check_calibration_record(data: dict, where: str) -> None:
+    """A calibrated profile's provenance.calibration, as error bars read it (profiles/uncertainty.py):
+    the TPs that had rows, the leave-one-out errors. Checked when the profile is read, so a
+    hand-edited record is one line before a run, not a traceback after its table."""
+    prov = data.get("provenance")
+    if prov is None:
+        return
+    if not isinstance(prov, dict):
+        raise ProfileError(f"{where}.provenance: expected an object")
+    cal = prov.get("calibration")
+    if cal is None:
+        return
+    key = f"{where}.provenance.calibration"
+    if not isinstance(cal, dict):
+        raise ProfileError(f"{key}: expected an object")
+    tps = cal.get("data_tps")
+    if tps is not None and (not isinstance(tps, list)
+                            or any(isinstance(t, bool) or not isinstance(t, int) for t in tps)):
+        raise ProfileError(f"{key}.data_tps: expected a list of integers, got {tps!r}")
+    if cal.get("loo_median_abs_error") is not None:
+        _error_value(cal["loo_median_abs_error"], f"{key}.loo_median_abs_error")
+    by_tp = cal.get("errors_by_tp")
+    if by_tp is not None:
+        if not isinstance(by_tp, dict) or not all(isinstance(v, dict) for v in by_tp.values()):
+            raise ProfileError(f"{key}.errors_by_tp: expected an object of objects keyed by TP")
+        for tp, v in by_tp.items():
+            if v.get("loo_median_abs_error") is not None:
+                _error_value(v["loo_median_abs_error"], f"{key}.errors_by_tp.{tp}.loo_median_abs_error")
+    residuals = cal.get("residuals")
+    if residuals is not None:
+        if not isinstance(residuals, list) or not all(isinstance(r, dict) for r in residuals):
+            raise ProfileError(f"{key}.residuals: expected a list of objects")
+        for i, r in enumerate(residuals):
+            if r.get("loo_error") is not None:
+                _error_value(r["loo_error"], f"{key}.residuals[{i}].loo_error", signed=True)
+
+
 def _check_absurd(data: dict, where: str) -> None:
     """Refuse timings no GPU could produce: a linear table that is all zero, or one layer's GEMMs
     at the largest token count more than 10x faster than the GPU's datasheet peak allows."""
@@ -436,6 +486,8 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
     # whichever it picks; the tables are the same for each), so anything malformed fails here
     model = StepLatencyModel(data, where)
     _check_absurd(data, where)
+    if data["source"] == "calibrated":
+        check_calibration_record(data, where)
     profile = Profile(data=data, sha256=profile_hash(data))
     profile._unused_model = model
     return profile
@@ -579,10 +631,16 @@ def prefill_attention_engine(data: dict, where: str, policy: str,
         if not isinstance(z, list) or len(z) != rows:
             raise ProfileError(f"{key}.{version}.time_scale: expected {rows} rows (one per chunk_tokens)")
         scale = []
+        times = pre.get("time_ms") if isinstance(pre.get("time_ms"), list) else []
         for i, row in enumerate(z):
             row = _numbers(row, f"{key}.{version}.time_scale[{i}]")
             if len(row) != cols:
                 raise ProfileError(f"{key}.{version}.time_scale[{i}]: expected {cols} values (one per context_tokens)")
+            base = times[i] if i < len(times) and isinstance(times[i], list) else []
+            for s, t in zip(row, base, strict=False):  # the scaled table obeys the tables' own bound
+                if isinstance(t, (int, float)) and not isinstance(t, bool) and s * t > ABSURD_MS:
+                    raise ProfileError(f"{key}.{version}.time_scale[{i}]: {s:g} x {t:g} ms is not a plausible "
+                                       "kernel time")
             scale.append(row)
         if policy == "continuous" and version == engine_version:
             chosen = (entry["backend"], scale)
@@ -727,6 +785,9 @@ class StepLatencyModel:
                     setattr(self, key, _table1d(coll[key], "bytes", f"{where}.{key}"))
             calls = coll.get("all_reduce_calls_per_layer", 2)
             self.calls_per_layer = _numbers([calls], f"{where}.all_reduce_calls_per_layer", positive=False)[0]
+            if self.calls_per_layer > MAX_CALLS_PER_LAYER:
+                raise ProfileError(f"{where}.all_reduce_calls_per_layer: {self.calls_per_layer:g} is not a plausible "
+                                   f"count (Megatron TP makes 2 per layer; at most {MAX_CALLS_PER_LAYER} accepted)")
             dtype_bytes = float(shape.get("dtype_bytes", 2))
             self.token_bytes = float(_need(shape, "hidden_size", f"{where[:-12]}.model_shape")) * dtype_bytes
             self.logit_bytes = float(shape.get("vocab_size", 0)) * dtype_bytes

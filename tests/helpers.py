@@ -122,3 +122,36 @@ def random_requests(rng: np.random.Generator, max_model_len: int, max_requests: 
     if long_outputs:
         output[rng.random(num) < 0.1] = mml
     return arrivals, prompt, output
+
+
+def invoke_cli(*args: str):
+    """Run `kvsim ARGS` in-process (typer's runner; stderr kept apart)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_line_error(result, *needles: str, code: int = 2) -> None:
+    """Bad input: exit `code`, one `kvsim: error:` line naming each needle, no traceback, no output."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    err = result.stderr
+    assert err.startswith("kvsim: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and not result.stdout.strip(), (err, result.stdout)
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def load_script(path, name: str):
+    """Import a benchmarks/ script as a module for the length of a test module (a generator for a
+    module-scoped fixture): dataclasses resolve its annotations through sys.modules."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)

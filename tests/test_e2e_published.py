@@ -3,25 +3,19 @@ where its number was read, maps its vLLM version to a real preset, and its workl
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvsim.workloads import load_workload
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_published.py"
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    spec = importlib.util.spec_from_file_location("e2e_published", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from load_script(SCRIPT, "e2e_published")
 
 
 def test_list_names_every_row_and_its_source(e2e, capsys):

@@ -3,9 +3,7 @@ cheap row runs end to end (in-process CLI) with its ratio computed the way the t
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,18 +11,14 @@ from typer.testing import CliRunner
 
 from kvsim.cli.main import app
 from kvsim.workloads import load_workload
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "published_checks.py"
 
 
 @pytest.fixture(scope="module")
 def pc():
-    spec = importlib.util.spec_from_file_location("published_checks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield from load_script(SCRIPT, "published_checks")
 
 
 def test_rows_are_well_formed(pc, tmp_path):

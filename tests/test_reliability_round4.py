@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from kvsim.cli.main import app
+from tests.helpers import assert_one_line_error, invoke_cli
 
 TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "64", "--output-len", "8", "--no-error-bars"]
 PLAN = ["plan", "--rate", "1", "--gpu", "H100-SXM-80GB", "--tp", "1"]
@@ -22,17 +21,7 @@ HUGE = "9" * 5000  # past Python's 4,300-digit int() limit: a ValueError naming 
 SESSION_HEADER = "arrival_s,num_prompt_tokens,num_output_tokens,session_id"
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line_error(result, *needles: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr
-    assert err.startswith("kvsim: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err and not result.stdout.strip(), (err, result.stdout)
-    for needle in needles:
-        assert needle in err, (needle, err)
+invoke = invoke_cli
 
 
 @pytest.fixture

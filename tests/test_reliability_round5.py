@@ -10,25 +10,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from kvsim.cli.main import app
 from kvsim.simcore import ccore
+from tests.helpers import assert_one_line_error, invoke_cli
 
 TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "64", "--output-len", "8", "--no-error-bars"]
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def assert_one_line_error(result, *needles: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr
-    assert err.startswith("kvsim: error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err and not result.stdout.strip(), (err, result.stdout)
-    for needle in needles:
-        assert needle in err, (needle, err)
+invoke = invoke_cli
 
 
 # --- n > 1: swapped-out groups --------------------------------------------------------------
@@ -244,3 +233,111 @@ def test_a_run_with_stderr_closed_still_prints_its_result():
                           env={**os.environ, "PYTHONPATH": str(repo)}, preexec_fn=lambda: os.close(2))
     assert done.returncode == 0
     assert "Serving Benchmark Result" in done.stdout and "Simulated in" in done.stdout
+
+
+# --- adversarial pass over the session's new profile fields and calibration inputs (rel6) ------
+
+
+def _edited_profile(tmp_path, edit, name="H100-SXM-80GB-llama3-8b-tp2.json"):
+    """A shipped profile, hand-edited by `edit(doc)`, written under tmp_path."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "profiles" / name).read_text())
+    edit(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+SPLITWISE = "profiles/examples/splitwise-h100-llama2-70b.csv"
+
+
+def _examples(name):
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / name
+
+
+def test_a_measurements_column_given_twice_is_refused(tmp_path):
+    """A header `tp,...,prefill_ms,prefill_ms` (or `tp,tp,...`): csv.DictReader kept the last such
+    column and dropped the other, so calibrate fitted and `profile check` priced whichever came last
+    without a word. Now one line names the column, and calibrate writes nothing."""
+    lines = _examples(SPLITWISE).read_text().splitlines()[:8]
+    doubled = [lines[0].replace("prefill_ms", "prefill_ms,prefill_ms")]
+    doubled += [",".join(c if i != 4 else f"{c},{c}" for i, c in enumerate(row.split(","))) for row in lines[1:]]
+    data = tmp_path / "dup.csv"
+    data.write_text("\n".join(doubled) + "\n")
+    out = tmp_path / "out"
+    assert_one_line_error(invoke("calibrate", str(data), "--model", "llama2-70b", "--gpu", "H100-SXM-80GB",
+                                 "--out", str(out)), "'prefill_ms' appears twice")
+    assert not out.exists()
+    assert_one_line_error(invoke("profile", "check", str(data), "--profile", "H100-SXM-80GB-llama2-70b-tp2"),
+                          "'prefill_ms' appears twice")
+
+
+def test_profile_check_with_two_profiles_of_one_tp_is_refused(tmp_path):
+    """`profile check --profile A --profile B` with A and B both TP 2 priced every TP-2 row with A
+    and ignored B silently (swap them and the medians changed). Now refused, naming both."""
+    other = _edited_profile(tmp_path, lambda d: None, "H100-SXM-80GB-llama2-70b-tp2.json")
+    result = invoke("profile", "check", str(_examples(SPLITWISE)), "--profile", "H100-SXM-80GB-llama2-70b-tp2",
+                    "--profile", str(other))
+    assert_one_line_error(result, "are both TP 2", "one profile per TP")
+
+
+def test_a_prefill_time_scale_past_the_kernel_bound_is_refused(tmp_path):
+    """prefill_attention_by_engine.vllm-v0.time_scale hand-edited to 1e300: each factor was checked
+    finite and positive but not the scaled table, so `run --engine-version vllm-v0` printed TTFTs of
+    1e300 ms (and numpy overflow warnings) with exit 0. The scaled cells now obey the tables' bound."""
+    def edit(doc):
+        doc["prefill_attention_by_engine"]["vllm-v0"]["time_scale"][0][0] = 1e300
+
+    path = _edited_profile(tmp_path, edit)
+    for version in ("vllm-v0", "vllm-v1-async"):  # every entry is checked, whichever is picked
+        assert_one_line_error(invoke("run", "--profile", str(path), "--tp", "2", "--engine-version", version, *TINY),
+                              "prefill_attention_by_engine.vllm-v0.time_scale[0]", "not a plausible kernel time")
+
+
+def test_an_absurd_all_reduce_call_count_is_refused(tmp_path):
+    """collectives.all_reduce_calls_per_layer 1e300 (finite, >= 0) was accepted: every step cost
+    ~1e300 ms, both cores printed such TTFTs with exit 0. Now one line (Megatron TP makes 2)."""
+    path = _edited_profile(tmp_path, lambda d: d["collectives"].__setitem__("all_reduce_calls_per_layer", 1e300))
+    assert_one_line_error(invoke("run", "--profile", str(path), "--tp", "2", *TINY),
+                          "all_reduce_calls_per_layer", "not a plausible count")
+
+
+@pytest.mark.parametrize("args", [("run", "--rate"), ("plan", "--disagg"), ("calibrate", "x.csv", "--tp")])
+def test_an_option_missing_its_value_is_one_line_without_a_doubled_prefix(args):
+    """`kvsim run --rate` printed "kvsim: error: kvsim: Option '--rate' requires an argument.":
+    click raises that one without a context, and the handler named "kvsim" for it."""
+    result = invoke(*args)
+    assert_one_line_error(result, f"Option '{args[-1]}' requires an argument")
+    assert "kvsim: error: kvsim:" not in result.stderr
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("data_tps", 2, "data_tps: expected a list of integers"),
+    ("residuals", 5, "residuals: expected a list of objects"),
+    ("errors_by_tp", [1], "errors_by_tp: expected an object"),
+    ("loo_median_abs_error", float("nan"), "loo_median_abs_error: nan is not a finite number"),
+    ("loo_median_abs_error", -0.5, "must be >= 0"),
+    ("residuals", [{"quantity": "decode_ms", "loo_error": "abc"}], "residuals[0].loo_error: 'abc'"),
+    (None, "x", "provenance.calibration: expected an object"),
+])
+def test_a_hand_edited_calibration_record_is_refused_before_the_run(tmp_path, field, value, needle):
+    """A calibrated profile whose provenance.calibration was hand-edited (data_tps 2, residuals 5,
+    a loo_error 'abc', ...): the run printed its table, then error bars (on by default) read the
+    record and died with a traceback (TypeError / ValueError / AttributeError), exit 1; a NaN
+    error passed uncertainty's cap and failed on a NaN factor after the table. The record is now
+    checked when the profile is read: one line, nothing printed."""
+    def edit(doc):
+        doc["source"] = "calibrated"
+        cal = doc.setdefault("provenance", {}).setdefault("calibration", {"data_tps": [2], "rows": 3})
+        if field is None:
+            doc["provenance"]["calibration"] = value
+        else:
+            cal[field] = value
+
+    path = _edited_profile(tmp_path, edit)
+    result = invoke("run", "--profile", str(path), "--tp", "2", *TINY[:-1])  # error bars on
+    assert_one_line_error(result, "provenance", needle)
