@@ -36,16 +36,14 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              the workers over shared memory, each worker preparing its own inputs; the first
              collective of the step then waits for the slowest rank, which Vidur's
              POST_PREPARE_INPUTS_BARRIER measures (its excess over TP 1, where there is no one to
-             wait for). Persistent batches make V1's input preparation cheaper than V0's, so the
-             per-sequence term is an upper bound there. This is vLLM 0.7 to 0.13, where scheduling is
-             synchronous unless `--async-scheduling` is given (an experimental flag since PR #19970).
-             No public measurement of V1's own phases that could replace these terms was found
-             (issue 27, round 2: single-phase micro-benchmarks on unstated hosts and batches only;
-             profiles/README.md lists them), so they stay Vidur's. vLLM 0.11.0's own scheduler
-             loop and model-runner CPU phases were since timed on a shared vCPU here
-             (benchmarks/measure_v1_scheduler.py, profiles/README.md): ~0.25 ms + 0.015 ms per
-             sequence against these terms' 1.04 + 0.038; the sampler's kernels (most of
-             sampler_e2e's 0.82 ms per step, likely) are not in it, so nothing is swapped yet.
+             wait for). Its per-step term is Vidur's loop (an upper bound: V1's measured CPU phases
+             come to ~0.25 ms a step, but the sampler's kernels and the CUDA graph's launch, most of
+             sampler_e2e's 0.82 ms likely, were not measured). Its per-sequence term is V1's own:
+             vLLM 0.11.0's scheduler loop and model-runner CPU phases timed per running decode
+             (V1_SEQ_PHASES_MS, benchmarks/measure_v1_scheduler.py, profiles/README.md), 0.0146 ms
+             against the V0-style loop's 0.038; at TP > 1 the barrier's excess over TP 1 is added to
+             both terms. This is vLLM 0.7 to 0.13, where scheduling is synchronous unless
+             `--async-scheduling` is given (an experimental flag since PR #19970).
 * `vllm-v1-async` vLLM V1 as shipped since v0.14.0 (release notes: "Async scheduling is now
              enabled by default", vllm-project/vllm PR #27614; excluded for pipeline parallelism and
              non-EAGLE/MTP speculative decoding in that release). The scheduler runs one step ahead
@@ -86,6 +84,20 @@ VIDUR_MEDIANS = {  # phase -> TP -> (batch 8, batch 64)
 MAX_MEASURED_TP = 4  # the largest TP of Vidur's published CPU-overhead rows
 PER_WORKER_PHASES = ("ray_comm_time",)  # one remote call per worker per step: grows with the workers
 LOOP = ("schedule", "prepare_inputs_e2e", "sampler_e2e")  # the engine loop's own work
+# vLLM V1's CPU work per running decode per step (ms, the per-sequence slope of each phase's line),
+# measured with vLLM 0.11.0's own V1 code by benchmarks/measure_v1_scheduler.py (--model-runner) on
+# 2026-12-02: a KVM guest with 2 vCPUs, "Intel(R) Xeon(R) Processor" family 6 model 167 (Sapphire
+# Rapids or later), medians over 200 steps at decode batches 8..1024 (profiles/README.md has the
+# table). The host was shared with other jobs, so the figures are more likely high than low.
+V1_SEQ_PHASES_MS = {
+    "schedule": 0.0055,  # Scheduler.schedule(), mostly KVCacheManager.allocate_slots
+    "update_from_output": 0.0021,  # Scheduler.update_from_output(), synchronous in the engine core
+    "output_encode": 0.00013,  # msgpack encode of EngineCoreOutputs (the output thread)
+    "update_states": 0.0006,  # GPUModelRunner._update_states (persistent batch)
+    "prepare_inputs": 0.0008,  # GPUModelRunner._prepare_inputs (run by the CPU runner)
+    "bookkeeping_sync": 0.0055,  # GPUModelRunner._bookkeeping_sync, the sampler's CPU bookkeeping
+}
+V1_SEQ_MS = sum(V1_SEQ_PHASES_MS.values())  # 0.0146 ms per sequence, in place of the LOOP's slope
 # vLLM 0.6.0 benchmarks ran multi-step scheduling with --num-scheduler-steps 10 (blog.vllm.ai 2024-09-05).
 MULTI_STEP = 10
 # vLLM >= 0.14 (async scheduling): the GPU idles between two steps' kernels for 150-170 us at batch
@@ -141,9 +153,9 @@ def _rounded(intercept: float, slope: float) -> tuple[float, float]:
 def engine_host(engine_version: str, tp: int) -> tuple[float, float]:
     """(per_step_ms, per_seq_ms) of a continuous-batching vLLM step of this version at this TP."""
     loop_a, loop_s = _sum(LOOP, tp)
-    if engine_version == "vllm-v1":
+    if engine_version == "vllm-v1":  # Vidur's loop per step, V1's measured phases per sequence
         sync_a, sync_s = _excess_over_tp1("post_prepare_inputs_barrier", tp)
-        return _rounded(loop_a + sync_a, loop_s + sync_s)
+        return _rounded(loop_a + sync_a, V1_SEQ_MS + sync_s)
     if engine_version == "vllm-v0":
         out_a, out_s = phase_line("process_model_outputs", tp)
         ray_a, ray_s = phase_line("ray_comm_time", tp) if tp > 1 else (0.0, 0.0)  # no Ray workers at TP 1

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli.main import app
-from kvsim.profiles.host import ASYNC_GAP_MS, VIDUR_MEDIANS, engine_host, phase_line
+from kvsim.profiles.host import ASYNC_GAP_MS, V1_SEQ_MS, VIDUR_MEDIANS, engine_hidden, engine_host, phase_line
 from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
 RUN = ["run", "--model", "llama2-70b", "--gpu", "H100-SXM-80GB", "--workload", "fixed-batch",
@@ -28,9 +28,11 @@ def test_phase_lines_go_through_the_published_medians():
         assert phase_line(phase, 8) == phase_line(phase, 4)
 
 
-def test_tp1_continuous_host_is_unchanged_and_v1_grows_with_the_ranks():
+def test_tp1_continuous_host_is_vidurs_step_and_v1s_seq_and_v1_grows_with_the_ranks():
     assert DEFAULT_ENGINE_VERSION == "vllm-v1"
-    assert engine_host("vllm-v1", 1) == (1.04, 0.038)  # the pre-version default at TP 1
+    # per step Vidur's loop (the pre-version default at TP 1); per sequence V1's measured phases
+    assert engine_host("vllm-v1", 1) == (1.04, round(V1_SEQ_MS, 3)) == (1.04, 0.015)
+    assert engine_host("vllm-v1-async", 1) == (0.16, 0.0) and engine_hidden("vllm-v1-async", 1) == (1.04, 0.015)
     steps = [engine_host("vllm-v1", tp) for tp in (1, 2, 4)]
     assert all(a < b for a, b in zip(steps, steps[1:], strict=False))  # more ranks to wait for
     assert engine_host("vllm-v1", 8) == engine_host("vllm-v1", 4)  # no TP 8 measurement: TP 4's terms
