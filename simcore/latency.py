@@ -34,7 +34,7 @@ a table are extrapolated along the edge segment and counted.
 
 `decode_span_times_s(num_seqs, context_sums)` prices a run of decode-only steps (same batch, the
 contexts' sum given per step) in one call, a few numpy operations for the whole run; it equals `step_time_s(num_seqs, [], num_seqs,
-context_sums[k], num_seqs)` for every k to 1e-12 relative (tests/test_latency.py), and counts
+context_sums[k], num_seqs)` for every k bit for bit (tests/test_latency.py), and counts
 extrapolated steps as they would, so an engine may price a decode span without one Python call
 per step. Pricing is memoised (what depends only on a step's shape, a table's row blend per batch
 size): kept values are computed exactly as fresh ones, the memos are bounded (MEMO_ENTRIES).
@@ -214,13 +214,16 @@ class Table2D:
         return math.exp(top + s * (bot - top))
 
     def row(self, a: float, bs: np.ndarray) -> np.ndarray:
-        """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b (the
-        logarithms and exponentials by numpy, so the same bits whichever way it goes below)."""
+        """z(a, b) for many b at one a: the same arithmetic as __call__, vectorised over b. The
+        logarithms and exponentials are libm's (math.log1p, math.exp, as __call__ and the C core
+        use): numpy's SIMD ones differ from them in the last bit for a few per cent of values."""
         if a <= 0:
             return np.zeros(len(bs))
-        lb = np.log1p(bs)  # float64 whatever `bs` holds (integers are converted first, exactly)
-        if len(lb) <= SHORT_ROW:
-            return np.exp(self._exponents(a, lb.tolist()))
+        # float64 whatever `bs` holds (integers are converted first, exactly)
+        lbs = list(map(math.log1p, np.asarray(bs, dtype=np.float64).tolist()))
+        if len(lbs) <= SHORT_ROW:
+            return np.array(list(map(math.exp, self._exponents(a, lbs))))
+        lb = np.array(lbs)
         s, segments, top0, bot0 = self._row_terms(a)
         if segments is None:  # one context point: the rows' only values
             top = np.full(len(lb), top0)
@@ -231,7 +234,7 @@ class Table2D:
             t = (lb - lb_j) / width
             top = top_z + t * top_dz
             bot = bot_z + t * bot_dz
-        return np.exp(top + s * (bot - top))
+        return np.array(list(map(math.exp, (top + s * (bot - top)).tolist())))
 
     def _exponents(self, a: float, lbs: list[float]) -> list[float]:
         """row()'s interpolation in log space for a few log1p(b), on Python floats: the same
@@ -969,7 +972,7 @@ class StepLatencyModel:
 
     def decode_span_times_s(self, num_seqs: int, context_sums: np.ndarray, count: bool = True) -> np.ndarray:
         """Seconds of each decode-only step of a span: `num_seqs` sequences, their context sum
-        per step in `context_sums`; equal to step_time_s per step (to 1e-12 relative), and its
+        per step in `context_sums`; equal to step_time_s per step bit for bit, and its
         extrapolated steps counted per step and per table exactly as step_time_s counts them.
         `count=False`: nothing counted (a span that may be cut short counts the steps it ran
         with count_decode_span)."""

@@ -18,7 +18,6 @@ from kvsim.simcore.fleet import fleet_cost_per_hour, parse_fleet, resolve_fleet
 from kvsim.simcore.simulate import prepare, simulate
 from kvsim.simcore.specs import EngineConfig
 from kvsim.workloads import load_workload
-from tests.helpers import assert_same_requests
 
 
 def test_a_fleet_of_one_kind_is_the_same_run_as_dp():
@@ -33,9 +32,8 @@ def test_a_fleet_of_one_kind_is_the_same_run_as_dp():
     assert fleet.requests.equals(dp.requests)
     assert fleet.record["engine_core"] == dp.record["engine_core"] == ("c" if ccore.library() else "python")
     python = prepare(model, gpu, groups[0][0], wl, groups[0][1], seed=2, fleet=groups, engine_core="python").run()
-    # Python against C: within the equivalence tests' TIME_TOL_S (a decode span cut by an arrival is
-    # priced by the Python span path, which can differ from the single step in the last bit).
-    assert_same_requests(python.requests, dp.requests, "fleet (python) vs --dp 2")
+    # Python against C: bit for bit (a decode span cut by an arrival prices its steps as single steps do)
+    assert python.requests.equals(dp.requests)
 
 
 def test_each_replica_is_sized_and_priced_by_its_group():
