@@ -575,7 +575,13 @@ def goodput(requests: pd.DataFrame, slo_ms: dict[str, float], duration_s: float)
 # -- saturation: was the offered load sustained? -------------------------------------------
 WARMUP_SHARE = 0.2  # arrivals before this share of the run fill the engine; not judged
 OVERLOAD_RATE_RATIO = 0.9  # completed / offered rate once warm below this ...
-OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s per s): overloaded
+OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s per s): overloaded.
+# An engine whose step limit is above what it serves (vLLM V1's 1024 sequences on an H100) admits
+# every arrival and queues inside its batch: no request waits to be scheduled, the batch and each
+# step's time grow instead. Its batch also grows while it fills up towards a steady state, and near
+# capacity that takes many request lifetimes, so a short run cannot tell the two apart: requests
+# in the system still growing faster than (1 - OVERLOAD_RATE_RATIO) x the offered rate, past the
+# first typical lifetime and without a queue, leave the run not judged ("still filling").
 MIN_JUDGED_REQUESTS = 20  # fewer arrivals after warm-up than this: no verdict
 # A "sustained" verdict needs a judged window that outlasts a typical request (median end-to-end
 # latency): in a shorter one the requests are still in flight when arrivals stop, nothing had
@@ -597,8 +603,12 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     rate is mu = lam / (lam/mu). A run is `overloaded` when both show it (completed/offered below
     OVERLOAD_RATE_RATIO and a delay slope above OVERLOAD_WAIT_SLOPE, i.e. lam/mu > ~1.05-1.1);
     requiring both keeps a burst at the end of a stable run, or a slow drain of a long-latency
-    backlog, from being called overload. All arrivals at one instant (offline batch), too few
-    arrivals give `n/a`, and so does a run that did not show overload but whose judged window was
+    backlog, from being called overload. An engine that admits every arrival shows no queueing
+    delay: its backlog is the batch itself. While the requests in the system (arrived, not
+    finished; `in_system_slope`, per second, from one median lifetime after the first arrival) still
+    grow without a queue, the run is `n/a` with `still_filling` True: overload or a slow approach to
+    a steady state, which only more requests can tell apart. All arrivals at one instant (offline
+    batch), too few arrivals give `n/a`, and so does a run that did not show overload but whose judged window was
     shorter than its median request's end-to-end latency (a burst over before its requests could
     finish: nothing had time to queue up, so "sustained" would claim what was not seen)."""
     return saturation_columns(
@@ -613,7 +623,7 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     run's median end-to-end latency (None: computed from the columns)."""
     arrival = arrival_s
     out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
-                           "queue_wait_slope": None}
+                           "queue_wait_slope": None, "in_system_slope": None}
     order = np.argsort(arrival, kind="stable")
     arrival = arrival[order]
     first = int(len(arrival) * WARMUP_SHARE)
@@ -633,14 +643,37 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     t = arrival[first:]
     known = first_scheduled_s[order][first:] >= 0  # never scheduled (rejected): no queueing delay
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
+    finished_at = np.sort(finish[finished])
+    in_system = np.arange(first, len(arrival)) - np.searchsorted(finished_at, t, side="right")
+    n_slope = _in_system_slope(t, in_system.astype(np.float64), float(arrival[0]), median_e2el_s)
+    return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)
+
+
+def _verdict(out: dict[str, Any], offered: float, completed: float, slope: float, n_slope: float,
+             window: float, median_e2el_s: float | None) -> dict[str, Any]:
+    """`overloaded`, `sustained` or `n/a` (see `saturation`), with the measures it stands on."""
     overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
-    if not overloaded and _too_short(window, median_e2el_s):
+    filling = not overloaded and n_slope > (1 - OVERLOAD_RATE_RATIO) * offered
+    if not overloaded and not filling and _too_short(window, median_e2el_s):
         return out
     out.update({
-        "saturation": "overloaded" if overloaded else "sustained",
+        "saturation": "n/a" if filling else "overloaded" if overloaded else "sustained",
         "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,
+        "in_system_slope": n_slope, **({"still_filling": True} if filling else {}),
     })
     return out
+
+
+def _in_system_slope(t: np.ndarray, count: np.ndarray, first_arrival_s: float, median_e2el_s: float | None) -> float:
+    """Least-squares growth (per s) of the requests in the system, sampled at arrival times `t`,
+    over those at least one median end-to-end latency after the first arrival (before it the
+    system is still filling up); 0 where fewer than two samples are left."""
+    if median_e2el_s is None:
+        return 0.0
+    keep = t >= first_arrival_s + median_e2el_s
+    if keep.sum() < 2 or np.ptp(t[keep]) <= 0:
+        return 0.0
+    return float(np.polyfit(t[keep], count[keep], 1)[0])
 
 
 def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) -> dict[str, Any]:
@@ -649,7 +682,7 @@ def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) ->
     (rejected) are left out of the delay line."""
     b = records.bounded
     out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
-                           "queue_wait_slope": None}
+                           "queue_wait_slope": None, "in_system_slope": None}
     starts = np.frombuffer(records._block_start, dtype=np.float64)
     n = records.num_left
     first_block = -(-int(n * WARMUP_SHARE) // SATURATION_BLOCK)
@@ -665,11 +698,8 @@ def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) ->
     cnt, st, sw, stt, stw = b.blocks[first_block:].sum(axis=0)
     denom = cnt * stt - st * st
     slope = float((cnt * stw - st * sw) / denom) if cnt >= 2 and denom > 0 else 0.0
-    overloaded = completed < OVERLOAD_RATE_RATIO * offered and slope > OVERLOAD_WAIT_SLOPE
-    if not overloaded and _too_short(window, median_e2el_s):
-        return out
-    out.update({
-        "saturation": "overloaded" if overloaded else "sustained",
-        "offered_rate": offered, "completed_rate_warm": completed, "queue_wait_slope": slope,
-    })
-    return out
+    # requests in the system at each block's first arrival: the arrivals before it less the finishes
+    block_t = starts[first_block:]
+    in_system = (SATURATION_BLOCK * np.arange(first_block, len(starts)) - b.finish.count_le_many(block_t))
+    n_slope = _in_system_slope(block_t, in_system.astype(np.float64), float(starts[0]), median_e2el_s)
+    return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)
