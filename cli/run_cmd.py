@@ -115,7 +115,7 @@ def run(
     reservation: Reservation = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block (power of two).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory the engine may use, (0, 1].")] = 0.90,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one step. [default: 256; with --engine-version, that vLLM's default on the GPU]")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one step. [default: the engine version's vLLM default on the GPU: 1024 on an H100 for vllm-v1, 256 for vllm-0.6; 256 for static / dynamic batching]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,

@@ -74,7 +74,7 @@ def apply_batch_defaults(config: EngineConfig, gpu: GPUSpec, model: ModelSpec, f
     """`config` with the fields named in `fill` (those the user left unset) set to the engine
     version's defaults on this GPU; the others as given."""
     fill = set(fill) & set(FIELDS)
-    if not fill:
+    if not fill or config.policy != "continuous":  # vLLM's limits; static / dynamic batching keep kvsim's
         return config
     seqs, tokens = batch_defaults(
         config.engine_version, gpu, config.resolved_max_model_len(model), config.enable_chunked_prefill,
