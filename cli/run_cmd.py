@@ -430,14 +430,17 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
     """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
     from kvsim.simcore.batch_defaults import engine_assumptions
 
-    host = backend = None
+    host = backend = all_reduce = None
     if prof is not None and cfg.policy == "continuous":
-        from kvsim.simcore.latency import host_overhead_source, prefill_attention_engine
+        from kvsim.profiles.symm_mem_allreduce import missing_note
+        from kvsim.simcore.latency import all_reduce_engine, host_overhead_source, prefill_attention_engine
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
         backend = prefill_attention_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0]
+        all_reduce = all_reduce_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0] or \
+            missing_note(prof.data, gpu_spec, cfg.tensor_parallel_size, cfg.engine_version)
     return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
-                              prof.source if prof is not None else None, backend)
+                              prof.source if prof is not None else None, backend, all_reduce)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:

@@ -517,6 +517,8 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
         _scale(table, params["s_attn"])
     if doc.get("collectives"):
         _scale(doc["collectives"].get("all_reduce"), params["s_coll"])
+        for table in (doc["collectives"].get("all_reduce_by_engine") or {}).values():
+            _scale(table, params["s_coll"])  # vLLM V1's symmetric-memory table, scaled as the base one
     _scale(doc.get("collective"), params["s_coll"])
     doc["schema_version"] = 2
     doc.pop("step_overhead_ms", None)
