@@ -216,8 +216,8 @@ def _load_label(s: dict[str, Any]) -> str:
     if verdict == "overloaded":
         return "OVERLOADED (throughput above is what it kept up with)"
     if verdict == "n/a" and s.get("still_filling"):
-        return ("n/a (the batch still grew, with no queue, when arrivals ended: overload or a slow fill; "
-                "run more requests)")
+        return ("n/a (requests in the system still grew when arrivals ended, with little queueing: overload "
+                "or a slow fill; run more requests)")
     if verdict == "n/a":
         return "n/a (no steady arrivals to judge, or they ended before a typical request finished)"
     return verdict

@@ -142,8 +142,8 @@ class SLO:
         """Why a run fails (empty: it passes); the first reason is the binding one."""
         reasons = []
         if summary.get("saturation") == "n/a" and summary.get("still_filling"):
-            reasons.append("load not judged (the batch still grew, with no queue, when arrivals ended: "
-                           "overload or a slow fill): run more requests at this rate")
+            reasons.append("load not judged (requests in the system still grew when arrivals ended, with "
+                           "little queueing: overload or a slow fill): run more requests at this rate")
         elif summary.get("saturation") == "n/a":  # a rate cannot be called sustained if it was not judged
             reasons.append("load not judged (arrivals over before a typical request finished, or too few "
                            "of them): run more requests at this rate")

@@ -28,7 +28,7 @@ def test_a_batch_that_grows_without_a_queue_is_not_called_sustained():
     assert doc["saturation"] == "n/a" and doc["still_filling"] is True  # was "sustained"
     assert doc["in_system_slope"] > 0.1 * doc["offered_rate"]
     text = CliRunner().invoke(app, [*RUN[:-2], "--rate", "60", "--num-requests", "2000", "--no-error-bars"]).stdout
-    assert "n/a (the batch still grew, with no queue, when arrivals ended" in text
+    assert "n/a (requests in the system still grew when arrivals ended, with little queueing" in text
     # the same load with vLLM 0.6's 256 sequences queues, and is overloaded as before
     assert _summary("--rate", "60", "--num-requests", "2000", "--max-num-seqs", "256")["saturation"] == "overloaded"
     # long enough to reach the 1024-sequence limit, the queue shows and the verdict is overload
