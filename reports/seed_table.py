@@ -261,8 +261,9 @@ def _assumptions(report: SeedTableReport) -> list[str]:
         "vLLM, paged KV, block size 16, recompute preemption; its steps are priced as "
         f"`{DEFAULT_ENGINE_VERSION}` (kvsim's default engine version: host cost and scheduler defaults; "
         "the other policies model no vLLM version).",
-        "- Engine defaults everywhere else (vLLM's): gpu_memory_utilization 0.90, max_num_seqs 256, "
-        "chunked prefill on with max_num_batched_tokens 8192, swap_space 4 GiB.",
+        "- Engine settings everywhere else: gpu_memory_utilization 0.90, max_num_seqs 256 (at most 64 "
+        "clients, so vLLM V1's 1024 on an H100 would bind no more), chunked prefill on with "
+        "max_num_batched_tokens 8192, swap_space 4 GiB.",
         "- Throughput is output tokens / makespan (first arrival to last completion), as "
         "`vllm bench serve` reports; KV waste is the time-weighted (allocated - live) / allocated.",
     ]
