@@ -48,7 +48,7 @@ def _edited_profile(tmp_path, edit, name="H100-SXM-80GB-llama3-8b-tp2.json"):
     (("collectives", "all_reduce_calls_per_layer"), 10**400, "all_reduce_calls_per_layer: 1000"),
     (("host_overhead_by_engine", "vllm-v1-async", "hidden_per_step_ms"), 10**400, "is not a finite number"),
     (("prefill_attention", "launch_floor_ms"), 10**400, "launch_floor_ms: 1000"),
-])
+], ids=lambda v: repr(v)[:24])
 def test_a_hand_edited_profile_header_or_shape_is_one_line(tmp_path, path, value, needle):
     """model_shape.hidden_size "abc" / null, a dtype_bytes of Infinity, a model name that is not
     a string, an expert_parallel_size "abc", any size or term as a 400-digit integer: the run
@@ -66,3 +66,90 @@ def test_a_hand_edited_profile_header_or_shape_is_one_line(tmp_path, path, value
         result = invoke("run", "--profile", str(profile), "--tp", "2", "--engine-version", version, *TINY)
         assert_one_line_error(result, needle)
         assert len(result.stderr) < 400, result.stderr  # a 400-digit number is cut short in the message
+
+
+# --- report sweep: a TPOT column with no values, tables edited by hand -------------------------
+
+
+def _one_token_sweep(tmp_path, *extra):
+    """A sweep whose every request gives one token (a trace): no TPOT anywhere, so the table's
+    TPOT columns are empty."""
+    trace = tmp_path / "one-token.csv"
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,10,1\n0.5,20,1\n1,30,1\n")
+    table = tmp_path / "s.csv"
+    result = invoke("sweep", "--rate", "5,10", "--workload", str(trace), "--jobs", "1", "--out", str(table), *extra)
+    assert result.exit_code == 0, result.stderr
+    return table
+
+
+@pytest.mark.parametrize("extra", [(), ("--seeds", "0,1")])
+def test_report_sweep_draws_a_table_whose_tpot_has_no_value(tmp_path, extra):
+    """Every request one token long (a prefill-only trace): the sweep wrote empty TPOT cells and
+    `kvsim report sweep` died in matplotlib ("x, y, and format string must not be None": the best
+    point's star at a missing TPOT), then in the answer's float(None). It draws the page now,
+    with TPOT p95 n/a."""
+    table = _one_token_sweep(tmp_path, *extra)
+    out = tmp_path / "r"
+    result = invoke("report", "sweep", str(table), "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    page = (out / "sweep-report.html").read_text()
+    assert "TPOT p95 n/a" in page and (out / "throughput-latency.png").stat().st_size > 0
+
+
+def _edited_table(src: Path, dst: Path, edit) -> Path:
+    import csv
+
+    rows = list(csv.reader(src.open()))
+    edit(rows)
+    with dst.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("small")
+    table = folder / "s.csv"
+    result = invoke("sweep", "--rate", "5,10", "--num-requests", "20", "--input-len", "64", "--output-len", "8",
+                    "--jobs", "1", "--error-bars", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    return table
+
+
+def _set_column(name, value):
+    def edit(rows):
+        i = rows[0].index(name)
+        for row in rows[1:]:
+            row[i] = value
+    return edit
+
+
+def _drop_column(name):
+    def edit(rows):
+        i = rows[0].index(name)
+        rows[:] = [r[:i] + r[i + 1:] for r in rows]
+    return edit
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (_set_column("p95_ttft_ms", "inf"), "p95_ttft_ms is 'inf', expected a number from 0 to 1e+15"),
+    (_set_column("p95_tpot_ms", "1e308"), "p95_tpot_ms is '1e308'"),
+    (_set_column("output_throughput", "1" + "0" * 400), "output_throughput is '1000"),
+    (_set_column("p95_ttft_ms", "-1"), "p95_ttft_ms is '-1'"),
+    (_set_column("gpus", "inf"), "gpus is 'inf'"),
+    (_set_column("p95_ttft_ms_band_high", "inf"), "p95_ttft_ms_band_high is 'inf'"),
+    (_drop_column("tensor_parallel_size"), "no 'tensor_parallel_size' column"),
+    (_drop_column("gpu"), "no 'gpu' column"),
+    (_drop_column("p95_tpot_ms"), "no 'p95_tpot_ms' column"),
+    (_drop_column("kv_waste_rate"), "no 'kv_waste_rate' column"),
+    (_drop_column("p95_ttft_ms_band_high"), "no 'p95_ttft_ms_band_high' column"),
+], ids=lambda v: v[:40] if isinstance(v, str) else "edit")
+def test_report_sweep_refuses_a_hand_edited_table_in_one_line(small_sweep, tmp_path, edit, needle):
+    """A sweep table edited by hand: an infinite, negative, 1e308 or 400-digit metric ended in
+    matplotlib's "Axis limits cannot be NaN or Inf" / "arange: cannot compute length" / pandas'
+    OverflowError, a dropped column in AttributeError or KeyError, all after the table was read.
+    Now one line naming the line and column (or the column), and no report folder."""
+    table = _edited_table(small_sweep, tmp_path / "t.csv", edit)
+    out = tmp_path / "r"
+    assert_one_line_error(invoke("report", "sweep", str(table), "--out", str(out)), needle)
+    assert not out.exists()
