@@ -153,3 +153,12 @@ def test_report_sweep_refuses_a_hand_edited_table_in_one_line(small_sweep, tmp_p
     out = tmp_path / "r"
     assert_one_line_error(invoke("report", "sweep", str(table), "--out", str(out)), needle)
     assert not out.exists()
+
+
+def test_report_sweep_judging_an_slo_on_a_metric_no_run_had_says_so(tmp_path):
+    """`sweep --slo tpot:p99:50` over one-token requests, then `report sweep`: "rerun `kvsim sweep`
+    with --slo tpot:p99:50", which is what had been run. Now it says no run had the value."""
+    table = _one_token_sweep(tmp_path, "--slo", "tpot:p99:50")
+    result = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
+    assert_one_line_error(result, "no point of the sweep has a p99_tpot_ms value", "two output tokens")
+    assert "rerun" not in result.stderr
