@@ -58,6 +58,14 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
     return values
 
 
+# what plan --autoscale reads (reports/autoscale_plan.py); every other option given is refused, not ignored
+AUTOSCALE_OPTIONS = frozenset({
+    "rate", "model", "gpu", "tp", "workload", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_targets", "price", "seed",
+    "out", "as_json", "engine_version", "usage_context", "confidence", "autoscale", "attainment", "max_replicas",
+    "provisioning_delay",
+})
+
+
 def plan(
     ctx: typer.Context,
     rate: Annotated[str | None, typer.Option(help=f"Target request rate(s) in req/s (required, except with --autoscale). {LIST}")] = None,
@@ -121,6 +129,11 @@ def plan(
             if given:
                 raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
                                   "the profile's step times)")
+        ignored = [p for p in ctx.command.params if p.name not in AUTOSCALE_OPTIONS
+                   and ctx.get_parameter_source(p.name).name != "DEFAULT"]
+        if ignored:  # e.g. --input-len or --speculative-config: the plan ran the workload's day without them
+            raise ConfigError(f"{ignored[0].opts[0]} does not apply to plan --autoscale yet (it plans the workload's "
+                              f"own traffic on one --model, --gpu and --tp at {DEFAULT_ENGINE_VERSION}'s defaults)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return

@@ -411,7 +411,7 @@ def run(
         fleet = None
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
-                           slo_ttft_p95_ms, slo_tpot_p95_ms, counted)
+                           slo_ttft_p95_ms, slo_tpot_p95_ms, counted, draft_prof)
         bands = None
         if error_bars:
             also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms,
@@ -777,9 +777,10 @@ def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -
     return doc
 
 
-def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms, counted=None):
+def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms, counted=None,
+           draft_prof=None):
     """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
-    and its mean (rounded up) active replicas."""
+    and its mean (rounded up) active replicas (a draft_model's draft priced as in the run: `draft_prof`)."""
     from dataclasses import replace
 
     from kvsim.cli.autoscale_out import fleet_section, static_row
@@ -792,7 +793,7 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
     rows = []
     for sized_for, replicas in sizes.items():
         config = resolve(model_spec, gpu_spec, replace(resolved.engine, data_parallel_size=replicas))
-        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, attainment=counted)
+        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, attainment=counted, draft_profile=draft_prof)
         rows.append({"sized_for": sized_for, **static_row(static, replicas, gpus, fleet["slo"]["ttft_ms"],
                                                           fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
                                                           fleet["hour_s"])})

@@ -162,3 +162,52 @@ def test_report_sweep_judging_an_slo_on_a_metric_no_run_had_says_so(tmp_path):
     result = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
     assert_one_line_error(result, "no point of the sweep has a p99_tpot_ms value", "two output tokens")
     assert "rerun" not in result.stderr
+
+
+# --- a draft_model's draft priced in every run, not only the first ------------------------------
+
+DRAFT = json.dumps({"method": "draft_model", "model": "llama3-8b", "num_speculative_tokens": 3, "acceptance_rate": 0.7})
+
+
+def test_sweep_error_bars_price_a_draft_model_draft_in_the_band_runs(tmp_path):
+    """`sweep --error-bars --speculative-config '{"method": "draft_model", ...}'`: the point ran,
+    then its band runs called simulate without the draft's profile and the sweep ended in
+    "method draft_model needs a profile of llama3-8b". The band runs price the draft scaled as
+    the target is now (as `run --error-bars` does)."""
+    table = tmp_path / "s.csv"
+    result = invoke("sweep", "--model", "llama3-70b", "--tp", "4", "--rate", "2", "--num-requests", "8",
+                    "--input-len", "64", "--output-len", "8", "--speculative-config", DRAFT, "--error-bars",
+                    "--jobs", "1", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    import csv
+
+    row = next(csv.DictReader(table.open()))
+    low, mid, high = (float(row[k]) for k in ("p95_tpot_ms_band_low", "p95_tpot_ms", "p95_tpot_ms_band_high"))
+    assert low < mid < high
+
+
+def test_run_autoscale_with_a_draft_model_prices_its_static_fleets(tmp_path):
+    """`run --autoscale --speculative-config '{"method": "draft_model", ...}'`: the autoscaled day
+    ran and printed its header, then the static fleets it is compared with were simulated without
+    the draft's profile: "method draft_model needs a profile" after the output had begun."""
+    result = invoke("run", "--model", "llama3-70b", "--tp", "4", "--autoscale", "--workload", "diurnal",
+                    "--num-requests", "30", "--rate", "1", "--speculative-config", DRAFT, "--no-error-bars")
+    assert result.exit_code == 0, result.stderr
+    assert "Static fleet, the peak" in result.stdout and "Static fleet, the mean" in result.stdout
+
+
+# --- plan --autoscale: what it would ignore is refused -----------------------------------------
+
+
+@pytest.mark.parametrize("flag", [
+    ["--input-len", "3000"], ["--burstiness", "0.1"], ["--block-size", "32"], ["--max-num-seqs", "8"],
+    ["--kv-cache-dtype", "fp8"], ["--quantization", "fp8"], ["--router", "round-robin"], ["--goodput", "ttft:10"],
+    ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], ["--disagg", "on"],
+    ["--search-requests", "100"], ["--jobs", "2"],
+], ids=lambda f: f[0])
+def test_plan_autoscale_refuses_every_option_it_would_ignore(flag):
+    """`plan --autoscale --input-len 3000` (or --block-size, --speculative-config, --disagg on,
+    --goodput, ...): the answer was byte for byte the one without the option; it planned the
+    workload's own day at vLLM V1's defaults and said nothing. Refused now, as --engine-version was."""
+    result = invoke("plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", *flag)
+    assert_one_line_error(result, f"{flag[0]} does not apply to plan --autoscale")
