@@ -973,6 +973,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     # nested form earlier versions wrote
     document = {**vllm, **{k: v for k, v in summary.items() if k not in vllm},
                 "summary": summary, "record": result.record, "warnings": result.warnings}
+    if fatal is not None:  # served nothing, exit 1: an earlier run's --out folder or result file stays as it was
+        out = result_file = None
     if result_file is not None:
         from datetime import datetime
 

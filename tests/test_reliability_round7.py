@@ -211,3 +211,24 @@ def test_plan_autoscale_refuses_every_option_it_would_ignore(flag):
     workload's own day at vLLM V1's defaults and said nothing. Refused now, as --engine-version was."""
     result = invoke("plan", "--autoscale", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1", *flag)
     assert_one_line_error(result, f"{flag[0]} does not apply to plan --autoscale")
+
+
+# --- a run that served nothing leaves earlier results alone --------------------------------------
+
+
+def test_a_run_that_serves_nothing_does_not_replace_an_earlier_out_folder_or_result(tmp_path):
+    """`run --out o` after a good `run --out o`, with a trace whose every prompt is past
+    max_model_len: it printed its n/a table, replaced o/requests.csv, steps.csv and summary.json
+    with the empty run's, then exited 1 ("no request was served"). The earlier files stay now,
+    and no --save-result file is written either."""
+    out = tmp_path / "o"
+    result = invoke("run", *TINY, "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    trace = tmp_path / "big.csv"
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n0,9000,10\n0.5,9000,10\n")
+    result = invoke("run", "--workload", str(trace), "--no-error-bars", "--out", str(out), "--save-result",
+                    "--result-dir", str(tmp_path / "res"))
+    assert result.exit_code == 1 and "no request was served" in result.stderr.splitlines()[-1]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "res").exists() and "Wrote" not in result.stdout
