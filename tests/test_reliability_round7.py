@@ -232,3 +232,22 @@ def test_a_run_that_serves_nothing_does_not_replace_an_earlier_out_folder_or_res
     assert result.exit_code == 1 and "no request was served" in result.stderr.splitlines()[-1]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not (tmp_path / "res").exists() and "Wrote" not in result.stdout
+
+
+# --- workload files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("arrival", "{process: [poisson], rate: 2}"), ("prompt_len", "{dist: {a: 1}, mean: 10}"),
+    ("output_len", "{dist: [fixed], value: 10}"),
+])
+def test_a_workload_kind_that_is_a_list_or_mapping_is_one_line(tmp_path, field, value):
+    """`arrival: {process: [poisson]}` or `prompt_len: {dist: {a: 1}}`: the kind was looked up in
+    a dict and raised TypeError (unhashable type: 'list'), a traceback from run and sweep alike."""
+    lines = {"arrival": "{process: poisson, rate: 2}", "prompt_len": "{dist: fixed, value: 10}",
+             "output_len": "{dist: fixed, value: 10}", field: value}
+    path = tmp_path / "w.yaml"
+    path.write_text("name: w\nnum_requests: 5\n" + "".join(f"{k}: {v}\n" for k, v in lines.items()))
+    kind = "process" if field == "arrival" else "dist"
+    for args in (("run", "--no-error-bars"), ("sweep", "--rate", "1,2", "--jobs", "1")):
+        assert_one_line_error(invoke(*args, "--workload", str(path)), f"field '{field}.{kind}' must be one of")
