@@ -348,7 +348,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     import pandas as pd
 
     from kvsim.reports import plan_disagg as pd_plan
-    from kvsim.reports.plan import mean_output_tokens
+    from kvsim.reports.plan import mean_output_tokens, ms_text
     from kvsim.simcore.catalog import get_gpu
 
     kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
@@ -417,7 +417,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
                        f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
                        f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
                        f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
-                       f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
+                       f"(TTFT p95 {ms_text(b['ttft_p95_ms'], ',.0f')} ms, TPOT p95 {ms_text(b['tpot_p95_ms'])} ms)")
         if answer["comparison"]:
             typer.echo(f"Layout at {answer['target_rate']:g} req/s: {answer['comparison']}")
     typer.echo(f"Disaggregated part: {runs} simulations; planned in {wall:.1f} s in all.")

@@ -1117,8 +1117,8 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     for row in rows:
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
-        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
-                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
+        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {'n/a' if ttft is None else f'{ttft:,.0f}'} ms  "
+                   f"TPOT p95 {'n/a' if tpot is None else f'{tpot:,.1f}'} ms  "
                    + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
                              for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:

@@ -80,10 +80,10 @@ def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_
         targets = parse_slo_targets(str(rows["slo_percentiles"].dropna().iloc[0]).split())  # the sweep's --slo
     targets = tuple(targets)
     for t in targets:
-        if t.key in rows.columns and rows[t.key].isna().all():  # the sweep had that --slo: no run had a value
-            raise ConfigError(f"{table}: no point of the sweep has a {t.key} value to judge the SLO {t.spec} on "
-                              "(no request had one: a TPOT or ITL needs two output tokens)")
-        if t.key not in rows.columns:
+        if t.key in rows.columns:  # the sweep had that --slo (an empty TPOT / ITL column: nothing to miss)
+            if rows[t.key].isna().all() and t.metric not in ("tpot", "itl"):
+                raise ConfigError(f"{table}: no point of the sweep has a {t.key} value to judge the SLO {t.spec} on")
+        else:
             raise ConfigError(f"{table}: the sweep table has no {t.key} values for the SLO {t.spec}: rerun "
                               f"`kvsim sweep` with --slo {t.spec} (every run records p95 and p99 only)")
     swept = [k for k in SWEEPABLE if k in rows.columns]

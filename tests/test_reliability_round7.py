@@ -155,13 +155,15 @@ def test_report_sweep_refuses_a_hand_edited_table_in_one_line(small_sweep, tmp_p
     assert not out.exists()
 
 
-def test_report_sweep_judging_an_slo_on_a_metric_no_run_had_says_so(tmp_path):
+def test_report_sweep_judges_a_tpot_slo_no_request_could_miss(tmp_path):
     """`sweep --slo tpot:p99:50` over one-token requests, then `report sweep`: "rerun `kvsim sweep`
-    with --slo tpot:p99:50", which is what had been run. Now it says no run had the value."""
+    with --slo tpot:p99:50", which is what had been run. With no TPOT anywhere, nothing misses
+    the target (reports.capacity._none_to_miss): the page names a best point."""
     table = _one_token_sweep(tmp_path, "--slo", "tpot:p99:50")
-    result = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
-    assert_one_line_error(result, "no point of the sweep has a p99_tpot_ms value", "two output tokens")
-    assert "rerun" not in result.stderr
+    out = tmp_path / "r"
+    result = invoke("report", "sweep", str(table), "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "No point meets the SLO" not in (out / "sweep-report.html").read_text()
 
 
 # --- a draft_model's draft priced in every run, not only the first ------------------------------
@@ -251,3 +253,39 @@ def test_a_workload_kind_that_is_a_list_or_mapping_is_one_line(tmp_path, field, 
     kind = "process" if field == "arrival" else "dist"
     for args in (("run", "--no-error-bars"), ("sweep", "--rate", "1,2", "--jobs", "1")):
         assert_one_line_error(invoke(*args, "--workload", str(path)), f"field '{field}.{kind}' must be one of")
+
+
+# --- one-token outputs: no TPOT to print or to miss -----------------------------------------------
+
+
+def _one_token_trace(tmp_path, num=120):
+    trace = tmp_path / "prefill-only.csv"
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n"
+                     + "".join(f"{i * 0.05:.2f},{50 + i % 30},1\n" for i in range(num)))
+    return trace
+
+
+PLAN_SMALL = ("--gpu", "H100-SXM-80GB", "--tp", "1", "--search-requests", "80", "--confirm-requests", "100")
+
+
+@pytest.mark.parametrize("slo", [(), ("--goodput", "tpot:30"), ("--slo-tpot-p95-ms", "30")], ids=str)
+def test_plan_answers_a_workload_whose_every_output_is_one_token(tmp_path, slo):
+    """A prefill-only trace (every output one token): `plan --rate 5` with no SLO or --goodput
+    died formatting the confirmation's TPOT p95 (None: TypeError, a traceback after the table);
+    with --slo-tpot-p95-ms 30 it said "nothing meets the SLO: TPOT p95 n/a ms > 30 ms" at any
+    rate, though no request has a TPOT to miss (vLLM's goodput counts it as 0). It answers now."""
+    result = invoke("plan", "--rate", "5", "--workload", str(_one_token_trace(tmp_path)), *PLAN_SMALL, *slo)
+    assert result.exit_code == 0, result.stderr
+    answer = next(line for line in result.stdout.splitlines() if line.startswith("Answer:"))
+    assert "1 x TP1 H100-SXM-80GB" in answer and "TPOT p95 n/a ms" in answer, answer
+
+
+def test_find_max_rate_with_a_tpot_slo_on_one_token_outputs_finds_a_rate(tmp_path):
+    """`run --find-max-rate --slo tpot:p95:30` on a prefill-only trace: every rate failed on "TPOT
+    p95 n/a ms > 30 ms" (rows printed "TPOT p95 None ms"), so the answer was "No rate meets the
+    SLO"; the rate is now bounded by overload, as with no TPOT target."""
+    result = invoke("run", "--workload", str(_one_token_trace(tmp_path)), "--find-max-rate", "--rate", "5",
+                    "--slo", "tpot:p95:30", "--no-error-bars")
+    assert result.exit_code == 0, result.stderr
+    assert "Max sustainable rate:" in result.stdout and "No rate meets" not in result.stdout
+    assert "None ms" not in result.stdout
