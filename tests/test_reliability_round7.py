@@ -289,3 +289,16 @@ def test_find_max_rate_with_a_tpot_slo_on_one_token_outputs_finds_a_rate(tmp_pat
     assert result.exit_code == 0, result.stderr
     assert "Max sustainable rate:" in result.stdout and "No rate meets" not in result.stdout
     assert "None ms" not in result.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("run", "--engine-version", "vllm-v0", *TINY), "--engine-version vllm-v0 turns it off: give --enable-chunked-prefill"),
+    (("plan", "--engine-version", "vllm-0.6", "--rate", "1", "--gpu", "H100-SXM-80GB", "--tp", "1"),
+     "--engine-version vllm-0.6 turns it off"),
+    (("run", "--no-enable-chunked-prefill", *TINY), "drop --no-enable-chunked-prefill"),
+])
+def test_speculation_without_chunked_prefill_names_what_turned_it_off(args, needle):
+    """`--engine-version vllm-v0 --speculative-config ...` said "drop --no-enable-chunked-prefill",
+    a flag the user never gave (the version's preset turns chunked prefill off)."""
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
+    assert_one_line_error(invoke(*args, "--speculative-config", spec), needle)
