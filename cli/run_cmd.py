@@ -247,10 +247,14 @@ def run(
                                               autoscale_config)
     if scaling is not None and dp != 1:
         raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
+    if scaling is not None and router is not None and router.value != "least-loaded":
+        # (on a --fleet it was recorded and ignored: simcore.autoscale routes every request itself)
+        raise ConfigError(f"--router {router.value} does not apply with --autoscale: the autoscaler sends each request "
+                          "to the least-loaded active replica (simcore/autoscale.py)")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1 and not disagg and fleet is None:
+    if router is not None and dp == 1 and not disagg and fleet is None and scaling is None:
         raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
                           "disaggregated run)")
     if router is not None:

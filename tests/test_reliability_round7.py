@@ -302,3 +302,20 @@ def test_speculation_without_chunked_prefill_names_what_turned_it_off(args, need
     a flag the user never gave (the version's preset turns chunked prefill off)."""
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
     assert_one_line_error(invoke(*args, "--speculative-config", spec), needle)
+
+
+# --- autoscaling routes every request itself ------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", [("--fleet", "H100-SXM-80GB:1:1,H200-141GB:1:2"), ()], ids=["fleet", "one-gpu"])
+@pytest.mark.parametrize("router", ["round-robin", "session-affinity", "prefix-aware"])
+def test_autoscale_refuses_a_router_it_would_ignore(layout, router):
+    """`run --fleet ... --autoscale --router round-robin`: the record said router round-robin and
+    the figures were, to the bit, those of least-loaded (the autoscaler picks the least-loaded
+    active replica itself); without --fleet the refusal said "--router applies only with
+    --data-parallel-size > 1", which --autoscale forbids. Now one line naming --autoscale; its own
+    router, least-loaded, is accepted."""
+    args = ("run", *layout, "--autoscale", "--workload", "diurnal", "--num-requests", "40", "--no-error-bars")
+    assert_one_line_error(invoke(*args, "--router", router), f"--router {router} does not apply with --autoscale")
+    result = invoke(*args, "--router", "least-loaded")
+    assert result.exit_code == 0, result.stderr
