@@ -319,3 +319,12 @@ def test_autoscale_refuses_a_router_it_would_ignore(layout, router):
     assert_one_line_error(invoke(*args, "--router", router), f"--router {router} does not apply with --autoscale")
     result = invoke(*args, "--router", "least-loaded")
     assert result.exit_code == 0, result.stderr
+
+
+def test_sweep_refuses_a_router_when_every_point_has_one_replica():
+    """`sweep --router round-robin,least-loaded` at --dp 1: two identical points under two router
+    names (one replica has nothing to route), where `kvsim run --router` at --dp 1 is refused."""
+    args = ("sweep", "--rate", "2", "--num-requests", "10", "--input-len", "64", "--output-len", "8", "--jobs", "1")
+    assert_one_line_error(invoke(*args, "--router", "round-robin,least-loaded"), "--router applies only with")
+    result = invoke(*args, "--router", "round-robin,least-loaded", "--dp", "1,2")
+    assert result.exit_code == 0, result.stderr
