@@ -317,6 +317,15 @@ def run(
         raise ConfigError("--result-dir / --result-filename apply only with --save-result")
     if save_result and find_max_rate:
         raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
+    if find_max_rate:  # what the search would ignore (it ran the fixed deployment, printed its p95s only)
+        printed = "its rows show the p95s; its SLO is --slo / --goodput"
+        for flag, on, why in (
+                ("--autoscale", autoscale, "yet"), ("--compare-no-spec", compare_no_spec, "yet"),
+                ("--metric-percentiles", ctx.get_parameter_source("metric_percentiles").name == "COMMANDLINE", printed),
+                ("--percentile-metrics", ctx.get_parameter_source("percentile_metrics").name == "COMMANDLINE", printed)):
+            if on:
+                raise ConfigError(f"{flag} does not apply to --find-max-rate's search" + (" yet" if why == "yet" else
+                                                                                         f" ({why})"))
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
                     workload, overrides, seed, config.resolved_max_model_len(model_spec),
                     (sonnet_input_len, sonnet_output_len, sonnet_prefix_len))

@@ -328,3 +328,16 @@ def test_sweep_refuses_a_router_when_every_point_has_one_replica():
     assert_one_line_error(invoke(*args, "--router", "round-robin,least-loaded"), "--router applies only with")
     result = invoke(*args, "--router", "round-robin,least-loaded", "--dp", "1,2")
     assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("flag", [
+    ["--autoscale"], ["--compare-no-spec", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+    ["--metric-percentiles", "50"], ["--percentile-metrics", "ttft"],
+], ids=lambda f: f[0])
+def test_find_max_rate_refuses_what_its_search_would_ignore(flag):
+    """`run --find-max-rate --autoscale` searched the fixed one-replica deployment (the same 543
+    req/s as without --autoscale); --compare-no-spec printed no speed-up; --metric-percentiles 50
+    and --percentile-metrics ttft changed nothing printed. Each is one line now."""
+    result = invoke("run", "--find-max-rate", "--rate", "4", "--num-requests", "30", "--input-len", "64",
+                    "--output-len", "8", "--no-error-bars", *flag)
+    assert_one_line_error(result, f"{flag[0]} does not apply to --find-max-rate's search")
