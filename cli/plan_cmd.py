@@ -192,6 +192,13 @@ def plan(
     if disagg == "on" and speculative_config is not None:  # its candidates would silently run without it
         raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet: plan it "
                           "with --disagg off or auto (the aggregated candidates)")
+    if disagg == "on":  # knobs reports.plan_disagg's pools do not take: the answer was the same without them
+        for flag, name in (("--block-size", "block_size"), ("--gpu-memory-utilization", "gpu_memory_utilization"),
+                           ("--max-num-seqs", "max_num_seqs"), ("--chunked-prefill", "chunked_prefill"),
+                           ("--pp", "pp"), ("--router", "router"), ("--kv-offloading-size", "kv_offloading_size")):
+            if ctx.get_parameter_source(name).name != "DEFAULT":
+                raise ConfigError(f"{flag} does not apply to disaggregated candidates yet (their pools run at the "
+                                  "defaults): plan it with --disagg off or auto (the aggregated candidates)")
     if disagg_placement not in (None, "same-node", "cross-node"):
         raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
     from kvsim.reports import plan_disagg

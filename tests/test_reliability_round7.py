@@ -341,3 +341,14 @@ def test_find_max_rate_refuses_what_its_search_would_ignore(flag):
     result = invoke("run", "--find-max-rate", "--rate", "4", "--num-requests", "30", "--input-len", "64",
                     "--output-len", "8", "--no-error-bars", *flag)
     assert_one_line_error(result, f"{flag[0]} does not apply to --find-max-rate's search")
+
+
+@pytest.mark.parametrize("flag", [["--block-size", "32"], ["--max-num-seqs", "8"], ["--chunked-prefill", "off"],
+                                  ["--router", "round-robin"], ["--kv-offloading-size", "4"], ["--pp", "2"],
+                                  ["--gpu-memory-utilization", "0.8"]], ids=lambda f: f[0])
+def test_plan_disagg_on_refuses_engine_knobs_its_pools_ignore(flag):
+    """`plan --disagg on --max-num-seqs 8` (or --block-size, --chunked-prefill off, --router, ...):
+    the disaggregated candidates ran their pools at the defaults and the JSON answer was identical
+    to the one without the option. Refused now, as --speculative-config is with --disagg on."""
+    result = invoke("plan", "--rate", "4", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on", *flag)
+    assert_one_line_error(result, f"{flag[0]} does not apply to disaggregated candidates")
