@@ -3,7 +3,7 @@ TP 8"), on synthetic rows or on a real measurements file.
 
 Without --measurements the rows are SYNTHETIC: kvsim's own prices with a host model the calibration
 does not assume (the default profiles with the `vllm-v0` host terms of each TP, which fall slightly
-from TP 2 to TP 8, while calibrate's host_rank prior is the default `vllm-v1` growth). That measures
+from TP 2 to TP 8, while calibrate carries a one-TP host cost along the default `vllm-v1` line). That measures
 only the carrying-over, not kvsim against a real GPU.
 
 With --measurements FILE (e.g. profiles/examples/argonne-h100-llama3-8b.csv, real vLLM runs) it

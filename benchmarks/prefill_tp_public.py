@@ -18,8 +18,11 @@ on an 8x H100 DGX (NVSwitch):
   L2 flushed between calls, median of 100: `pytorch_dist_ar_us` (torch.distributed = NCCL) and
   `multimem_ar_us`.
 
-kvsim's llama3-70b H100 profiles price the same one-step request. Nothing here is fitted: the
-published numbers only check kvsim.
+kvsim's llama3-70b H100 profiles price the same one-step request as vllm-v1 (V1 since 0.11 sends
+256 KiB-64 MiB all-reduces at TP 8 through PyTorch's symmetric-memory multimem kernel, priced from
+this figure_5.csv's multimem column: profiles/symm_mem_allreduce.py; above 64 MiB, i.e. from 8,192
+tokens, NCCL as in vLLM 0.11, not the multimem TokenWeave's baseline ran). Nothing here is fitted:
+the published numbers only check kvsim.
 
     python benchmarks/prefill_tp_public.py
 """
@@ -46,19 +49,24 @@ ALL_REDUCE_8_US = {64: (35.648, 16.512), 128: (55.520, 20.000), 256: (67.040, 28
                    8192: (646.240, 500.960), 16384: (1230.880, 985.984), 32768: (2405.184, 1956.928)}
 
 
-def model(tp: int) -> StepLatencyModel:
-    return StepLatencyModel(json.loads((PROFILES / f"H100-SXM-80GB-llama3-70b-tp{tp}.json").read_text()))
+def model(tp: int, engine_version: str = "vllm-v1") -> StepLatencyModel:
+    """The profile priced as `engine_version` (vllm-v1, the default: V1's symmetric-memory all-reduce
+    where the profile has it, profiles/symm_mem_allreduce.py)."""
+    doc = json.loads((PROFILES / f"H100-SXM-80GB-llama3-70b-tp{tp}.json").read_text())
+    return StepLatencyModel(doc, engine_version=engine_version)
 
 
 def main() -> None:
-    m8 = model(8)
-    print("One all-reduce of tokens x 8192 bf16 on 8 H100s (us): kvsim's table (vLLM's custom kernel below 8 MiB, Vidur NCCL above, fit past 64 MiB) "
-          "vs TokenWeave's isolated NCCL and multimem")
-    print("tokens    MiB     kvsim   NCCL (kvsim/NCCL)   multimem")
+    m8, m8_06 = model(8), model(8, "vllm-0.6")
+    print("One all-reduce of tokens x 8192 bf16 on 8 H100s (us): kvsim's table as vllm-0.6 (vLLM's custom kernel below "
+          "8 MiB, Vidur NCCL above, fit past 64 MiB) and as vllm-v1 (symmetric-memory multimem 256 KiB-64 MiB) vs "
+          "TokenWeave's isolated NCCL and multimem")
+    print("tokens    MiB  kvsim 0.6  kvsim v1    NCCL (0.6/NCCL)   multimem (v1/multimem)")
     for tokens, (nccl, mm) in ALL_REDUCE_8_US.items():
         nbytes = tokens * 8192 * 2
-        k = 1e3 * m8.all_reduce(nbytes)
-        print(f"{tokens:6d} {nbytes / 2**20:6.0f} {k:9.1f} {nccl:7.1f}   ({k / nccl:.2f})      {mm:7.1f}")
+        k, v1 = 1e3 * m8_06.all_reduce(nbytes), 1e3 * m8.all_reduce(nbytes)
+        print(f"{tokens:6d} {nbytes / 2**20:6.0f} {k:9.1f} {v1:9.1f} {nccl:7.1f}   ({k / nccl:.2f})      {mm:7.1f}"
+              f"   ({v1 / mm:.2f})")
     print()
     print("One prompt, one output token, vLLM V1 eager (ms per request). kvsim = GEMM + attention + collectives + host;")
     print("'kvsim - coll' vs TokenWeave's no-all-reduce model; kvsim's collectives vs the in-forward all-reduce time")

@@ -64,11 +64,11 @@ Model = Annotated[str, typer.Option(help="Catalog model name or a Hugging Face c
 Gpu = Annotated[str, typer.Option(help="Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB.")]
 Allocator = Annotated[AllocatorName | None, typer.Option(help="KV allocation for continuous batching: paged (vLLM) or contiguous (Orca). [default: paged]")]
 Reservation = Annotated[ReservationName | None, typer.Option(help="Orca reservation size: max_model_len, prompt + next power of two of the output, or prompt + the true output. [default: max]")]
-MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: 8192 with chunked prefill, else max_model_len]")]
+MaxNumBatchedTokens = Annotated[int | None, typer.Option(help="Token budget of one step. [default: the engine version's vLLM default on the GPU: 8192 on an H100 for vllm-v1 (vllm serve); static / dynamic batching and --fleet groups: 8192 with chunked prefill, else max_model_len]")]
 EnableChunkedPrefill = Annotated[bool | None, typer.Option("--enable-chunked-prefill/--no-enable-chunked-prefill", help="Split long prompts across steps. [default: on]")]
 EnablePrefixCaching = Annotated[bool | None, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching", help="Reuse KV blocks of shared prompt prefixes (vLLM V1's automatic prefix caching). [default: on]")]
 EngineVersion = Annotated[str | None, typer.Option(help="vLLM version the engine's host cost and scheduler defaults model: vllm-v0 (Ray workers, synchronous output processing, no chunked prefill), vllm-0.6 (multi-step scheduling, 10 steps), vllm-v1 (0.7-0.13: synchronous scheduling), vllm-v1-async (0.14+: async scheduling hides the engine's CPU work behind the GPU's step). [default: vllm-v1]")]
-UsageContextOpt = Annotated[str | None, typer.Option("--usage-context", help="With --engine-version: whose defaults fill an unset --max-num-seqs / --max-num-batched-tokens, vLLM's per GPU (simcore/batch_defaults.py): server (vllm serve) or offline (the LLM class, vllm bench throughput). [default: server]")]
+UsageContextOpt = Annotated[str | None, typer.Option("--usage-context", help="Whose defaults fill an unset --max-num-seqs / --max-num-batched-tokens, the engine version's per GPU (simcore/batch_defaults.py): server (vllm serve) or offline (the LLM class, vllm bench throughput). [default: server]")]
 SwapSpace = Annotated[float | None, typer.Option(help="CPU swap space per GPU in GiB. [default: 4]")]
 KvOffloadingSize = Annotated[float | None, typer.Option("--kv-offloading-size", help="CPU KV tier of a replica in GiB, summed over its GPUs (vLLM's native KV offloading): prefix-cache blocks are written through to host memory (LRU) and loaded back over PCIe on a hit. [default: none]")]
 Preemption = Annotated[PreemptionMode | None, typer.Option(help="How a preempted sequence gives back its KV. [default: recompute]")]
@@ -159,16 +159,14 @@ def apply_engine_preset(fields: dict[str, Any], policy: str) -> None:
 
 def batch_default_fields(engine_version: str | None, usage_context: str | None, fleet: bool = False,
                          **given: int | None) -> frozenset[str]:
-    """The step limits --engine-version fills per GPU (simcore.batch_defaults): those not given,
-    only with --engine-version; --usage-context is refused without it."""
+    """The step limits the engine version (--engine-version, or the default `vllm-v1`) fills per GPU
+    (simcore.batch_defaults): those not given, as `vllm serve` picks them when its flags are left
+    out. A --fleet file gives each group its own limits."""
     from kvsim.simcore.batch_defaults import USAGE_CONTEXTS
 
-    if usage_context is not None:
-        if usage_context not in USAGE_CONTEXTS:
-            raise ConfigError(f"--usage-context must be one of {', '.join(USAGE_CONTEXTS)}, got {usage_context!r}")
-        if engine_version is None:
-            raise ConfigError("--usage-context applies only with --engine-version (it picks that version's defaults)")
-    if engine_version is None or fleet:
+    if usage_context is not None and usage_context not in USAGE_CONTEXTS:
+        raise ConfigError(f"--usage-context must be one of {', '.join(USAGE_CONTEXTS)}, got {usage_context!r}")
+    if fleet:
         return frozenset()
     return frozenset(name for name, value in given.items() if value is None)
 

@@ -110,6 +110,7 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
     for key, label in (("offered_rate", f"Offered rate once warm ({unit}):"),
                        ("completed_rate_warm", f"Completed rate once warm ({unit}):"),
                        ("queue_wait_slope", "Queueing delay growth (s per s):"),
+                       ("in_system_slope", "Requests in system growth (per s):"),
                        ("session_queue_slope", "  while sessions start (s per s):")):
         if s.get(key) is not None:
             lines.append(_row(label, s[key], ".3f" if key.endswith("_slope") else ".2f"))
@@ -214,6 +215,9 @@ def _load_label(s: dict[str, Any]) -> str:
     verdict = s.get("saturation", "n/a")
     if verdict == "overloaded":
         return "OVERLOADED (throughput above is what it kept up with)"
+    if verdict == "n/a" and s.get("still_filling"):
+        return ("n/a (requests in the system still grew when arrivals ended, with little queueing: overload "
+                "or a slow fill; run more requests)")
     if verdict == "n/a":
         return "n/a (no steady arrivals to judge, or they ended before a typical request finished)"
     return verdict

@@ -82,7 +82,7 @@ def plan(
     tp: Annotated[str | None, typer.Option("--tp", help=f"Tensor-parallel sizes to try. {LIST} [default: 1,2,4,8]")] = None,
     block_size: Annotated[str | None, typer.Option(help=f"KV block sizes to try. {LIST} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Memory utilisations to try. {LIST} [default: 0.9]")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: 256; with --engine-version, that vLLM's default on each GPU]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"max_num_seqs values to try. {LIST} [default: the engine version's vLLM default on each GPU: 1024 on an H100 for vllm-v1, 256 for vllm-0.6; 256 for static / dynamic batching]")] = None,
     chunked_prefill: Annotated[str | None, typer.Option(help=f"Chunked prefill on and/or off. {LIST} [default: on]")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option(help=f"KV-cache dtypes to try (auto, fp8). {LIST} [default: auto]")] = None,
     quantization: Annotated[str | None, typer.Option(help=f"Weight quantizations to try (none, fp8). {LIST} [default: none]")] = None,
@@ -625,11 +625,12 @@ def _engine_context(base, given: bool, fill, usage_context: str) -> dict[str, An
 
 
 def _engine_words(c: dict[str, Any]) -> str:
-    """`vllm-v1 (default)`, or `vllm-0.6 (vLLM's server defaults per GPU)` where --engine-version
-    filled the step limits."""
-    if c.get("batch_defaults_filled"):
-        return f"{c['engine_version']} (vLLM's {c['usage_context']} defaults per GPU)"
-    return c["engine_version"] + ("" if c.get("engine_version_given") else " (default)")
+    """`vllm-v1 (default; vLLM's server defaults per GPU)`, or `vllm-0.6 (vLLM's server defaults per
+    GPU)` where --engine-version named it; the step limits the version filled are named."""
+    default = "" if c.get("engine_version_given") else "default"
+    filled = f"vLLM's {c['usage_context']} defaults per GPU" if c.get("batch_defaults_filled") else ""
+    words = "; ".join(w for w in (default, filled) if w)
+    return c["engine_version"] + (f" ({words})" if words else "")
 
 
 def _percent(p: float) -> str:

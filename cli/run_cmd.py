@@ -115,7 +115,7 @@ def run(
     reservation: Reservation = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block (power of two).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory the engine may use, (0, 1].")] = 0.90,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one step. [default: 256; with --engine-version, that vLLM's default on the GPU]")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences in one step. [default: the engine version's vLLM default on the GPU: 1024 on an H100 for vllm-v1, 256 for vllm-0.6; 256 for static / dynamic batching]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,
@@ -443,14 +443,17 @@ def _assumed(cfg, model_spec, gpu_spec, prof, filled, usage_context, given: bool
     """engine_assumptions of one engine configuration, with the profile field its host cost comes from."""
     from kvsim.simcore.batch_defaults import engine_assumptions
 
-    host = backend = None
+    host = backend = all_reduce = None
     if prof is not None and cfg.policy == "continuous":
-        from kvsim.simcore.latency import host_overhead_source, prefill_attention_engine
+        from kvsim.profiles.symm_mem_allreduce import missing_note
+        from kvsim.simcore.latency import all_reduce_engine, host_overhead_source, prefill_attention_engine
 
         host = host_overhead_source(prof.data, prof.label, cfg.policy, cfg.engine_version)[1]
         backend = prefill_attention_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0]
+        all_reduce = all_reduce_engine(prof.data, prof.label, cfg.policy, cfg.engine_version)[0] or \
+            missing_note(prof.data, gpu_spec, cfg.tensor_parallel_size, cfg.engine_version)
     return engine_assumptions(cfg, model_spec, gpu_spec, filled, usage_context, given, host,
-                              prof.source if prof is not None else None, backend)
+                              prof.source if prof is not None else None, backend, all_reduce)
 
 
 def _check_disagg(ctx, given, prefill_replicas, decode_replicas, dp, pp, profile, find_max_rate, policy) -> None:

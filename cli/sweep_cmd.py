@@ -241,7 +241,7 @@ def sweep(
     reservation: Reservation = None,
     block_size: Annotated[str | None, typer.Option(help=f"Tokens per KV block (power of two). {LIST_HELP} [default: 16]")] = None,
     gpu_memory_utilization: Annotated[str | None, typer.Option(help=f"Share of GPU memory the engine may use. {LIST_HELP} [default: 0.9]")] = None,
-    max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: 256; with --engine-version, that vLLM's default on each GPU]")] = None,
+    max_num_seqs: Annotated[str | None, typer.Option(help=f"Most sequences in one step. {LIST_HELP} [default: the engine version's vLLM default on each GPU: 1024 on an H100 for vllm-v1, 256 for vllm-0.6; 256 for static / dynamic batching]")] = None,
     max_num_batched_tokens: MaxNumBatchedTokens = None,
     enable_chunked_prefill: EnableChunkedPrefill = None,
     enable_prefix_caching: EnablePrefixCaching = None,

@@ -30,7 +30,8 @@ end-to-end rows trades them off against the host terms (issue 27: fitted on one 
 scalar fell to its floor while 24 us per prompt token moved into "host"). A term whose column is
 zero in every row (prefill terms from decode-only rows, collectives at TP 1, host_rank from one TP)
 or non-zero in one configuration only stays at the profile's value and is reported as not
-identifiable; of terms the rows see only together (the design matrix loses no rank without each),
+identifiable (host_rank excepted: at one TP its sum with host_step is fitted and split as the
+default engine's line splits it, `_prior_shaped_rank`); of terms the rows see only together (the design matrix loses no rank without each),
 the first is fitted for all of them and the others are reported with its name; a file with fewer
 distinct points (tp, batch, lengths, quantity) than free terms is refused. Leave-one-out leaves out every row of one
 configuration, so repeated rows cannot vouch for each other.
@@ -260,6 +261,15 @@ def default_rank_ms() -> float:
             / (MAX_MEASURED_TP - 2))
 
 
+def default_host_line() -> tuple[float, float]:
+    """(per-step ms, ms per extra rank): the default engine's host cost per step as the line
+    host_step + host_rank * (tp - 1) through its TP 2 and TP 4 terms (profiles/host.py)."""
+    from kvsim.profiles.host import MAX_MEASURED_TP, engine_host
+
+    rank = default_rank_ms()
+    return engine_host(DEFAULT_ENGINE_VERSION, MAX_MEASURED_TP)[0] - rank * (MAX_MEASURED_TP - 1), rank
+
+
 def profile_params(profile: Profile, tp: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> np.ndarray:
     """The parameters that reproduce `profile` itself at this TP (scales 1, its continuous host
     terms for the engine version, with host_rank at its prior and host_step what remains of the
@@ -414,6 +424,32 @@ def identifiable(x: np.ndarray, y: np.ndarray, free: np.ndarray, keys: list | No
     return why
 
 
+def _prior_shaped_rank(theta: np.ndarray, rows: list[Measurement]) -> np.ndarray:
+    """Rows at one TP measure one fixed host cost per step, host_step + host_rank * (tp - 1), at that
+    TP only; how it splits into a per-step and a per-rank part they cannot say. Keep the split of
+    the default engine's line (`default_host_line`: per-step 1.29 + 0.14 ms per extra rank for
+    vllm-v1, through its TP 2 and TP 4 terms): a stack whose fixed host cost per step is k times that
+    line's at the measured TP pays k times its per-rank part too (the work that grows with the
+    ranks driven: V0's Ray calls per worker, V1's shared-memory broadcast and barrier;
+    profiles/host.py), rather than all the excess being TP-independent. Prices at the measured TP are
+    unchanged; a calibrated profile written for another TP (`kvsim calibrate --tp`) carries the host
+    cost over along that line, scaled."""
+    tps = {r.tp for r in rows}
+    if len(tps) != 1:
+        return theta
+    tp = tps.pop()
+    step0, rank0 = default_host_line()
+    line = step0 + rank0 * (tp - 1)
+    i, j = PARAMS.index("host_step"), PARAMS.index("host_rank")
+    total = theta[i] + theta[j] * (tp - 1)
+    if line <= 0 or total <= 0:
+        return theta
+    out = theta.copy()
+    out[j] = rank0 * total / line
+    out[i] = total - out[j] * (tp - 1)
+    return out
+
+
 def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarray,
              free_scalars: tuple[str, ...] = ()) -> Fit:
     """Fit the free, identifiable terms (see the module docstring); refuse too few distinct points."""
@@ -423,7 +459,7 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
     keys = [_key(r) for r, _ in index]
     unidentified = identifiable(x, y, free, keys)
     fit_free = free & np.array([name not in unidentified for name in PARAMS])
-    theta = _solve(x, y, prior, fit_free)
+    theta = _prior_shaped_rank(_solve(x, y, prior, fit_free), rows)
     fitted = x @ theta
     loo = np.empty_like(fitted)
     for key in dict.fromkeys(_key(r) for r, _ in index):  # leave one configuration (all its rows) out
@@ -437,7 +473,7 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
             held_free[PARAMS.index("host_rank")] = False
         held_keys = [k for k, o in zip(keys, out, strict=True) if not o]
         held_free &= np.array([name not in identifiable(x[~out], y[~out], held_free, held_keys) for name in PARAMS])
-        t = _solve(x[~out], y[~out], prior, held_free)
+        t = _prior_shaped_rank(_solve(x[~out], y[~out], prior, held_free), held)
         loo[out] = x[out] @ t
     table = []
     for (r, q), ms, f, lo in zip(index, y, fitted, loo, strict=True):
@@ -481,6 +517,8 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
         _scale(table, params["s_attn"])
     if doc.get("collectives"):
         _scale(doc["collectives"].get("all_reduce"), params["s_coll"])
+        for table in (doc["collectives"].get("all_reduce_by_engine") or {}).values():
+            _scale(table, params["s_coll"])  # vLLM V1's symmetric-memory table, scaled as the base one
     _scale(doc.get("collective"), params["s_coll"])
     doc["schema_version"] = 2
     doc.pop("step_overhead_ms", None)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.profiles import custom_allreduce
+from kvsim.profiles import custom_allreduce, symm_mem_allreduce
 from kvsim.simcore.specs import GPUSpec
 
 FIT_FILE = Path(__file__).with_name("collectives_h100.json")
@@ -177,6 +177,9 @@ def collectives_for(gpu: GPUSpec, tp: int, fit_doc: dict[str, Any] | None = None
     }
     if custom is not None:
         block["custom_all_reduce"] = custom
+    by_engine = symm_mem_allreduce.all_reduce_by_engine(gpu, tp, all_reduce)
+    if by_engine:  # vLLM V1 (0.11+) on NVSwitch Hopper: symmetric memory between the custom kernel and NCCL
+        block["all_reduce_by_engine"] = by_engine
     return block
 
 

@@ -12,8 +12,9 @@ one-shot / two-shot kernels over NVLink peer-to-peer memory when
 v0.6.0 and at 00d618a). It picks the custom kernel whenever it is eligible, faster than NCCL or not.
 Since v0.11 (PR #24111, `VLLM_ALLREDUCE_USE_SYMM_MEM` on by default) Hopper at world size 8 caps it
 at 256 KiB and hands 256 KiB-64 MiB to PyTorch symmetric-memory (multimem), Blackwell at 1-2 MiB
-(`CUSTOM_ALL_REDUCE_MAX_SIZES`, `all_reduce_utils.py` at 00d618a): not modelled here (kvsim keeps
-the custom / NCCL price there, an upper bound; profiles/README.md, Collectives).
+(`CUSTOM_ALL_REDUCE_MAX_SIZES`, `all_reduce_utils.py` at 00d618a): the V1 presets' own table for
+that (`collectives.all_reduce_by_engine`) is profiles/symm_mem_allreduce.py's; this table stays the
+one every other version pays.
 
 Price: the `vllm` rows of sgl-project/sglang PR #2904 (H100 SXM, vLLM's kernel through
 `vllm._custom_ops.all_reduce`, eager, float32 elements, host-timed over 5,000 back-to-back calls;

@@ -275,6 +275,7 @@ def _collective(torch, cfg: HarnessConfig, grid: Grid, dtype) -> tuple[dict | No
         times = measure_allreduce(cfg.tp, sizes, dtype, cfg.warmup, cfg.repeats)
         block["all_reduce"] = {"bytes": [n * elem for n in sizes], "time_ms": [_r(t) for t in times]}
         block["source"] = f"measured with NCCL on {cfg.tp} GPUs (per call, vs message bytes)"
+        block.pop("all_reduce_by_engine", None)  # the roofline's per-version tables do not describe this one
         from kvsim.profiles.harness_nccl import measure_send_recv
 
         sr = measure_send_recv(sizes, dtype, cfg.warmup, cfg.repeats)

@@ -268,6 +268,7 @@ def scaled_profile(profile: Profile, factor: float | PhaseFactors) -> Profile:
     tables = [profile.data.get(key) for key in ("linear", "prefill_attention", "lm_head", "collective")]
     tables += list((profile.data.get("decode_attention") or {}).values())
     tables += list((profile.data.get("collectives") or {}).values())
+    tables += list(((profile.data.get("collectives") or {}).get("all_reduce_by_engine") or {}).values())
     # the tables' value lists are replaced by scaled ones below: deepcopy leaves them (read, never written)
     keep = {id(t["time_ms"]): t["time_ms"] for t in tables if isinstance(t, dict) and isinstance(t.get("time_ms"), list)}
     doc = copy.deepcopy(profile.data, memo=keep)
@@ -281,6 +282,8 @@ def scaled_profile(profile: Profile, factor: float | PhaseFactors) -> Profile:
         _scale_table(table, factor, peak)
     for table in (doc.get("collectives") or {}).values():
         _scale_table(table, factor, peak)
+    for table in ((doc.get("collectives") or {}).get("all_reduce_by_engine") or {}).values():
+        _scale_table(table, factor, peak)  # a version's own all-reduce table (entries without one: skipped)
     for key in ("host_overhead", "step_overhead_ms"):
         if key in doc:
             doc[key] = _scale_terms(doc[key], factor, peak)

@@ -149,7 +149,10 @@ class SLO:
     def failures(self, summary: dict[str, Any]) -> list[str]:
         """Why a run fails (empty: it passes); the first reason is the binding one."""
         reasons = []
-        if summary.get("saturation") == "n/a":  # a rate cannot be called sustained if it was not judged
+        if summary.get("saturation") == "n/a" and summary.get("still_filling"):
+            reasons.append("load not judged (requests in the system still grew when arrivals ended, with "
+                           "little queueing: overload or a slow fill): run more requests at this rate")
+        elif summary.get("saturation") == "n/a":  # a rate cannot be called sustained if it was not judged
             reasons.append("load not judged (arrivals over before a typical request finished, or too few "
                            "of them): run more requests at this rate")
         if summary.get("sessions_overloaded"):  # judge_sessions: turns alone do not show it

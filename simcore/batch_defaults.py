@@ -74,7 +74,7 @@ def apply_batch_defaults(config: EngineConfig, gpu: GPUSpec, model: ModelSpec, f
     """`config` with the fields named in `fill` (those the user left unset) set to the engine
     version's defaults on this GPU; the others as given."""
     fill = set(fill) & set(FIELDS)
-    if not fill:
+    if not fill or config.policy != "continuous":  # vLLM's limits; static / dynamic batching keep kvsim's
         return config
     seqs, tokens = batch_defaults(
         config.engine_version, gpu, config.resolved_max_model_len(model), config.enable_chunked_prefill,
@@ -116,11 +116,13 @@ def prefill_attention_note(engine_version: str, gpu_name: str, profile_source: s
 def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fill: frozenset[str] | set[str] = frozenset(),
                        usage_context: str | None = None, given: bool = False,
                        host_overhead_from: str | None = None, profile_source: str | None = None,
-                       prefill_backend: str | None = None) -> dict:
+                       prefill_backend: str | None = None, all_reduce: str | None = None) -> dict:
     """What a run assumes of the engine it models (issue 27: every answer names it): the vLLM
     version (None for a policy that is not vLLM's continuous batching, which no version prices),
     whether the user chose it, the usage context and the step limits its per-GPU defaults filled,
-    the resolved limits, and the profile field the host cost came from."""
+    the resolved limits, the profile field the host cost came from, and `all_reduce`: what the
+    profile prices this version's TP all-reduce with where that is not its one table, or says it
+    cannot (vLLM V1's symmetric memory on Hopper: profiles/symm_mem_allreduce.py)."""
     if config.policy != "continuous":
         return {"engine_version": None, "policy": config.policy}
     return {
@@ -132,6 +134,7 @@ def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fil
         **({"host_overhead_from": host_overhead_from} if host_overhead_from else {}),
         **({"prefill_attention": note} if (note := prefill_attention_note(config.engine_version, gpu.name,
                                                                           profile_source, prefill_backend)) else {}),
+        **({"all_reduce": all_reduce} if all_reduce else {}),
     }
 
 
@@ -160,4 +163,7 @@ def engine_text(a: dict) -> str:
         attention = f"; prefill attention: {attention.split(',')[0]}"
     else:
         attention = ""
-    return f"{version}, {limits}{host}{attention}"
+    # a profile without the symmetric-memory table this version runs: say so (its all-reduces cost more)
+    coll = "; all-reduce: custom / NCCL prices, this version uses symmetric memory here (not modelled)" \
+        if "not modelled" in (a.get("all_reduce") or "") else ""
+    return f"{version}, {limits}{host}{attention}{coll}"

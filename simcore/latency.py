@@ -11,7 +11,9 @@ for one GPU, model shape, dtype and tensor-parallel degree, times in millisecond
     lm_head            final norm + LM head + sampling, whole model       vs num_seqs
     collectives        per-call NCCL times vs message bytes: `all_reduce` (two per layer, of
                        num_tokens x hidden x dtype bytes), `send_recv` and `send_recv_inter_node`
-                       (pipeline hand-offs inside a node and across nodes);
+                       (pipeline hand-offs inside a node and across nodes); optional
+                       `all_reduce_by_engine`: per vLLM version whose all-reduce is not the table's
+                       (V1's symmetric memory on Hopper), its own table, used by a `continuous` run;
                        v1's `collective` (one layer's all-reduces vs num_tokens) is still read
     host_overhead      the engine's CPU time on the step's critical path, in ms:
                        per_step + per_seq * sequences + per_prefill_step * [step has a prefill]
@@ -696,6 +698,37 @@ def prefill_attention_engine(data: dict, where: str, policy: str,
     return chosen
 
 
+def all_reduce_engine(data: dict, where: str, policy: str,
+                      engine_version: str | None = None) -> tuple[str | None, dict | None]:
+    """What a `continuous` run as `engine_version` pays for a TP all-reduce, per message size:
+    the source line of its entry in `collectives.all_reduce_by_engine` (vLLM V1's symmetric-memory
+    path on Hopper: profiles/symm_mem_allreduce.py) and the table that entry prices it from (None:
+    the profile's `all_reduce` table, also for an entry without timings). (None, None) when the
+    profile has no entry for it. Every entry is checked, whichever is picked."""
+    coll = data.get("collectives")
+    by_engine = coll.get("all_reduce_by_engine") if isinstance(coll, dict) else None
+    if by_engine is None:
+        return None, None
+    key = f"{where}.collectives.all_reduce_by_engine"
+    if not isinstance(by_engine, dict):
+        raise ProfileError(f"{key}: expected an object keyed by engine version")
+    chosen: tuple[str | None, dict | None] = (None, None)
+    for version, entry in by_engine.items():
+        if version not in ENGINE_VERSIONS:
+            raise ProfileError(f"{key}: unknown engine version {version!r}; known: {', '.join(ENGINE_VERSIONS)}")
+        if not isinstance(entry, dict) or not isinstance(entry.get("source"), str):
+            raise ProfileError(f"{key}.{version}: expected an object with a source line (and bytes / time_ms "
+                               "where priced)")
+        table = None
+        if "bytes" in entry or "time_ms" in entry:
+            _check_table_values(entry, f"{key}.{version}")
+            _table1d(entry, "bytes", f"{key}.{version}")
+            table = entry
+        if policy == "continuous" and version == engine_version:
+            chosen = (entry["source"], table)
+    return chosen
+
+
 def _scaled_rows(table: dict, scale: list[list[float]], factor: float = 1.0) -> dict:
     """`table` (prefill_attention) with time_ms x factor, then x scale cell by cell: the order
     parsing a profile scaled by `factor` as a whole prices it in."""
@@ -817,6 +850,7 @@ class StepLatencyModel:
     def _init_collectives(self, data: dict, shape: dict, where: str) -> None:
         """v2: per-call all-reduce vs bytes; v1: one layer's all-reduces vs tokens."""
         self.collective = None  # v1 per-layer table
+        self.all_reduce_source: str | None = None  # collectives.all_reduce_by_engine's line for this version
         self.all_reduce: Table1D | None = None
         self.send_recv: Table1D | None = None  # one hand-off between two GPUs of a node
         self.send_recv_inter_node: Table1D | None = None  # ... between GPUs of two nodes
@@ -828,6 +862,11 @@ class StepLatencyModel:
             if "all_reduce" in coll:
                 _check_table_values(coll["all_reduce"], f"{where}.all_reduce")
                 self.all_reduce = _table1d(coll["all_reduce"], "bytes", f"{where}.all_reduce")
+            # this version's all-reduce where it is not the profile's table (vLLM V1's symmetric memory)
+            self.all_reduce_source, version_table = all_reduce_engine(data, where[:-12], self.policy,
+                                                                      self.engine_version)
+            if version_table is not None and self.all_reduce is not None:
+                self.all_reduce = _table1d(version_table, "bytes", f"{where}.all_reduce_by_engine.{self.engine_version}")
             for key in ("send_recv", "send_recv_inter_node"):
                 if key in coll:
                     _check_table_values(coll[key], f"{where}.{key}")

@@ -187,6 +187,19 @@ class Samples:
         key = int(np.array([x], dtype=np.float64).view(np.int64)[0] >> _SHIFT) - self._key0
         return self._zeros + int(self._hist[: max(0, min(key + 1, len(self._hist)))].sum())
 
+    def count_le_many(self, xs: np.ndarray) -> np.ndarray:
+        """`count_le` of every x in `xs`, at once."""
+        self.settle(force=True)
+        xs = np.asarray(xs, dtype=np.float64)
+        if not self._binned:
+            return np.searchsorted(np.sort(np.frombuffer(self._buf, dtype=np.float64)), xs, side="right")
+        if self._hist is None:
+            return np.where(xs < 0, 0, self._zeros)
+        cum = np.concatenate([[0], np.cumsum(self._hist)])
+        keys = (xs.view(np.int64) >> _SHIFT) - self._key0
+        out = self._zeros + cum[np.clip(keys + 1, 0, len(self._hist))]
+        return np.where(xs < 0, 0, np.where(xs == 0, self._zeros, out))
+
     def values(self) -> np.ndarray:
         """Every value in insertion order (only while `exact`)."""
         self.settle(force=True)

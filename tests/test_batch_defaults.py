@@ -1,4 +1,4 @@
-"""--engine-version fills unset step limits with vLLM's own per-GPU defaults (simcore/batch_defaults.py)."""
+"""The engine version (--engine-version, or the default vllm-v1) fills unset step limits with vLLM's own per-GPU defaults (simcore/batch_defaults.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def test_v0_and_06_defaults_follow_their_scheduler_config():
 
 
 @pytest.mark.parametrize(("extra", "expected"), [
-    ([], (256, None)),  # no --engine-version: as before
+    ([], (1024, 8192)),  # no --engine-version: the default vllm-v1's, as `vllm serve` picks them
+    (["--usage-context", "offline"], (1024, 16384)),
+    (["--policy", "static"], (256, None)),  # vLLM's limits are continuous batching's only
     (["--engine-version", "vllm-v1"], (1024, 8192)),
     (["--engine-version", "vllm-v1", "--usage-context", "offline"], (1024, 16384)),
     (["--engine-version", "vllm-v1", "--max-num-seqs", "64"], (64, 8192)),
@@ -58,11 +60,18 @@ def test_run_records_the_filled_limits(extra, expected):
     assert (config["max_num_seqs"], config["max_num_batched_tokens"]) == expected
 
 
-def test_usage_context_needs_an_engine_version_and_a_known_name():
-    for extra, message in ((["--usage-context", "offline"], "applies only with --engine-version"),
-                           (["--engine-version", "vllm-v1", "--usage-context", "batch"], "must be one of server, offline")):
+def test_usage_context_needs_a_known_name():
+    for extra in (["--usage-context", "batch"], ["--engine-version", "vllm-v1", "--usage-context", "batch"]):
         result = CliRunner().invoke(app, [*RUN, "--gpu", "H100-SXM-80GB", *extra])
-        assert result.exit_code != 0 and message in result.stderr and "Traceback" not in result.stderr
+        assert result.exit_code != 0 and "must be one of server, offline" in result.stderr
+        assert "Traceback" not in result.stderr and not result.stdout
+
+
+def test_the_default_engine_fills_each_gpus_limits_and_names_them():
+    result = CliRunner().invoke(app, [*RUN[:-2], "--gpu", "A100-80GB", "--no-error-bars"])
+    assert result.exit_code == 0, result.stderr
+    assert ("Engine: vllm-v1 (default), max_num_seqs 256, max_num_batched_tokens 2048 (vLLM's server defaults "
+            "on A100-80GB)") in result.stdout
 
 
 

@@ -17,7 +17,7 @@ from kvsim.profiles.calibrate import (
     SCALARS,
     Measurement,
     calibrated_profile,
-    default_rank_ms,
+    default_host_line,
     fit_rows,
     price_all,
     price_row,
@@ -153,11 +153,14 @@ def test_calibrated_profiles_round_trip_through_kvsim_run(tmp_path):
     assert doc["source"] == "calibrated" and len(cal["input_sha256"]) == 64
     assert cal["residuals"] and "4" in cal["errors_by_tp"]
     # one TP of data: the stack's per-step host cost (4 + 1.2 * 3 at TP 4) carries over to other TPs
-    # with the default model's growth per rank (host_rank cannot be fitted from one TP)
+    # along the default engine's line (host_rank cannot be fitted from one TP), scaled through it
     assert doc["host_overhead"]["per_step_ms"] == pytest.approx(7.6, rel=0.01)
     tp2 = json.loads((out / names[0]).read_text())
-    rank = default_rank_ms()
-    assert tp2["host_overhead"]["per_step_ms"] == pytest.approx(doc["host_overhead"]["per_step_ms"] - 2 * rank)
+    tp8 = json.loads((out / names[2]).read_text())
+    step0, rank0 = default_host_line()
+    scale = doc["host_overhead"]["per_step_ms"] / (step0 + 3 * rank0)
+    assert tp2["host_overhead"]["per_step_ms"] == pytest.approx(scale * (step0 + rank0))
+    assert tp8["host_overhead"]["per_step_ms"] == pytest.approx(scale * (step0 + 7 * rank0))
     assert tp2["host_overhead"]["per_seq_ms"] == pytest.approx(doc["host_overhead"]["per_seq_ms"])
     assert tp2["collectives"]["all_reduce"]["time_ms"] != doc["collectives"]["all_reduce"]["time_ms"]
     row = measured[3]

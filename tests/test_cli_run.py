@@ -21,7 +21,7 @@ def test_run_prints_kv_cache_size_and_a_vllm_style_summary():
     result = invoke(*FAST)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "GPU KV cache size: 448,784 tokens" in out
+    assert "GPU KV cache size: 445,776 tokens" in out
     assert "Maximum concurrency for 8,192 tokens per request" in out
     for label in ("Successful requests:", "Output token throughput (tok/s):", "P99 TTFT (ms):",
                   "Mean TPOT (ms):", "Median ITL (ms):", "P95 E2EL (ms):", "KV cache waste (%):"):
@@ -137,7 +137,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args, needle):
 
 def test_does_not_fit_says_by_how_much(tmp_path: Path):
     result = invoke("--model", "llama3-70b", "--num-requests", "5")
-    assert "by 62.6 GiB" in result.stderr
+    assert "by 62.9 GiB" in result.stderr
 
 
 @pytest.mark.parametrize("kind", ["profile", "hf-config"])

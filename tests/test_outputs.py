@@ -145,7 +145,10 @@ def test_run_record_says_what_the_open_options_resolved_to(tmp_path: Path, exact
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     record = json.loads((tmp_path / "r" / "summary.json").read_text())["record"]
-    assert record["config"]["max_num_batched_tokens"] is None
+    # the default engine filled it (vLLM V1's server default on an H100), and the record says so
+    assert record["config"]["max_num_batched_tokens"] == 8192
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["engine_assumptions"]["batch_defaults_filled"] == ["max_num_batched_tokens", "max_num_seqs"]
     resolved = record["resolved"]
     assert resolved["exact_steps"] is exact
     assert resolved["max_num_batched_tokens"] >= 1 and resolved["max_model_len"] >= 1

@@ -92,3 +92,30 @@ def test_prefix_aware_routes_a_declared_shared_prefix_to_the_replica_that_holds_
     assert aware.summary["prefix_cache_hit_rate"] > 0
     blind = run(requests(), router="least-loaded", **cfg)
     assert blind.requests["replica"].tolist() == [0, 1, 0, 0]
+
+
+def test_the_c_core_routes_declared_shared_prefixes_as_the_python_router_does():
+    """The compiled core's prefix-aware router scored session hashes only and sent requests with a
+    declared shared prefix least-loaded (llm-d's B2B check, docs/published-checks.md O2 / O3,
+    came out 1.00 / 1.00: every router gave the same run); now it scores them as
+    router.prefix_share does, and both cores agree."""
+    import numpy as np
+
+    from kvsim.simcore.simulate import prepare
+    from kvsim.workloads.arrivals import GammaArrivals
+    from kvsim.workloads.lengths import Fixed, Uniform
+    from kvsim.workloads.spec import SharedPrefix, WorkloadSpec
+    from tests.helpers import assert_cores_agree
+
+    spec = WorkloadSpec(name="b2b", num_requests=300, arrival=GammaArrivals(rate=400.0), prompt_len=Uniform(4, 24),
+                        output_len=Fixed(12), shared_prefix=SharedPrefix(num_groups=12, prefix_len=32, fraction=1.0))
+    runs = {}
+    for router in ("prefix-aware", "least-loaded"):
+        config = EngineConfig(block_size=4, max_model_len=128, data_parallel_size=4, router=router)
+        core = prepare(TINY, H100, config, spec, flat_profile(), seed=5, engine_core="c").run()
+        exact = prepare(TINY, H100, config, spec, flat_profile(), seed=5, engine_core="python", exact_steps=True).run()
+        assert_cores_agree(core, exact, router)
+        runs[router] = core
+    aware, blind = runs["prefix-aware"], runs["least-loaded"]
+    assert not np.array_equal(aware.requests["replica"].to_numpy(), blind.requests["replica"].to_numpy())
+    assert aware.summary["prefix_cache_hit_rate"] > blind.summary["prefix_cache_hit_rate"]

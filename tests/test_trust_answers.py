@@ -53,8 +53,8 @@ def test_engine_text_names_the_version_and_the_defaults_it_filled():
 
 def test_run_names_its_engine_in_text_json_and_summary_json(tmp_path):
     text = CliRunner().invoke(app, [*RUN, "--no-error-bars"]).stdout
-    assert ("Engine: vllm-v1 (default), max_num_seqs 256, max_num_batched_tokens 8192; host cost: the profile's "
-            "vllm-v1 terms") in text.splitlines()
+    assert ("Engine: vllm-v1 (default), max_num_seqs 1024, max_num_batched_tokens 8192 (vLLM's server defaults on "
+            "H100-SXM-80GB); host cost: the profile's vllm-v1 terms") in text.splitlines()
     doc = _json([*RUN, "--no-error-bars", "--engine-version", "vllm-0.6", "--out", str(tmp_path / "o")])
     assert doc["engine_version"] == "vllm-0.6"
     a = doc["engine_assumptions"]
@@ -70,7 +70,7 @@ def test_a_disaggregated_run_has_a_band_and_names_each_pools_engine():
     _inside(doc["error_bars"], doc)
     assert doc["error_bars"]["metrics"]["p95_ttft_ms"][1] > doc["p95_ttft_ms"]
     pools = doc["engine_assumptions"]["pools"]
-    assert pools["decode"]["max_num_seqs"] == 64 and pools["prefill"]["max_num_seqs"] == 256
+    assert pools["decode"]["max_num_seqs"] == 64 and pools["prefill"]["max_num_seqs"] == 1024  # vLLM V1 on H100
     assert doc["engine_version"] == "vllm-v1"
     text = CliRunner().invoke(app, [*RUN, "--prefill-replicas", "1", "--decode-replicas", "1"]).stdout
     assert "Engine (both pools): vllm-v1 (default)" in text and "Model error (90% band)" in text
@@ -141,7 +141,8 @@ def test_sweep_error_bars_are_columns_only_when_asked(tmp_path):
     assert not any(k.endswith("_band_low") for k in doc["points"][0])
     report = CliRunner().invoke(app, ["report", "sweep", str(tmp_path / "s.csv"), "--out", str(tmp_path / "r")])
     assert report.exit_code == 0, report.stderr
-    assert ">Engine</th><td>vllm-v1<" in (tmp_path / "r" / "sweep-report.html").read_text()
+    page = (tmp_path / "r" / "sweep-report.html").read_text()
+    assert ">Engine</th><td>vllm-v1; vLLM" in page and "server step-limit defaults per GPU<" in page
 
 
 @pytest.mark.parametrize("version", [None, "vllm-0.6"])
@@ -153,7 +154,8 @@ def test_plan_answers_name_the_engine(tmp_path, version):
     want = version or "vllm-v1"
     answer = doc["answers"][0]
     assert answer["engine_version"] == want == doc["engine_version"]
-    words = "vllm-v1 (default)" if version is None else "vllm-0.6 (vLLM's server defaults per GPU)"
+    words = ("vllm-v1 (default; vLLM's server defaults per GPU)" if version is None
+             else "vllm-0.6 (vLLM's server defaults per GPU)")
     assert f"[engine {words};" in answer["line"]
     assert {r["engine_version"] for r in csv.DictReader((tmp_path / "p" / "plan.csv").open())} == {want}
 

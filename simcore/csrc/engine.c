@@ -564,6 +564,16 @@ static int cache_blocks(kv_rep *e, kv_req *r) {
 }
 
 /* dense group of a prefix id (S-wide: every replica keys its cache the same) */
+/* pid_group's lookup alone: the group of a prefix id already seen, else -1 (nothing cached) */
+static long pid_find(const kv_engine *S, long pid) {
+    if (!S->pid_cap) return -1;
+    long key = pid + 1;
+    unsigned long x = (unsigned long)key * 0x9E3779B97F4A7C15UL;
+    long p = (long)(x % (unsigned long)S->pid_cap);
+    while (S->pid_keys[p] && S->pid_keys[p] != key) p = (p + 1) % S->pid_cap;
+    return S->pid_keys[p] ? S->pid_vals[p] : -1;
+}
+
 static long pid_group(kv_engine *S, long pid) {
     if (2 * (S->pid_n + 1) > S->pid_cap) {
         long nc = S->pid_cap ? 2 * S->pid_cap : 64;
@@ -764,7 +774,10 @@ static kv_rep *least_loaded(kv_engine *S);
 /* SESSIONS: Router._best_prefix (llm-d's precise prefix-cache scorer, weights 2 : 1 : 1): the
    share of the prompt's full blocks a replica holds as a prefix (GPU cache, then its CPU tier),
    its free KV share, its queue min-max scaled; the highest score (ties: the lowest index) */
-static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt) {
+static long pid_find(const kv_engine *S, long pid);
+
+static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt, long pid, long npt) {
+    long g = !hk && pid >= 0 ? pid_find(S, pid) : -1;  /* a declared shared prefix: its group, if seen */
     long low = S->reps[0].wq_len, high = low;
     for (long i = 1; i < S->nrep; i++) {
         long q = S->reps[i].wq_len;
@@ -781,6 +794,10 @@ static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt) {
             while (S->hash_group >= 0 && hits < nb && g_get(e, S->hash_group, hk[hits]) >= 0) hits++;
             if (e->tier) hits += kvt_hits(e->tier, hk, hits, nb);
             prefix = (double)hits / (double)nb;
+        } else if (nb && e->pc && g >= 0) {  /* block i of prefix p cached as (p, i): router.prefix_share */
+            long hits = 0, npb = npt / e->c.block_size;
+            while (hits < npb && g_get(e, g, hits) >= 0) hits++;
+            prefix = (double)hits / (double)nb;
         }
         double queue = high > low ? (double)(high - e->wq_len) / (double)(high - low) : 1.0;
         double score = 2.0 * prefix + 1.0 * kv_free + 1.0 * queue;
@@ -789,7 +806,7 @@ static kv_rep *best_prefix(kv_engine *S, const long *hk, long prompt) {
     return best;
 }
 
-static kv_rep *pick(kv_engine *S, long sess, const long *hk, long prompt) {
+static kv_rep *pick(kv_engine *S, long sess, const long *hk, long prompt, long pid, long npt) {
     if (S->fleet) return &S->reps[kv_fleet_pick(S)];  /* autoscaling: the active replicas only */
     if (S->nrep == 1) return S->reps;
     if (S->c.router == KV_ROUTER_ROUND_ROBIN) {
@@ -797,7 +814,8 @@ static kv_rep *pick(kv_engine *S, long sess, const long *hk, long prompt) {
         S->rr_next = (S->rr_next + 1) % S->nrep;
         return e;
     }
-    if (S->c.router == KV_ROUTER_PREFIX_SCORE && sess >= 0) return best_prefix(S, hk, prompt);
+    if (S->c.router == KV_ROUTER_PREFIX_SCORE && (sess >= 0 || pid >= 0))  /* a turn or a declared prefix */
+        return best_prefix(S, hk, prompt, sess >= 0 ? -1 : pid, npt);
     if (S->c.router == KV_ROUTER_SESSION_AFFINITY && sess >= 0) {  /* a conversation stays where it began */
         long a = kvs_affinity(S->sess, sess);
         if (a < 0) { a = least_loaded(S)->index; kvs_set_affinity(S->sess, sess, a); }
@@ -821,7 +839,7 @@ static kv_rep *least_loaded(kv_engine *S) {
    session, `hk` its block keys, NULL without prefix caching) */
 static int send_req(kv_engine *S, long id, long prompt, long out, long max_tokens, long pid, long npt,
                     double stamp, long client, const long *hk, long nkeys) {
-    kv_rep *e = pick(S, S->sess ? client : -1, hk, prompt);
+    kv_rep *e = pick(S, S->sess ? client : -1, hk, prompt, pid, npt);
     kv_req r;
     memset(&r, 0, sizeof r);
     r.id = id; r.prompt = prompt; r.max_tokens = max_tokens; r.client = client; r.g = -1;
