@@ -58,6 +58,14 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
     return values
 
 
+# what plan --autoscale reads (reports/autoscale_plan.py); every other option given is refused, not ignored
+AUTOSCALE_OPTIONS = frozenset({
+    "rate", "model", "gpu", "tp", "workload", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "slo_targets", "price", "seed",
+    "out", "as_json", "engine_version", "usage_context", "confidence", "autoscale", "attainment", "max_replicas",
+    "provisioning_delay",
+})
+
+
 def plan(
     ctx: typer.Context,
     rate: Annotated[str | None, typer.Option(help=f"Target request rate(s) in req/s (required, except with --autoscale). {LIST}")] = None,
@@ -121,6 +129,11 @@ def plan(
             if given:
                 raise ConfigError(f"{flag} does not apply to plan --autoscale yet (it plans {DEFAULT_ENGINE_VERSION} at "
                                   "the profile's step times)")
+        ignored = [p for p in ctx.command.params if p.name not in AUTOSCALE_OPTIONS
+                   and ctx.get_parameter_source(p.name).name != "DEFAULT"]
+        if ignored:  # e.g. --input-len or --speculative-config: the plan ran the workload's day without them
+            raise ConfigError(f"{ignored[0].opts[0]} does not apply to plan --autoscale yet (it plans the workload's "
+                              f"own traffic on one --model, --gpu and --tp at {DEFAULT_ENGINE_VERSION}'s defaults)")
         _plan_autoscale(model, gpu, tp, workload, slo_ttft_p95_ms, slo_tpot_p95_ms, attainment, max_replicas,
                         provisioning_delay, price, seed, as_json, out, rate)
         return
@@ -179,6 +192,13 @@ def plan(
     if disagg == "on" and speculative_config is not None:  # its candidates would silently run without it
         raise ConfigError("--speculative-config is not modelled with disaggregated prefill/decode yet: plan it "
                           "with --disagg off or auto (the aggregated candidates)")
+    if disagg == "on":  # knobs reports.plan_disagg's pools do not take: the answer was the same without them
+        for flag, name in (("--block-size", "block_size"), ("--gpu-memory-utilization", "gpu_memory_utilization"),
+                           ("--max-num-seqs", "max_num_seqs"), ("--chunked-prefill", "chunked_prefill"),
+                           ("--pp", "pp"), ("--router", "router"), ("--kv-offloading-size", "kv_offloading_size")):
+            if ctx.get_parameter_source(name).name != "DEFAULT":
+                raise ConfigError(f"{flag} does not apply to disaggregated candidates yet (their pools run at the "
+                                  "defaults): plan it with --disagg off or auto (the aggregated candidates)")
     if disagg_placement not in (None, "same-node", "cross-node"):
         raise ConfigError(f"--disagg-placement must be same-node or cross-node, got {disagg_placement!r}")
     from kvsim.reports import plan_disagg
@@ -335,7 +355,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     import pandas as pd
 
     from kvsim.reports import plan_disagg as pd_plan
-    from kvsim.reports.plan import mean_output_tokens
+    from kvsim.reports.plan import mean_output_tokens, ms_text
     from kvsim.simcore.catalog import get_gpu
 
     kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
@@ -404,7 +424,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
                        f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "
                        f"{'at least ' if b['capped'] else '~'}{b['max_rate']:.1f} req/s, "
                        f"${b['usd_per_m_output_tokens']:.2f} per M output tokens; confirmed {b['confirmed']} "
-                       f"(TTFT p95 {b['ttft_p95_ms']:,.0f} ms, TPOT p95 {b['tpot_p95_ms']:,.1f} ms)")
+                       f"(TTFT p95 {ms_text(b['ttft_p95_ms'], ',.0f')} ms, TPOT p95 {ms_text(b['tpot_p95_ms'])} ms)")
         if answer["comparison"]:
             typer.echo(f"Layout at {answer['target_rate']:g} req/s: {answer['comparison']}")
     typer.echo(f"Disaggregated part: {runs} simulations; planned in {wall:.1f} s in all.")

@@ -71,9 +71,9 @@ def sweep_report(
     from kvsim.reports.sweep_report import FILES
 
     out_dir = out if out is not None else Path.cwd() / "reports" / f"sweep-{table.stem}"
+    check_out_folder(out_dir, FILES)  # creates nothing; a bad --out is named before the table is read
     # a bad table: nothing created
     report = load_report(table, slo.ttft_p95_ms, slo.tpot_p95_ms, slo.percentile_ms)
-    check_out_folder(out_dir, FILES)
     command = " ".join(["kvsim report sweep", str(table)] + (["--out", str(out)] if out else []) + [
         f"--{k.replace('_', '-')} {v:g}" for k, v in (("slo_ttft_p95_ms", slo_ttft_p95_ms),
                                                        ("slo_tpot_p95_ms", slo_tpot_p95_ms)) if v is not None]

@@ -247,10 +247,14 @@ def run(
                                               autoscale_config)
     if scaling is not None and dp != 1:
         raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
+    if scaling is not None and router is not None and router.value != "least-loaded":
+        # (on a --fleet it was recorded and ignored: simcore.autoscale routes every request itself)
+        raise ConfigError(f"--router {router.value} does not apply with --autoscale: the autoscaler sends each request "
+                          "to the least-loaded active replica (simcore/autoscale.py)")
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
     check_common(seed, max_model_len, model_spec)
-    if router is not None and dp == 1 and not disagg and fleet is None:
+    if router is not None and dp == 1 and not disagg and fleet is None and scaling is None:
         raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
                           "disaggregated run)")
     if router is not None:
@@ -313,6 +317,15 @@ def run(
         raise ConfigError("--result-dir / --result-filename apply only with --save-result")
     if save_result and find_max_rate:
         raise ConfigError("--save-result writes one run's result, not --find-max-rate's search")
+    if find_max_rate:  # what the search would ignore (it ran the fixed deployment, printed its p95s only)
+        printed = "its rows show the p95s; its SLO is --slo / --goodput"
+        for flag, on, why in (
+                ("--autoscale", autoscale, "yet"), ("--compare-no-spec", compare_no_spec, "yet"),
+                ("--metric-percentiles", ctx.get_parameter_source("metric_percentiles").name == "COMMANDLINE", printed),
+                ("--percentile-metrics", ctx.get_parameter_source("percentile_metrics").name == "COMMANDLINE", printed)):
+            if on:
+                raise ConfigError(f"{flag} does not apply to --find-max-rate's search" + (" yet" if why == "yet" else
+                                                                                         f" ({why})"))
     base = _dataset(dataset_name, dataset_path, random_input_len, random_output_len, random_range_ratio,
                     workload, overrides, seed, config.resolved_max_model_len(model_spec),
                     (sonnet_input_len, sonnet_output_len, sonnet_prefix_len))
@@ -411,7 +424,7 @@ def run(
         fleet = None
         if scaling is not None:
             fleet = _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, scaling_extras,
-                           slo_ttft_p95_ms, slo_tpot_p95_ms, counted)
+                           slo_ttft_p95_ms, slo_tpot_p95_ms, counted, draft_prof)
         bands = None
         if error_bars:
             also = None if scaling is None else _autoscale_figures(scaling_extras, slo_ttft_p95_ms, slo_tpot_p95_ms,
@@ -780,9 +793,10 @@ def _bands(err, rerun, result, percentiles, metrics, baseline=None, also=None) -
     return doc
 
 
-def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms, counted=None):
+def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_ttft_ms, slo_tpot_ms, counted=None,
+           draft_prof=None):
     """The autoscaled run's fleet section, and the same workload on static fleets sized for its peak
-    and its mean (rounded up) active replicas."""
+    and its mean (rounded up) active replicas (a draft_model's draft priced as in the run: `draft_prof`)."""
     from dataclasses import replace
 
     from kvsim.cli.autoscale_out import fleet_section, static_row
@@ -795,7 +809,7 @@ def _fleet(result, model_spec, gpu_spec, resolved, wl, prof, seed, extras, slo_t
     rows = []
     for sized_for, replicas in sizes.items():
         config = resolve(model_spec, gpu_spec, replace(resolved.engine, data_parallel_size=replicas))
-        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, attainment=counted)
+        static = simulate(model_spec, gpu_spec, config, wl, prof, seed=seed, attainment=counted, draft_profile=draft_prof)
         rows.append({"sized_for": sized_for, **static_row(static, replicas, gpus, fleet["slo"]["ttft_ms"],
                                                           fleet["slo"]["tpot_ms"], fleet["usd_per_gpu_hour"],
                                                           fleet["hour_s"])})
@@ -975,6 +989,8 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     # nested form earlier versions wrote
     document = {**vllm, **{k: v for k, v in summary.items() if k not in vllm},
                 "summary": summary, "record": result.record, "warnings": result.warnings}
+    if fatal is not None:  # served nothing, exit 1: an earlier run's --out folder or result file stays as it was
+        out = result_file = None
     if result_file is not None:
         from datetime import datetime
 
@@ -1117,8 +1133,8 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     for row in rows:
         mark = "pass" if row["passed"] else "fail"
         ttft, tpot = row["p95_ttft_ms"], row["p95_tpot_ms"]
-        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {ttft if ttft is None else f'{ttft:,.0f}'} ms  "
-                   f"TPOT p95 {tpot if tpot is None else f'{tpot:,.1f}'} ms  "
+        typer.echo(f"  {row['rate']:9.3f} {unit}  {mark}  TTFT p95 {'n/a' if ttft is None else f'{ttft:,.0f}'} ms  "
+                   f"TPOT p95 {'n/a' if tpot is None else f'{tpot:,.1f}'} ms  "
                    + "".join(f"{t.name} {'-' if row[t.key] is None else f'{row[t.key]:,.1f}'} ms  "
                              for t in slo.percentile_ms) + row["why_not"])
     if found.max_rate == 0:

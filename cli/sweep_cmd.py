@@ -311,6 +311,9 @@ def sweep(
             fields["speculative_config"] = specs[0]
         given = {**given, "--speculative-config": next((s for s in specs if s is not None), None)}
     lists.update(_tier_lists(router, kv_offloading_size))
+    if router is not None and all(d == 1 for d in lists.get("data_parallel_size", [1])):
+        # as `kvsim run` refuses it: every point would run the same (one replica), under each router's name
+        raise ConfigError("--router applies only with --data-parallel-size > 1 (every point here has one replica)")
     if kv_offloading_size is not None:  # refused by policies that have no paged prefix cache
         given["--kv-offloading-size"] = kv_offloading_size
     for pol in lists.get("policy", ["continuous"]):

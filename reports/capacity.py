@@ -106,6 +106,14 @@ class Target:
         return count - math.floor((count - 1) * (self.percentile / 100))
 
 
+def _none_to_miss(target: Target, summary: dict[str, Any]) -> bool:
+    """A TPOT or ITL target of a run that finished requests but has no such value: every request
+    gave one token, so none has a TPOT or ITL to miss (vLLM's goodput counts such a TPOT as 0,
+    and its percentiles of no values print 0). It was judged missed ("TPOT p95 n/a ms > 30 ms"),
+    so a prefill-only workload met no TPOT SLO at any rate."""
+    return target.metric in ("tpot", "itl") and (summary.get("completed") or 0) > 0
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
     """What a run must meet; None / empty means that target is not asked for. `ttft_p95_ms` and
@@ -160,7 +168,7 @@ class SLO:
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:
             value, limit = summary.get(target.key), target.limit_ms
-            if value is None and stopped:
+            if value is None and (stopped or _none_to_miss(target, summary)):
                 continue
             if value is None or value > limit:
                 shown = "n/a" if value is None else f"{'>= ' if stopped else ''}{value:,.1f}"
@@ -181,7 +189,7 @@ class SLO:
         stopped = summary.get("early_stop")  # a stopped run: the proven ratios (lower bounds) only
         for target in self.targets:
             value = summary.get(target.key)
-            if value is None and stopped:
+            if value is None and (stopped or _none_to_miss(target, summary)):
                 continue
             if value is None or not math.isfinite(value):
                 return None

@@ -757,9 +757,16 @@ def answer_line(answer: dict[str, Any], slo: SLO) -> str:
             f"{best['max_rate']:.1f} {unit} ({'under ' if best.get('max_rate_bound') else ''}"
             f"{100 * best['headroom']:+.0f}% headroom), ${best['usd_per_m_output_tokens']:.2f} per M output tokens; "
             f"confirmed by a {best['replicas']}-replica run at {answer['target_rate']:g} {unit} "
-            f"(TTFT p95 {best['ttft_p95_ms']:,.0f} ms, TPOT p95 {best['tpot_p95_ms']:,.1f} ms{_measured(best, slo)}); "
+            f"(TTFT p95 {ms_text(best['ttft_p95_ms'], ',.0f')} ms, TPOT p95 {ms_text(best['tpot_p95_ms'])} ms"
+            f"{_measured(best, slo)}); "
             f"step times from a "
             f"{PROFILE_KINDS.get(best.get('profile_source'), str(best.get('profile_source')) + ' profile')}")
+
+
+def ms_text(value: float | None, fmt: str = ",.1f") -> str:
+    """A latency for an answer line: n/a when the confirming run had none (no request gave a
+    second token: no TPOT)."""
+    return "n/a" if value is None or value != value else format(value, fmt)
 
 
 def _measured(best: dict[str, Any], slo: SLO) -> str:

@@ -328,10 +328,15 @@ def add_slo(frame: pd.DataFrame, ttft_p95_ms: float | None, tpot_p95_ms: float |
     ok = frame["output_tok_s"].notna()
     if "load" in frame.columns:  # an overloaded point's percentiles only grow with a longer run
         ok &= frame["load"].ne("overloaded")
+    metrics = {"ttft_p95_ms": "ttft", "tpot_p95_ms": "tpot", **{t.column: t.metric for t in others}}
     for col, limit in (("ttft_p95_ms", ttft_p95_ms), ("tpot_p95_ms", tpot_p95_ms),
                        *((t.column, t.limit_ms) for t in others)):
         if limit is not None:
-            ok &= frame[col].astype(float).le(limit).fillna(False)
+            values = frame[col].astype(float)
+            met = values.le(limit)
+            if metrics[col] in ("tpot", "itl"):  # a point that ran with no TPOT / ITL: every output one token,
+                met |= values.isna()  # nothing to miss (reports.capacity._none_to_miss)
+            ok &= met.fillna(False)
     frame = frame.copy()
     frame.insert(frame.columns.get_loc("regime"), "meets_slo", ok.astype(bool))
     return frame

@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.reports.sweep import SWEEPABLE, add_slo, cheapest_passing, cut_ends, summarize_points
+from kvsim.reports.sweep import (
+    METRIC_SOURCES,
+    SWEEPABLE,
+    add_slo,
+    cheapest_passing,
+    cut_ends,
+    summarize_points,
+)
 from kvsim.simcore.errors import ConfigError
 
 HEATMAPS = (  # (file stem, column, title, unit label, higher is better, scale)
@@ -64,6 +71,7 @@ def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_
     rows = read_table(table)
     if rows.empty:
         raise ConfigError(f"{table}: the sweep table has no rows")
+    check_report_columns(table, rows.columns)
     slo = {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms}
     for key in slo:
         if slo[key] is None and f"slo_{key}" in rows.columns and rows[f"slo_{key}"].notna().any():
@@ -72,7 +80,10 @@ def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_
         targets = parse_slo_targets(str(rows["slo_percentiles"].dropna().iloc[0]).split())  # the sweep's --slo
     targets = tuple(targets)
     for t in targets:
-        if t.key not in rows.columns or rows[t.key].isna().all():
+        if t.key in rows.columns:  # the sweep had that --slo (an empty TPOT / ITL column: nothing to miss)
+            if rows[t.key].isna().all() and t.metric not in ("tpot", "itl"):
+                raise ConfigError(f"{table}: no point of the sweep has a {t.key} value to judge the SLO {t.spec} on")
+        else:
             raise ConfigError(f"{table}: the sweep table has no {t.key} values for the SLO {t.spec}: rerun "
                               f"`kvsim sweep` with --slo {t.spec} (every run records p95 and p99 only)")
     swept = [k for k in SWEEPABLE if k in rows.columns]
@@ -85,6 +96,25 @@ def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_
         ran = cells["output_tok_s"].astype(float)
         best = None if ran.isna().all() else int(ran.idxmax())
     return SweepReport(table, cells, varying, best, slo, _context(rows), targets)
+
+
+# columns every `kvsim sweep` table has that the page reads (its context line, heatmaps, curves, answer)
+REPORT_COLUMNS = ("model", "gpu", "tensor_parallel_size", "block_size", "gpu_memory_utilization", "profile_sha256",
+                  "profile_source", *METRIC_SOURCES.values())
+
+
+def check_report_columns(table: Path, columns: Sequence[str]) -> None:
+    """A table cut or edited by hand that lacks a column the page reads, or half of an --error-bars
+    band, is refused in one line naming it (it raised AttributeError / KeyError in the figures)."""
+    have = set(columns)
+    missing = [c for c in REPORT_COLUMNS if c not in have]
+    for col in sorted(have):
+        for end, other in (("_band_low", "_band_high"), ("_band_high", "_band_low")):
+            if col.endswith(end) and col.removesuffix(end) + other not in have:
+                missing.append(col.removesuffix(end) + other)
+    if missing:
+        raise ConfigError(f"{table}: the sweep table has no {missing[0]!r} column (a table cut or edited by hand? "
+                          "`kvsim sweep --out` writes it)")
 
 
 def _context(rows: pd.DataFrame) -> dict[str, Any]:
@@ -414,13 +444,16 @@ def render_curves(report: SweepReport, path: Path) -> str | None:
                 bars[col].append((x, y, cells[f"{col}_ci95_low"].astype(float).to_numpy(),
                                   cells[f"{col}_ci95_high"].astype(float).to_numpy(), line.get_color()))
             for _, row in cells.iterrows():
+                if row[col] is None or pd.isna(row[col]):  # no value (a TPOT of one-token outputs): no label
+                    continue
                 ax.annotate(f"{row[load_col]:g}", (row["output_tok_s"], row[col]), textcoords="offset points",
                             xytext=(4, 4), fontsize=7, color="#555")
     n_cut = 0
     for ax, (col, title, limit) in zip(axes, panels, strict=True):
         if limit is not None:
             ax.axhline(limit, color="#b22222", linestyle="--", label=f"SLO {title} <= {limit:g} ms")
-        if best is not None and best[load_col] in set(_slice(report.cells, held)[load_col]):
+        if (best is not None and best[load_col] in set(_slice(report.cells, held)[load_col])
+                and not (best[col] is None or pd.isna(best[col]))):
             ax.plot(best["output_tok_s"], best[col], marker="*", markersize=18, color="#e6007e",
                     markeredgecolor="white", linestyle="", label=_best_label(report), zorder=5)
         ax.set_xlabel("output throughput (tok/s)")
@@ -621,6 +654,8 @@ def _best_sentence(report: SweepReport) -> str:
         def num(v: Any) -> str:
             return f"{scale * float(v):{fmt}}"
 
+        if row[col] is None or pd.isna(row[col]):  # e.g. TPOT where every request gave one token
+            return "n/a"
         text = f"{num(row[col])}{unit}"
         extra = []
         low, high = row.get(f"{col}_ci95_low"), row.get(f"{col}_ci95_high")

@@ -108,6 +108,7 @@ _SCALED: dict[tuple[str, Any], Any] = {}  # (profile sha256, factors) -> scaled 
 def band_columns(point: Point, config: Any, result: Any) -> dict[str, Any]:
     """The point again with every step time at each end of the 90% band of its profile's stated
     error: `<metric>_band_low` / `_band_high` over the three runs, and the error used."""
+    from kvsim.profiles import draft_profile
     from kvsim.profiles.uncertainty import band, band_factors, profile_error, scaled_profile
     from kvsim.simcore.simulate import simulate
 
@@ -119,7 +120,9 @@ def band_columns(point: Point, config: Any, result: Any) -> dict[str, Any]:
             if len(_SCALED) > 64:  # a sweep over many profiles: keep the worker's memory bounded
                 _SCALED.clear()
             _SCALED[key] = scaled_profile(point.profile, f)
-        summaries.append(simulate(point.model, point.gpu, config, point.workload, _SCALED[key], seed=point.seed).summary)
+        draft = draft_profile(point.gpu, config, _SCALED[key])  # a draft_model's draft scaled alike
+        summaries.append(simulate(point.model, point.gpu, config, point.workload, _SCALED[key], seed=point.seed,
+                                  draft_profile=draft).summary)
     cols: dict[str, Any] = {"model_error_kind": err.kind, "model_error_median": err.median_abs_error,
                             "model_error_prefill": err.prefill, "model_error_decode": err.decode}
     for metric in SWEEP_BAND_METRICS:

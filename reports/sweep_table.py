@@ -26,6 +26,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
@@ -311,6 +312,18 @@ NUMERIC_COLUMNS = (
 )
 
 
+# a cell's largest magnitude: past any rate, count or latency a run records (spans end at 1e9 s = 1e12 ms)
+MAX_CELL = 1e15
+_PERCENTILE_COLUMN = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
+
+
+def _numeric(name: str) -> bool:
+    """A column the reports compute with: NUMERIC_COLUMNS, the percentiles an --slo adds
+    (p99_ttft_ms), and the ends of an --error-bars band (p95_ttft_ms_band_low)."""
+    base = name.removesuffix("_band_low").removesuffix("_band_high")
+    return base in NUMERIC_COLUMNS or bool(_PERCENTILE_COLUMN.fullmatch(base))
+
+
 def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str = "") -> None:
     """A table edited or cut short by hand is refused with its line named, before any work: a
     column named twice, a row with more or fewer cells than the header, a point or seed that is
@@ -320,7 +333,7 @@ def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str
         if name in seen:
             raise ConfigError(f"{prefix}{path}: column {name!r} is given twice")
         seen.add(name)
-    where = {name: i for i, name in enumerate(header) if name in NUMERIC_COLUMNS}
+    where = {name: i for i, name in enumerate(header) if _numeric(name)}
     for number, row in enumerate(rows, start=2):
         if len(row) != len(header):
             raise ConfigError(f"{prefix}{path}, line {number}: {len(row)} cells, the header has {len(header)} "
@@ -334,9 +347,12 @@ def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str
             except ValueError:
                 value = math.nan
             whole = name not in ("point", "seed") or (math.isfinite(value) and value.is_integer() and value >= 0)
-            if math.isnan(value) and cell.lower() != "nan" or not whole:
-                kind = "a whole number >= 0" if name in ("point", "seed") else "a number"
-                raise ConfigError(f"{prefix}{path}, line {number}: {name} is {cell!r}, expected {kind}")
+            # NaN is written for a metric with no value; a negative, an infinity or a number past MAX_CELL no
+            # run writes (rates, sizes, latencies, counts: the figures raised on them after the table was read)
+            if not whole or (cell.lower() != "nan" if math.isnan(value) else not 0 <= value <= MAX_CELL):
+                kind = "a whole number >= 0" if name in ("point", "seed") else f"a number from 0 to {MAX_CELL:g}"
+                shown = cell if len(cell) <= 40 else cell[:37] + "..."
+                raise ConfigError(f"{prefix}{path}, line {number}: {name} is {shown!r}, expected {kind}")
 
 
 def _missing(value: Any) -> bool:

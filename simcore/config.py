@@ -18,7 +18,7 @@ from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.memory import MemoryPlan, plan_memory
 from kvsim.simcore.policies import PolicySpec
 from kvsim.simcore.policies.registry import select
-from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
+from kvsim.simcore.specs import ENGINE_PRESETS, EngineConfig, GPUSpec, ModelSpec
 
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 _INT_OPTIONS = (
@@ -128,6 +128,9 @@ def select_policy(config: EngineConfig) -> PolicySpec:
     return select(config.policy, allocator, set_options)
 
 
+_CHUNKED_OFF = tuple(v for v, preset in ENGINE_PRESETS.items() if not preset["enable_chunked_prefill"])
+
+
 def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
     """vLLM's cross-field rules; returns the resolved (max_model_len, max_num_batched_tokens)."""
     context = model.max_position_embeddings
@@ -149,8 +152,12 @@ def check_vllm_rules(model: ModelSpec, config: EngineConfig) -> tuple[int, int]:
             "as vLLM requires"
         )
     if config.speculative_config is not None and not config.enable_chunked_prefill:
-        raise ConfigError("--speculative-config runs on vLLM V1's scheduler, which kvsim models with chunked "
-                          "prefill on; drop --no-enable-chunked-prefill")
+        # (off by a preset, the message said "drop --no-enable-chunked-prefill", a flag nobody gave)
+        off = (f"--engine-version {config.engine_version} turns it off: give --enable-chunked-prefill (plan: "
+               "--chunked-prefill on) or a V1 engine version" if config.engine_version in _CHUNKED_OFF else
+               "drop --no-enable-chunked-prefill (plan: --chunked-prefill on)")
+        raise ConfigError(f"--speculative-config runs on vLLM V1's scheduler, which kvsim models with chunked "
+                          f"prefill on; {off}")
     if not config.enable_chunked_prefill and budget < max_model_len:
         raise ConfigError(
             f"--max-num-batched-tokens ({budget}) is smaller than max_model_len ({max_model_len}) "

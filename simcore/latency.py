@@ -345,12 +345,27 @@ def _numbers(values: Any, where: str, positive: bool = True) -> list[float]:
             return out
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ProfileError(f"{where}: {v!r} is not a finite number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+            raise ProfileError(f"{where}: {_shown(v)} is not a finite number")
         if v < 0 or (positive and v == 0):
             raise ProfileError(f"{where}: {v!r} must be {'positive' if positive else '>= 0'}")
         out.append(float(v))
     return out
+
+
+def _finite(v: int | float) -> bool:
+    """A JSON number a float holds: finite, and an integer no larger than float64's range (math.isfinite
+    raises OverflowError on a 400-digit integer, which userjson reads)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _shown(v: Any) -> str:
+    """A value quoted in an error, cut to a readable length (a 400-digit number)."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _grid(values: Any, where: str, positive: bool = True) -> list[float]:
@@ -386,8 +401,8 @@ def _table2d(d: dict, a_key: str, b_key: str, where: str) -> Table2D:
 def _prefill_ratio(data: dict, where: str) -> float:
     """PREFILL_RATIO_KEY's value: a positive finite number, 1.0 when absent."""
     value = data.get(PREFILL_RATIO_KEY, 1.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ProfileError(f"{where}.{PREFILL_RATIO_KEY}: expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or not value > 0:
+        raise ProfileError(f"{where}.{PREFILL_RATIO_KEY}: expected a positive number, got {_shown(value)}")
     return float(value)
 
 
@@ -463,6 +478,41 @@ def _check_absurd(data: dict, where: str) -> None:
         )
 
 
+# model_shape's integer fields (simcore.specs.ModelSpec), those that must be > 0 first; the profile
+# prices from hidden_size, intermediate_size, vocab_size, dtype_bytes and num_layers (float products)
+SHAPE_POSITIVE = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "dtype_bytes", "max_position_embeddings")
+SHAPE_COUNTS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank",
+                "first_k_dense_replace")
+MAX_SHAPE_INT = 2**31 - 1  # past any model's dimension; keeps the float products it enters finite
+MAX_PARALLEL = 65536  # GPUs one profile's TP or EP degree may name
+
+
+def _check_header(data: dict, where: str) -> None:
+    """The fields around the tables, as the run reads them: the GPU and model are names (a label
+    joins them), TP / EP degrees and the model shape's sizes are integers in range (the shape's
+    sizes enter float products: a 400-digit one overflowed, a string or an infinite dtype_bytes
+    reached float() or the pricing). One line naming the field, before any table is built."""
+    for key in ("gpu", "model"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise ProfileError(f"{where}.{key}: expected a name, got {_shown(data[key])}")
+    for key in ("tensor_parallel_size", "expert_parallel_size"):
+        v = data.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_PARALLEL:
+            raise ProfileError(f"{where}.{key}: expected a positive integer up to {MAX_PARALLEL}, got {_shown(v)}")
+    shape = data["model_shape"]
+    if not isinstance(shape, dict):
+        raise ProfileError(f"{where}.model_shape: expected an object")
+    for key in SHAPE_POSITIVE + SHAPE_COUNTS:
+        if key not in shape:
+            continue
+        v, least = shape[key], 1 if key in SHAPE_POSITIVE else 0
+        if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= MAX_SHAPE_INT:
+            raise ProfileError(f"{where}.model_shape.{key}: expected an integer from {least} to {MAX_SHAPE_INT:,}, "
+                               f"got {_shown(v)}")
+
+
 def parse_profile(data: Any, where: str = "profile") -> Profile:
     """Validate a profile document; raise ProfileError naming the file and field."""
     if not isinstance(data, dict):
@@ -482,11 +532,7 @@ def parse_profile(data: Any, where: str = "profile") -> Profile:
         _need(data, "step_overhead_ms", where)
     else:
         _need(data, "host_overhead", where)
-    tp = data["tensor_parallel_size"]
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
-        raise ProfileError(f"{where}.tensor_parallel_size: expected a positive integer, got {tp!r}")
-    if not isinstance(data["model_shape"], dict):
-        raise ProfileError(f"{where}.model_shape: expected an object")
+    _check_header(data, where)
     # builds every table and reads every policy's host model (host_overhead checks them all,
     # whichever it picks; the tables are the same for each), so anything malformed fails here
     model = StepLatencyModel(data, where)

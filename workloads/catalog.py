@@ -157,7 +157,7 @@ def _kinded(file: str, where: str, data: Any, key: str, table: dict[str, tuple[s
     if not isinstance(data, dict):
         raise WorkloadError(f"workload file {file}: field '{where}' must be a mapping, got {_shown(data)}")
     kind = data.get(key)
-    if kind not in table:
+    if not isinstance(kind, str) or kind not in table:  # (a list or mapping there is not hashable)
         known = {key, *(name for names in table.values() for name in names)}
         unknown = [k for k in data if k not in known]
         if unknown:  # `arrival: {kind: poisson}` is a misspelt key, not a missing one
