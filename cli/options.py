@@ -157,17 +157,15 @@ def apply_engine_preset(fields: dict[str, Any], policy: str) -> None:
             fields.setdefault(name, value)
 
 
-def batch_default_fields(engine_version: str | None, usage_context: str | None, fleet: bool = False,
+def batch_default_fields(engine_version: str | None, usage_context: str | None,
                          **given: int | None) -> frozenset[str]:
     """The step limits the engine version (--engine-version, or the default `vllm-v1`) fills per GPU
     (simcore.batch_defaults): those not given, as `vllm serve` picks them when its flags are left
-    out. A --fleet file gives each group its own limits."""
+    out (a --fleet's groups each on their own GPU)."""
     from kvsim.simcore.batch_defaults import USAGE_CONTEXTS
 
     if usage_context is not None and usage_context not in USAGE_CONTEXTS:
         raise ConfigError(f"--usage-context must be one of {', '.join(USAGE_CONTEXTS)}, got {usage_context!r}")
-    if fleet:
-        return frozenset()
     return frozenset(name for name, value in given.items() if value is None)
 
 

@@ -267,11 +267,11 @@ def run(
         enable_expert_parallel=enable_expert_parallel, **fields,
     )
     model_spec = config.resolve_model(model_spec)
-    fill = batch_default_fields(engine_version, usage_context, fleet is not None, max_num_seqs=max_num_seqs,
+    fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens)
-    if fill:  # --engine-version: vLLM's per-GPU step limits for those not given (simcore/batch_defaults.py)
-        from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, apply_batch_defaults
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, apply_batch_defaults
 
+    if fill and fleet is None:  # vLLM's per-GPU step limits for those not given (simcore/batch_defaults.py)
         config = apply_batch_defaults(config, gpu_spec, model_spec, fill, usage_context or DEFAULT_USAGE_CONTEXT)
 
     def assumed(cfg, gpu_, prof_=None, filled=fill):
@@ -288,7 +288,8 @@ def run(
     if fleet is not None:  # each group checked and planned on its own GPU and TP (simcore/fleet.py)
         from kvsim.simcore.fleet import parse_fleet, resolve_fleet
 
-        fleet_groups = resolve_fleet(get_model(model), parse_fleet(fleet), config)
+        fleet_groups = resolve_fleet(get_model(model), parse_fleet(fleet), config, fill,
+                                     usage_context or DEFAULT_USAGE_CONTEXT)
         model_spec, gpu_spec = fleet_groups[0][0].model, fleet_groups[0][0].gpu
         config = fleet_groups[0][0].engine
         resolved = fleet_groups[0][0]
@@ -491,9 +492,11 @@ def _run_fleet(model_spec, groups, wl, seed, slo, out, as_json, exact_steps, eng
     say(f"{head}{model_spec.name} on a fleet of {layout};{rest.split(';', 1)[1]}" if ";" in rest else desc)
     for cfg, prof, count in groups:
         say(f"Fleet group: {count} x TP {cfg.engine.tensor_parallel_size} {cfg.gpu.name}; profile {prof.label} "
-            f"sha256:{prof.sha256[:12]}; GPU KV cache size: {cfg.memory.num_gpu_tokens:,} tokens per replica")
-    # --fleet keeps the given step limits on every group (no per-GPU defaults): one line for all
-    engine = assumed(first.engine, first.gpu, profile, frozenset()) if assumed is not None else None
+            f"sha256:{prof.sha256[:12]}; GPU KV cache size: {cfg.memory.num_gpu_tokens:,} tokens per replica; "
+            f"max_num_seqs {cfg.engine.max_num_seqs}, max_num_batched_tokens "
+            f"{cfg.engine.resolved_max_num_batched_tokens(cfg.model)}")
+    # the first group's line; each group's own step limits (its GPU's defaults where not given) above
+    engine = assumed(first.engine, first.gpu, profile) if assumed is not None else None
     if engine is not None:
         say(f"Engine: {engine_text(engine)}")
     prices = load_prices()

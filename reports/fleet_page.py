@@ -228,6 +228,7 @@ def group_rows(document: dict[str, Any], cols: dict[str, np.ndarray] | None, pri
             "requests": served, "share": float(served) / max(1, total),
             "output_tokens": tokens, "ttft_p95_ms": ttft_p95, "tpot_p95_ms": tpot_p95,
             "kv_cache_tokens_per_replica": group["kv_cache_tokens"],
+            "max_num_seqs": group.get("max_num_seqs"), "max_num_batched_tokens": group.get("max_num_batched_tokens"),
         })
         start = end
     return pd.DataFrame(rows)

@@ -43,10 +43,13 @@ def parse_fleet(text: str) -> list[tuple[str, int, int]]:
     return groups
 
 
-def resolve_fleet(model, groups: list[tuple[str, int, int]], base) -> list[tuple[Any, Any, int]]:
+def resolve_fleet(model, groups: list[tuple[str, int, int]], base, fill: frozenset[str] = frozenset(),
+                  usage_context: str = "server") -> list[tuple[Any, Any, int]]:
     """[(ResolvedConfig, Profile, replicas), ...]: each group's config (base with its TP, one
-    replica), checked as a single-GPU-type run is, and its default profile."""
+    replica, and the step limits named in `fill` set to its engine version's defaults on the
+    group's GPU, simcore.batch_defaults), checked as a single-GPU-type run is, and its default profile."""
     from kvsim.profiles import default_profile
+    from kvsim.simcore.batch_defaults import apply_batch_defaults
     from kvsim.simcore.catalog import get_gpu
     from kvsim.simcore.config import resolve
     from kvsim.simcore.parallel import check_deployment
@@ -56,6 +59,7 @@ def resolve_fleet(model, groups: list[tuple[str, int, int]], base) -> list[tuple
         gpu = get_gpu(gpu_name)
         config = replace(base, tensor_parallel_size=tp, data_parallel_size=1)
         stored = config.resolve_model(model)
+        config = apply_batch_defaults(config, gpu, stored, fill, usage_context)
         check_deployment(stored, gpu, config)
         cfg = resolve(stored, gpu, config)
         out.append((cfg, default_profile(gpu, stored, tp, config.expert_parallel_size), n))

@@ -473,7 +473,8 @@ def prepare(
     }
     if fleet is not None:
         record["fleet"] = [{"gpu": g.gpu.name, "tp": g.engine.tensor_parallel_size, "replicas": n,
-                            "kv_cache_tokens": g.memory.num_gpu_tokens,
+                            "kv_cache_tokens": g.memory.num_gpu_tokens, "max_num_seqs": g.engine.max_num_seqs,
+                            "max_num_batched_tokens": g.engine.resolved_max_num_batched_tokens(g.model),
                             "profile": {"path": p.path, "sha256": p.sha256, "source": p.source, "label": p.label}}
                            for g, p, n in fleet]
     if draft_profile is not None and spec_cost is not None and spec_cost.draft is not None:

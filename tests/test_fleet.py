@@ -109,3 +109,20 @@ def test_an_autoscaled_fleet_is_scaled_in_its_order_and_priced_per_group(tmp_pat
     assert fleet["usd"] == pytest.approx(prices["H100-SXM-80GB"] * (hours[0] + hours[1])
                                          + prices["A100-80GB"] * (hours[2] + hours[3]))
     assert fleet["saving_basis"] == "usd" and [r["sized_for"] for r in fleet["static"]] == ["the peak", "the mean"]
+
+
+def test_each_fleet_group_takes_its_own_gpus_step_limit_defaults():
+    """The default engine fills vLLM V1's per-GPU limits on a fleet as on one GPU type: a one-kind
+    fleet runs the limits --dp runs; an A100 group gets vLLM's A100 defaults beside an H100's."""
+    base = ["run", "--num-requests", "30", "--rate", "10", "--no-error-bars"]
+    mixed = CliRunner().invoke(app, [*base, "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"])
+    assert mixed.exit_code == 0, mixed.stderr
+    lines = [ln for ln in mixed.stdout.splitlines() if ln.startswith("Fleet group:")]
+    assert lines[0].endswith("max_num_seqs 1024, max_num_batched_tokens 8192")
+    assert lines[1].endswith("max_num_seqs 256, max_num_batched_tokens 2048")
+    given = CliRunner().invoke(app, [*base, "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1", "--max-num-seqs", "64"])
+    assert all(ln.split("max_num_seqs ")[1].startswith("64,") for ln in given.stdout.splitlines()
+               if ln.startswith("Fleet group:"))
+    groups = resolve_fleet(get_model("llama3-8b"), parse_fleet("H100-SXM-80GB:1:2"), EngineConfig(),
+                           frozenset({"max_num_seqs", "max_num_batched_tokens"}))
+    assert groups[0][0].engine.max_num_seqs == 1024

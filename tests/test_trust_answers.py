@@ -80,7 +80,10 @@ def test_a_fleet_runs_page_names_its_engine(tmp_path):
     result = CliRunner().invoke(app, [*RUN, "--no-error-bars", "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1",
                                       "--out", str(tmp_path / "f")])
     assert result.exit_code == 0, result.stderr
-    assert ">Engine</th><td>vllm-v1 (default), max_num_seqs 256" in (tmp_path / "f" / "fleet.html").read_text()
+    page = (tmp_path / "f" / "fleet.html").read_text()
+    assert ">Engine</th><td>vllm-v1 (default), max_num_seqs 1024" in page  # the first group's (an H100)
+    groups = json.loads((tmp_path / "f" / "summary.json").read_text())["record"]["fleet"]
+    assert [(g["max_num_seqs"], g["max_num_batched_tokens"]) for g in groups] == [(1024, 8192), (256, 2048)]
 
 
 def test_a_fleet_run_has_a_band_from_its_least_certain_profile():
