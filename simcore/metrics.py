@@ -454,7 +454,7 @@ def summarize_columns(finished: np.ndarray, rejected: np.ndarray, cols: dict[str
     out["num_preemptions"] = int(cols["num_preemptions"].sum())
     _step_figures(out, totals)
     out.update(saturation_columns(cols["arrival_s"], cols["first_scheduled_s"], cols["finish_s"], finished,
-                                  _median_s(out)))  # (its FILL_QUANTILE lifetime from the same columns)
+                                  _median_s(out)))
     return out
 
 
@@ -486,8 +486,7 @@ def _summarize_bounded(records: RequestRecords, itl: Samples, totals: StepTotals
         samples.stats(name, out)
     out["num_preemptions"] = b.num_preemptions
     _step_figures(out, totals)
-    fill = b.e2el.percentiles((100 * FILL_QUANTILE,))[0] if b.completed else None
-    out.update(_saturation_bounded(records, _median_s(out), fill))
+    out.update(_saturation_bounded(records, _median_s(out)))
     return out
 
 
@@ -581,7 +580,7 @@ OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s
 # every arrival and queues inside its batch: no request waits to be scheduled, the batch and each
 # step's time grow instead. Its batch also grows while it fills up: t after the first arrival the
 # count grows at rate x P(lifetime > t). Requests in the system still growing faster than
-# FILL_GROWTH_SHARE x the offered rate past the FILL_QUANTILE (median) lifetime, while fewer than
+# FILL_GROWTH_SHARE x the offered rate past the median lifetime, while fewer than
 # OVERLOAD_RATE_RATIO of the offered complete and without a queue, leave the run not judged ("still
 # filling"): overload, or a slow approach to a large steady batch; only more requests tell. A
 # steady engine's fill past its median lifetime grows at 0.1-0.2 x the rate on ShareGPT-like tails
@@ -590,7 +589,6 @@ OVERLOAD_WAIT_SLOPE = 0.05  # ... and queueing delay growing faster than this (s
 # overload milder than ~1.3x the capacity (8B at 40 req/s: 0.16) is left to the queue, which
 # shows once the step limit binds. (A later cut-off, e.g. the 95th percentile, hides overload
 # itself: an overloaded run's lifetimes grow with it, and the window past them is empty.)
-FILL_QUANTILE = 0.5
 FILL_GROWTH_SHARE = 0.25
 MIN_JUDGED_REQUESTS = 20  # fewer arrivals after warm-up than this: no verdict
 # A "sustained" verdict needs a judged window that outlasts a typical request (median end-to-end
@@ -615,13 +613,12 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     requiring both keeps a burst at the end of a stable run, or a slow drain of a long-latency
     backlog, from being called overload. An engine that admits every arrival shows no queueing
     delay: its backlog is the batch itself. While the requests in the system (arrived, not
-    finished; `in_system_slope`, per second) still
-    grow fast (FILL_GROWTH_SHARE of the offered rate) without a queue, the run is `n/a` with
-    `still_filling` True: overload or a slow approach to a steady state, which only more requests
-    can tell apart. The count is judged from the
-    FILL_QUANTILE lifetime after the first arrival (before it a steady engine still fills up). All arrivals at one instant (offline
-    batch), too few arrivals give `n/a`, and so does a run that did not show overload but whose judged window was
-    shorter than its median request's end-to-end latency (a burst over before its requests could
+    finished; `in_system_slope`, per second, judged from one median lifetime after the first
+    arrival, before which a steady engine still fills up) grow faster than FILL_GROWTH_SHARE of the
+    offered rate without a queue, the run is `n/a` with `still_filling` True: overload or a slow
+    approach to a steady state, which only more requests can tell apart. All arrivals at one
+    instant (offline batch), too few arrivals give `n/a`, and so does a run that did not show
+    overload but whose judged window was shorter than its median request's end-to-end latency (a burst over before its requests could
     finish: nothing had time to queue up, so "sustained" would claim what was not seen)."""
     return saturation_columns(
         requests["arrival_s"].to_numpy(dtype=np.float64), requests["first_scheduled_s"].to_numpy(dtype=np.float64),
@@ -630,10 +627,9 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
 
 
 def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, finish_s: np.ndarray,
-                       finished: np.ndarray, median_e2el_s: float | None = None,
-                       fill_s: float | None = None) -> dict[str, Any]:
-    """`saturation` from the columns it reads (rows in request-id order); `median_e2el_s` and
-    `fill_s`: the run's median and FILL_QUANTILE end-to-end latency (None: from the columns)."""
+                       finished: np.ndarray, median_e2el_s: float | None = None) -> dict[str, Any]:
+    """`saturation` from the columns it reads (rows in request-id order); `median_e2el_s`: the
+    run's median end-to-end latency (None: computed from the columns)."""
     arrival = arrival_s
     out: dict[str, Any] = {"saturation": "n/a", "offered_rate": None, "completed_rate_warm": None,
                            "queue_wait_slope": None, "in_system_slope": None, "still_filling": False}
@@ -658,9 +654,7 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
     finished_at = np.sort(finish[finished])
     in_system = np.arange(first, len(arrival)) - np.searchsorted(finished_at, t, side="right")
-    fill_s = quantiles.percentiles(finish_s[finished] - arrival_s[finished], (100 * FILL_QUANTILE,))[0] \
-        if fill_s is None and finished.any() else fill_s
-    n_slope = _in_system_slope(t, in_system.astype(np.float64), float(arrival[0]), fill_s, window)
+    n_slope = _in_system_slope(t, in_system.astype(np.float64), float(arrival[0]), median_e2el_s)
     return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)
 
 
@@ -680,21 +674,19 @@ def _verdict(out: dict[str, Any], offered: float, completed: float, slope: float
     return out
 
 
-def _in_system_slope(t: np.ndarray, count: np.ndarray, first_arrival_s: float, fill_s: float | None,
-                     window: float) -> float:
+def _in_system_slope(t: np.ndarray, count: np.ndarray, first_arrival_s: float, median_e2el_s: float | None) -> float:
     """Least-squares growth (per s) of the requests in the system, sampled at arrival times `t`,
-    over those at least `fill_s` after the first arrival (most of a steady engine's fill is over);
-    0 (no evidence: the queue alone judges) with fewer than two."""
-    if fill_s is None or len(t) < 2 or np.ptp(t) <= 0:
+    over those at least one median lifetime after the first arrival (most of a steady engine's fill
+    is over); 0 (no evidence: the queue alone judges) with fewer than two."""
+    if median_e2el_s is None:
         return 0.0
-    keep = t >= first_arrival_s + fill_s
+    keep = t >= first_arrival_s + median_e2el_s
     if keep.sum() < 2 or np.ptp(t[keep]) <= 0:
         return 0.0
     return float(np.polyfit(t[keep], count[keep], 1)[0])
 
 
-def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None,
-                        fill_s: float | None = None) -> dict[str, Any]:
+def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) -> dict[str, Any]:
     """`saturation` from block sums (rows not kept): the warm window starts at the first block
     of SATURATION_BLOCK arrivals at or after the warm-up share; requests never scheduled
     (rejected) are left out of the delay line."""
@@ -719,5 +711,5 @@ def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None,
     # requests in the system at each block's first arrival: the arrivals before it less the finishes
     block_t = starts[first_block:]
     in_system = (SATURATION_BLOCK * np.arange(first_block, len(starts)) - b.finish.count_le_many(block_t))
-    n_slope = _in_system_slope(block_t, in_system.astype(np.float64), float(starts[0]), fill_s, window)
+    n_slope = _in_system_slope(block_t, in_system.astype(np.float64), float(starts[0]), median_e2el_s)
     return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)

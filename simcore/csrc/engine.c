@@ -564,13 +564,19 @@ static int cache_blocks(kv_rep *e, kv_req *r) {
 }
 
 /* dense group of a prefix id (S-wide: every replica keys its cache the same) */
-/* pid_group's lookup alone: the group of a prefix id already seen, else -1 (nothing cached) */
-static long pid_find(const kv_engine *S, long pid) {
-    if (!S->pid_cap) return -1;
-    long key = pid + 1;
+/* the slot of prefix id `pid` in the open-addressed table (its own, or the empty one it would take) */
+static long pid_slot(const kv_engine *S, long pid) {
+    long key = pid + 1;  /* ids are >= 0 */
     unsigned long x = (unsigned long)key * 0x9E3779B97F4A7C15UL;
     long p = (long)(x % (unsigned long)S->pid_cap);
     while (S->pid_keys[p] && S->pid_keys[p] != key) p = (p + 1) % S->pid_cap;
+    return p;
+}
+
+/* pid_group's lookup alone: the group of a prefix id already seen, else -1 (nothing cached) */
+static long pid_find(const kv_engine *S, long pid) {
+    if (!S->pid_cap) return -1;
+    long p = pid_slot(S, pid);
     return S->pid_keys[p] ? S->pid_vals[p] : -1;
 }
 
@@ -588,11 +594,8 @@ static long pid_group(kv_engine *S, long pid) {
         }
         free(S->pid_keys); free(S->pid_vals); S->pid_keys = k; S->pid_vals = v; S->pid_cap = nc;
     }
-    long key = pid + 1;  /* ids are >= 0 */
-    unsigned long x = (unsigned long)key * 0x9E3779B97F4A7C15UL;
-    long p = (long)(x % (unsigned long)S->pid_cap);
-    while (S->pid_keys[p] && S->pid_keys[p] != key) p = (p + 1) % S->pid_cap;
-    if (!S->pid_keys[p]) { S->pid_keys[p] = key; S->pid_vals[p] = S->pid_n++; }
+    long p = pid_slot(S, pid);
+    if (!S->pid_keys[p]) { S->pid_keys[p] = pid + 1; S->pid_vals[p] = S->pid_n++; }
     return S->pid_vals[p];
 }
 
