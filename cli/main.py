@@ -13,6 +13,8 @@ during the imports of typer and the command (the first ~0.3 s).
 import sys
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+TERMINATED_EXIT = 143  # 128 + SIGTERM (kill, timeout, docker stop, a batch scheduler's end of job)
+_TERMINATED: list[bool] = []  # set once SIGTERM arrived: the interrupt below is that signal's
 _EXTRA_ARGS = {"allow_extra_args": True}
 # name -> (module, attribute, add_typer? , app.command keywords), in registration order (= `kvsim --help`'s)
 COMMANDS: dict[str, tuple[str, str, bool, dict]] = {
@@ -29,13 +31,32 @@ HELP = "Capacity-planning simulator for LLM serving: batching policies, paged KV
 
 
 def interrupted() -> None:
-    """Ctrl-C: one line on stderr, exit 130. Output that could not be flushed is dropped."""
+    """Ctrl-C: one line on stderr, exit 130 (SIGTERM: "terminated", 143). Output that could not be
+    flushed is dropped."""
     try:
-        sys.stderr.write("kvsim: interrupted\n")
+        sys.stderr.write("kvsim: terminated\n" if _TERMINATED else "kvsim: interrupted\n")
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 (stderr closed: the exit code still says it)
         pass
-    sys.exit(INTERRUPTED_EXIT)
+    sys.exit(TERMINATED_EXIT if _TERMINATED else INTERRUPTED_EXIT)
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM ends the command as a Ctrl-C does, through the same clean-up (an --out staging
+    folder, a sweep table's lock and unwritten table, a pool's workers); Python's default ended
+    the process on the spot, silently, and left them behind."""
+    for name in (__name__, "kvsim.cli.main"):  # (`python -m kvsim.cli.main`: this module twice, as __main__ too)
+        module = sys.modules.get(name)
+        if module is not None:
+            module._TERMINATED.append(True)
+    raise KeyboardInterrupt
+
+
+def _handle_sigterm() -> None:
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # one the parent set to ignore stays ignored
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _version() -> str:
@@ -109,8 +130,9 @@ def main() -> None:
     """The console script: `kvsim CMD ...` imports and registers CMD alone. Anything else (no
     command, a root option first such as `kvsim --help run`, an unknown name) gets every command,
     so the root's help and its "No such command ... Did you mean" list them all. A Ctrl-C at any
-    point, imports included, ends it with one line and exit code 130."""
+    point, imports included, ends it with one line and exit code 130; a SIGTERM likewise, 143."""
     try:
+        _handle_sigterm()
         command = sys.argv[1] if len(sys.argv) > 1 else None
         build_app([command] if command in COMMANDS else None)()
     except KeyboardInterrupt:

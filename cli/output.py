@@ -223,11 +223,12 @@ def _load_label(s: dict[str, Any]) -> str:
     return verdict
 
 
-def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> None:
+def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None, replaces: tuple[str, ...] = ()) -> None:
     """Write DataFrames, and mappings of numpy columns named *.csv, as CSV (the same bytes) and
     anything else as JSON, all files or none (reports.files); a callable content is called for
     its table only if the file was not streamed already into `staging` (a
-    `reports.files.Staging` opened before the run)."""
+    `reports.files.Staging` opened before the run). `replaces`: an earlier result's files that go
+    with this write though it does not write them (RUN_FAMILY)."""
     from kvsim.reports.files import write_csv, write_files
 
     def writer(content: Any):
@@ -247,9 +248,9 @@ def write_outputs(out_dir: Path, files: dict[str, Any], staging: Any = None) -> 
 
     writers = {name: writer(content) for name, content in files.items()}
     if staging is not None:
-        staging.commit(writers)
+        staging.commit(writers, replaces)
     else:
-        write_files(out_dir, writers)
+        write_files(out_dir, writers, replaces)
 
 
 def run_staging(out_dir: Path | None, names: tuple[str, ...] = ("requests.csv", "steps.csv", "summary.json")):
@@ -296,6 +297,11 @@ def stream_tables(staging: Any):
 
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
+# Every file some `kvsim run` writes into --out (a fleet's, a disaggregated or autoscaled run's page,
+# --find-max-rate's search): a run replaces an earlier run's, so that a fleet.html of seed 0 is not
+# left beside a one-GPU summary.json of seed 3
+RUN_FAMILY = (*RUN_FILES, "fleet.html", "disagg.html", "autoscale.png", "autoscale.html", "rates.csv",
+              "max_rate.json")
 
 
 def check_out_folder(out: Path | None, names: tuple[str, ...] = RUN_FILES, flag: str = "--out") -> Path | None:

@@ -46,6 +46,15 @@ def _list(flag: str, text: str | None, kind: type, default: list) -> list:
     return default if text is None else parse_list(flag, text, kind)
 
 
+def _quantizations(text: str | None, default: list) -> list:
+    """--quantization as a list, "none" (any case) the checkpoint's own (None); one spelled twice refused."""
+    from kvsim.reports.sweep import check_distinct
+
+    values = [None if q.lower() == "none" else q for q in _list("--quantization", text, str, default)]
+    check_distinct("--quantization", values, text or "")
+    return values
+
+
 def _bools(flag: str, text: str | None) -> list[bool] | None:
     if text is None:
         return None
@@ -55,6 +64,9 @@ def _bools(flag: str, text: str | None) -> list[bool] | None:
         if item.lower() not in words:
             raise ConfigError(f"{flag}: {item!r} is not on or off")
         values.append(words[item.lower()])
+    from kvsim.reports.sweep import check_distinct
+
+    check_distinct(flag, ["on" if v else "off" for v in values], text)  # "on,true": one candidate twice
     return values
 
 
@@ -155,6 +167,10 @@ def plan(
             raise ConfigError(f"--rate must be > 0 req/s, got {r:g}")
     models = [get_model(m) for m in _list("--model", model, str, [])]
     gpus = [get_gpu(g).name for g in _list("--gpu", gpu, str, list(GPUS))]
+    if gpu is not None:
+        from kvsim.reports.sweep import check_distinct
+
+        check_distinct("--gpu", gpus, gpu)  # a catalog name in two cases: one GPU searched twice
     from kvsim.cli.options import check_seed
 
     check_seed(seed)
@@ -214,7 +230,7 @@ def plan(
         max_num_seqs=_list("--max-num-seqs", max_num_seqs, int, []),
         enable_chunked_prefill=_bools("--chunked-prefill", chunked_prefill) or [],
         kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
-        quantization=[None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, [])],
+        quantization=_quantizations(quantization, []),
         pipeline_parallel_size=_list("--pp", pp, int, []),
         speculative_config=_speculative(speculative_config),
         **_tier_lists(router, kv_offloading_size),
@@ -359,7 +375,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     from kvsim.simcore.catalog import get_gpu
 
     kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
-    quants = [None if q.lower() == "none" else q for q in _list("--quantization", quantization, str, ["none"])]
+    quants = _quantizations(quantization, ["none"])
     cands = []
     for kv, q in itertools.product(kvs, quants):
         cands += pd_plan.candidates(models, [get_gpu(g) for g in gpus], _list("--tp", tp, int, [1, 2, 4, 8]), ratios,

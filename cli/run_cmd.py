@@ -69,6 +69,7 @@ from kvsim.cli.options import (
     workload_overrides,
 )
 from kvsim.cli.output import (
+    RUN_FAMILY,
     RUN_FILES,
     LiveProgress,
     check_out_folder,
@@ -257,6 +258,9 @@ def run(
     if router is not None and dp == 1 and not disagg and fleet is None and scaling is None:
         raise ConfigError("--router applies only with --data-parallel-size > 1 (or to the prefill pool of a "
                           "disaggregated run)")
+    if router is not None and disagg and prefill_replicas == 1:  # it was recorded as the prefill router, unused
+        raise ConfigError("--router applies to a disaggregated run's prefill pool only with --prefill-replicas > 1 "
+                          "(one prefill instance takes every request; the decode pool's router is least-loaded)")
     if router is not None:
         fields["router"] = router.value
     config = EngineConfig(
@@ -1013,7 +1017,7 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     elif "disagg" in result.record and out is not None:  # a disaggregated run: its page per pool
         files["disagg.html"] = lambda path: _disagg_html(document, result, path)
     if out is not None:
-        write_outputs(out, files, staging)
+        write_outputs(out, files, staging, RUN_FAMILY)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
     else:
@@ -1129,7 +1133,7 @@ def _find_max_rate(model_spec, gpu_spec, config, wl, prof, seed, slo, tolerance,
     if out is not None:
         import pandas as pd
 
-        write_outputs(out, {"rates.csv": pd.DataFrame(rows), "max_rate.json": document})
+        write_outputs(out, {"rates.csv": pd.DataFrame(rows), "max_rate.json": document}, replaces=RUN_FAMILY)
     if as_json:
         typer.echo(json.dumps(document, indent=2, default=str))
         return

@@ -75,7 +75,7 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
            pp=None, kv_cache_dtype=None, quantization=None) -> dict[str, list]:
     """The swept fields (SWEEPABLE names) -> values; tp is always a column (the models are
     plan_sweep's own argument)."""
-    from kvsim.reports.sweep import parse_list
+    from kvsim.reports.sweep import check_distinct, parse_list
 
     lists: dict[str, list] = {}
     if policy is not None:
@@ -100,12 +100,13 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
             lists[name] = parse_list(flag, text, kind)
     if quantization is not None:  # "none" is the unquantized checkpoint
         lists["quantization"] = [None if q.lower() == "none" else q for q in parse_list("--quantization", quantization, str)]
+        check_distinct("--quantization", lists["quantization"], quantization)
     return lists
 
 
 def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str, list]:
     """--router and --kv-offloading-size as swept lists ("0" or "none": no CPU tier)."""
-    from kvsim.reports.sweep import parse_list
+    from kvsim.reports.sweep import check_distinct, parse_list
     from kvsim.simcore.specs import ROUTERS
 
     lists: dict[str, list] = {}
@@ -120,6 +121,7 @@ def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str,
             lists["kv_offloading_size"] = [None if s.lower() in ("0", "none") else float(s) for s in sizes]
         except ValueError:
             raise ConfigError(f"--kv-offloading-size: give GiB numbers (or none), got {kv_offloading_size!r}") from None
+        check_distinct("--kv-offloading-size", lists["kv_offloading_size"], kv_offloading_size)
     return lists
 
 
@@ -228,6 +230,7 @@ def _records(frame) -> list[dict[str, Any]]:
 
 
 def sweep(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help=f"Catalog model(s) or Hugging Face config.json. {LIST_HELP}")] = "llama3-8b",
     gpu: Annotated[str, typer.Option(help=f"Catalog GPU: H100-SXM-80GB, H200-141GB, A100-80GB, A100-40GB. {LIST_HELP}")] = "H100-SXM-80GB",
     tp: Annotated[str | None, typer.Option("--tp", "--tensor-parallel-size", help=f"GPUs per replica. {LIST_HELP} [default: 1]")] = None,
@@ -288,6 +291,7 @@ def sweep(
     from kvsim.reports.sweep import (
         SWEEPABLE,
         add_slo,
+        check_distinct,
         parse_list,
         parse_zip,
         plan_sweep,
@@ -340,9 +344,12 @@ def sweep(
     check_out_file(out)  # before the work: a bad --out never costs the sweep
     model_specs = [get_model(m) for m in parse_list("--model", model, str)]
     gpu_specs = [get_gpu(g) for g in lists.pop("gpu")]
+    check_distinct("--gpu", [g.name for g in gpu_specs], gpu)  # a catalog name in two cases: one GPU
     zipped = parse_zip(zip_, {**lists, "gpu": gpu_specs, "model": model_specs})
     for model_spec in model_specs:
         check_common(seed, max_model_len, model_spec)
+    if seeds is not None and ctx.get_parameter_source("seed").name != "DEFAULT":  # it was dropped without a word
+        raise ConfigError("give --seed or --seeds, not both (--seeds lists every seed; --seed starts --repeats)")
     seed_list = parse_seeds(seeds, repeats, seed)
     base = EngineConfig(**fields)
     from kvsim.simcore.config import check_numbers

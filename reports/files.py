@@ -300,12 +300,12 @@ def write_file(path: Path, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def write_files(out_dir: Path, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
+def write_files(out_dir: Path, writers: dict[str, Callable[[Path], None]], replaces: Iterable[str] = ()) -> list[Path]:
     """Call each writer on a path in a new sibling folder, carry over the other entries of the old
-    folder, then swap the new folder in with one rename. On any failure the old folder is left
-    exactly as it was and the new one is removed."""
+    folder (but those named in `replaces`), then swap the new folder in with one rename. On any
+    failure the old folder is left exactly as it was and the new one is removed."""
     with Staging(out_dir, writers) as staging:
-        return staging.commit(writers)
+        return staging.commit(writers, replaces)
 
 
 def csv_cells(values: Any, quote: bool = True) -> list[Any]:
@@ -414,8 +414,10 @@ class Staging:
         except OSError as exc:
             raise KvsimError(f"cannot write to {self.out_dir}: {_why(exc)}; nothing was written") from None
 
-    def commit(self, writers: dict[str, Callable[[Path], None]]) -> list[Path]:
-        """Write the files not streamed yet, then swap the folder in (see `write_files`)."""
+    def commit(self, writers: dict[str, Callable[[Path], None]], replaces: Iterable[str] = ()) -> list[Path]:
+        """Write the files not streamed yet, then swap the folder in (see `write_files`); the old
+        folder's entries named in `replaces` (an earlier result's files this one does not write)
+        are not carried over."""
         target, staging = self.target, self.path
         moved: list[str] = []
         names = set(writers) | self.written
@@ -423,7 +425,7 @@ class Staging:
             for name, write in writers.items():
                 if name not in self.written:
                     write(staging / name)
-            moved = _carry_over(target, staging, names)
+            moved = _carry_over(target, staging, names | set(replaces))
             _swap(staging, target)
             self.committed = True
         except OSError as exc:

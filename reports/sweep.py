@@ -89,6 +89,14 @@ def parse_list(flag: str, text: str, kind: type) -> list:
     return values
 
 
+def check_distinct(flag: str, values: Sequence[Any], text: str) -> None:
+    """Values read from a list (`text`) that are one value spelled twice ("0,none", "4,4.0", "on,true",
+    a GPU in two cases) would run the same point twice under two labels: refused as parse_list does."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise ConfigError(f"{flag}: {'none' if value is None else value} is listed twice (in {_shown(text)})")
+
+
 def expand_grid(lists: dict[str, Sequence[Any]], zipped: Sequence[Sequence[str]] = ()) -> list[dict[str, Any]]:
     """Every combination of the listed values, the first field varying slowest. Each group in
     `zipped` (e.g. ("model", "tensor_parallel_size")) varies together, value i with value i, at

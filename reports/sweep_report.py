@@ -128,7 +128,7 @@ def _context(rows: pd.DataFrame) -> dict[str, Any]:
         "model": values("model"), "workload": values("workload"), "num_requests": values("num_requests"),
         "seeds": sorted(int(s) for s in pd.unique(rows["seed"])), "kvsim_versions": values("kvsim_version"),
         "engine_versions": values("engine_version"), "usage_contexts": values("usage_context"),
-        "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {r.profile_sha256[:12]}"
+        "profiles": sorted({f"{r.gpu} TP {r.tensor_parallel_size}: {r.profile_source} sha256 {str(r.profile_sha256)[:12]}"
                             for r in profiles.itertuples()}),
         "rate_unit": values("rate_unit") or "req/s",
         "num_points": len(rows), "wall_s": float(rows["wall_s"].sum()) if "wall_s" in rows.columns else None,

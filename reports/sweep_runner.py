@@ -187,6 +187,7 @@ def _worker_init(parent_pid: int) -> None:
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler (cli.main) is for the parent: stop_workers
     try:
         import ctypes
 
@@ -365,6 +366,9 @@ def parse_seeds(seeds: str | None, repeats: int | None, seed: int) -> list[int]:
     if repeats is not None:
         if not 1 <= repeats <= MAX_REPEATS:
             raise ConfigError(f"--repeats must be from 1 to {MAX_REPEATS:,}, got {repeats}")
+        if seed + repeats - 1 > 2**53:  # as cli.options.MAX_SEED: tables read seeds back through float64
+            raise ConfigError(f"--seed {seed} --repeats {repeats} runs seeds up to {seed + repeats - 1:,}; seeds are "
+                              f"integers up to {2**53:,}")
         return [seed + k for k in range(repeats)]
     if seeds is None:
         return [seed]

@@ -308,8 +308,13 @@ NUMERIC_COLUMNS = (
     "point", "seed", "block_size", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size",
     "data_parallel_size", "pipeline_parallel_size", "rate", "concurrency", "gpus", "kv_cache_tokens",
     "output_throughput", "median_ttft_ms", "p95_ttft_ms", "median_tpot_ms", "p95_tpot_ms", "kv_waste_rate",
-    "num_preemptions", "slo_ttft_p95_ms", "slo_tpot_p95_ms",
+    "num_preemptions", "slo_ttft_p95_ms", "slo_tpot_p95_ms", "wall_s",
 )
+# The engine options every point records (the heatmaps' axes): a cell there is never empty.
+REQUIRED_COLUMNS = ("point", "seed", "block_size", "gpu_memory_utilization", "max_num_seqs", "tensor_parallel_size",
+                    "data_parallel_size", "pipeline_parallel_size")
+# The largest seed: cli.options.MAX_SEED (seeds go through float64 here, exact up to 2**53).
+MAX_TABLE_SEED = 2**53
 
 
 # a cell's largest magnitude: past any rate, count or latency a run records (spans end at 1e9 s = 1e12 ms)
@@ -324,35 +329,39 @@ def _numeric(name: str) -> bool:
     return base in NUMERIC_COLUMNS or bool(_PERCENTILE_COLUMN.fullmatch(base))
 
 
-def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str = "") -> None:
+def check_rows(path: Path, header: list[str], rows: list[list[str]], prefix: str = "", where_name: str = "line",
+               first: int = 2) -> None:
     """A table edited or cut short by hand is refused with its line named, before any work: a
     column named twice, a row with more or fewer cells than the header, a point or seed that is
-    not a whole number, or text where the reports need a number."""
+    not a whole number, an engine option left empty, or text where the reports need a number.
+    `where_name` / `first`: how a row is named (a CSV's line 2, a Parquet table's row 1)."""
     seen: set[str] = set()
     for name in header:
         if name in seen:
             raise ConfigError(f"{prefix}{path}: column {name!r} is given twice")
         seen.add(name)
     where = {name: i for i, name in enumerate(header) if _numeric(name)}
-    for number, row in enumerate(rows, start=2):
+    for number, row in enumerate(rows, start=first):
         if len(row) != len(header):
-            raise ConfigError(f"{prefix}{path}, line {number}: {len(row)} cells, the header has {len(header)} "
-                              "(a table cut short or edited?)")
+            raise ConfigError(f"{prefix}{path}, {where_name} {number}: {len(row)} cells, the header has "
+                              f"{len(header)} (a table cut short or edited?)")
         for name, i in where.items():
             cell = row[i].strip()
-            if not cell and name not in ("point", "seed"):
+            required = name in REQUIRED_COLUMNS
+            if not cell and not required:
                 continue
             try:
                 value = float(cell)
             except ValueError:
                 value = math.nan
             whole = name not in ("point", "seed") or (math.isfinite(value) and value.is_integer() and value >= 0)
+            high = MAX_TABLE_SEED if name == "seed" else MAX_CELL
             # NaN is written for a metric with no value; a negative, an infinity or a number past MAX_CELL no
             # run writes (rates, sizes, latencies, counts: the figures raised on them after the table was read)
-            if not whole or (cell.lower() != "nan" if math.isnan(value) else not 0 <= value <= MAX_CELL):
-                kind = "a whole number >= 0" if name in ("point", "seed") else f"a number from 0 to {MAX_CELL:g}"
+            if not whole or (cell.lower() != "nan" or required if math.isnan(value) else not 0 <= value <= high):
+                kind = "a whole number >= 0" if name in ("point", "seed") else f"a number from 0 to {high:g}"
                 shown = cell if len(cell) <= 40 else cell[:37] + "..."
-                raise ConfigError(f"{prefix}{path}, line {number}: {name} is {shown!r}, expected {kind}")
+                raise ConfigError(f"{prefix}{path}, {where_name} {number}: {name} is {shown!r}, expected {kind}")
 
 
 def _missing(value: Any) -> bool:
@@ -376,6 +385,13 @@ def _read_parquet(path: Path, prefix: str = "") -> pd.DataFrame:
         raise ConfigError(f"{prefix}{path}: not a readable Parquet table ({str(exc).splitlines()[0][:200]})") from None
     if not {"point", "point_id", "seed", "sweep_id"} <= set(frame.columns):
         raise ConfigError(f"{prefix}{path}: not a kvsim sweep table (no point / point_id / seed / sweep_id columns)")
+    # the cells a CSV table's are checked as (a negative, infinite or text metric drew nonsense or raised)
+    header = [str(c) for c in frame.columns]
+    check_rows(path, header, [[_cell(v.item() if hasattr(v, "item") else v) for v in row]
+                              for row in frame.itertuples(index=False, name=None)], prefix, "row", 1)
+    for name in header:  # numbers stored as text (a cell of "4"): numbers, as a CSV table reads them
+        if _numeric(name) and not pd.api.types.is_numeric_dtype(frame[name]):
+            frame[name] = pd.to_numeric(frame[name])
     return frame
 
 

@@ -39,6 +39,10 @@ MAX_NUM_GPUS = 200_000
 # Every count is used in float64 arithmetic somewhere (memory, rates), exact only up to 2**53; a
 # 400-digit integer would overflow float() itself (OverflowError, not a message).
 MAX_OPTION_INT = 2**53
+# A static batch's longest wait: the simulated clock's span limit (workloads.arrivals.MAX_SPAN_S, 1e9 s,
+# where a float64 clock of seconds still resolves microseconds). 1e308 ran, and printed a 309-digit
+# duration with an infinite TTFT.
+MAX_BATCH_TIMEOUT_S = 1e9
 
 
 def _short(value: Any) -> str:
@@ -86,6 +90,9 @@ def check_numbers(config: EngineConfig) -> None:
         value = getattr(config, name)
         if not _is_number(value) or value < 0:
             raise ConfigError(f"{_flag(name)} must be a finite number >= 0, got {value!r}")
+    if config.batch_timeout_s > MAX_BATCH_TIMEOUT_S:
+        raise ConfigError(f"--batch-timeout-s must be at most {MAX_BATCH_TIMEOUT_S:g} s (where a float64 clock still "
+                          f"resolves microseconds), got {config.batch_timeout_s:g}")
     if config.swap_space > MAX_SWAP_SPACE_GIB:
         raise ConfigError(
             f"--swap-space {config.swap_space:g} GiB per GPU is more than vLLM allows on a "

@@ -17,6 +17,34 @@ if TYPE_CHECKING:
 GIB = 1024**3
 
 
+_BOOL_FIELDS = ("enable_chunked_prefill", "enable_prefix_caching", "enable_expert_parallel")
+_NUMBER_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "swap_space",
+                  "kv_offloading_size", "max_model_len", "tensor_parallel_size", "max_batch_size", "batch_timeout_s",
+                  "num_gpu_blocks_override", "data_parallel_size", "pipeline_parallel_size")
+_TEXT_FIELDS = ("preemption_mode", "policy", "allocator", "reservation", "router", "kv_cache_dtype", "quantization",
+                "engine_version")
+
+
+def _check_types(config: Any) -> None:
+    """An EngineConfig built in Python with a value of the wrong type ("0.9", "no", 1 for a name) is a
+    ConfigError naming the option, as the CLI's would be: it raised TypeError or ValueError from a
+    comparison, or ran ("no" is truthy)."""
+    from numbers import Real
+
+    for name in (*_BOOL_FIELDS, *_NUMBER_FIELDS, *_TEXT_FIELDS):
+        value = getattr(config, name)
+        if name in _BOOL_FIELDS:
+            ok, kind = isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b", \
+                "true or false"
+        elif name in _NUMBER_FIELDS:
+            ok, kind = value is None or (isinstance(value, Real) and not isinstance(value, bool)), "a number"
+        else:
+            ok, kind = value is None or isinstance(value, str), "a name"
+        if not ok:
+            text = repr(value)
+            raise ConfigError(f"--{name.replace('_', '-')} must be {kind}, got {text if len(text) <= 40 else text[:37] + '...'}")
+
+
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -351,6 +379,7 @@ class EngineConfig:
     engine_version: str = DEFAULT_ENGINE_VERSION  # the vLLM version a continuous step's host cost models
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.speculative_config is not None:
             from kvsim.simcore.speculative import SpeculativeConfig
 

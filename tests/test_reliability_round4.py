@@ -241,7 +241,7 @@ def test_resume_parquet_with_a_bad_cell(tmp_path, monkeypatch):
     frame.to_parquet("x.parquet")
     before = (tmp_path / "x.parquet").read_bytes()
     result = invoke(*sweep, "--resume")
-    assert_one_line_error(result, "x.parquet (its rows as CSV)", "seed")
+    assert_one_line_error(result, "x.parquet, row 1: seed", "expected a whole number")  # (round 8: its row named)
     assert ".x.parquet.rows.csv" not in result.stderr
     assert entries(tmp_path) == ["x.parquet"] and (tmp_path / "x.parquet").read_bytes() == before
 

@@ -1,0 +1,249 @@
+"""Reliability, round 8: an adversarial pass over sweep tables read back (Parquet cells, seeds,
+hand-edited columns), options that repeat one value or drop another, SIGTERM, numbers accepted
+but meaningless, and the Python API's EngineConfig. Each test is named after the case it found;
+a bad input ends in one line on stderr and a non-zero exit before any work, with nothing written.
+Same style as test_reliability_round7."""
+
+from __future__ import annotations
+
+import csv
+import math
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_one_line_error, invoke_cli
+from tests.test_reliability_round3 import alive, children_of, entries, kvsim_process, wait_for
+
+TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "32", "--output-len", "4", "--no-error-bars"]
+SWEEP = ["sweep", "--num-requests", "5", "--input-len", "32", "--output-len", "4", "--jobs", "1"]
+
+invoke = invoke_cli
+
+
+# --- sweep tables read back -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parquet_sweep(tmp_path_factory):
+    pytest.importorskip("pyarrow")
+    table = tmp_path_factory.mktemp("pq") / "s.parquet"
+    result = invoke(*SWEEP, "--rate", "1,2", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    return table
+
+
+def _edit_parquet(src: Path, dst: Path, column: str, values) -> Path:
+    import pandas as pd
+
+    frame = pd.read_parquet(src)
+    frame[column] = values
+    frame.to_parquet(dst, index=False)
+    return dst
+
+
+@pytest.mark.parametrize("column, values, needle", [
+    ("p95_ttft_ms", [-5.0, -5.0], "row 1: p95_ttft_ms is '-5.0'"),
+    ("p95_ttft_ms", [math.inf, 1.0], "row 1: p95_ttft_ms is 'inf'"),
+    ("p95_ttft_ms", ["abc", "abc"], "row 1: p95_ttft_ms is 'abc'"),
+    ("output_throughput", [1.0, 1e308], "row 2: output_throughput is '1e+308'"),
+    ("point", [math.nan, 1.0], "row 1: point is ''"),
+    ("seed", [-1, -1], "row 1: seed is '-1'"),
+    ("rate", [True, False], "row 1: rate is 'True'"),
+], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_report_sweep_checks_a_parquet_tables_cells_as_a_csv_tables(parquet_sweep, tmp_path, column, values, needle):
+    """`report sweep x.parquet`: a Parquet table's cells were never checked (only a CSV table's
+    were, round 7): an infinite or 1e308 metric ended in matplotlib's "Axis limits cannot be NaN or
+    Inf" / numpy's "arange: cannot compute length" tracebacks; a negative latency, a text metric,
+    an empty point or a negative seed drew a page. One line naming the row and column now."""
+    table = _edit_parquet(parquet_sweep, tmp_path / "t.parquet", column, values)
+    out = tmp_path / "r"
+    assert_one_line_error(invoke("report", "sweep", str(table), "--out", str(out)), f"t.parquet, {needle}")
+    assert not out.exists()
+
+
+def test_report_sweep_reads_numbers_a_parquet_table_stores_as_text(parquet_sweep, tmp_path):
+    table = _edit_parquet(parquet_sweep, tmp_path / "t.parquet", "gpus", ["1", "1"])
+    result = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_sweep_seeded_past_1e15_is_read_back(tmp_path, suffix):
+    """Seeds up to 2**53 are allowed, but the table check took seeds only up to 1e15: `sweep
+    --seed 2000000000000000 --out x.parquet` ran every point and then failed on its own journal
+    (".x.parquet.rows.csv, line 2: seed is ...", the journal left behind, no table); as a CSV
+    table, `report sweep` and `--resume` refused it."""
+    pytest.importorskip("pyarrow")
+    table = tmp_path / f"x{suffix}"
+    result = invoke(*SWEEP, "--seed", "2000000000000000", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    assert entries(tmp_path) == [table.name]
+    report = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
+    assert report.exit_code == 0, report.stderr
+    again = invoke(*SWEEP, "--seed", "2000000000000000", "--out", str(table), "--resume")
+    assert again.exit_code == 0, again.stderr
+
+
+def test_repeats_past_the_largest_seed_are_refused():
+    """`--seed 2**53 --repeats 2` ran seed 2**53 + 1, past what the table reads back exactly."""
+    assert_one_line_error(invoke(*SWEEP, "--seed", str(2**53), "--repeats", "2"), "--repeats 2",
+                          "integers up to 9,007,199,254,740,992")
+
+
+def _edited_csv(src: Path, dst: Path, column: str, value: str) -> Path:
+    rows = list(csv.reader(src.open()))
+    i = rows[0].index(column)
+    for row in rows[1:]:
+        row[i] = value
+    with dst.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def csv_sweep(tmp_path_factory):
+    table = tmp_path_factory.mktemp("csv") / "s.csv"
+    result = invoke(*SWEEP, "--rate", "1,2", "--block-size", "16,32", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    return table
+
+
+@pytest.mark.parametrize("column, value, needle", [
+    ("wall_s", "abc", "wall_s is 'abc'"),
+    ("wall_s", "-1", "wall_s is '-1'"),
+    ("gpu_memory_utilization", "nan", "gpu_memory_utilization is 'nan'"),
+    ("block_size", "", "block_size is ''"),
+])
+def test_report_sweep_refuses_a_hand_edited_wall_time_or_engine_option(csv_sweep, tmp_path, column, value, needle):
+    """wall_s "abc" ended in "could not convert string to float: 'abcabcabcabc'" (a traceback), -1 or
+    1e308 printed a negative or infinite sweep time; an empty block size or a NaN memory share drew
+    heatmaps with a NaN axis and matplotlib's warnings on stderr."""
+    table = _edited_csv(csv_sweep, tmp_path / "t.csv", column, value)
+    out = tmp_path / "r"
+    assert_one_line_error(invoke("report", "sweep", str(table), "--out", str(out)), f"line 2: {needle}")
+    assert not out.exists()
+
+
+def test_report_sweep_names_a_profile_hash_edited_into_a_number(csv_sweep, tmp_path):
+    """profile_sha256 1e308 (a hash that is all digits reads as a number too): TypeError "'float'
+    object is not subscriptable" while the page named the profiles."""
+    table = _edited_csv(csv_sweep, tmp_path / "t.csv", "profile_sha256", "1e308")
+    result = invoke("report", "sweep", str(table), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 0, result.stderr
+    assert "sha256 1e+308" in (tmp_path / "r" / "sweep-report.html").read_text()
+
+
+# --- options that repeat one value, or drop one -----------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sweep", "--kv-offloading-size", "0,none"], "--kv-offloading-size: none is listed twice"),
+    (["sweep", "--kv-offloading-size", "4,4.0"], "--kv-offloading-size: 4.0 is listed twice"),
+    (["sweep", "--quantization", "none,None"], "--quantization: none is listed twice"),
+    (["sweep", "--gpu", "H100-SXM-80GB,h100-sxm-80gb"], "--gpu: H100-SXM-80GB is listed twice"),
+    (["plan", "--rate", "2", "--chunked-prefill", "on,true"], "--chunked-prefill: on is listed twice"),
+    (["plan", "--rate", "2", "--quantization", "none,NONE"], "--quantization: none is listed twice"),
+    (["plan", "--rate", "2", "--gpu", "H100-SXM-80GB,h100-sxm-80gb"], "--gpu: H100-SXM-80GB is listed twice"),
+    (["plan", "--rate", "2", "--kv-offloading-size", "0,none"], "--kv-offloading-size: none is listed twice"),
+], ids=lambda v: " ".join(v[-2:]) if isinstance(v, list) else None)
+def test_one_value_spelled_twice_in_a_list_is_refused(args, needle, tmp_path, monkeypatch):
+    """parse_list refused "16,016", but a value spelled two ways ("0,none", "4,4.0", "on,true", a GPU
+    in two cases) ran every point twice under two labels (the sweep's table, the plan's candidates)."""
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke(*args, "--num-requests" if args[0] == "sweep" else "--search-requests", "50"),
+                          needle)
+    assert entries(tmp_path) == []
+
+
+def test_sweep_refuses_seed_with_seeds():
+    """`sweep --seed 5 --seeds 0,1` ran seeds 0 and 1: --seed was dropped without a word."""
+    assert_one_line_error(invoke(*SWEEP, "--seed", "5", "--seeds", "0,1"), "give --seed or --seeds, not both")
+
+
+def test_router_with_one_prefill_instance_is_refused():
+    """`run --prefill-replicas 1 --decode-replicas 2 --router round-robin`: recorded prefill_router
+    round-robin over one prefill instance (nothing to route), as --router at --dp 1 is refused."""
+    result = invoke("run", *TINY, "--prefill-replicas", "1", "--decode-replicas", "2", "--router", "round-robin")
+    assert_one_line_error(result, "--router applies to a disaggregated run's prefill pool only with --prefill-replicas > 1")
+
+
+# --- --out folders ----------------------------------------------------------------------------
+
+
+def test_a_run_replaces_an_earlier_runs_pages_in_its_out_folder(tmp_path):
+    """`run --fleet ... --out o`, then `run --seed 3 --out o`: o kept the fleet's fleet.html (seed 0,
+    two GPU groups) beside the new one-GPU summary.json of seed 3, two runs' results in one folder;
+    `--find-max-rate --out o` after it kept both runs' tables beside its search. A run's folder
+    now holds that run's files (and the user's own, carried over)."""
+    out = tmp_path / "o"
+    result = invoke("run", *TINY, "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    (out / "notes.txt").write_text("mine")
+    assert invoke("run", *TINY, "--seed", "3", "--out", str(out)).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "requests.csv", "steps.csv", "summary.json"]
+    assert invoke("run", *TINY, "--find-max-rate", "--out", str(out)).exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["max_rate.json", "notes.txt", "rates.csv"]
+
+
+# --- numbers accepted but meaningless ---------------------------------------------------------
+
+
+def test_a_static_batch_timeout_past_the_clocks_span_is_refused():
+    """`run --policy static --batch-timeout-s 1e308`: ran, and printed a 309-digit duration, an
+    infinite TTFT and numpy overflow warnings."""
+    for command in (["run", *TINY], [*SWEEP, "--rate", "1,2"]):
+        assert_one_line_error(invoke(*command, "--policy", "static", "--batch-timeout-s", "1e308"),
+                              "--batch-timeout-s must be at most 1e+09 s")
+
+
+def test_engine_config_of_wrong_types_is_a_config_error():
+    """The Python API: EngineConfig(gpu_memory_utilization="0.9") raised TypeError, ("no" for
+    enable_chunked_prefill) ValueError deep in the engine, and block_size=True ran as 1."""
+    from kvsim.simcore import ConfigError, EngineConfig
+
+    for field, value, needle in (("gpu_memory_utilization", "0.9", "must be a number"),
+                                 ("enable_chunked_prefill", "no", "must be true or false"),
+                                 ("enable_prefix_caching", 0, "must be true or false"),
+                                 ("block_size", True, "must be a number"), ("max_num_seqs", "8", "must be a number"),
+                                 ("policy", 1, "must be a name")):
+        with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} {needle}"):
+            EngineConfig(**{field: value})
+    import numpy as np
+
+    assert EngineConfig(enable_chunked_prefill=np.bool_(False)).enable_chunked_prefill == np.bool_(False)
+
+
+# --- SIGTERM ----------------------------------------------------------------------------------
+
+
+def test_sigterm_of_run_out_new_leaves_nothing(tmp_path):
+    """SIGTERM (kill, timeout, docker stop) of `run --out NEW`: Python's default ended it on the
+    spot, silently, and left the staging folder `.NEW.kvsim-*`. Now it ends as a Ctrl-C does:
+    one line, exit 143, nothing left."""
+    proc = kvsim_process("run", "--num-requests", "2000000", "--rate", "500", "--out", str(tmp_path / "NEW"),
+                         cwd=tmp_path)
+    wait_for(lambda: any(p.name.startswith(".NEW.kvsim-") for p in tmp_path.iterdir()), 60, "the staging folder")
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err.endswith("kvsim: terminated\n") and "Traceback" not in err, err
+    assert entries(tmp_path) == []
+
+
+def test_sigterm_of_a_sweep_ends_its_workers_and_leaves_no_table(tmp_path):
+    """SIGTERM of `sweep --jobs 2 --out s.csv` before any point finished: no line, an empty s.csv
+    and the lock file `.s.csv.lock` left behind. Now one line, exit 143, the workers ended, nothing left."""
+    proc = kvsim_process("sweep", "--rate", "100,200", "--num-requests", "2000000", "--jobs", "2",
+                         "--out", "s.csv", cwd=tmp_path)
+    wait_for(lambda: len(children_of(proc.pid)) >= 2, 60, "the workers")
+    workers = children_of(proc.pid)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.endswith("kvsim: terminated\n") and "Traceback" not in err, err
+    wait_for(lambda: not any(alive(pid) for pid in workers), 10, "the workers to end")
+    assert entries(tmp_path) == []
