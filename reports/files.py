@@ -274,8 +274,11 @@ def remove_made(made: list[Path]) -> None:
 
 
 def write_file(path: Path, write: Callable[[Path], None]) -> Path:
-    """Write one file through a temporary sibling and `os.replace` (atomic on POSIX)."""
+    """Write one file through a temporary sibling and `os.replace` (atomic on POSIX); a symlink is
+    written through, as `>` would (the replace had put a file in place of the link)."""
     target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     made = missing_parents(target.parent)
     tmp = _fresh_name(target.parent, _staging_prefix(target.name))
     done = False

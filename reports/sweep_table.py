@@ -75,6 +75,8 @@ class SweepTable:
             raise ConfigError(f"--out {path}: give a .csv or .parquet file")
         if suffix == ".parquet" and not has_pyarrow():
             raise ConfigError(f"--out {path}: writing Parquet needs pyarrow (pip install pyarrow), or give a .csv file")
+        if path.is_symlink():  # the table goes where the link points, as `>` writes through it; the link stays
+            path = Path(os.path.realpath(path))  # (the rows went through it and the finished table over it)
         self.target = path
         self.parquet = suffix == ".parquet"
         self.path = path.with_name(f".{path.name}.rows.csv") if self.parquet else path
@@ -319,7 +321,8 @@ MAX_TABLE_SEED = 2**53
 
 # a cell's largest magnitude: past any rate, count or latency a run records (spans end at 1e9 s = 1e12 ms)
 MAX_CELL = 1e15
-_PERCENTILE_COLUMN = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
+# vLLM's percentile spelling (simcore.metrics.p_word: str of a float), so "p1e-07" for --slo ttft:p0.0000001
+_PERCENTILE_COLUMN = re.compile(r"p\d+(\.\d+)?(e[+-]?\d+)?_(ttft|tpot|itl|e2el)_ms")
 
 
 def _numeric(name: str) -> bool:

@@ -136,6 +136,33 @@ def test_report_sweep_names_a_profile_hash_edited_into_a_number(csv_sweep, tmp_p
     assert "sha256 1e+308" in (tmp_path / "r" / "sweep-report.html").read_text()
 
 
+def test_report_sweep_checks_the_column_of_a_percentile_written_with_an_exponent(tmp_path):
+    """`sweep --slo ttft:p0.0000001:100` adds the column p1e-07_ttft_ms (vLLM's spelling, str of the
+    float), which the table check's pattern (p99, p99.9) missed: "abc" there was read as a value
+    and the page said "No point meets the SLO"."""
+    table = tmp_path / "s.csv"
+    result = invoke(*SWEEP, "--rate", "1,2", "--slo", "ttft:p0.0000001:100", "--out", str(table))
+    assert result.exit_code == 0, result.stderr
+    edited = _edited_csv(table, tmp_path / "t.csv", "p1e-07_ttft_ms", "abc")
+    assert_one_line_error(invoke("report", "sweep", str(edited), "--out", str(tmp_path / "r")),
+                          "line 2: p1e-07_ttft_ms is 'abc'")
+
+
+def test_a_sweep_table_or_plot_behind_a_symlink_is_written_through_it(tmp_path):
+    """`sweep --out link.csv`, link.csv -> real/s.csv: the table was opened through the link (an empty
+    real/s.csv) and then renamed over the link itself, so the file the link names stayed empty and
+    the link was gone. Written through the link now, as `>` writes (and `workloads show --plot`)."""
+    (tmp_path / "real").mkdir()
+    for name, target in (("link.csv", "s.csv"), ("link.png", "p.png")):
+        (tmp_path / name).symlink_to(Path("real") / target)
+    result = invoke(*SWEEP, "--rate", "1,2", "--out", str(tmp_path / "link.csv"))
+    assert result.exit_code == 0, result.stderr
+    assert invoke("workloads", "show", "sharegpt", "--plot", str(tmp_path / "link.png")).exit_code == 0
+    assert (tmp_path / "link.csv").is_symlink() and (tmp_path / "link.png").is_symlink()
+    assert len((tmp_path / "real" / "s.csv").read_text().splitlines()) == 3
+    assert (tmp_path / "real" / "p.png").stat().st_size > 0
+
+
 # --- options that repeat one value, or drop one -----------------------------------------------
 
 
