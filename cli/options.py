@@ -283,3 +283,13 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
              else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
     raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "
                       f"step holds at most {bound}; every request would be rejected")
+
+
+def check_router_workload(routers: str | list[str] | None, wl: Any) -> None:
+    """session-affinity keeps a conversation's turns on one replica (simcore.router); a workload
+    without sessions has none, and every request went least-loaded under the session-affinity name."""
+    if routers is None:
+        return
+    if "session-affinity" in ([routers] if isinstance(routers, str) else routers) and not getattr(wl, "is_session", False):
+        raise ConfigError(f"--router session-affinity routes the turns of a session; workload {wl.name} has no "
+                          "sessions, so every request would go least-loaded (give a session workload, or another router)")

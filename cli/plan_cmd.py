@@ -46,6 +46,11 @@ def _list(flag: str, text: str | None, kind: type, default: list) -> list:
     return default if text is None else parse_list(flag, text, kind)
 
 
+def _routers(text: str | None) -> list[str] | None:
+    """--router as a list (None: not given)."""
+    return None if text is None else _list("--router", text, str, [])
+
+
 def _quantizations(text: str | None, default: list) -> list:
     """--quantization as a list, "none" (any case) the checkpoint's own (None); one spelled twice refused."""
     from kvsim.reports.sweep import check_distinct
@@ -256,6 +261,9 @@ def plan(
                  "input_len": input_len, "output_len": output_len, "burstiness": burstiness}
     spec = _workload(load_workload, workload, overrides, max_len)
     _check_trace_prompts(spec, max_len, as_json)
+    from kvsim.cli.options import check_router_workload
+
+    check_router_workload(_routers(router), spec)
     if disagg != "off" and getattr(spec, "is_session", False):
         raise ConfigError(f"--disagg {disagg} does not plan session workloads ({spec.name}) yet: plan them "
                           "aggregated (--disagg off)")

@@ -61,6 +61,7 @@ from kvsim.cli.options import (
     batch_default_fields,
     check_common,
     check_inputs_kept,
+    check_router_workload,
     check_sample_width,
     check_slos,
     engine_options,
@@ -337,6 +338,7 @@ def run(
     wl = load_workload(workload, overrides, max_model_len=config.resolved_max_model_len(model_spec), base=base)
     if not disagg:  # a request no step can hold: refused before the run (a disaggregated run: its pools)
         check_sample_width(wl, resolved, {"--n": n, "--beam-width": beam_width})
+    check_router_workload(router.value if router is not None else None, wl)
     result_file = None
     if save_result:
         result_file = _result_target(wl, model_spec, result_dir, result_filename, dp)
@@ -365,6 +367,14 @@ def run(
                  (*RUN_FILES, "fleet.html") if fleet is not None else
                  (*RUN_FILES, "disagg.html") if disagg else RUN_FILES)
     check_inputs_kept(out, [workload, profile, model, dataset_path], out_files)
+    if result_file is not None and out is not None:  # the folder's file replaced the result, said "Wrote" both
+        import os
+
+        clash = next((name for name in out_files if os.path.realpath(Path(out).expanduser() / name)
+                      == os.path.realpath(result_file)), None)
+        if clash is not None:
+            raise ConfigError(f"--save-result {result_file}: --out {out} writes its own {clash} there; give another "
+                              "--result-filename or --result-dir")
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
         if engine_core is not EngineCore.auto:

@@ -375,6 +375,9 @@ def sweep(
          **({"error_bars": BAND_INTERVAL} if error_bars else {})}, zipped,
         batch_defaults=(fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None,
     )
+    from kvsim.cli.options import check_router_workload
+
+    check_router_workload(lists.get("router"), plan.points[0].workload)
     for point in plan.points:  # a request no step can hold: refused before any point runs
         if not point.does_not_fit and point.resolved is not None:
             check_sample_width(point.workload, point.resolved, {"--n": n, "--beam-width": beam_width})

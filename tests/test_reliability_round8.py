@@ -215,6 +215,30 @@ def test_a_run_replaces_an_earlier_runs_pages_in_its_out_folder(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["max_rate.json", "notes.txt", "rates.csv"]
 
 
+def test_session_affinity_on_a_workload_without_sessions_is_refused():
+    """`run --dp 2 --router session-affinity` on sharegpt: recorded router session-affinity, and every
+    request went least-loaded (simcore.router pins only a session's turns): the figures were, to the
+    bit, least-loaded's. Refused for run and sweep; a session workload still takes it."""
+    args = ["--num-requests", "5", "--dp", "2", "--router"]
+    needle = "--router session-affinity routes the turns of a session; workload sharegpt has no sessions"
+    assert_one_line_error(invoke("run", *TINY, *args, "session-affinity"), needle)
+    assert_one_line_error(invoke(*SWEEP, *args, "least-loaded,session-affinity"), needle)
+    assert_one_line_error(invoke("plan", "--rate", "2", "--router", "least-loaded,session-affinity"), needle)
+    result = invoke("run", "--workload", "chat-sessions", "--no-error-bars", *args, "session-affinity")
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize("name", ["summary.json", "requests.csv"])
+def test_save_result_onto_a_file_of_its_own_out_folder_is_refused(tmp_path, name):
+    """`run --save-result --result-dir o --result-filename summary.json --out o` printed "Wrote
+    o/summary.json" for the vLLM result, which the run's own summary.json then replaced: the
+    result file was lost. Refused before the run, nothing made."""
+    out = tmp_path / "o"
+    result = invoke("run", *TINY, "--save-result", "--result-dir", str(out), "--result-filename", name, "--out", str(out))
+    assert_one_line_error(result, f"--out {out} writes its own {name} there")
+    assert entries(tmp_path) == []
+
+
 # --- numbers accepted but meaningless ---------------------------------------------------------
 
 
