@@ -274,11 +274,14 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
             widths[key] = max(widths[key], int(column.max()))
     key = max(widths, key=widths.get)
     width = widths[key]
+    flag = f"--{key.replace('_', '-')}"
+    what = f"{flag} {width}" if (given or {}).get(flag) is not None else f"the workload's {key} {width}"
+    if width > 1 and not resolved.policy.paged:  # (simcore.policies.reserved.unsupported_sampling, after the run)
+        raise ConfigError(f"{what}: parallel sampling and beam search are modelled only by --policy continuous "
+                          f"--allocator paged, not {resolved.policy.label}; every request would be rejected")
     limit = min(resolved.engine.max_num_seqs, resolved.max_num_batched_tokens)
     if width <= limit:
         return
-    flag = f"--{key.replace('_', '-')}"
-    what = f"{flag} {width}" if (given or {}).get(flag) is not None else f"the workload's {key} {width}"
     bound = (f"--max-num-seqs {resolved.engine.max_num_seqs}" if limit == resolved.engine.max_num_seqs
              else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
     raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "

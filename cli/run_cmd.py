@@ -377,6 +377,11 @@ def run(
                               "--result-filename or --result-dir")
     check_out_folder(out, out_files)  # before any work
     if find_max_rate:
+        kind = getattr(getattr(wl, "arrival", None), "kind", None)  # (refused by the search after its header)
+        if kind in ("closed_loop", "batch"):
+            what = "a closed loop of clients" if kind == "closed_loop" else "every request at t = 0 (batches)"
+            raise ConfigError(f"workload {wl.name}: a rate search needs open-loop arrivals at a rate, not {what}; "
+                              "give --rate" + (" and leave out --concurrency" if kind == "closed_loop" else ""))
         if engine_core is not EngineCore.auto:
             raise ConfigError("--engine-core applies to one run, not to --find-max-rate's search")
         explicit = ctx.get_parameter_source("error_bars").name == "COMMANDLINE"

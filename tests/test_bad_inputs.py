@@ -274,9 +274,13 @@ def test_near_idle_runs_are_warned(tmp_path, name, args, needle):
     assert "0.00  " not in result.stdout.split("Request throughput (req/s):")[1].splitlines()[0]
 
 
-def test_rejected_requests_are_counted_with_their_reasons_on_stderr():
-    result = invoke("run", "--policy", "static", "--n", "2", "--num-requests", "5", "--rate", "5")
-    assert result.exit_code == 1  # static batching serves no parallel sampling: all rejected
+def test_rejected_requests_are_counted_with_their_reasons_on_stderr(tmp_path):
+    # every prompt past max_model_len 8192: all rejected (static batching with --n 2 was the case
+    # here; it is refused before the run since round 8, tests/test_reliability_round8.py)
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n" + "".join(f"{i / 5},9000,10\n" for i in range(5)))
+    result = invoke("run", "--workload", str(trace))
+    assert result.exit_code == 1
     assert "5 of 5 requests rejected (not served):" in result.stderr
 
 

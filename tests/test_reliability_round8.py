@@ -239,6 +239,30 @@ def test_save_result_onto_a_file_of_its_own_out_folder_is_refused(tmp_path, name
     assert entries(tmp_path) == []
 
 
+@pytest.mark.parametrize("policy", [["--policy", "static"], ["--policy", "dynamic"], ["--allocator", "contiguous"]],
+                         ids=lambda p: p[1])
+def test_samples_under_a_policy_of_one_sequence_per_request_are_refused_before_the_run(policy):
+    """`run --policy static --n 2` (dynamic, Orca's contiguous reservations; --beam-width too):
+    the whole run was simulated and printed, then "no request was served (8 of 8 rejected: ...
+    modelled only by --policy continuous --allocator paged)"; a sweep wrote an empty row for the
+    point. Refused before any work now, naming the flag."""
+    for flag in ("--n", "--beam-width"):
+        assert_one_line_error(invoke("run", *TINY, *policy, flag, "2"),
+                              f"{flag} 2: parallel sampling and beam search are modelled only by --policy continuous")
+    assert_one_line_error(invoke(*SWEEP, "--policy", "static,continuous", "--n", "2"), "--n 2: parallel sampling")
+
+
+def test_find_max_rate_over_a_closed_loop_is_refused_before_its_header():
+    """`run --find-max-rate --concurrency 3` (the closed-loop seed-table workload, --dataset-name
+    sonnet's or offline-batch's requests all at t = 0) printed the search's header and engine line
+    on stdout, then refused: a rate search needs open-loop arrivals."""
+    for args in (["--concurrency", "3"], ["--workload", "seed-table"], ["--dataset-name", "sonnet"],
+                 ["--workload", "offline-batch"]):
+        result = invoke("run", "--num-requests", "8", "--find-max-rate", "--no-error-bars", *args)
+        assert_one_line_error(result, "a rate search needs open-loop arrivals")
+        assert result.stdout == ""
+
+
 # --- numbers accepted but meaningless ---------------------------------------------------------
 
 
