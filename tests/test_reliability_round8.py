@@ -163,6 +163,18 @@ def test_a_sweep_table_or_plot_behind_a_symlink_is_written_through_it(tmp_path):
     assert (tmp_path / "real" / "p.png").stat().st_size > 0
 
 
+def test_a_jsonl_trace_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """A JSONL trace saved by an editor that writes a UTF-8 byte order mark (Windows Notepad):
+    "line 1: invalid JSON (Unexpected UTF-8 BOM)", where the same rows as CSV, a workload YAML or
+    a profile with the mark are read."""
+    trace = tmp_path / "t.jsonl"
+    rows = "".join(f'{{"arrival_s": {i / 4}, "num_prompt_tokens": 32, "num_output_tokens": 4}}\n' for i in range(4))
+    trace.write_bytes(b"\xef\xbb\xbf" + rows.encode())
+    result = invoke("run", "--workload", str(trace), "--no-error-bars")
+    assert result.exit_code == 0, result.stderr
+    assert "Successful requests:                     4" in result.stdout
+
+
 # --- options that repeat one value, or drop one -----------------------------------------------
 
 

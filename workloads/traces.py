@@ -306,7 +306,7 @@ def _read_jsonl(path: str, data: bytes | None = None) -> tuple[pd.DataFrame, np.
     if data is None:
         data = read_bytes(path, "trace")
     try:  # lines as a text-mode file splits them (universal newlines)
-        text_lines = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        text_lines = data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n").split("\n")
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"trace file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for number, text in enumerate(text_lines, start=1):
