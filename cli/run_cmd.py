@@ -311,6 +311,9 @@ def run(
     elif not disagg:  # (a disaggregated run checks and plans each pool: _run_disagg)
         check_deployment(model_spec, gpu_spec, config)  # FP8 on this GPU, TP inside a node: before pricing
         resolved = resolve(model_spec, gpu_spec, config)  # every check simulate() makes; memory planned once
+    if scaling is not None:  # before the header, which prints the cold start (simcore.autoscale)
+        for group in [g for g, _, _ in fleet_groups] if fleet_groups is not None else [resolved]:
+            scaling.check_cold_start(group.memory.weights_bytes_per_gpu)
     overrides = workload_overrides(
         num_requests=num_requests, rate=rate, concurrency=concurrency, burstiness=burstiness,
         input_len=input_len, output_len=output_len, max_tokens=max_tokens, n=n,

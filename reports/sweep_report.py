@@ -72,6 +72,7 @@ def load_report(table: Path, slo_ttft_p95_ms: float | None = None, slo_tpot_p95_
     if rows.empty:
         raise ConfigError(f"{table}: the sweep table has no rows")
     check_report_columns(table, rows.columns)
+    check_one_sweep(table, rows)
     slo = {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms}
     for key in slo:
         if slo[key] is None and f"slo_{key}" in rows.columns and rows[f"slo_{key}"].notna().any():
@@ -115,6 +116,22 @@ def check_report_columns(table: Path, columns: Sequence[str]) -> None:
     if missing:
         raise ConfigError(f"{table}: the sweep table has no {missing[0]!r} column (a table cut or edited by hand? "
                           "`kvsim sweep --out` writes it)")
+
+
+def check_one_sweep(table: Path, rows: pd.DataFrame) -> None:
+    """Rows of two sweeps pasted into one table (two sweep_ids) were grouped by their point numbers:
+    a rate-3 run became a second seed of the rate-1 point, and the page showed their mean and
+    interval. A table holds one sweep (`--resume` refuses another's rows), each point and seed once."""
+    if "sweep_id" in rows.columns:
+        ids = pd.unique(rows["sweep_id"].dropna().astype(str))
+        if len(ids) > 1:
+            raise ConfigError(f"{table}: rows of {len(ids)} sweeps (sweep_id {ids[0]}, {ids[1]}, ...); a table holds "
+                              "one sweep: report each table on its own")
+    repeated = rows.duplicated(["point", "seed"])
+    if repeated.any():
+        first = rows[repeated].iloc[0]
+        raise ConfigError(f"{table}: point {int(first['point'])} seed {int(first['seed'])} is in the table twice "
+                          "(tables pasted together or edited?)")
 
 
 def _context(rows: pd.DataFrame) -> dict[str, Any]:

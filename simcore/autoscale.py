@@ -159,6 +159,17 @@ class AutoscaleConfig:
         """Seconds from the decision to start a replica to its first request."""
         return self.provisioning_s + weights_bytes_per_gpu / (self.model_load_gbps * 1e9) + self.warmup_s
 
+    def check_cold_start(self, weights_bytes_per_gpu: int) -> float:
+        """cold_start_s, refused past a day (MAX_PROVISIONING_S's reason): a warmup_s of 1e9 or a
+        model_load_gbps of 1e-300 ran, and printed a cold start of a 300-digit number of seconds."""
+        cold = self.cold_start_s(weights_bytes_per_gpu)
+        if not cold <= MAX_PROVISIONING_S:
+            raise ConfigError(
+                f"--autoscale: a replica's cold start would take {cold:.3g} s ({self.provisioning_s:g} s provisioning, "
+                f"{weights_bytes_per_gpu / 1e9:.3g} GB of weights per GPU at model_load_gbps {self.model_load_gbps:g}, "
+                f"warmup_s {self.warmup_s:g}); at most {MAX_PROVISIONING_S:,.0f} s (a day)")
+        return cold
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 

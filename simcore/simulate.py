@@ -442,10 +442,10 @@ def prepare(
         if config.data_parallel_size != 1:
             raise ConfigError("--autoscale sizes the replicas itself: give --min-replicas / --max-replicas, not --dp")
         if groups is None:
-            cold, gpus = (autoscale.cold_start_s(memory.weights_bytes_per_gpu),
+            cold, gpus = (autoscale.check_cold_start(memory.weights_bytes_per_gpu),
                           config.tensor_parallel_size * config.pipeline_parallel_size)
         else:  # a fleet: each replica's cold start loads its own GPU's weights; billed for its own GPUs
-            cold = [autoscale.cold_start_s(g.memory.weights_bytes_per_gpu) for g, _ in groups]
+            cold = [autoscale.check_cold_start(g.memory.weights_bytes_per_gpu) for g, _ in groups]
             gpus = [g.engine.tensor_parallel_size * g.engine.pipeline_parallel_size for g, _ in groups]
         autoscaler = AutoscalingRouter(engines, autoscale, cold, gpus)
         sink = autoscaler

@@ -127,6 +127,23 @@ def test_report_sweep_refuses_a_hand_edited_wall_time_or_engine_option(csv_sweep
     assert not out.exists()
 
 
+def test_report_sweep_refuses_two_sweeps_pasted_into_one_table(csv_sweep, tmp_path):
+    """Rows of `sweep --rate 1,2` and `sweep --rate 3,4` in one file: the page grouped them by point
+    number, so each rate-3 run became a second seed of a rate-1 point (a mean and a 95% interval
+    over two different loads); rows given twice were read as two seeds too."""
+    other = tmp_path / "o.csv"
+    assert invoke(*SWEEP, "--rate", "3,4", "--out", str(other)).exit_code == 0
+    lines = csv_sweep.read_text().splitlines(keepends=True)
+    pasted = tmp_path / "p.csv"
+    pasted.write_text("".join(lines) + "".join(other.read_text().splitlines(keepends=True)[1:]))
+    out = tmp_path / "r"
+    assert_one_line_error(invoke("report", "sweep", str(pasted), "--out", str(out)), "rows of 2 sweeps")
+    twice = tmp_path / "t.csv"
+    twice.write_text("".join(lines) + "".join(lines[1:]))
+    assert_one_line_error(invoke("report", "sweep", str(twice), "--out", str(out)), "point 0 seed 0 is in the table twice")
+    assert not out.exists()
+
+
 def test_report_sweep_names_a_profile_hash_edited_into_a_number(csv_sweep, tmp_path):
     """profile_sha256 1e308 (a hash that is all digits reads as a number too): TypeError "'float'
     object is not subscriptable" while the page named the profiles."""
@@ -284,6 +301,17 @@ def test_a_static_batch_timeout_past_the_clocks_span_is_refused():
     for command in (["run", *TINY], [*SWEEP, "--rate", "1,2"]):
         assert_one_line_error(invoke(*command, "--policy", "static", "--batch-timeout-s", "1e308"),
                               "--batch-timeout-s must be at most 1e+09 s")
+
+
+@pytest.mark.parametrize("config", ['{"warmup_s": 1e9}', '{"model_load_gbps": 1e-300}'])
+@pytest.mark.parametrize("layout", [[], ["--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"]], ids=["one-gpu", "fleet"])
+def test_an_autoscaled_replicas_cold_start_past_a_day_is_refused(config, layout):
+    """--provisioning-delay is bounded at a day (round 4: 1e308 printed a 309-digit cold start), but
+    --autoscale-config's warmup_s 1e9 or model_load_gbps 1e-300 (weights / 1e-291 B/s) ran, and
+    printed "cold start 120 s provisioning + 16060...(300 digits) s load"."""
+    result = invoke("run", *layout, "--autoscale", "--workload", "diurnal", "--num-requests", "20", "--no-error-bars",
+                    "--autoscale-config", config)
+    assert_one_line_error(result, "--autoscale: a replica's cold start would take", "at most 86,400 s (a day)")
 
 
 def test_engine_config_of_wrong_types_is_a_config_error():
