@@ -30,7 +30,8 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              v0.6.0 benchmarks, blog.vllm.ai 2024-09-05) and the async output processor (PR #7049):
              schedule, prepare inputs, sampler bookkeeping and the workers' synchronisation happen
              once per 10 steps; output processing overlaps the GPU; single-node TP uses the
-             multiprocessing executor with a shared-memory broadcast instead of Ray.
+             multiprocessing executor with a shared-memory broadcast instead of Ray. (Its
+             scheduling in 10-step decode rounds: simcore/policies/continuous_v0.py.)
 * `vllm-v1`  vLLM V1 (the default): scheduler, input preparation and sampling still once per step,
              output processing in another process (overlapped), the scheduler output broadcast to
              the workers over shared memory, each worker preparing its own inputs; the first

@@ -1,7 +1,8 @@
 /* Replicas' step loops (see engine.h). The Python they mirror, line for line in effect:
  *   simcore/engine.py Engine.run / _accept          the loop, arrivals, rejection
  *   simcore/router.py Router._pick                  round-robin, least-loaded (lowest index)
- *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark
+ *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark; vLLM 0.6's
+ *                                                   multi-step decode rounds (hooks marked "ms:")
  *   simcore/policies/continuous.py                  _schedule_running (preempt from the tail),
  *                                                   _admit_waiting (V1, chunked), end_step's KV
  *   simcore/block_pool.py                           prefix caching: hashed blocks, LRU eviction
