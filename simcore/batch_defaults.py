@@ -191,7 +191,7 @@ def engine_text(a: dict) -> str:
     # a profile without the symmetric-memory table this version runs: say so (its all-reduces cost more)
     coll = "; all-reduce: custom / NCCL prices, this version uses symmetric memory here (not modelled)" \
         if "not modelled" in (a.get("all_reduce") or "") else ""
-    steps = a.get("num_scheduler_steps")
+    steps = a.get("num_scheduler_steps")  # (before the host cost: the line's last clauses are read as they are)
     multi = "" if not steps else f"; multi-step: decode rounds of {steps} steps" if a.get("multi_step_rounds") \
-        else f"; multi-step: {steps}-step host cost only (rounds not modelled with chunked prefill)"
-    return f"{version}, {limits}{host}{attention}{coll}{multi}"
+        else f"; multi-step: {steps}-step host cost only, no rounds with chunked prefill"
+    return f"{version}, {limits}{multi}{host}{attention}{coll}"
