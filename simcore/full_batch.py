@@ -1,0 +1,116 @@
+"""Full-batch capacity: the highest request rate a replica's engine can serve, from its step model.
+
+Why: an engine whose step limit is above what it serves (vLLM V1's 1,024 sequences on an H100)
+admits every arrival and queues inside its batch. A mild overload then shows no queueing delay and
+its batch grows so slowly that a run of a few thousand requests cannot tell it from a slow fill
+(simcore.metrics.saturation). The step model can: it says how fast the engine works at its fullest
+batch, and an offered rate above that cannot be sustained however long the run.
+
+The steady state it solves (continuous batching over the paged cache, one replica): N sequences
+decode in every step, and the prompts' tokens ride along (chunked prefill: each prompt's chunks
+add their marginal cost to a step of N decodes, less the fixed part of a step's prefill work
+that the N / E[o - 1] prompts joining each step share; without chunked prefill, V0 runs them as prompt
+batches of up to max_num_batched_tokens that stall the decodes). Per second the engine spends
+S x T_dec(N) in decode work and lam x E[P] in prefill, and emits N x S decode tokens, which must
+be lam x E[o - 1]. So
+
+    lam(N) = N / (E[o - 1] x T_dec(N) + N x E[P(N)])
+
+N is at most max_num_seqs and what the KV cache holds at the batch's mean context (each sequence's
+context averaged over its decode steps, weighted by them: sum over requests of (o-1) p + (o-1) o / 2,
+over the sum of o - 1, plus half a block). The capacity is the largest lam(N) over N up to that.
+It is the model's own number (the same step prices the run used), not a measurement; preemption
+and uneven batches only lower what a run achieves, so a run offered clearly more than this is
+overloaded (simcore.metrics.judge_capacity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# batch sizes tried below the cache's limit, down to 1/16 of it (lam(N) grows with N on every
+# deployment tried; the smaller ones are a guard, the largest is always checked)
+_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that): bounded work per run
+
+
+def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
+                        prefill_share: float = 1.0) -> dict[str, Any] | None:
+    """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None
+    (no request decodes). `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
+    run's extrapolation counts are untouched); `config`: its ResolvedConfig; `prompts` /
+    `outputs`: the finished requests' prompt and output lengths; `prefill_share`: the share of
+    prompt tokens actually computed (prefix-cache hits are not)."""
+    prompts = np.asarray(prompts, dtype=np.int64)
+    outputs = np.asarray(outputs, dtype=np.int64)
+    decodes = np.maximum(outputs - 1, 0)
+    if not len(prompts) or decodes.sum() == 0:
+        return None
+    lat = latency.fresh()
+    lat.__dict__.pop("step_time_s", None)  # the model's own prices, not a caller's probe (profiles.calibrate)
+    engine = config.engine
+    context = float((decodes * prompts + decodes * (decodes + 1) / 2).sum() / decodes.sum())
+    by_cache = int(num_gpu_tokens // (context + engine.block_size / 2))
+    n_max = max(1, min(int(engine.max_num_seqs), by_cache))
+    budget = int(config.max_num_batched_tokens)
+    computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))
+    lengths, weights = _length_groups(computed)
+    mean_decodes = float(decodes.mean())
+    best: dict[str, Any] | None = None
+    for n in sorted({n_max, *(b for b in _BATCHES if n_max // 16 <= b < n_max)}):
+        ctx_sum = int(round(n * context))
+        t_dec = lat.step_time_s(n, [], n, ctx_sum, n)
+        chunked = engine.enable_chunked_prefill
+        per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_dec, budget, chunked) for p in lengths]
+        mean_prefill = float(np.dot(weights, per_prompt))
+        if chunked:
+            mean_prefill -= _shared_step_saving(lat, n, ctx_sum, t_dec, budget, mean_decodes, computed)
+        rate = n / (mean_decodes * t_dec + n * mean_prefill)
+        if best is None or rate > best["rate"]:
+            best = {"rate": rate, "batch": n, "context": context}
+    return best
+
+
+def _length_groups(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct lengths and their shares; beyond MAX_PROMPT_LENGTHS of them, equal-count groups
+    priced at their mean length (prefill cost is close to linear within a group)."""
+    values, counts = np.unique(lengths, return_counts=True)
+    if len(values) <= MAX_PROMPT_LENGTHS:
+        return values, counts / counts.sum()
+    ordered = np.sort(lengths)
+    groups = np.array_split(ordered, MAX_PROMPT_LENGTHS)
+    return (np.array([int(round(g.mean())) for g in groups]),
+            np.array([len(g) for g in groups], dtype=np.float64) / len(ordered))
+
+
+def _shared_step_saving(lat, n: int, ctx_sum: int, t_dec: float, budget: int, mean_decodes: float,
+                        computed: np.ndarray) -> float:
+    """Seconds per prompt saved because prompts share steps. A step's prefill part has a fixed
+    share (a prompt alone pays it, k prompts in one step split it), and in the steady state
+    k = N / E[o - 1] prompts join each step of N decodes (one per E[o - 1] decode steps each). The
+    saving is what a mean-length prompt pays alone less its share of k of them in one step; none
+    when k is about one or k mean prompts do not fit the step's token budget."""
+    mean = max(1, int(round(float(computed.mean()))))
+    k = min(int(round(n / max(mean_decodes, 1.0))), max(0, budget - n) // mean)
+    if k < 2:
+        return 0.0
+    alone = lat.step_time_s(n + mean, [(mean, 0)], n, ctx_sum, n + 1) - t_dec
+    together = (lat.step_time_s(n + k * mean, [(mean, 0)] * k, n, ctx_sum, n + k) - t_dec) / k
+    return max(0.0, alone - together)
+
+
+def _prefill_s(lat, prompt: int, n: int, ctx_sum: int, t_dec: float, budget: int, chunked: bool) -> float:
+    """Seconds one prompt adds: its chunks' marginal cost on steps of n decodes (chunked prefill),
+    or its share of a prompt batch (V0 without chunked prefill; the decodes wait meanwhile)."""
+    if not chunked:
+        k = max(1, budget // prompt)
+        return lat.step_time_s(k * prompt, [(prompt, 0)] * k, 0, 0, k) / k
+    room = max(1, budget - n)
+    done, total = 0, 0.0
+    while done < prompt:
+        q = min(room, prompt - done)
+        total += lat.step_time_s(n + q, [(q, done)], n, ctx_sum, n + 1) - t_dec
+        done += q
+    return total
