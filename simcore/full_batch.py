@@ -37,12 +37,13 @@ MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that
 
 
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
-                        prefill_share: float = 1.0) -> dict[str, Any] | None:
+                        prefill_share: float = 1.0, decode_only: bool = False) -> dict[str, Any] | None:
     """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None
     (no request decodes). `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
     run's extrapolation counts are untouched); `config`: its ResolvedConfig; `prompts` /
     `outputs`: the finished requests' prompt and output lengths; `prefill_share`: the share of
-    prompt tokens actually computed (prefix-cache hits are not)."""
+    prompt tokens actually computed (prefix-cache hits are not); `decode_only`: a disaggregated
+    decode instance (its prompts' KV arrives from the prefill pool: no prefill term)."""
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     decodes = np.maximum(outputs - 1, 0)
@@ -62,6 +63,11 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     for n in sorted({n_max, *(b for b in _BATCHES if n_max // 16 <= b < n_max)}):
         ctx_sum = int(round(n * context))
         t_dec = lat.step_time_s(n, [], n, ctx_sum, n)
+        if decode_only:
+            rate = n / (mean_decodes * t_dec)
+            if best is None or rate > best["rate"]:
+                best = {"rate": rate, "batch": n, "context": context}
+            continue
         chunked = engine.enable_chunked_prefill
         per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_dec, budget, chunked) for p in lengths]
         mean_prefill = float(np.dot(weights, per_prompt))
@@ -71,6 +77,32 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         if best is None or rate > best["rate"]:
             best = {"rate": rate, "batch": n, "context": context}
     return best
+
+
+def prefill_capacity(latency, config, prompts: np.ndarray, prefill_share: float = 1.0) -> float | None:
+    """Prompts per second one prefill-only instance (a disaggregated prefill pool's replica)
+    computes at full steps: each prompt's share of a step packed with prompts of its length up to
+    max_num_batched_tokens (longer ones chunked at it). None without prompts."""
+    prompts = np.asarray(prompts, dtype=np.int64)
+    if not len(prompts):
+        return None
+    lat = latency.fresh()
+    lat.__dict__.pop("step_time_s", None)
+    budget = int(config.max_num_batched_tokens)
+    lengths, weights = _length_groups(np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64)))
+    cost = []
+    for p in (int(x) for x in lengths):
+        if p <= budget:
+            k = min(max(1, budget // p), int(config.engine.max_num_seqs))
+            cost.append(lat.step_time_s(k * p, [(p, 0)] * k, 0, 0, k) / k)
+            continue
+        done, total = 0, 0.0
+        while done < p:
+            q = min(budget, p - done)
+            total += lat.step_time_s(q, [(q, done)], 0, 0, 1 if done + q == p else 0)
+            done += q
+        cost.append(total)
+    return 1.0 / float(np.dot(weights, cost))
 
 
 def _length_groups(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -89,3 +89,15 @@ def test_plan_does_not_promise_more_than_the_capacity():
     one = _summary("--rate", "30", "--num-requests", "600")  # the search's own request count
     assert best["replicas"] == 2  # 60 req/s is not one H100's, nor was it (31 completed per s)
     assert best["replica_max_rate"] <= 1.03 * one["full_batch_capacity"] * 1.04  # + the search's grid step
+
+
+def test_a_disaggregated_run_carries_its_slower_pools_capacity():
+    """Prefill pool: prompts per second at full steps; decode pool: its full-batch decode rate. The
+    azure-conv prompts (~1k tokens) make 70B's one TP 4 prefill instance the slower pool."""
+    args = ["--model", "llama3-70b", "--prefill-replicas", "1", "--prefill-tp", "4", "--decode-replicas", "1",
+            "--decode-tp", "4", "--workload", "azure-conv"]
+    over = _summary(*args, "--rate", "14", "--num-requests", "3000")
+    assert over["saturation"] == "overloaded"
+    assert 0.97 * over["completed_rate_warm"] <= over["full_batch_capacity"] <= 1.08 * over["completed_rate_warm"]
+    under = _summary(*args, "--rate", "8", "--num-requests", "1500")
+    assert under["saturation"] == "sustained" and under["full_batch_capacity"] > 8
