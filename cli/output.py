@@ -185,6 +185,7 @@ def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metri
             if word is not None:
                 keys.append((f"p{word}_{metric}_ms", f"P{word} {name} (ms):"))
     keys.append(("output_throughput", "Output token throughput (tok/s):"))
+    keys.append(("full_batch_capacity", "Full-batch capacity, model (req/s):"))
     for key, label in keys:
         low, high = bars["metrics"].get(key, (None, None))
         if low is not None:
