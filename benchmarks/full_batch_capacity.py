@@ -27,6 +27,11 @@ CASES = [  # (label, kvsim run options, requests)
     ("70B, 4 x H100 TP 4", ["--model", "llama3-70b", "--tp", "4"], 10000),
     ("8B, H100, DP 2", ["--dp", "2"], 20000),
     ("8B, H100, alpaca", ["--workload", "alpaca"], 20000),
+    ("70B, 4 x H100 TP 4, EAGLE k = 3", ["--model", "llama3-70b", "--tp", "4", "--speculative-config",
+                                         '{"method": "eagle", "num_speculative_tokens": 3}'], 8000),
+    ("70B disaggregated, 1 x TP 4 prefill + 1 x TP 4 decode, azure-conv",
+     ["--model", "llama3-70b", "--prefill-replicas", "1", "--prefill-tp", "4", "--decode-replicas", "1",
+      "--decode-tp", "4", "--workload", "azure-conv"], 4000),
 ]
 
 

@@ -37,13 +37,17 @@ MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that
 
 
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
-                        prefill_share: float = 1.0, decode_only: bool = False) -> dict[str, Any] | None:
+                        prefill_share: float = 1.0, decode_only: bool = False,
+                        speculation: tuple[Any, float, float] | None = None) -> dict[str, Any] | None:
     """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None
     (no request decodes). `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
     run's extrapolation counts are untouched); `config`: its ResolvedConfig; `prompts` /
     `outputs`: the finished requests' prompt and output lengths; `prefill_share`: the share of
     prompt tokens actually computed (prefix-cache hits are not); `decode_only`: a disaggregated
-    decode instance (its prompts' KV arrives from the prefill pool: no prefill term)."""
+    decode instance (its prompts' KV arrives from the prefill pool: no prefill term);
+    `speculation`: (the run's SpeculativeStepCost, mean draft tokens per verify, mean acceptance
+    length): each decode step is a verify of 1 + d tokens per sequence plus the drafter's passes,
+    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric)."""
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     decodes = np.maximum(outputs - 1, 0)
@@ -51,32 +55,61 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         return None
     lat = latency.fresh()
     lat.__dict__.pop("step_time_s", None)  # the model's own prices, not a caller's probe (profiles.calibrate)
+    step_s, per_step = (lambda n, ctx_sum: lat.step_time_s(n, [], n, ctx_sum, n)), 1.0
+    lookahead = 0
+    if speculation is not None:
+        cost, drafts, per_step = speculation
+        step_s = _verify_step(cost, lat, drafts)
+        lookahead = int(round(drafts))
     engine = config.engine
     context = float((decodes * prompts + decodes * (decodes + 1) / 2).sum() / decodes.sum())
-    by_cache = int(num_gpu_tokens // (context + engine.block_size / 2))
+    by_cache = int(num_gpu_tokens // (context + lookahead + engine.block_size / 2))
     n_max = max(1, min(int(engine.max_num_seqs), by_cache))
     budget = int(config.max_num_batched_tokens)
     computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))
     lengths, weights = _length_groups(computed)
-    mean_decodes = float(decodes.mean())
+    mean_decodes = float(decodes.mean()) / per_step  # decode steps per request
     best: dict[str, Any] | None = None
     for n in sorted({n_max, *(b for b in _BATCHES if n_max // 16 <= b < n_max)}):
         ctx_sum = int(round(n * context))
-        t_dec = lat.step_time_s(n, [], n, ctx_sum, n)
+        t_dec = step_s(n, ctx_sum)
         if decode_only:
             rate = n / (mean_decodes * t_dec)
             if best is None or rate > best["rate"]:
                 best = {"rate": rate, "batch": n, "context": context}
             continue
         chunked = engine.enable_chunked_prefill
-        per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_dec, budget, chunked) for p in lengths]
+        # a prompt's marginal cost on a plain decode step (speculating, its verify is priced above)
+        t_plain = t_dec if speculation is None else lat.step_time_s(n, [], n, ctx_sum, n)
+        per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_plain, budget, chunked) for p in lengths]
         mean_prefill = float(np.dot(weights, per_prompt))
         if chunked:
-            mean_prefill -= _shared_step_saving(lat, n, ctx_sum, t_dec, budget, mean_decodes, computed)
+            mean_prefill -= _shared_step_saving(lat, n, ctx_sum, t_plain, budget, mean_decodes, computed)
         rate = n / (mean_decodes * t_dec + n * mean_prefill)
         if best is None or rate > best["rate"]:
             best = {"rate": rate, "batch": n, "context": context}
     return best
+
+
+def _verify_step(cost, lat, drafts: float):
+    """t(n, ctx_sum): seconds of a speculative decode step of n sequences, each verifying 1 + d
+    draft tokens (d the run's mean per verify) and drafting again, priced by a copy of the run's
+    SpeculativeStepCost on `lat` (its sums stay the run's)."""
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+    from kvsim.simcore.step import SpecStep, StepPlan
+
+    fresh = SpeculativeStepCost(lat, cost.spec, cost._target, None if cost.draft is None else cost.draft.fresh())
+    d = max(0, int(round(drafts)))
+
+    def step_s(n: int, ctx_sum: int) -> float:
+        ctx = ctx_sum // n
+        spec = SpecStep(verify={i: (d, 0) for i in range(n)}, verify_chunks=[(1 + d, ctx)] * n,
+                        verify_context_tokens=ctx_sum + n, num_draft_tokens=n * d, num_drafting=n,
+                        drafting_context_tokens=ctx_sum + n)
+        return fresh.step_time_s(StepPlan(num_tokens=n, num_decode_seqs=n, decode_context_tokens=ctx_sum + n,
+                                          num_sampled=n, spec=spec))
+
+    return step_s
 
 
 def prefill_capacity(latency, config, prompts: np.ndarray, prefill_share: float = 1.0) -> float | None:

@@ -281,13 +281,13 @@ class Simulation:
     def _full_batch_capacity(self, records, counters: dict[str, int], stats) -> dict[str, Any] | None:
         """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
         describes the run: vLLM's paged continuous batching, replicas alike, one sequence per
-        request, no speculation, pipeline or autoscaler, exact request rows; None otherwise."""
+        request, no pipeline or autoscaler, exact request rows; None otherwise."""
         from kvsim.simcore.full_batch import full_batch_capacity
 
         cfg = self.config
         if (cfg is None or self.fleet or self.autoscaler is not None or not records.kept
                 or cfg.policy.name != "continuous" or cfg.policy.allocator != "paged"
-                or cfg.engine.speculative_config is not None or cfg.engine.pipeline_parallel_size != 1
+                or cfg.engine.pipeline_parallel_size != 1
                 or getattr(self.workload, "turn_summary", None) is not None):
             return None
         cols = records.columns()
@@ -297,8 +297,15 @@ class Simulation:
         prompts = cols["num_prompt_tokens"][done]
         hits = counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0)
         share = 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64)))
+        speculation = None
+        if cfg.engine.speculative_config is not None:  # vLLM's spec-decode metrics of this run
+            drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
+            if not drafts:
+                return None
+            accepted = counters.get("spec_num_accepted_tokens", 0)
+            speculation = (self.replicas[0].spec_cost, tokens / drafts, 1 + accepted / drafts)
         one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts,
-                                  cols["num_positions"][done], max(share, 0.0))
+                                  cols["num_positions"][done], max(share, 0.0), speculation=speculation)
         if one is None:
             return None
         return {**one, "rate": one["rate"] * len(self.replicas)}
