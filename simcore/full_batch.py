@@ -84,7 +84,8 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_plain, budget, chunked) for p in lengths]
         mean_prefill = float(np.dot(weights, per_prompt))
         if chunked:
-            mean_prefill -= _shared_step_saving(lat, n, ctx_sum, t_plain, budget, mean_decodes, computed)
+            saving = _shared_step_saving(lat, n, ctx_sum, t_plain, budget, mean_decodes, computed)
+            mean_prefill = max(0.0, mean_prefill - saving)
         rate = n / (mean_decodes * t_dec + n * mean_prefill)
         if best is None or rate > best["rate"]:
             best = {"rate": rate, "batch": n, "context": context}
