@@ -114,6 +114,8 @@ def format_summary(s: dict[str, Any], title: str = " Serving Benchmark Result ",
                        ("session_queue_slope", "  while sessions start (s per s):")):
         if s.get(key) is not None:
             lines.append(_row(label, s[key], ".3f" if key.endswith("_slope") else ".2f"))
+    if s.get("full_batch_capacity"):
+        lines.append(_row(f"Full-batch capacity, model ({unit}):", s["full_batch_capacity"], ".2f"))
     lines.append(_section("KV cache"))
     if "regime" in s:
         lines.append(_row("Regime:", s["regime"]))
@@ -183,6 +185,7 @@ def _error_bar_lines(bars: dict[str, Any], percentiles: tuple[float, ...], metri
             if word is not None:
                 keys.append((f"p{word}_{metric}_ms", f"P{word} {name} (ms):"))
     keys.append(("output_throughput", "Output token throughput (tok/s):"))
+    keys.append(("full_batch_capacity", "Full-batch capacity, model (req/s):"))
     for key, label in keys:
         low, high = bars["metrics"].get(key, (None, None))
         if low is not None:
@@ -213,6 +216,8 @@ def configured_load(workload: dict[str, Any]) -> dict[str, Any]:
 
 def _load_label(s: dict[str, Any]) -> str:
     verdict = s.get("saturation", "n/a")
+    if verdict == "overloaded" and s.get("capacity_exceeded"):
+        return "OVERLOADED (offered more than the full-batch capacity; throughput above is what it kept up with)"
     if verdict == "overloaded":
         return "OVERLOADED (throughput above is what it kept up with)"
     if verdict == "n/a" and s.get("still_filling"):

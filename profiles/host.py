@@ -30,7 +30,8 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
              v0.6.0 benchmarks, blog.vllm.ai 2024-09-05) and the async output processor (PR #7049):
              schedule, prepare inputs, sampler bookkeeping and the workers' synchronisation happen
              once per 10 steps; output processing overlaps the GPU; single-node TP uses the
-             multiprocessing executor with a shared-memory broadcast instead of Ray.
+             multiprocessing executor with a shared-memory broadcast instead of Ray. (Its
+             scheduling in 10-step decode rounds: simcore/policies/continuous_v0.py.)
 * `vllm-v1`  vLLM V1 (the default): scheduler, input preparation and sampling still once per step,
              output processing in another process (overlapped), the scheduler output broadcast to
              the workers over shared memory, each worker preparing its own inputs; the first
@@ -68,6 +69,7 @@ Which phases sit on the step's critical path is what distinguishes the engine ve
 
 from __future__ import annotations
 
+from kvsim.simcore.batch_defaults import NUM_SCHEDULER_STEPS
 from kvsim.simcore.latency import HostOverhead
 from kvsim.simcore.specs import DEFAULT_ENGINE_VERSION, ENGINE_VERSIONS
 
@@ -99,7 +101,7 @@ V1_SEQ_PHASES_MS = {
 }
 V1_SEQ_MS = sum(V1_SEQ_PHASES_MS.values())  # 0.0146 ms per sequence, in place of the LOOP's slope
 # vLLM 0.6.0 benchmarks ran multi-step scheduling with --num-scheduler-steps 10 (blog.vllm.ai 2024-09-05).
-MULTI_STEP = 10
+MULTI_STEP = NUM_SCHEDULER_STEPS["vllm-0.6"]
 # vLLM >= 0.14 (async scheduling): the GPU idles between two steps' kernels for 150-170 us at batch
 # 256 with CUDA graphs (vllm-project/vllm PR #11133, async V1 prototype, Llama-2-7B); the midpoint.
 ASYNC_GAP_MS = 0.16

@@ -61,7 +61,7 @@ MAX_ERROR = 0.9  # a stated median error is capped here (at 1 the too-fast side'
 INTERVAL = 0.90  # the band kvsim run prints: 5th to 95th percentile of the step-time factor
 # headline metrics a band is given for (kvsim run's summary keys)
 BAND_METRICS = ("mean_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p95_tpot_ms", "mean_itl_ms",
-                "p95_e2el_ms", "request_throughput", "output_throughput")
+                "p95_e2el_ms", "request_throughput", "output_throughput", "full_batch_capacity")
 
 
 class PhaseFactors(NamedTuple):

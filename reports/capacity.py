@@ -161,9 +161,11 @@ class SLO:
         elif summary.get("saturation") == "overloaded":
             # a session run's requests are its turns (judge_sessions / SessionWorkload.turn_summary keys)
             unit = "turns/s" if "session_queue_slope" in summary or "ttft_by_turn" in summary else "req/s"
+            above = (f"; above the full-batch capacity {summary['full_batch_capacity']:.2f}"
+                     if summary.get("capacity_exceeded") else "")
             reasons.append(
                 f"overloaded (completed {summary['completed_rate_warm']:.2f} of "
-                f"{summary['offered_rate']:.2f} {unit} offered)"
+                f"{summary['offered_rate']:.2f} {unit} offered{above})"
             )
         stopped = summary.get("early_stop")  # values are lower bounds; what was not proven is absent
         for target in self.targets:

@@ -34,6 +34,19 @@ V0_SEQS = 256  # EngineArgs.max_num_seqs in vLLM 0.5 / 0.6
 V0_CHUNKED_TOKENS = 512  # SchedulerConfig with chunked prefill, vLLM 0.5 / 0.6
 V0_MIN_TOKENS = 2048  # SchedulerConfig without it: max(max_model_len, 2048)
 FIELDS = ("max_num_seqs", "max_num_batched_tokens")
+# vLLM 0.6.0's benchmarks ran multi-step scheduling with `--num-scheduler-steps 10` (blog.vllm.ai
+# 2024-09-05): the `vllm-0.6` preset prices the host work once per 10 steps (profiles/host.py) and,
+# without chunked prefill, schedules decode rounds of 10 steps (simcore/policies/continuous_v0.py)
+NUM_SCHEDULER_STEPS = {"vllm-0.6": 10}
+
+
+def num_scheduler_steps(engine_version: str, chunked: bool, speculative: bool = False) -> int:
+    """Decode steps per scheduler call this version runs: 10 for `vllm-0.6` on V0's scheduler (no
+    chunked prefill, no speculative decoding, which vLLM 0.6 refuses with multi-step), else 1.
+    (vLLM 0.6's multi-step with chunked prefill runs prompts inside the round: not modelled.)"""
+    if chunked or speculative:
+        return 1
+    return NUM_SCHEDULER_STEPS.get(engine_version, 1)
 
 
 def large_gpu(gpu: GPUSpec) -> bool:
@@ -135,7 +148,19 @@ def engine_assumptions(config: EngineConfig, model: ModelSpec, gpu: GPUSpec, fil
         **({"prefill_attention": note} if (note := prefill_attention_note(config.engine_version, gpu.name,
                                                                           profile_source, prefill_backend)) else {}),
         **({"all_reduce": all_reduce} if all_reduce else {}),
+        **_multi_step(config),
     }
+
+
+def _multi_step(config: EngineConfig) -> dict:
+    """A multi-step version's steps per scheduler call, and whether its decode rounds are modelled
+    (V0's scheduler) or only their host cost (chunked prefill, speculative decoding)."""
+    steps = NUM_SCHEDULER_STEPS.get(config.engine_version)
+    if not steps:
+        return {}
+    rounds = num_scheduler_steps(config.engine_version, config.enable_chunked_prefill,
+                                 config.speculative_config is not None) > 1
+    return {"num_scheduler_steps": steps, "multi_step_rounds": rounds}
 
 
 def engine_text(a: dict) -> str:
@@ -166,4 +191,7 @@ def engine_text(a: dict) -> str:
     # a profile without the symmetric-memory table this version runs: say so (its all-reduces cost more)
     coll = "; all-reduce: custom / NCCL prices, this version uses symmetric memory here (not modelled)" \
         if "not modelled" in (a.get("all_reduce") or "") else ""
-    return f"{version}, {limits}{host}{attention}{coll}"
+    steps = a.get("num_scheduler_steps")  # (before the host cost: the line's last clauses are read as they are)
+    multi = "" if not steps else f"; multi-step: decode rounds of {steps} steps" if a.get("multi_step_rounds") \
+        else f"; multi-step: {steps}-step host cost only, no rounds with chunked prefill"
+    return f"{version}, {limits}{multi}{host}{attention}{coll}"

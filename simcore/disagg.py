@@ -66,9 +66,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvsim.simcore.errors import ConfigError, StalledError
-from kvsim.simcore.metrics import StepTotals, summarize_records
+from kvsim.simcore.metrics import StepTotals, judge_capacity, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
-from kvsim.simcore.records import Samples
+from kvsim.simcore.records import FINISHED, Samples
 from kvsim.simcore.request import Request
 from kvsim.simcore.simulate import Result, Simulation, prepare
 from kvsim.simcore.specs import GPUSpec, ModelSpec
@@ -445,6 +445,10 @@ class DisaggSimulation(Simulation):
         summary["pools"] = {name: self._pool_summary(name, pool_totals[name], makespan) for name in POOLS}
         summary["kv_transfer"] = transfer_summary(self.proxy.log, makespan)
         summary["num_gpus"] = sum(p.config.engine.num_gpus for p in self.pools.values())
+        capacity = self._full_batch_capacity(records)
+        if capacity is not None:  # the slower pool's, req/s (simcore.full_batch)
+            summary["full_batch_capacity"], summary["full_batch_seqs"] = capacity
+            judge_capacity(summary, capacity[0])
         warnings = list(self.warnings)
         if extrapolated:
             warnings.append(f"{extrapolated} of {totals.num_steps} steps needed values outside the profiled grid")
@@ -455,6 +459,28 @@ class DisaggSimulation(Simulation):
         labels = [(name, i) for name in POOLS for i in range(len(self.pools[name].replicas))]
         return Result(summary, records, recorders, itl, decode.memory, record, totals,
                       time.perf_counter() - self.started, warnings, step_labels=labels, transfers=self.proxy.log)
+
+    def _full_batch_capacity(self, records) -> tuple[float, int] | None:
+        """(req/s, decode batch) the pools sustain at full steps: the prefill pool's prompts per
+        second and the decode pool's full-batch decode rate (simcore.full_batch), the lower of
+        the two; None where it does not describe the run (no exact rows, speculation, n > 1)."""
+        from kvsim.simcore.full_batch import full_batch_capacity, prefill_capacity
+
+        if not records.kept:
+            return None
+        cols = records.columns()
+        done = cols["status"] == FINISHED
+        pre, dec = self.pools["prefill"], self.pools["decode"]
+        if (not done.any() or (cols["n"][done] != 1).any() or (cols["beam_width"][done] > 1).any()
+                or any(p.config.engine.speculative_config is not None for p in (pre, dec))):
+            return None
+        prompts = cols["num_prompt_tokens"][done]
+        decode = full_batch_capacity(dec.latency, dec.config, dec.memory.num_gpu_tokens, prompts,
+                                     cols["num_positions"][done], decode_only=True)
+        prefill = prefill_capacity(pre.latency, pre.config, prompts)
+        if decode is None or prefill is None:
+            return None
+        return (min(prefill * len(pre.replicas), decode["rate"] * len(dec.replicas)), decode["batch"])
 
     def _pool_summary(self, name: str, totals: StepTotals, makespan: float) -> dict[str, Any]:
         """Per-pool figures: busy share of its GPUs' time, queueing, batch, KV use and waste."""

@@ -58,7 +58,8 @@ class _Config(ctypes.Structure):
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_gpu_blocks", "block_size",
         "watermark_blocks", "chunked_prefill", "hold_at", "kv_capacity", "kv_unit", "aggregate", "swap",
         "num_cpu_blocks", "num_replicas", "router", "clients", "prefix_caching", "itl_cap", "itl_block",
-        "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double)]
+        "fold_steps", "step_cap", "step_chunk")] + [("swap_block_s", ctypes.c_double),
+                                                     ("num_scheduler_steps", ctypes.c_long)]
 
 
 _ROUTERS = {"round-robin": 0, "least-loaded": 1}  # engine.h KV_ROUTER_*
@@ -221,6 +222,9 @@ def unsupported(sim: Any) -> str:
     if engine.lifecycle.token_times:
         return "per-request token times already recorded"
     policy = engine.policy
+    if getattr(policy, "num_scheduler_steps", 1) > 1 and (
+            _pipelined(engines) or autoscaler is not None or getattr(sim, "fleet", None) is not None or proxied):
+        return "vLLM 0.6's multi-step rounds with pipeline parallelism, an autoscaler, a fleet or disaggregation"
     if type(policy) not in (ContinuousPagedPolicy, VllmV0PagedPolicy, SpeculativePagedPolicy) and not _batching(policy):
         return f"policy {policy.name} (the C core runs continuous batching, static and dynamic batching and Orca)"
     if _batching(policy) and (autoscaler is not None or getattr(sim, "fleet", None)):
@@ -537,7 +541,7 @@ def _config(engine, hold: int, dp: int, router: int, clients: int, fold: bool, s
         hold, recorder.kv_capacity, recorder.kv_unit, int(not speculative), int(policy.swap),
         alloc.cpu.num_blocks, dp, router, clients,
         int(policy.enable_prefix_caching), engine.lifecycle.itl.cap, records_module._FLUSH, int(fold),
-        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s,
+        recorder.cap, metrics_module._STEP_CHUNK, engine.swap_block_s, getattr(policy, "num_scheduler_steps", 1),
     )
 
 

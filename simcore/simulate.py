@@ -15,10 +15,10 @@ from kvsim.simcore.engine import Engine
 from kvsim.simcore.errors import ConfigError, KvsimError
 from kvsim.simcore.latency import Profile, StepLatencyModel
 from kvsim.simcore.memory import MemoryPlan
-from kvsim.simcore.metrics import StepRecorder, StepTotals, summarize_records
+from kvsim.simcore.metrics import StepRecorder, StepTotals, judge_capacity, summarize_records
 from kvsim.simcore.pipeline import PipelineLatency
 from kvsim.simcore.policies import make_policy
-from kvsim.simcore.records import HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
+from kvsim.simcore.records import FINISHED, HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
 from kvsim.simcore.request import Workload
 from kvsim.simcore.router import Router
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
@@ -262,6 +262,10 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
+        capacity = self._full_batch_capacity(records, counters, stats)
+        if capacity is not None:  # req/s over the replicas; the batch it assumes, per replica
+            summary["full_batch_capacity"], summary["full_batch_seqs"] = capacity["rate"], capacity["batch"]
+            judge_capacity(summary, capacity["rate"])
         if self.autoscaler is not None:
             end_s = records.max_finish_s if records.num_left else 0.0  # counted as rows left: any run length
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
@@ -272,6 +276,39 @@ class Simulation:
             record["engine_core_reason"] = why
         return Result(summary, records, [e.recorder for e in engines], itl, self.memory, record, totals,
                       time.perf_counter() - self.started, warnings)
+
+
+    def _full_batch_capacity(self, records, counters: dict[str, int], stats) -> dict[str, Any] | None:
+        """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
+        describes the run: vLLM's paged continuous batching, replicas alike, one sequence per
+        request, no pipeline or autoscaler, exact request rows; None otherwise."""
+        from kvsim.simcore.full_batch import full_batch_capacity
+
+        cfg = self.config
+        if (cfg is None or self.fleet or self.autoscaler is not None or not records.kept
+                or cfg.policy.name != "continuous" or cfg.policy.allocator != "paged"
+                or cfg.engine.pipeline_parallel_size != 1
+                or getattr(self.workload, "turn_summary", None) is not None):
+            return None
+        cols = records.columns()
+        done = cols["status"] == FINISHED
+        if not done.any() or (cols["n"][done] != 1).any() or (cols["beam_width"][done] > 1).any():
+            return None
+        prompts = cols["num_prompt_tokens"][done]
+        hits = counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0)
+        share = 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64)))
+        speculation = None
+        if cfg.engine.speculative_config is not None:  # vLLM's spec-decode metrics of this run
+            drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
+            if not drafts:
+                return None
+            accepted = counters.get("spec_num_accepted_tokens", 0)
+            speculation = (self.replicas[0].spec_cost, tokens / drafts, 1 + accepted / drafts)
+        one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts,
+                                  cols["num_positions"][done], max(share, 0.0), speculation=speculation)
+        if one is None:
+            return None
+        return {**one, "rate": one["rate"] * len(self.replicas)}
 
 
 def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 /* Replicas' step loops (see engine.h). The Python they mirror, line for line in effect:
  *   simcore/engine.py Engine.run / _accept          the loop, arrivals, rejection
  *   simcore/router.py Router._pick                  round-robin, least-loaded (lowest index)
- *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark
+ *   simcore/policies/continuous_v0.py schedule      V0: whole prompts first, watermark; vLLM 0.6's
+ *                                                   multi-step decode rounds (hooks marked "ms:")
  *   simcore/policies/continuous.py                  _schedule_running (preempt from the tail),
  *                                                   _admit_waiting (V1, chunked), end_step's KV
  *   simcore/block_pool.py                           prefix caching: hashed blocks, LRU eviction
@@ -123,6 +124,10 @@ struct kv_rep {
     /* sg: parallel sampling (seqgroup.c): sequences past the first of forked groups, forked
        groups (running or swapped), the snapshot's shared slots, groups emitting this step */
     long sg_extra, sg_forked, sg_saved; long *sg_emit; long sg_nemit, sg_emit_cap;
+    /* ms: multi-step scheduling (VllmV0PagedPolicy's round): steps of the round still to plan, the
+       finished sequences it still computes and their next contexts summed; while a round's first
+       step is planned, the lookahead slots and the free blocks held back for them */
+    long ms_left, ms_ghosts, ms_ghost_ctx, ms_ahead, ms_reserved;
 };
 
 struct kv_engine {
@@ -1069,6 +1074,26 @@ static long decode_run(kv_rep *e, long i, long n, long *budget_io) {
     return i;
 }
 
+/* ContinuousPagedPolicy._preempt of running request v (the tail): swap while the CPU pool has room */
+static inline void preempt(kv_rep *e, long v) {
+    kv_req *vr = &e->reqs[v];
+    int swap = vr->forked ? sg_swap_out(e, vr) : e->c.swap && vr->nblk <= e->cpu_free;
+    if (vr->forked) {  /* sg: swapped out above, or released */
+        if (!swap) release(e, vr);
+    } else if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
+        e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok; e->num_swap_blocks += vr->nblk;
+        for (long pos = 0; pos < vr->nblk; pos++) fail(e, pc_decref(e, vr, pos));
+    } else if (swap) {
+        e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
+        e->num_swap_blocks += vr->nblk;
+    } else {
+        if (vr->tok) fail(e, cache_blocks(e, vr));  /* SESSIONS: its blocks stay cached (vLLM) */
+        release(e, vr);
+    }
+    e->by_swap[e->num_preempted] = (char)swap;
+    e->preempted[e->num_preempted++] = v;
+}
+
 /* _schedule_running over a copy of `running` (its length `*n` shrinks as the tail is preempted) */
 static long schedule_running(kv_rep *e, long *n, long budget) {
     long i = 0;
@@ -1086,24 +1111,9 @@ static long schedule_running(kv_rep *e, long *n, long budget) {
             if (r->k > budget) break;
         }
         int ok = r->forked ? sg_grow(e, r) : grow_seq(e, r, num_new);
-        while (!ok) {  /* ContinuousPagedPolicy._preempt: swap while the CPU pool has room */
+        while (!ok) {
             long v = e->run[--*n];
-            kv_req *vr = &e->reqs[v];
-            int swap = vr->forked ? sg_swap_out(e, vr) : e->c.swap && vr->nblk <= e->cpu_free;
-            if (vr->forked) {  /* sg: swapped out above, or released */
-                if (!swap) release(e, vr);
-            } else if (swap && e->pc) {  /* PagedAllocator._move: block by block, the GPU's let go in order */
-                e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok; e->num_swap_blocks += vr->nblk;
-                for (long pos = 0; pos < vr->nblk; pos++) fail(e, pc_decref(e, vr, pos));
-            } else if (swap) {
-                e->free_blocks += vr->nblk; e->cpu_free -= vr->nblk; e->gpu_tokens -= vr->ntok;
-                e->num_swap_blocks += vr->nblk;
-            } else {
-                if (vr->tok) fail(e, cache_blocks(e, vr));  /* SESSIONS: its blocks stay cached (vLLM) */
-                release(e, vr);
-            }
-            e->by_swap[e->num_preempted] = (char)swap;
-            e->preempted[e->num_preempted++] = v;
+            preempt(e, v);
             if (v == s) break;
             ok = r->forked ? sg_grow(e, r) : grow_seq(e, r, num_new);
         }
@@ -1135,6 +1145,53 @@ static long admit_one(kv_rep *e, long s, long num_new, long hit) {
     return num_new;
 }
 
+/* -- ms: multi-step scheduling (VllmV0PagedPolicy, continuous_v0.py's docstring) ------------- */
+/* the slots a sequence asks for when `n` are its next tokens: a round's lookahead too, to max_model_len */
+static inline long ms_target(const kv_rep *e, long n) {
+    long t = n + e->ms_ahead;
+    return t < e->c.max_model_len ? t : e->c.max_model_len;
+}
+
+/* _start_round: _schedule_running with the round's lookahead; every running request decodes */
+static long ms_start_round(kv_rep *e, long *n, long budget) {
+    long i = 0;
+    while (i < *n && budget > 0) {
+        long s = e->run[i];
+        kv_req *r = &e->reqs[s];
+        long held = r->nblk, need = blocks_for(e, ms_target(e, r->ntok + 1)) - held;
+        int ok = 1;
+        while (need > e->free_blocks - e->ms_reserved) {
+            long v = e->run[--*n];
+            preempt(e, v);
+            if (v == s) { ok = 0; break; }
+        }
+        if (!ok) break;
+        grow_seq(e, r, 1);  /* checked: its lookahead fits */
+        e->ms_reserved += need - (r->nblk - held);
+        plan_add(e, s, 1, r->computed);
+        budget -= 1;
+        i++;
+    }
+    return budget;
+}
+
+/* _continue_round: a step of the round under way (its running requests decode, its finished ones
+   are computed too); 0: nothing running, waiting or swapped, the engine idles and the round waits */
+static int ms_continue(kv_rep *e) {
+    if (!e->run_len && !e->wq_len && !e->sq_len) return 0;
+    e->ms_left--;
+    long n = e->run_len;
+    schedule_running(e, &n, e->c.max_num_batched_tokens);
+    if (e->num_preempted) return KV_STALL;  /* never: its blocks were held back at its start */
+    long g = e->ms_ghosts;
+    if (g) {
+        e->num_tokens += g; e->num_decode_seqs += g; e->num_sampled += g;
+        e->decode_ctx += e->ms_ghost_ctx;
+        e->ms_ghost_ctx += g;
+    }
+    return 1;
+}
+
 /* ContinuousPagedPolicy._swap_in: the head of the swapped queue back while it fits (its blocks
    and the step's new tokens), appended to the running set (length *n) */
 static long swap_in(kv_rep *e, long *n, long budget) {
@@ -1154,7 +1211,8 @@ static long swap_in(kv_rep *e, long *n, long budget) {
         }
         long left = r->prompt + r->generated - r->computed;
         long num_new = left < budget ? left : budget;
-        if (e->free_blocks < blocks_for(e, r->computed + num_new) || 1 > budget) break;
+        long need = blocks_for(e, e->ms_ahead ? ms_target(e, r->computed + num_new) : r->computed + num_new);
+        if (e->free_blocks - e->ms_reserved < need || 1 > budget) break;  /* (ms: and a round's lookahead) */
         e->cpu_free += r->nblk; e->gpu_tokens += r->ntok;
         if (e->pc) fail(e, pc_take(e, r, 0, r->nblk));  /* new GPU blocks, one by one (may evict) */
         else e->free_blocks -= r->nblk;
@@ -1163,6 +1221,7 @@ static long swap_in(kv_rep *e, long *n, long budget) {
         e->run[(*n)++] = s;
         j++;
         grow_seq(e, r, num_new);  /* checked: it fits */
+        if (e->ms_ahead) e->ms_reserved += need - r->nblk;  /* ms: the rest held back for the round */
         plan_add(e, s, num_new, r->computed);
         budget -= num_new;
     }
@@ -1204,6 +1263,7 @@ static int schedule(kv_rep *e) {
     plan_reset(e);
     long n = e->run_len, budget = e->c.max_num_batched_tokens;
     if (!e->c.chunked_prefill) {  /* VllmV0PagedPolicy.schedule */
+        if (e->ms_left) return ms_continue(e);  /* ms: the decode round under way */
         if (!e->sq_len && e->wq_len) {
             long num_seqs = n + e->sg_extra;  /* (sg: a forked group's sequences count) */
             for (long j = 0; j < e->wq_len; j++) {
@@ -1220,9 +1280,16 @@ static int schedule(kv_rep *e) {
             }
             if (e->num_parts) return 1;
         }
-        budget = schedule_running(e, &n, budget);
+        if (e->c.num_scheduler_steps > 1) {  /* ms: a decode round starts, with its lookahead */
+            e->ms_ahead = e->c.num_scheduler_steps - 1;
+            budget = ms_start_round(e, &n, budget);
+        } else budget = schedule_running(e, &n, budget);
         if (e->sq_len && !e->num_preempted) swap_in(e, &n, budget);
         e->run_len = n;  /* the preempted were its tail; the swapped in follow */
+        if (e->ms_ahead) {
+            e->ms_ahead = e->ms_reserved = 0;
+            if (e->num_parts) { e->ms_left = e->c.num_scheduler_steps - 1; e->ms_ghosts = e->ms_ghost_ctx = 0; }
+        }
         return e->num_parts > 0;
     }
     /* ContinuousPagedPolicy.schedule: running first; admission only if nobody was preempted */
@@ -1493,6 +1560,10 @@ static int end_step(kv_rep *e) {
             if (r->target - r->generated <= 0) e->finished[nf++] = e->part_slot[k];
         }
     }
+    if (e->ms_left && nf) {  /* ms: finished mid-round, still computed until the round ends */
+        e->ms_ghosts += nf;
+        for (long k = 0; k < nf; k++) e->ms_ghost_ctx += e->reqs[e->finished[k]].computed + 1;
+    }
     if (e->sp) {  /* spec: each verify's rejected tail freed (PagedAllocator.truncate) */
         int rc = spec_truncate(e);
         if (rc) return rc;
@@ -1631,6 +1702,8 @@ static long span_setup(kv_rep *e) {
         if (room < 0 || room >= bs) { rem_min = 0; break; }
         if (rem_min < 0 || left < rem_min) rem_min = left;
     }
+    if (e->c.num_scheduler_steps > 1 && !e->c.chunked_prefill && rem_min > e->ms_left + 1)
+        rem_min = e->ms_left + 1;  /* ms: no further than the round's last step */
     if (rem_min < 2) return 0;
     for (long k = 0; k < R; k++) {
         const kv_req *r = &e->reqs[e->run[k]];
@@ -1688,6 +1761,7 @@ static int span_run(kv_rep *e) {
         e->free_blocks -= need; e->gpu_tokens += R; e->decode_ctx += R;
         if (e->pc) e->uncached_free -= need;  /* pc_take of blocks past npb: uncached ones (nothing cached) */
         planned++;
+        if (e->ms_left) e->ms_left--;  /* ms: a step of the round planned */
         rc = start_step(e);
         if (rc) break;
     }

@@ -49,6 +49,8 @@ typedef struct {
                               (totals, the kept table coalesced past step_cap), none handed out */
     long step_cap, step_chunk;  /* StepRecorder's cap and _STEP_CHUNK */
     double swap_block_s;   /* seconds to copy one block over PCIe */
+    long num_scheduler_steps;  /* V0: steps of a decode round (vLLM 0.6's multi-step scheduling,
+                                  continuous_v0.py); 0 or 1: every step scheduled */
 } kv_engine_config;
 
 enum { KV_ROUTER_ROUND_ROBIN = 0, KV_ROUTER_LEAST_LOADED = 1,

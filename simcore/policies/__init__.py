@@ -61,6 +61,7 @@ def contiguous_allocator(cfg: ResolvedConfig) -> ContiguousAllocator:
 
 def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
     """vLLM's unified token-budget scheduler, or V0's prefill-first one without chunked prefill."""
+    from kvsim.simcore.batch_defaults import num_scheduler_steps
     from kvsim.simcore.policies.continuous import ContinuousPagedPolicy
     from kvsim.simcore.policies.continuous_v0 import VllmV0PagedPolicy
 
@@ -73,11 +74,14 @@ def _continuous(cfg: ResolvedConfig, rng: np.random.Generator) -> Policy:
             e.speculative_config, rng, enable_prefix_caching=e.enable_prefix_caching,
         )
     else:
-        cls = ContinuousPagedPolicy if e.enable_chunked_prefill else VllmV0PagedPolicy
-        policy = cls(
-            paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens,
-            e.enable_chunked_prefill, e.preemption_mode, rng, enable_prefix_caching=e.enable_prefix_caching,
-        )
+        args = (paged_allocator(cfg), e.max_num_seqs, cfg.max_num_batched_tokens, e.enable_chunked_prefill,
+                e.preemption_mode, rng)
+        if e.enable_chunked_prefill:
+            policy = ContinuousPagedPolicy(*args, enable_prefix_caching=e.enable_prefix_caching)
+        else:  # (multi-step scheduling: vLLM 0.6's decode rounds, simcore.batch_defaults)
+            policy = VllmV0PagedPolicy(*args, enable_prefix_caching=e.enable_prefix_caching,
+                                       num_scheduler_steps=num_scheduler_steps(e.engine_version, False),
+                                       max_model_len=cfg.max_model_len)
     if cfg.memory.num_offload_blocks:  # the CPU KV tier (simcore.kv_tier); V1 only (config refuses V0)
         from kvsim.simcore.kv_tier import HostKVTier
 

@@ -100,6 +100,10 @@ class ContinuousPagedPolicy:
         self._loaded: set[int] = set()  # loaded, waiting for admission
         self._held: dict[int, int] = {}  # finished hold_kv request id -> tokens its blocks keep
         self.parked_tokens = 0  # KV slots written by those sequences (loading, loaded or held)
+        # multi-step scheduling (continuous_v0.py), while a round's first step is planned: slots a
+        # sequence takes beyond its next tokens, and free blocks already held back for them (0: none)
+        self._round_lookahead = 0
+        self._round_reserved = 0
 
     # -- admission -------------------------------------------------------------------------
     def check(self, st: ReqState) -> str:
@@ -325,16 +329,18 @@ class ContinuousPagedPolicy:
             st = swapped[j]
             seq_ids = self.groups.seq_ids(st)
             k = len(seq_ids)
-            if k == 1:  # exactly the blocks it will hold after this step's tokens
+            if k == 1:  # exactly the blocks it will hold after this step's tokens (and a round's lookahead)
                 num_new = min(st.num_tokens - st.num_computed_tokens, budget)
-                need = alloc.blocks_for(st.num_computed_tokens + num_new)
+                need = alloc.blocks_for(st.num_computed_tokens + num_new if not self._round_lookahead
+                                        else self._lookahead_target(st.num_computed_tokens + num_new))
             else:  # its blocks, plus a new or copied-on-write block per sequence
                 num_new = 1
                 need = len(alloc.distinct_blocks(seq_ids)) + 2 * k
                 if not running:
                     need = min(need, alloc.num_gpu_blocks)
             # vLLM's budget.can_schedule: the group's every sequence within max_num_seqs
-            if alloc.num_free_blocks < need or k > budget or self._num_seqs(running) + k > self.max_num_seqs:
+            if (alloc.num_free_blocks - self._round_reserved < need or k > budget
+                    or self._num_seqs(running) + k > self.max_num_seqs):
                 break
             plan.num_swap_blocks += alloc.swap_in(seq_ids)
             plan.swapped_in.append(st)
@@ -342,6 +348,8 @@ class ContinuousPagedPolicy:
             j += 1
             ok = self._grow(seq_ids, num_new)
             assert ok, "swap-in checked room for the next token"
+            if self._round_lookahead:  # the rest of its lookahead blocks held back for the round
+                self._round_reserved += need - len(alloc.block_table(st.request_id))
             self._add(plan, st, num_new, k)
             budget -= num_new * k
         return budget

@@ -1,0 +1,182 @@
+"""Full-batch capacity: the highest request rate a replica's engine can serve, from its step model.
+
+Why: an engine whose step limit is above what it serves (vLLM V1's 1,024 sequences on an H100)
+admits every arrival and queues inside its batch. A mild overload then shows no queueing delay and
+its batch grows so slowly that a run of a few thousand requests cannot tell it from a slow fill
+(simcore.metrics.saturation). The step model can: it says how fast the engine works at its fullest
+batch, and an offered rate above that cannot be sustained however long the run.
+
+The steady state it solves (continuous batching over the paged cache, one replica): N sequences
+decode in every step, and the prompts' tokens ride along (chunked prefill: each prompt's chunks
+add their marginal cost to a step of N decodes, less the fixed part of a step's prefill work
+that the N / E[o - 1] prompts joining each step share; without chunked prefill, V0 runs them as prompt
+batches of up to max_num_batched_tokens that stall the decodes). Per second the engine spends
+S x T_dec(N) in decode work and lam x E[P] in prefill, and emits N x S decode tokens, which must
+be lam x E[o - 1]. So
+
+    lam(N) = N / (E[o - 1] x T_dec(N) + N x E[P(N)])
+
+N is at most max_num_seqs and what the KV cache holds at the batch's mean context (each sequence's
+context averaged over its decode steps, weighted by them: sum over requests of (o-1) p + (o-1) o / 2,
+over the sum of o - 1, plus half a block). The capacity is the largest lam(N) over N up to that.
+It is the model's own number (the same step prices the run used), not a measurement; preemption
+and uneven batches only lower what a run achieves, so a run offered clearly more than this is
+overloaded (simcore.metrics.judge_capacity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# batch sizes tried below the cache's limit, down to 1/16 of it (lam(N) grows with N on every
+# deployment tried; the smaller ones are a guard, the largest is always checked)
+_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that): bounded work per run
+
+
+def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
+                        prefill_share: float = 1.0, decode_only: bool = False,
+                        speculation: tuple[Any, float, float] | None = None) -> dict[str, Any] | None:
+    """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None
+    (no request decodes). `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
+    run's extrapolation counts are untouched); `config`: its ResolvedConfig; `prompts` /
+    `outputs`: the finished requests' prompt and output lengths; `prefill_share`: the share of
+    prompt tokens actually computed (prefix-cache hits are not); `decode_only`: a disaggregated
+    decode instance (its prompts' KV arrives from the prefill pool: no prefill term);
+    `speculation`: (the run's SpeculativeStepCost, mean draft tokens per verify, mean acceptance
+    length): each decode step is a verify of 1 + d tokens per sequence plus the drafter's passes,
+    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric)."""
+    prompts = np.asarray(prompts, dtype=np.int64)
+    outputs = np.asarray(outputs, dtype=np.int64)
+    decodes = np.maximum(outputs - 1, 0)
+    if not len(prompts) or decodes.sum() == 0:
+        return None
+    lat = latency.fresh()
+    lat.__dict__.pop("step_time_s", None)  # the model's own prices, not a caller's probe (profiles.calibrate)
+    step_s, per_step = (lambda n, ctx_sum: lat.step_time_s(n, [], n, ctx_sum, n)), 1.0
+    lookahead = 0
+    if speculation is not None:
+        cost, drafts, per_step = speculation
+        step_s = _verify_step(cost, lat, drafts)
+        lookahead = int(round(drafts))
+    engine = config.engine
+    context = float((decodes * prompts + decodes * (decodes + 1) / 2).sum() / decodes.sum())
+    by_cache = int(num_gpu_tokens // (context + lookahead + engine.block_size / 2))
+    n_max = max(1, min(int(engine.max_num_seqs), by_cache))
+    budget = int(config.max_num_batched_tokens)
+    computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))
+    lengths, weights = _length_groups(computed)
+    mean_decodes = float(decodes.mean()) / per_step  # decode steps per request
+    best: dict[str, Any] | None = None
+    for n in sorted({n_max, *(b for b in _BATCHES if n_max // 16 <= b < n_max)}):
+        ctx_sum = int(round(n * context))
+        t_dec = step_s(n, ctx_sum)
+        if decode_only:
+            rate = n / (mean_decodes * t_dec)
+            if best is None or rate > best["rate"]:
+                best = {"rate": rate, "batch": n, "context": context}
+            continue
+        chunked = engine.enable_chunked_prefill
+        # a prompt's marginal cost on a plain decode step (speculating, its verify is priced above)
+        t_plain = t_dec if speculation is None else lat.step_time_s(n, [], n, ctx_sum, n)
+        per_prompt = [_prefill_s(lat, int(p), n, ctx_sum, t_plain, budget, chunked) for p in lengths]
+        mean_prefill = float(np.dot(weights, per_prompt))
+        if chunked:
+            saving = _shared_step_saving(lat, n, ctx_sum, t_plain, budget, mean_decodes, computed)
+            mean_prefill = max(0.0, mean_prefill - saving)
+        rate = n / (mean_decodes * t_dec + n * mean_prefill)
+        if best is None or rate > best["rate"]:
+            best = {"rate": rate, "batch": n, "context": context}
+    return best
+
+
+def _verify_step(cost, lat, drafts: float):
+    """t(n, ctx_sum): seconds of a speculative decode step of n sequences, each verifying 1 + d
+    draft tokens (d the run's mean per verify) and drafting again, priced by a copy of the run's
+    SpeculativeStepCost on `lat` (its sums stay the run's)."""
+    from kvsim.simcore.speculative_cost import SpeculativeStepCost
+    from kvsim.simcore.step import SpecStep, StepPlan
+
+    fresh = SpeculativeStepCost(lat, cost.spec, cost._target, None if cost.draft is None else cost.draft.fresh())
+    d = max(0, int(round(drafts)))
+
+    def step_s(n: int, ctx_sum: int) -> float:
+        ctx = ctx_sum // n
+        spec = SpecStep(verify={i: (d, 0) for i in range(n)}, verify_chunks=[(1 + d, ctx)] * n,
+                        verify_context_tokens=ctx_sum + n, num_draft_tokens=n * d, num_drafting=n,
+                        drafting_context_tokens=ctx_sum + n)
+        return fresh.step_time_s(StepPlan(num_tokens=n, num_decode_seqs=n, decode_context_tokens=ctx_sum + n,
+                                          num_sampled=n, spec=spec))
+
+    return step_s
+
+
+def prefill_capacity(latency, config, prompts: np.ndarray, prefill_share: float = 1.0) -> float | None:
+    """Prompts per second one prefill-only instance (a disaggregated prefill pool's replica)
+    computes at full steps: each prompt's share of a step packed with prompts of its length up to
+    max_num_batched_tokens (longer ones chunked at it). None without prompts."""
+    prompts = np.asarray(prompts, dtype=np.int64)
+    if not len(prompts):
+        return None
+    lat = latency.fresh()
+    lat.__dict__.pop("step_time_s", None)
+    budget = int(config.max_num_batched_tokens)
+    lengths, weights = _length_groups(np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64)))
+    cost = []
+    for p in (int(x) for x in lengths):
+        if p <= budget:
+            k = min(max(1, budget // p), int(config.engine.max_num_seqs))
+            cost.append(lat.step_time_s(k * p, [(p, 0)] * k, 0, 0, k) / k)
+            continue
+        done, total = 0, 0.0
+        while done < p:
+            q = min(budget, p - done)
+            total += lat.step_time_s(q, [(q, done)], 0, 0, 1 if done + q == p else 0)
+            done += q
+        cost.append(total)
+    return 1.0 / float(np.dot(weights, cost))
+
+
+def _length_groups(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct lengths and their shares; beyond MAX_PROMPT_LENGTHS of them, equal-count groups
+    priced at their mean length (prefill cost is close to linear within a group)."""
+    values, counts = np.unique(lengths, return_counts=True)
+    if len(values) <= MAX_PROMPT_LENGTHS:
+        return values, counts / counts.sum()
+    ordered = np.sort(lengths)
+    groups = np.array_split(ordered, MAX_PROMPT_LENGTHS)
+    return (np.array([int(round(g.mean())) for g in groups]),
+            np.array([len(g) for g in groups], dtype=np.float64) / len(ordered))
+
+
+def _shared_step_saving(lat, n: int, ctx_sum: int, t_dec: float, budget: int, mean_decodes: float,
+                        computed: np.ndarray) -> float:
+    """Seconds per prompt saved because prompts share steps. A step's prefill part has a fixed
+    share (a prompt alone pays it, k prompts in one step split it), and in the steady state
+    k = N / E[o - 1] prompts join each step of N decodes (one per E[o - 1] decode steps each). The
+    saving is what a mean-length prompt pays alone less its share of k of them in one step; none
+    when k is about one or k mean prompts do not fit the step's token budget."""
+    mean = max(1, int(round(float(computed.mean()))))
+    k = min(int(round(n / max(mean_decodes, 1.0))), max(0, budget - n) // mean)
+    if k < 2:
+        return 0.0
+    alone = lat.step_time_s(n + mean, [(mean, 0)], n, ctx_sum, n + 1) - t_dec
+    together = (lat.step_time_s(n + k * mean, [(mean, 0)] * k, n, ctx_sum, n + k) - t_dec) / k
+    return max(0.0, alone - together)
+
+
+def _prefill_s(lat, prompt: int, n: int, ctx_sum: int, t_dec: float, budget: int, chunked: bool) -> float:
+    """Seconds one prompt adds: its chunks' marginal cost on steps of n decodes (chunked prefill),
+    or its share of a prompt batch (V0 without chunked prefill; the decodes wait meanwhile)."""
+    if not chunked:
+        k = max(1, budget // prompt)
+        return lat.step_time_s(k * prompt, [(prompt, 0)] * k, 0, 0, k) / k
+    room = max(1, budget - n)
+    done, total = 0, 0.0
+    while done < prompt:
+        q = min(room, prompt - done)
+        total += lat.step_time_s(n + q, [(q, done)], n, ctx_sum, n + 1) - t_dec
+        done += q
+    return total

@@ -1,0 +1,118 @@
+"""The full-batch capacity (simcore.full_batch): the step model's steady state at the engine's
+fullest batch, against what the simulator itself completes when offered more, and the verdict it
+settles (simcore.metrics.judge_capacity): a mild overload inside a 1,024-sequence batch shows no
+queue and fills too slowly for the fill test, so a run of a few thousand requests was `sustained`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli.main import app
+
+RUN = ["run", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--json", "--no-error-bars"]
+
+
+def _summary(*args: str) -> dict:
+    result = CliRunner().invoke(app, [*RUN, *args])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("args", [
+    ("--rate", "40", "--num-requests", "10000"),  # V1 defaults: 1,024 sequences, the cache binds first
+    ("--rate", "19", "--num-requests", "6000", "--engine-version", "vllm-v0"),  # 256 sequences, no chunked prefill
+    ("--rate", "18", "--num-requests", "6000", "--gpu", "A100-80GB"),  # vLLM's A100 defaults: 256 / 2048
+])
+def test_the_capacity_is_what_the_simulator_completes_when_offered_more(args):
+    doc = _summary(*args)
+    assert doc["saturation"] == "overloaded"
+    capacity = doc["full_batch_capacity"]
+    # offered ~1.15x of it: the steady state is the same step model, so it lands on the simulated
+    # rate (a short overloaded run completes a little more while its queue builds; V0's prompt
+    # batches stall the decodes unevenly, a little less)
+    assert 0.97 * doc["completed_rate_warm"] <= capacity <= 1.06 * doc["completed_rate_warm"]
+
+
+def test_a_mild_overload_inside_the_batch_is_overloaded():
+    doc = _summary("--rate", "36", "--num-requests", "2000")  # ~1.05x the ~34.5 req/s capacity
+    assert doc["queue_wait_slope"] < 0.05 and not doc["still_filling"]  # neither older test sees it
+    assert doc["in_system_slope"] < 0.25 * doc["offered_rate"]
+    assert doc["saturation"] == "overloaded" and doc["capacity_exceeded"] is True
+    assert doc["offered_rate"] > 1.03 * doc["full_batch_capacity"]
+    text = CliRunner().invoke(app, [*RUN[:-2], "--rate", "36", "--num-requests", "2000", "--no-error-bars"]).stdout
+    assert "OVERLOADED (offered more than the full-batch capacity" in text
+    assert "Full-batch capacity, model (req/s):" in text
+
+
+def test_a_load_under_the_capacity_stays_sustained():
+    doc = _summary("--rate", "30", "--num-requests", "2000")
+    assert doc["saturation"] == "sustained" and doc["capacity_exceeded"] is False
+    assert doc["full_batch_capacity"] > 30
+    # a replica more doubles it (the router spreads the load)
+    two = _summary("--rate", "30", "--num-requests", "2000", "--dp", "2")
+    assert two["full_batch_capacity"] == pytest.approx(2 * doc["full_batch_capacity"], rel=0.02)
+
+
+def test_prefix_cache_hits_are_not_prefilled():
+    """Shared prefixes hit the cache: the capacity prices only the prompt tokens computed."""
+    off = _summary("--workload", "shared-prefix", "--num-requests", "400", "--rate", "5", "--no-enable-prefix-caching")
+    on = _summary("--workload", "shared-prefix", "--num-requests", "400", "--rate", "5", "--enable-prefix-caching")
+    assert on["prefix_cache_hit_rate"] > 0.3
+    assert on["full_batch_capacity"] > 1.05 * off["full_batch_capacity"]
+
+
+def test_both_cores_give_the_same_capacity():
+    c = _summary("--rate", "36", "--num-requests", "800", "--engine-core", "c")
+    py = _summary("--rate", "36", "--num-requests", "800", "--engine-core", "python")
+    assert c["full_batch_capacity"] == py["full_batch_capacity"] and c["full_batch_seqs"] == py["full_batch_seqs"]
+    assert c["saturation"] == py["saturation"]
+
+
+def test_runs_it_does_not_describe_carry_no_capacity():
+    assert "full_batch_capacity" not in _summary("--policy", "static", "--rate", "2", "--num-requests", "200")
+    assert "full_batch_capacity" not in _summary("--rate", "2", "--num-requests", "200", "--pp", "2", "--tp", "1")
+
+
+def test_speculative_steps_verify_and_draft_and_emit_the_acceptance_length():
+    """Each decode step is the verify of 1 + d tokens plus the drafter's passes and emits the run's
+    mean acceptance length per sequence: EAGLE k = 3 on 70B TP 4 serves ~13.8 req/s at its fullest
+    batch, less than without speculation (17.0): at a full batch the drafts cost more than they save."""
+    spec = '{"method": "eagle", "num_speculative_tokens": 3}'
+    # offered ~1.15x, long enough for the batch to reach its limit (a verify step's time grows
+    # with the batch nearly in proportion, so the fill is slow: 2,500 requests at 20 req/s end
+    # while it still fills, and complete only 11.5 req/s)
+    over = _summary("--model", "llama3-70b", "--tp", "4", "--rate", "16", "--num-requests", "8000",
+                    "--speculative-config", spec)
+    assert over["saturation"] == "overloaded"
+    assert 0.97 * over["completed_rate_warm"] <= over["full_batch_capacity"] <= 1.06 * over["completed_rate_warm"]
+    plain = _summary("--model", "llama3-70b", "--tp", "4", "--rate", "2", "--num-requests", "300")
+    assert over["full_batch_capacity"] < plain["full_batch_capacity"]
+
+
+def test_plan_does_not_promise_more_than_the_capacity():
+    """The planner's TTFT-only answer for 60 req/s of 8B: before, one replica `sustained` ~36.9 req/s
+    of a ~34.5 capacity (in-batch overload, no queue); now no replica is planned above it by more
+    than the verdict's margin."""
+    result = CliRunner().invoke(app, ["plan", "--model", "llama3-8b", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                                      "--rate", "60", "--slo-ttft-p95-ms", "1000", "--json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    best = doc["answers"][0]["best"]
+    one = _summary("--rate", "30", "--num-requests", "600")  # the search's own request count
+    assert best["replicas"] == 2  # 60 req/s is not one H100's, nor was it (31 completed per s)
+    assert best["replica_max_rate"] <= 1.03 * one["full_batch_capacity"] * 1.04  # + the search's grid step
+
+
+def test_a_disaggregated_run_carries_its_slower_pools_capacity():
+    """Prefill pool: prompts per second at full steps; decode pool: its full-batch decode rate. The
+    azure-conv prompts (~1k tokens) make 70B's one TP 4 prefill instance the slower pool."""
+    args = ["--model", "llama3-70b", "--prefill-replicas", "1", "--prefill-tp", "4", "--decode-replicas", "1",
+            "--decode-tp", "4", "--workload", "azure-conv"]
+    over = _summary(*args, "--rate", "14", "--num-requests", "3000")
+    assert over["saturation"] == "overloaded"
+    assert 0.97 * over["completed_rate_warm"] <= over["full_batch_capacity"] <= 1.08 * over["completed_rate_warm"]
+    under = _summary(*args, "--rate", "8", "--num-requests", "1500")
+    assert under["saturation"] == "sustained" and under["full_batch_capacity"] > 8
