@@ -693,7 +693,7 @@ def _write(out: Path, table, doc: dict[str, Any], result) -> None:
         }
         if _has_pyarrow():
             writers["plan.parquet"] = lambda p: _write_parquet(table, p)
-        write_files(out, writers)
+        write_files(out, writers, PLAN_FILES)  # (an earlier plan's plan.parquet goes with it when pyarrow is gone)
 
 
 __all__ = ["plan"]

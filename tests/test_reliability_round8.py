@@ -292,6 +292,22 @@ def test_find_max_rate_over_a_closed_loop_is_refused_before_its_header():
         assert result.stdout == ""
 
 
+def test_a_plan_without_pyarrow_drops_an_earlier_plans_parquet_table(tmp_path, monkeypatch):
+    """`plan --out o` with pyarrow, then again once pyarrow is gone: o kept the first plan's
+    plan.parquet beside the second plan's plan.csv and plan.json."""
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "o"
+    args = ["plan", "--rate", "2", "--gpu", "H100-SXM-80GB", "--tp", "1", "--search-requests", "60",
+            "--confirm-requests", "100", "--out", str(out)]
+    assert invoke(*args).exit_code == 0 and (out / "plan.parquet").exists()
+    import kvsim.cli.plan_cmd as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "_has_pyarrow", lambda: False)
+    result = invoke(*args, "--seed", "1")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["capacity.png", "plan.csv", "plan.html", "plan.json"]
+
+
 # --- numbers accepted but meaningless ---------------------------------------------------------
 
 
