@@ -717,4 +717,4 @@ def write_sweep_report(report: SweepReport, out_dir: Path, command: str) -> list
         page = render_html(report, list(pngs.values()), command)
         writers = {name: (lambda dst, src=src: dst.write_bytes(src.read_bytes())) for name, (src, _) in pngs.items()}
         writers["sweep-report.html"] = lambda dst: dst.write_text(page)
-        return write_files(out_dir, writers)
+        return write_files(out_dir, writers, FILES)  # an earlier report's heatmaps go with its page

@@ -144,6 +144,19 @@ def test_report_sweep_refuses_two_sweeps_pasted_into_one_table(csv_sweep, tmp_pa
     assert not out.exists()
 
 
+def test_a_report_replaces_an_earlier_reports_heatmaps(csv_sweep, tmp_path):
+    """`report sweep A --out r` (block size x rate: four heatmaps), then `report sweep B --out r` (a
+    rate sweep: no heatmap): r kept A's heatmaps beside B's page."""
+    out = tmp_path / "r"
+    assert invoke("report", "sweep", str(csv_sweep), "--out", str(out)).exit_code == 0
+    assert len(list(out.glob("heatmap-*.png"))) == 4
+    other = tmp_path / "o.csv"
+    assert invoke(*SWEEP, "--rate", "3,4", "--out", str(other)).exit_code == 0
+    result = invoke("report", "sweep", str(other), "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["sweep-report.html", "throughput-latency.png"]
+
+
 def test_report_sweep_names_a_profile_hash_edited_into_a_number(csv_sweep, tmp_path):
     """profile_sha256 1e308 (a hash that is all digits reads as a number too): TypeError "'float'
     object is not subscriptable" while the page named the profiles."""
