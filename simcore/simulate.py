@@ -281,13 +281,13 @@ class Simulation:
     def _full_batch_capacity(self, records, counters: dict[str, int], stats) -> dict[str, Any] | None:
         """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
         describes the run: vLLM's paged continuous batching, replicas alike, one sequence per
-        request, no pipeline or autoscaler, exact request rows; None otherwise."""
+        request, no autoscaler, exact request rows; None otherwise. With pipeline stages the step
+        is simcore.pipeline's round of micro-batches (one token per sequence per round)."""
         from kvsim.simcore.full_batch import full_batch_capacity
 
         cfg = self.config
         if (cfg is None or self.fleet or self.autoscaler is not None or not records.kept
                 or cfg.policy.name != "continuous" or cfg.policy.allocator != "paged"
-                or cfg.engine.pipeline_parallel_size != 1
                 or getattr(self.workload, "turn_summary", None) is not None):
             return None
         cols = records.columns()

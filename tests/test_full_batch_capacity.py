@@ -73,7 +73,14 @@ def test_both_cores_give_the_same_capacity():
 
 def test_runs_it_does_not_describe_carry_no_capacity():
     assert "full_batch_capacity" not in _summary("--policy", "static", "--rate", "2", "--num-requests", "200")
-    assert "full_batch_capacity" not in _summary("--rate", "2", "--num-requests", "200", "--pp", "2", "--tp", "1")
+    assert "full_batch_capacity" not in _summary("--rate", "2", "--num-requests", "200", "--n", "2")
+
+
+def test_pipeline_stages_run_rounds_of_micro_batches():
+    """With --pp 2 a step is simcore.pipeline's round: the capacity lands on what the run completes."""
+    over = _summary("--pp", "2", "--rate", "65", "--num-requests", "12000")
+    assert over["saturation"] == "overloaded"
+    assert 0.95 * over["completed_rate_warm"] <= over["full_batch_capacity"] <= 1.06 * over["completed_rate_warm"]
 
 
 def test_speculative_steps_verify_and_draft_and_emit_the_acceptance_length():
