@@ -28,6 +28,7 @@ CASES = [  # (label, kvsim run options, requests)
     ("8B, H100, DP 2", ["--dp", "2"], 20000),
     ("8B, H100, alpaca", ["--workload", "alpaca"], 20000),
     ("8B, 2 x H100 PP 2", ["--pp", "2"], 12000),
+    ("8B fleet: 1 x H100 + 1 x A100-80GB", ["--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"], 12000),
     ("70B, 4 x H100 TP 4, EAGLE k = 3", ["--model", "llama3-70b", "--tp", "4", "--speculative-config",
                                          '{"method": "eagle", "num_speculative_tokens": 3}'], 8000),
     ("70B disaggregated, 1 x TP 4 prefill + 1 x TP 4 decode, azure-conv",

@@ -280,13 +280,13 @@ class Simulation:
 
     def _full_batch_capacity(self, records, counters: dict[str, int], stats) -> dict[str, Any] | None:
         """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
-        describes the run: vLLM's paged continuous batching, replicas alike, one sequence per
-        request, no autoscaler, exact request rows; None otherwise. With pipeline stages the step
+        describes the run: vLLM's paged continuous batching, one sequence per request, no
+        autoscaler, exact request rows; None otherwise. A fleet's groups add up. With pipeline stages the step
         is simcore.pipeline's round of micro-batches (one token per sequence per round)."""
         from kvsim.simcore.full_batch import full_batch_capacity
 
         cfg = self.config
-        if (cfg is None or self.fleet or self.autoscaler is not None or not records.kept
+        if (cfg is None or self.autoscaler is not None or not records.kept
                 or cfg.policy.name != "continuous" or cfg.policy.allocator != "paged"
                 or getattr(self.workload, "turn_summary", None) is not None):
             return None
@@ -304,8 +304,18 @@ class Simulation:
                 return None
             accepted = counters.get("spec_num_accepted_tokens", 0)
             speculation = (self.replicas[0].spec_cost, tokens / drafts, 1 + accepted / drafts)
-        one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts,
-                                  cols["num_positions"][done], max(share, 0.0), speculation=speculation)
+        outputs, share = cols["num_positions"][done], max(share, 0.0)
+        if self.fleet:  # each group's replicas at their own GPU's capacity (a fleet has no speculation or PP)
+            total, first, index = 0.0, None, 0
+            for group_cfg, _profile, count in self.fleet:
+                one = full_batch_capacity(self.replicas[index].latency, group_cfg, group_cfg.memory.num_gpu_tokens,
+                                          prompts, outputs, share)
+                if one is None:
+                    return None
+                total, first, index = total + one["rate"] * count, first or one, index + count
+            return {**first, "rate": total}
+        one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts, outputs, share,
+                                  speculation=speculation)
         if one is None:
             return None
         return {**one, "rate": one["rate"] * len(self.replicas)}

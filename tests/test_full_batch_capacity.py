@@ -76,6 +76,17 @@ def test_runs_it_does_not_describe_carry_no_capacity():
     assert "full_batch_capacity" not in _summary("--rate", "2", "--num-requests", "200", "--n", "2")
 
 
+def test_a_fleets_groups_add_up():
+    """One H100 (V1 defaults 1,024 / 8,192) and one A100 (256 / 2,048) behind least-loaded."""
+    h100 = _summary("--rate", "2", "--num-requests", "300")["full_batch_capacity"]
+    a100 = _summary("--rate", "2", "--num-requests", "300", "--gpu", "A100-80GB")["full_batch_capacity"]
+    result = CliRunner().invoke(app, ["run", "--model", "llama3-8b", "--json", "--no-error-bars", "--fleet",
+                                      "H100-SXM-80GB:1:1,A100-80GB:1:1", "--rate", "2", "--num-requests", "300"])
+    assert result.exit_code == 0, result.stderr
+    fleet = json.loads(result.stdout)
+    assert fleet["full_batch_capacity"] == pytest.approx(h100 + a100, rel=1e-9)  # the same requests
+
+
 def test_pipeline_stages_run_rounds_of_micro_batches():
     """With --pp 2 a step is simcore.pipeline's round: the capacity lands on what the run completes."""
     over = _summary("--pp", "2", "--rate", "65", "--num-requests", "12000")
