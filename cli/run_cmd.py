@@ -977,8 +977,14 @@ def _report(result, wl, slo, seed: int, out: Path | None, as_json: bool, staging
     elif judged.get("saturation") == "overloaded":
         s = judged
         unit = rate_unit(bool(result.record["workload"].get("sessions")))
-        typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} {unit} offered, {s['completed_rate_warm']:.2f} "
-                   "completed once warm; the queue grows for as long as the load lasts", err=True)
+        if s.get("capacity_exceeded"):  # queued inside the batch: no queue to point at (simcore.full_batch)
+            typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} {unit} offered, above the full-batch capacity "
+                       f"{s['full_batch_capacity']:.2f} ({s['full_batch_seqs']:,} sequences per step); "
+                       f"{s['completed_rate_warm']:.2f} completed once warm; the batch, then a queue, grows for "
+                       "as long as the load lasts", err=True)
+        else:
+            typer.echo(f"WARNING overloaded: {s['offered_rate']:.2f} {unit} offered, {s['completed_rate_warm']:.2f} "
+                       "completed once warm; the queue grows for as long as the load lasts", err=True)
     summary = {
         **configured_load(result.record["workload"]),
         **judged, "regime": regime.label, "peak_kv_use": regime.peak_kv_use,

@@ -44,6 +44,10 @@ def test_a_mild_overload_inside_the_batch_is_overloaded():
     assert doc["offered_rate"] > 1.03 * doc["full_batch_capacity"]
     text = CliRunner().invoke(app, [*RUN[:-2], "--rate", "36", "--num-requests", "2000", "--no-error-bars"]).stdout
     assert "OVERLOADED (offered more than the full-batch capacity" in text
+    err = CliRunner().invoke(app, [*RUN[:-2], "--rate", "36", "--num-requests", "2000", "--no-error-bars"]).stderr
+    capacity, seqs = doc["full_batch_capacity"], doc["full_batch_seqs"]
+    assert (f"WARNING overloaded: {doc['offered_rate']:.2f} req/s offered, above the full-batch capacity "
+            f"{capacity:.2f} ({seqs:,} sequences per step)") in err
     assert "Full-batch capacity, model (req/s):" in text
 
 
