@@ -145,7 +145,7 @@ class Bounds:
 
     ttft_p95_ms: float  # p95 over requests of prefilling each prompt alone
     tpot_p95_ms: float  # p95 over requests of one decode step alone at its prompt's context (/ k + 1 speculating)
-    rate_ub: float  # req/s if every token were processed at the cheapest per-token cost
+    rate_ub: float  # req/s if every token were processed at the cheapest per-token cost (or the capacity's bound)
     # per request (s): what the percentiles above are taken of, for a target at any percentile
     per_request_s: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
@@ -200,7 +200,29 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
     per_out = np.array([step_at[c] for c in prompts.tolist()])
     e2el = ttft + np.maximum(outputs - 1, 0) * per_out
     return Bounds(1000 * _percentile(ttft, 95), 1000 * _percentile(tpot, 95),
-                  min(throughput_ub, kv_ub), {"ttft": ttft, "tpot": tpot, "e2el": e2el})
+                  min(throughput_ub, kv_ub, _capacity_bound(latency, resolved, prompts, outputs)),
+                  {"ttft": ttft, "tpot": tpot, "e2el": e2el})
+
+
+# A run offered more than 1.03x its full-batch capacity that falls behind is overloaded
+# (simcore.metrics.judge_capacity), and the capacity came within 0.97-1.03x of what overloaded
+# runs complete (benchmarks/README.md, "Full-batch capacity"): no rate above this share of it passes.
+CAPACITY_BOUND = 1.1
+
+
+def _capacity_bound(latency, resolved, prompts: np.ndarray, outputs: np.ndarray) -> float:
+    """CAPACITY_BOUND x the full-batch capacity (simcore.full_batch) of one replica serving these
+    requests, a much tighter bound than the per-token one where decode steps are memory-bound;
+    inf where the capacity does not describe the candidate (speculation: its acceptance comes
+    from a run; pipeline stages: priced by their rounds in a run) or nothing decodes."""
+    from kvsim.simcore.full_batch import full_batch_capacity
+
+    e = resolved.engine
+    if e.speculative_config is not None or e.pipeline_parallel_size > 1 or resolved.policy.name != "continuous" \
+            or resolved.policy.allocator != "paged":
+        return math.inf
+    one = full_batch_capacity(latency, resolved, resolved.memory.num_gpu_tokens, prompts, outputs)
+    return math.inf if one is None else CAPACITY_BOUND * one["rate"]
 
 
 # -- assessing candidates ---------------------------------------------------------------------
