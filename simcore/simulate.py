@@ -350,6 +350,14 @@ def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str,
 _SAID_PYTHON_CORE = False
 
 
+V1_ENGINES = ("vllm-v1", "vllm-v1-async")
+# vLLM V1's scheduler preempts by recompute only; vLLM 0.8-0.10 ran its V0 engine when given
+# --preemption-mode, and V0 left with 0.11 (vllm-project/vllm issue #18115, 2025-07-28).
+V1_SWAP_WARNING = ("--preemption-mode swap with {version}: vLLM V1 preempts by recompute only (0.8-0.10 fell "
+                   "back to the V0 engine for --preemption-mode; vLLM issue #18115), so no V1 release ran this; "
+                   "kvsim swaps as V0 did, at V1's step costs (--engine-version vllm-v0 or vllm-0.6 for V0's)")
+
+
 def _say_python_core_once(why: str) -> None:
     """One stderr line per process when the compiled core is missing from this install (not when a
     run merely needs the Python core): the user pays 20-80x and should know why."""
@@ -413,6 +421,9 @@ def prepare(
             f"profile has no decode table for block size {config.block_size}; using "
             f"{latency.decode_block_size}"
         )
+    if (config.preemption_mode == "swap" and config.engine_version in V1_ENGINES
+            and cfg.policy.name == "continuous" and cfg.policy.allocator == "paged"):
+        warnings.append(V1_SWAP_WARNING.format(version=config.engine_version))
     if config.pipeline_parallel_size > 1:  # stages on different micro-batches (simcore.pipeline)
         latency = PipelineLatency(latency, gpu, config.tensor_parallel_size,
                                   config.pipeline_parallel_size, model.hidden_size, model.dtype_bytes)

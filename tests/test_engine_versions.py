@@ -93,3 +93,20 @@ def test_bad_engine_version_is_one_line(args, needle):
     result = CliRunner().invoke(app, [*RUN, *args])
     assert result.exit_code != 0
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_swap_preemption_with_a_v1_engine_says_no_v1_release_ran_it():
+    """vLLM V1 preempts by recompute only; 0.8-0.10 ran the V0 engine for --preemption-mode (vLLM
+    issue #18115). kvsim still swaps (it is how V0 used the host link) but says so; V0 presets do not."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli.main import app
+
+    args = ["run", "--rate", "5", "--num-requests", "60", "--gpu-memory-utilization", "0.27", "--no-error-bars",
+            "--preemption-mode", "swap"]
+    for version, warned in ((None, True), ("vllm-v1-async", True), ("vllm-0.6", False), ("vllm-v0", False)):
+        extra = [] if version is None else ["--engine-version", version]
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.stderr
+        said = "vLLM V1 preempts by recompute only" in result.stderr
+        assert said is warned, version
