@@ -215,11 +215,10 @@ def _capacity_bound(latency, resolved, prompts: np.ndarray, outputs: np.ndarray)
     requests, a much tighter bound than the per-token one where decode steps are memory-bound;
     inf where the capacity does not describe the candidate (speculation: its acceptance comes
     from a run; pipeline stages: priced by their rounds in a run) or nothing decodes."""
-    from kvsim.simcore.full_batch import full_batch_capacity
+    from kvsim.simcore.full_batch import describes, full_batch_capacity
 
     e = resolved.engine
-    if e.speculative_config is not None or e.pipeline_parallel_size > 1 or resolved.policy.name != "continuous" \
-            or resolved.policy.allocator != "paged":
+    if e.speculative_config is not None or e.pipeline_parallel_size > 1 or not describes(resolved):
         return math.inf
     one = full_batch_capacity(latency, resolved, resolved.memory.num_gpu_tokens, prompts, outputs)
     return math.inf if one is None else CAPACITY_BOUND * one["rate"]

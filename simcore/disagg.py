@@ -68,7 +68,7 @@ import numpy as np
 from kvsim.simcore.errors import ConfigError, StalledError
 from kvsim.simcore.metrics import StepTotals, judge_capacity, summarize_records
 from kvsim.simcore.pipeline import H100_NIC_GBPS, H100_NVLINK_GBPS, INTER_NODE_SEND_RECV, INTRA_NODE_SEND_RECV
-from kvsim.simcore.records import FINISHED, Samples
+from kvsim.simcore.records import Samples
 from kvsim.simcore.request import Request
 from kvsim.simcore.simulate import Result, Simulation, prepare
 from kvsim.simcore.specs import GPUSpec, ModelSpec
@@ -464,19 +464,15 @@ class DisaggSimulation(Simulation):
         """(req/s, decode batch) the pools sustain at full steps: the prefill pool's prompts per
         second and the decode pool's full-batch decode rate (simcore.full_batch), the lower of
         the two; None where it does not describe the run (no exact rows, speculation, n > 1)."""
-        from kvsim.simcore.full_batch import full_batch_capacity, prefill_capacity
+        from kvsim.simcore.full_batch import full_batch_capacity, prefill_capacity, served_lengths
 
-        if not records.kept:
-            return None
-        cols = records.columns()
-        done = cols["status"] == FINISHED
         pre, dec = self.pools["prefill"], self.pools["decode"]
-        if (not done.any() or (cols["n"][done] != 1).any() or (cols["beam_width"][done] > 1).any()
-                or any(p.config.engine.speculative_config is not None for p in (pre, dec))):
+        lengths = served_lengths(records)
+        if lengths is None or any(p.config.engine.speculative_config is not None for p in (pre, dec)):
             return None
-        prompts = cols["num_prompt_tokens"][done]
-        decode = full_batch_capacity(dec.latency, dec.config, dec.memory.num_gpu_tokens, prompts,
-                                     cols["num_positions"][done], decode_only=True)
+        prompts, outputs = lengths
+        decode = full_batch_capacity(dec.latency, dec.config, dec.memory.num_gpu_tokens, prompts, outputs,
+                                     decode_only=True)
         prefill = prefill_capacity(pre.latency, pre.config, prompts)
         if decode is None or prefill is None:
             return None

@@ -53,8 +53,7 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     decodes = np.maximum(outputs - 1, 0)
     if not len(prompts) or decodes.sum() == 0:
         return None
-    lat = latency.fresh()
-    lat.__dict__.pop("step_time_s", None)  # the model's own prices, not a caller's probe (profiles.calibrate)
+    lat = _priced_copy(latency)
     step_s, per_step = (lambda n, ctx_sum: lat.step_time_s(n, [], n, ctx_sum, n)), 1.0
     lookahead = 0
     if speculation is not None:
@@ -92,6 +91,33 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     return best
 
 
+def describes(config) -> bool:
+    """Whether the steady state above is the run's: vLLM's continuous batching over the paged cache."""
+    return config.policy.name == "continuous" and config.policy.allocator == "paged"
+
+
+def served_lengths(records) -> tuple[np.ndarray, np.ndarray] | None:
+    """(prompt, output) lengths of the finished requests, or None where the capacity does not
+    describe them: no exact request rows, nothing finished, or several sequences per request."""
+    from kvsim.simcore.records import FINISHED
+
+    if not records.kept:
+        return None
+    cols = records.columns()
+    done = cols["status"] == FINISHED
+    if not done.any() or (cols["n"][done] != 1).any() or (cols["beam_width"][done] > 1).any():
+        return None
+    return cols["num_prompt_tokens"][done], cols["num_positions"][done]
+
+
+def _priced_copy(latency):
+    """A fresh copy of the run's model (its extrapolation counts stay the run's) that prices with
+    the model's own step_time_s, not a probe a caller set on the instance (profiles.calibrate)."""
+    lat = latency.fresh()
+    lat.__dict__.pop("step_time_s", None)
+    return lat
+
+
 def _verify_step(cost, lat, drafts: float):
     """t(n, ctx_sum): seconds of a speculative decode step of n sequences, each verifying 1 + d
     draft tokens (d the run's mean per verify) and drafting again, priced by a copy of the run's
@@ -120,8 +146,7 @@ def prefill_capacity(latency, config, prompts: np.ndarray, prefill_share: float 
     prompts = np.asarray(prompts, dtype=np.int64)
     if not len(prompts):
         return None
-    lat = latency.fresh()
-    lat.__dict__.pop("step_time_s", None)
+    lat = _priced_copy(latency)
     budget = int(config.max_num_batched_tokens)
     lengths, weights = _length_groups(np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64)))
     cost = []

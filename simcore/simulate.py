@@ -262,7 +262,7 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
-        capacity = self._full_batch_capacity(records, counters, stats)
+        capacity = self._full_batch_capacity(records, counters, summary)
         if capacity is not None:  # req/s over the replicas; the batch it assumes, per replica
             summary["full_batch_capacity"], summary["full_batch_seqs"] = capacity["rate"], capacity["batch"]
             judge_capacity(summary, capacity["rate"])
@@ -278,33 +278,31 @@ class Simulation:
                       time.perf_counter() - self.started, warnings)
 
 
-    def _full_batch_capacity(self, records, counters: dict[str, int], stats) -> dict[str, Any] | None:
+    def _full_batch_capacity(self, records, counters: dict[str, int], summary: dict[str, Any]) -> dict[str, Any] | None:
         """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
         describes the run: vLLM's paged continuous batching, one sequence per request, no
-        autoscaler, exact request rows; None otherwise. A fleet's groups add up. With pipeline stages the step
-        is simcore.pipeline's round of micro-batches (one token per sequence per round)."""
-        from kvsim.simcore.full_batch import full_batch_capacity
+        autoscaler, exact request rows; None otherwise. A fleet's groups add up. With pipeline
+        stages the step is simcore.pipeline's round of micro-batches (one token per sequence per
+        round); speculating, the run's spec-decode metrics (`speculative_summary`) say what a
+        step verifies and emits."""
+        from kvsim.simcore.full_batch import describes, full_batch_capacity, served_lengths
 
         cfg = self.config
-        if (cfg is None or self.autoscaler is not None or not records.kept
-                or cfg.policy.name != "continuous" or cfg.policy.allocator != "paged"
+        if (cfg is None or self.autoscaler is not None or not describes(cfg)
                 or getattr(self.workload, "turn_summary", None) is not None):
             return None
-        cols = records.columns()
-        done = cols["status"] == FINISHED
-        if not done.any() or (cols["n"][done] != 1).any() or (cols["beam_width"][done] > 1).any():
+        lengths = served_lengths(records)
+        if lengths is None:
             return None
-        prompts = cols["num_prompt_tokens"][done]
+        prompts, outputs = lengths
         hits = counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0)
-        share = 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64)))
+        share = max(0.0, 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64))))
         speculation = None
-        if cfg.engine.speculative_config is not None:  # vLLM's spec-decode metrics of this run
-            drafts, tokens = counters.get("spec_num_drafts", 0), counters.get("spec_num_draft_tokens", 0)
-            if not drafts:
+        if cfg.engine.speculative_config is not None:
+            if not summary.get("spec_num_drafts"):
                 return None
-            accepted = counters.get("spec_num_accepted_tokens", 0)
-            speculation = (self.replicas[0].spec_cost, tokens / drafts, 1 + accepted / drafts)
-        outputs, share = cols["num_positions"][done], max(share, 0.0)
+            speculation = (self.replicas[0].spec_cost, summary["spec_num_draft_tokens"] / summary["spec_num_drafts"],
+                           summary["spec_mean_acceptance_length"])
         if self.fleet:  # each group's replicas at their own GPU's capacity (a fleet has no speculation or PP)
             total, first, index = 0.0, None, 0
             for group_cfg, _profile, count in self.fleet:
@@ -595,7 +593,6 @@ def ttft_split_ms(cols: dict[str, np.ndarray], load_wait_s: float) -> dict[str, 
     queue, waiting for KV loaded from the CPU tier (`load_wait_s`: their loads, start to ready,
     before they were first scheduled; a load queued on the host link counts from its start), and
     from first scheduled to first token (prefill, its chunks, and any preemption in between)."""
-    from kvsim.simcore.records import FINISHED
 
     done = cols["status"] == FINISHED
     n = int(done.sum())

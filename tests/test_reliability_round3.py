@@ -83,6 +83,17 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def signal_run_out_new(tmp_path: Path, sig: int) -> tuple[int, str]:
+    """(exit code, stderr) of `run --out NEW` sent `sig` once it is simulating (its staging exists)."""
+    proc = kvsim_process("run", "--num-requests", "2000000", "--rate", "500", "--out", str(tmp_path / "NEW"),
+                         cwd=tmp_path)
+    wait_for(lambda: any(p.name.startswith(".NEW.kvsim-") for p in tmp_path.iterdir()), 60, "the staging folder")
+    time.sleep(0.2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
 def children_of(pid: int) -> list[int]:
     """Live processes whose parent is `pid` (from /proc)."""
     found = []
@@ -245,13 +256,8 @@ def test_ctrl_c_at_any_moment_of_start_up(tmp_path):
 
 def test_ctrl_c_of_run_out_new_leaves_nothing(tmp_path):
     """Ctrl-C of `run --out NEW` once the run is simulating: one line, exit 130, no NEW, no staging."""
-    proc = kvsim_process("run", "--num-requests", "2000000", "--rate", "500", "--out", str(tmp_path / "NEW"),
-                         cwd=tmp_path)
-    wait_for(lambda: any(p.name.startswith(".NEW.kvsim-") for p in tmp_path.iterdir()), 60, "the staging folder")
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (proc.returncode, err)
+    returncode, err = signal_run_out_new(tmp_path, signal.SIGINT)
+    assert returncode == 130, (returncode, err)
     assert err.endswith("kvsim: interrupted\n") and "Traceback" not in err, err
     assert entries(tmp_path) == []
 

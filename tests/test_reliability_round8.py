@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_one_line_error, invoke_cli
-from tests.test_reliability_round3 import alive, children_of, entries, kvsim_process, wait_for
+from tests.test_reliability_round3 import (
+    alive,
+    children_of,
+    entries,
+    kvsim_process,
+    signal_run_out_new,
+    wait_for,
+)
 
 TINY = ["--num-requests", "5", "--rate", "5", "--input-len", "32", "--output-len", "4", "--no-error-bars"]
 SWEEP = ["sweep", "--num-requests", "5", "--input-len", "32", "--output-len", "4", "--jobs", "1"]
@@ -367,13 +374,8 @@ def test_sigterm_of_run_out_new_leaves_nothing(tmp_path):
     """SIGTERM (kill, timeout, docker stop) of `run --out NEW`: Python's default ended it on the
     spot, silently, and left the staging folder `.NEW.kvsim-*`. Now it ends as a Ctrl-C does:
     one line, exit 143, nothing left."""
-    proc = kvsim_process("run", "--num-requests", "2000000", "--rate", "500", "--out", str(tmp_path / "NEW"),
-                         cwd=tmp_path)
-    wait_for(lambda: any(p.name.startswith(".NEW.kvsim-") for p in tmp_path.iterdir()), 60, "the staging folder")
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, (proc.returncode, err)
+    returncode, err = signal_run_out_new(tmp_path, signal.SIGTERM)
+    assert returncode == 143, (returncode, err)
     assert err.endswith("kvsim: terminated\n") and "Traceback" not in err, err
     assert entries(tmp_path) == []
 
