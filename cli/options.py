@@ -279,6 +279,12 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
     if width > 1 and not resolved.policy.paged:  # (simcore.policies.reserved.unsupported_sampling, after the run)
         raise ConfigError(f"{what}: parallel sampling and beam search are modelled only by --policy continuous "
                           f"--allocator paged, not {resolved.policy.label}; every request would be rejected")
+    if width > 1 and (given or {}).get(flag) is not None and _multi_step_rounds(resolved.engine):
+        # simcore.policies.continuous_v0 rejects each such request (vLLM 0.6's multi-step output
+        # processor runs one sequence per request); a flag sets every request's
+        raise ConfigError(f"{what} with --engine-version {resolved.engine.engine_version}: its multi-step decode "
+                          "rounds run one sequence per request (vLLM 0.6 refused parallel sampling and beam search "
+                          "with --num-scheduler-steps); every request would be rejected")
     limit = min(resolved.engine.max_num_seqs, resolved.max_num_batched_tokens)
     if width <= limit:
         return
@@ -286,6 +292,14 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
              else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
     raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "
                       f"step holds at most {bound}; every request would be rejected")
+
+
+def _multi_step_rounds(engine: Any) -> bool:
+    """Whether the run schedules vLLM 0.6's multi-step decode rounds (simcore.batch_defaults)."""
+    from kvsim.simcore.batch_defaults import num_scheduler_steps
+
+    return num_scheduler_steps(engine.engine_version, engine.enable_chunked_prefill,
+                               engine.speculative_config is not None) > 1
 
 
 def check_router_workload(routers: str | list[str] | None, wl: Any) -> None:

@@ -33,6 +33,9 @@ int kv_engine_feed_widths(kv_engine *S, long n, const long *widths) {
 /* ContinuousPagedPolicy.check for k > 1: the group must fit a step and the cache at its longest
    (SequenceGroups.num_blocks_for); no V0 watermark for groups. 0: admissible */
 static long sg_check(const kv_rep *e, const kv_req *r) {
+    /* ms: vLLM 0.6's multi-step rounds run one sequence per request (VllmV0PagedPolicy.check
+       refuses the group; the reason's text is the Python engine's, fastcore._reason) */
+    if (e->c.num_scheduler_steps > 1) return KV_REJECT_BUDGET;
     long k = r->k, cap = e->c.max_num_seqs < e->c.max_num_batched_tokens ? e->c.max_num_seqs
                                                                           : e->c.max_num_batched_tokens;
     if (k > cap) return KV_REJECT_BUDGET;

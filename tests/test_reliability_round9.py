@@ -1,0 +1,48 @@
+"""Reliability, round 9: an adversarial pass over the full-batch capacity and its `overloaded`
+verdict (fleets, disaggregation, prefix caching), the rate searches of `kvsim run
+--find-max-rate` and `kvsim plan`, and vLLM 0.6's multi-step rounds in both cores. Each test is
+named after the case it found. Same style as test_reliability_round8."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kvsim.simcore import ccore
+from tests.helpers import assert_one_line_error, invoke_cli
+
+invoke = invoke_cli
+V06 = ["--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "8", "--num-requests", "5",
+       "--rate", "5", "--engine-version", "vllm-0.6", "--no-error-bars"]
+
+
+# --- vLLM 0.6's multi-step rounds ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
+def test_multi_step_rounds_with_some_requests_sampling_n_agree_in_both_cores():
+    """A trace mixing n = 1 and n = 2 requests on vLLM 0.6's multi-step rounds: the Python engine
+    rejects the groups (continuous_v0.check), the C core queued them and stopped ("the C engine
+    core stopped with code -2", a traceback)."""
+    from tests.test_fastcore_equivalence import _compare
+    from tests.test_fastcore_seqgroups import _random_case
+
+    config, workload = _random_case(np.random.default_rng(7003))
+    config = dataclasses.replace(config, engine_version="vllm-0.6", enable_chunked_prefill=False, data_parallel_size=1,
+                                 max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len))
+    n = workload.chunk.n
+    assert (n > 1).any() and (n == 1).any()
+    core, _ = _compare(config, workload, seed=3, context="vllm-0.6 with n > 1")
+    assert core.summary["rejected"] == int((n > 1).sum())
+
+
+@pytest.mark.parametrize("flag", ["--n", "--beam-width"])
+def test_multi_step_rounds_with_n_flag_refused_before_the_run(flag):
+    """--n 2 / --beam-width 2 with vllm-0.6 (no chunked prefill): every request was rejected after
+    the whole run, a benchmark table of zeros printed, then an error (the C core: a traceback)."""
+    assert_one_line_error(invoke("run", *V06, flag, "2"), f"{flag} 2 with --engine-version vllm-0.6",
+                          "one sequence per request")
+    ok = invoke("run", *V06, flag, "2", "--enable-chunked-prefill")  # no rounds modelled there
+    assert ok.exit_code == 0, ok.stderr
