@@ -304,14 +304,18 @@ class Simulation:
             speculation = (self.replicas[0].spec_cost, summary["spec_num_draft_tokens"] / summary["spec_num_drafts"],
                            summary["spec_mean_acceptance_length"])
         if self.fleet:  # each group's replicas at their own GPU's capacity (a fleet has no speculation or PP)
-            total, first, index = 0.0, None, 0
+            rates, first, index = [], None, 0
             for group_cfg, _profile, count in self.fleet:
                 one = full_batch_capacity(self.replicas[index].latency, group_cfg, group_cfg.memory.num_gpu_tokens,
                                           prompts, outputs, share)
                 if one is None:
                     return None
-                total, first, index = total + one["rate"] * count, first or one, index + count
-            return {**first, "rate": total}
+                rates, first, index = rates + [one["rate"]] * count, first or one, index + count
+            # round-robin gives every replica the same share of the arrivals, whatever its speed: the
+            # fleet keeps up only while its slowest replica does; a load-aware router fills each
+            if cfg.engine.router == "round-robin":
+                return {**first, "rate": min(rates) * len(rates)}
+            return {**first, "rate": sum(rates)}
         one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts, outputs, share,
                                   speculation=speculation)
         if one is None:

@@ -46,3 +46,28 @@ def test_multi_step_rounds_with_n_flag_refused_before_the_run(flag):
                           "one sequence per request")
     ok = invoke("run", *V06, flag, "2", "--enable-chunked-prefill")  # no rounds modelled there
     assert ok.exit_code == 0, ok.stderr
+
+
+# --- the full-batch capacity ------------------------------------------------------------------
+
+
+def _json_run(*args: str) -> dict:
+    import json
+
+    result = invoke("run", "--json", "--no-error-bars", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+FLEET = ["--dataset-name", "random", "--random-input-len", "512", "--random-output-len", "128",
+         "--fleet", "H100-SXM-80GB:1:1,A100-40GB:1:1"]
+
+
+def test_a_round_robin_fleet_is_as_fast_as_its_slowest_replica():
+    """Round-robin hands the A100 half the arrivals: the fleet overloads at 40 req/s (it completes
+    ~32) while its capacity read 60.4 req/s, the groups' sum (right for a load-aware router)."""
+    rr = _json_run(*FLEET, "--rate", "40", "--num-requests", "1500", "--router", "round-robin")
+    assert rr["saturation"] == "overloaded"
+    assert rr["full_batch_capacity"] <= 1.06 * rr["request_throughput"]
+    least = _json_run(*FLEET, "--rate", "40", "--num-requests", "1500")
+    assert least["saturation"] == "sustained" and least["full_batch_capacity"] > 1.4 * rr["full_batch_capacity"]
