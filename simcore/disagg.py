@@ -462,8 +462,8 @@ class DisaggSimulation(Simulation):
 
     def _full_batch_capacity(self, records) -> tuple[float, int] | None:
         """(req/s, decode batch) the pools sustain at full steps: the prefill pool's prompts per
-        second and the decode pool's full-batch decode rate (simcore.full_batch), the lower of
-        the two; None where it does not describe the run (no exact rows, speculation, n > 1)."""
+        second (less its prefix-cache hits) and the decode pool's full-batch decode rate
+        (simcore.full_batch), the lower of the two; None where it does not describe the run (no exact rows, speculation, n > 1)."""
         from kvsim.simcore.full_batch import full_batch_capacity, prefill_capacity, served_lengths
 
         pre, dec = self.pools["prefill"], self.pools["decode"]
@@ -473,7 +473,11 @@ class DisaggSimulation(Simulation):
         prompts, outputs = lengths
         decode = full_batch_capacity(dec.latency, dec.config, dec.memory.num_gpu_tokens, prompts, outputs,
                                      decode_only=True)
-        prefill = prefill_capacity(pre.latency, pre.config, prompts)
+        # the prefill pool computes only what its prefix cache missed (as simulate's share)
+        counters = [e.policy.counters() for e in pre.replicas]
+        hits = sum(c.get("prefix_hit_tokens", 0) + c.get("offload_hit_tokens", 0) for c in counters)
+        share = max(0.0, 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64))))
+        prefill = prefill_capacity(pre.latency, pre.config, prompts, share)
         if decode is None or prefill is None:
             return None
         return (min(prefill * len(pre.replicas), decode["rate"] * len(dec.replicas)), decode["batch"])

@@ -71,3 +71,13 @@ def test_a_round_robin_fleet_is_as_fast_as_its_slowest_replica():
     assert rr["full_batch_capacity"] <= 1.06 * rr["request_throughput"]
     least = _json_run(*FLEET, "--rate", "40", "--num-requests", "1500")
     assert least["saturation"] == "sustained" and least["full_batch_capacity"] > 1.4 * rr["full_batch_capacity"]
+
+
+def test_a_disaggregated_prefill_pool_prefills_only_what_its_prefix_cache_misses():
+    """Sonnet prompts sharing most of their tokens: the prefill pool sustains 40 req/s, yet the
+    capacity priced every prompt token (20.2 req/s), half of what the run completed."""
+    doc = _json_run("--prefill-replicas", "1", "--decode-replicas", "1", "--dataset-name", "sonnet",
+                    "--sonnet-input-len", "2000", "--sonnet-prefix-len", "1800", "--sonnet-output-len", "20",
+                    "--num-requests", "800", "--rate", "40")
+    assert doc["saturation"] == "sustained" and doc["pools"]["prefill"]["prefix_cache_hit_rate"] > 0.5
+    assert doc["full_batch_capacity"] >= doc["completed_rate_warm"]
