@@ -50,6 +50,10 @@ DEFAULT_TOLERANCE = 0.02  # relative width of the answer's bracket
 GOODPUT_ATTAINMENT = 0.9  # share of requests that must meet every per-request SLO; DistServe
 # (Zhong et al., OSDI 2024, section 2.2) sizes deployments for 90% SLO attainment
 MAX_HALVINGS = 8  # below start / 2^8 a deployment "sustains nothing" (its SLO fails when idle)
+# ... unless its lowest run was overloaded: that says the start was too high, not that it sustains
+# nothing (`kvsim run --find-max-rate --rate 1e9` printed "No rate meets the SLO" at 6.7M req/s
+# for a replica that sustains ~150); the search halves on, down to start / 2^40 at most
+MAX_OVERLOADED_HALVINGS = 40
 # Above start x 2^20 the search stops with "at least" that rate: a run too short to overload (a
 # few requests), or no SLO to miss, would otherwise double the rate until it overflows.
 MAX_DOUBLINGS = 20
@@ -576,6 +580,7 @@ def max_sustainable_rate(
     floor_k = grid_index(floor_grid_rate(rate_floor, tolerance), tolerance) if rate_floor > 0 else None
     top = grid_index(rate_cap or start_rate * 2**MAX_DOUBLINGS, tolerance)
     bottom = grid_index(start_rate / 2**MAX_HALVINGS, tolerance)
+    deepest = grid_index(start_rate / 2**MAX_OVERLOADED_HALVINGS, tolerance)
     k = grid_index(start_rate, tolerance)
     if top is not None:
         k = min(k, top)
@@ -619,8 +624,13 @@ def max_sustainable_rate(
                 k = max(min(round(guess), hi - 1), hi - doubling)
             if floor_k is not None and k < floor_k:
                 k = floor_k  # below the floor nothing matters: try it
-            elif k < bottom:
+            elif k < deepest or (k < bottom and not _overloaded(seen[hi].summary)):
                 return done(None)
+
+
+def _overloaded(summary: dict[str, Any]) -> bool:
+    """Whether a run was judged overloaded (too many arrivals), not short of an SLO or unjudged."""
+    return summary.get("saturation") == "overloaded" or bool(summary.get("sessions_overloaded"))
 
 
 def _crossing(margins: dict[int, float], lo: int, hi: int) -> float | None:

@@ -81,3 +81,31 @@ def test_a_disaggregated_prefill_pool_prefills_only_what_its_prefix_cache_misses
                     "--num-requests", "800", "--rate", "40")
     assert doc["saturation"] == "sustained" and doc["pools"]["prefill"]["prefix_cache_hit_rate"] > 0.5
     assert doc["full_batch_capacity"] >= doc["completed_rate_warm"]
+
+
+# --- rate searches ----------------------------------------------------------------------------
+
+
+def test_a_rate_search_started_far_above_the_answer_still_finds_it():
+    """`kvsim run --find-max-rate --rate 1e9`: every run down to start / 256 was overloaded and
+    the search said "No rate meets the SLO" for a replica that sustains ~150 req/s. An overload
+    says the rate is too high, not that the deployment sustains nothing: it halves on."""
+    from kvsim.reports.capacity import SLO, max_sustainable_rate
+    from tests.test_capacity import known_max_rate, toy_evaluate
+
+    slo = SLO(ttft_p95_ms=10 + 500)
+    far = max_sustainable_rate(toy_evaluate(slo), slo, start_rate=1e6, tolerance=0.03)
+    near = max_sustainable_rate(toy_evaluate(slo), slo, start_rate=3.0, tolerance=0.03)
+    assert far.max_rate == near.max_rate > 0
+    assert far.max_rate <= known_max_rate(0.5) < far.max_rate * 1.03
+
+
+def test_a_rate_search_that_fails_when_idle_still_stops():
+    """The other side: an SLO no load meets still ends at start / 256 (latency, not overload)."""
+    from kvsim.reports.capacity import MAX_HALVINGS, SLO, max_sustainable_rate
+    from tests.test_capacity import toy_evaluate
+
+    slo = SLO(ttft_p95_ms=1.0)  # a step alone takes 10 ms
+    found = max_sustainable_rate(toy_evaluate(slo), slo, start_rate=100.0, tolerance=0.03)
+    assert found.max_rate == 0 and "TTFT p95" in found.binding
+    assert min(p.rate for p in found.points) >= 100.0 / 2**MAX_HALVINGS / 1.03
