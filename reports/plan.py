@@ -524,6 +524,11 @@ def _bound_by_confirmation(row: dict[str, Any], target: float, n: int, failed: b
             row["max_rate_bound"] = f"below {bound:.3g} {unit}: {n - 1} replicas missed the target in confirmation"
 
 
+def _row_label(row: dict[str, Any]) -> str:
+    """A table row's candidate in words: `TP1 H100-SXM-80GB`."""
+    return f"TP{row.get('tp')} {row.get('gpu')}"
+
+
 def _cell_value(name: str, value: Any) -> Any:
     """A dimension's value as a table cell: a speculative config as its label, "off" for none."""
     if name != "speculative_config":
@@ -580,9 +585,14 @@ PROFILE_KINDS = {
 }
 
 
-def binding_summary(assessments: list[Assessment], slo: SLO) -> str:
-    """Why nothing passed, by constraint, and what would satisfy it."""
+def binding_summary(assessments: list[Assessment], slo: SLO, rows: list[dict[str, Any]] = ()) -> str:
+    """Why nothing passed, by constraint, and what would satisfy it (`rows`: the target's table,
+    whose failed confirmations are a reason too)."""
     parts = []
+    failed = [r for r in rows if str(r.get("status", "")).startswith("confirmation failed")]
+    if failed:
+        parts.append(f"{len(failed)} candidate(s) failed their confirming run (e.g. "
+                     f"{_row_label(failed[0])}: {failed[0]['status']})")
     by = {}
     for a in assessments:
         by.setdefault(a.status, []).append(a)
@@ -742,7 +752,7 @@ def plan(
             best = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
             answers.append({"model": model.name, "target_rate": target, "best": best, "slo": slo.describe(),
                             **({"unit": "sessions/s"} if getattr(spec, "is_session", False) else {}),
-                            "why_none": None if best else binding_summary(assessments, slo)})
+                            "why_none": None if best else binding_summary(assessments, slo, target_rows)})
         by_model[model.name] = assessments
     from kvsim.simcore.simulate import KVSIM_VERSION
 

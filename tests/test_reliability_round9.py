@@ -109,3 +109,17 @@ def test_a_rate_search_that_fails_when_idle_still_stops():
     found = max_sustainable_rate(toy_evaluate(slo), slo, start_rate=100.0, tolerance=0.03)
     assert found.max_rate == 0 and "TTFT p95" in found.binding
     assert min(p.rate for p in found.points) >= 100.0 / 2**MAX_HALVINGS / 1.03
+
+
+def test_a_plan_whose_confirmations_all_fail_says_so():
+    """90 replicas confirming 3,000 req/s with 300 requests cannot be judged: the table's row said
+    "confirmation failed", the answer "nothing meets the SLO. no candidate was searched"."""
+    import json
+
+    result = invoke("plan", "--gpu", "H100-SXM-80GB", "--tp", "1", "--slo-tpot-p95-ms", "50", "--search-requests",
+                    "300", "--confirm-requests", "300", "--rate", "3000", "--json")
+    assert result.exit_code == 0, result.stderr
+    answer = json.loads(result.stdout)["answers"][0]
+    assert answer["best"] is None
+    assert "no candidate was searched" not in answer["why_none"]
+    assert "failed their confirming run" in answer["why_none"] and "run more requests" in answer["why_none"]
