@@ -166,8 +166,10 @@ def single_step_bounds(candidate: Candidate, profile, prompts: np.ndarray, outpu
 
     config, model = candidate.config, candidate.model
     resolved = resolve(model, candidate.gpu, config)
-    # the profile's own model (built once, shared with its runs at the default engine version)
-    latency = profile.latency_model(profile.path or "profile", policy=resolved.policy.overhead)
+    # the profile's own model (built once, shared with its runs), priced as the candidate's engine
+    # version as its runs are (host terms: vllm-v1-async hides them, vllm-0.6 spreads them over 10 steps)
+    latency = profile.latency_model(profile.path or "profile", policy=resolved.policy.overhead,
+                                    engine_version=config.engine_version)
     latency.set_block_size(config.block_size)
     budget = config.resolved_max_num_batched_tokens(model) if config.enable_chunked_prefill else int(prompts.max())
     ttft_by_len: dict[int, float] = {}

@@ -123,3 +123,23 @@ def test_a_plan_whose_confirmations_all_fail_says_so():
     assert answer["best"] is None
     assert "no candidate was searched" not in answer["why_none"]
     assert "failed their confirming run" in answer["why_none"] and "run more requests" in answer["why_none"]
+
+
+def test_plan_bounds_price_the_candidates_engine_version():
+    """plan --engine-version vllm-v1-async: the single-step bounds were priced at vllm-v1's host
+    cost, so one replica's "upper bound" (36.5 req/s) sat under the 43 req/s its search found, and
+    a candidate could be cut as "cost bound" by a bound it beats (vllm-0.6 likewise)."""
+    from kvsim.profiles import default_profile
+    from kvsim.reports.capacity import SLO
+    from kvsim.reports.plan import SearchTask, assess, default_dimensions, expand, run_search
+    from kvsim.simcore.catalog import get_model
+    from kvsim.simcore.specs import ENGINE_PRESETS, EngineConfig
+    from kvsim.workloads import load_workload
+
+    base = EngineConfig(engine_version="vllm-v1-async", **ENGINE_PRESETS["vllm-v1-async"])
+    (c,) = expand(get_model("llama3-8b"), default_dimensions(["H100-SXM-80GB"], [1]), base)
+    spec = load_workload("sharegpt", {"rate": 10, "num_requests": 600})
+    (a,) = assess([c], spec, 600, SLO(), {"H100-SXM-80GB": 1.0}, 0,
+                  lambda c: default_profile(c.gpu, c.config.resolve_model(c.model), 1))
+    found = run_search(SearchTask(c, a.profile, spec, 600, 0, SLO(), 30.0, 0.04, 1e6, 0.0))
+    assert 0 < found.max_rate <= a.bounds.rate_ub
