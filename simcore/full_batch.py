@@ -67,7 +67,10 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     budget = int(config.max_num_batched_tokens)
     computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))
     lengths, weights = _length_groups(computed)
-    mean_decodes = float(decodes.mean()) / per_step  # decode steps per request
+    rounds = _round_steps(config)
+    if rounds > 1:  # vLLM 0.6's decode rounds: a sequence that finishes mid-round is computed to its end
+        decodes = rounds * -(-decodes // rounds)
+    mean_decodes = float(decodes.mean()) / per_step  # decode steps per request (its slot's, with rounds)
     best: dict[str, Any] | None = None
     for n in sorted({n_max, *(b for b in _BATCHES if n_max // 16 <= b < n_max)}):
         ctx_sum = int(round(n * context))
@@ -89,6 +92,16 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         if best is None or rate > best["rate"]:
             best = {"rate": rate, "batch": n, "context": context}
     return best
+
+
+def _round_steps(config) -> int:
+    """Steps of one of vLLM 0.6's multi-step decode rounds (simcore/policies/continuous_v0.py), 1
+    without them. A request joins a round after its prompt's step and, finishing mid-round, is
+    still computed to the round's end, so its decodes take rounds x ceil((o - 1) / rounds) steps."""
+    from kvsim.simcore.batch_defaults import num_scheduler_steps
+
+    e = config.engine
+    return num_scheduler_steps(e.engine_version, e.enable_chunked_prefill, e.speculative_config is not None)
 
 
 def describes(config) -> bool:

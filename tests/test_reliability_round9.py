@@ -143,3 +143,13 @@ def test_plan_bounds_price_the_candidates_engine_version():
                   lambda c: default_profile(c.gpu, c.config.resolve_model(c.model), 1))
     found = run_search(SearchTask(c, a.profile, spec, 600, 0, SLO(), 30.0, 0.04, 1e6, 0.0))
     assert 0 < found.max_rate <= a.bounds.rate_ub
+
+
+def test_multi_step_rounds_compute_a_short_request_to_its_rounds_end():
+    """vLLM 0.6, 4-token outputs: each request holds its slot for a 10-step round though it decodes
+    3 tokens. The capacity counted 3 steps (302 req/s) and a run offered 300 that completes 274
+    was `sustained`; priced by whole rounds it is 275.7 and the run is overloaded."""
+    doc = _json_run("--engine-version", "vllm-0.6", "--dataset-name", "random", "--random-input-len", "128",
+                    "--random-output-len", "4", "--rate", "300", "--num-requests", "6000")
+    assert doc["full_batch_capacity"] <= 1.03 * doc["request_throughput"]
+    assert doc["saturation"] == "overloaded" and doc["capacity_exceeded"] is True
