@@ -415,6 +415,7 @@ def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
     import re
 
     from kvsim.reports.sweep import SWEEPABLE
+    from kvsim.reports.sweep_runner import WARNING_SEPARATOR
 
     groups: dict[str, list[tuple[str, str]]] = {}
     for row in sorted(rows, key=lambda r: (r["point"], r["seed"])):
@@ -422,7 +423,7 @@ def _warning_lines(rows: list[dict[str, Any]], swept: list[str]) -> list[str]:
         if not isinstance(text, str) or not text:
             continue
         label = ", ".join([f"{SWEEPABLE[k][1]}={row[k]}" for k in swept] + [f"seed={row['seed']}"])
-        for warning in text.split("; "):
+        for warning in text.split(WARNING_SEPARATOR):
             groups.setdefault(re.sub(r"\d[\d,.]*", "N", warning), []).append((label, warning))
     lines = []
     for items in groups.values():

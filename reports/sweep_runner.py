@@ -24,6 +24,10 @@ from typing import Any
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig, GPUSpec, ModelSpec
 
+# between a row's warnings in its `warnings` cell: a warning's own text may hold "; " (the V1 swap
+# warning's clauses), which a "; " join split into fragments when the sweep printed them
+WARNING_SEPARATOR = " | "
+
 OnResult = Callable[[int, dict[str, Any]], None]
 
 
@@ -95,7 +99,7 @@ def run_point(point: Point) -> dict[str, Any]:
     if point.options.get("error_bars"):  # kvsim sweep --error-bars: two more runs (profiles/uncertainty.py)
         row.update(band_columns(point, config, result))
     row.update({"kvsim_version": record["kvsim_version"], "engine_core": record["engine_core"],
-                "wall_s": time.perf_counter() - started, "warnings": "; ".join(result.warnings)})
+                "wall_s": time.perf_counter() - started, "warnings": WARNING_SEPARATOR.join(result.warnings)})
     return row
 
 

@@ -575,6 +575,7 @@ def prepare_disagg(model: ModelSpec, gpu: GPUSpec, configs: dict[str, Any], work
     }}
     sim = DisaggSimulation(
         pools["prefill"].replicas + pools["decode"].replicas, base.memory, base.latency, record, workload, proxy,
-        base.config, [*pools["prefill"].warnings, *base.warnings], pools["prefill"].started, engine_core,
+        base.config, list(dict.fromkeys([*pools["prefill"].warnings, *base.warnings])),  # each once: both pools
+        pools["prefill"].started, engine_core,
         base.workload_seed, progress, pools=pools, proxy=proxy)
     return sim
