@@ -279,9 +279,9 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
     if width > 1 and not resolved.policy.paged:  # (simcore.policies.reserved.unsupported_sampling, after the run)
         raise ConfigError(f"{what}: parallel sampling and beam search are modelled only by --policy continuous "
                           f"--allocator paged, not {resolved.policy.label}; every request would be rejected")
-    if width > 1 and (given or {}).get(flag) is not None and _multi_step_rounds(resolved.engine):
+    if width > 1 and _every_request_wide(wl) and _multi_step_rounds(resolved.engine):
         # simcore.policies.continuous_v0 rejects each such request (vLLM 0.6's multi-step output
-        # processor runs one sequence per request); a flag sets every request's
+        # processor runs one sequence per request); refused where that is every request
         raise ConfigError(f"{what} with --engine-version {resolved.engine.engine_version}: its multi-step decode "
                           "rounds run one sequence per request (vLLM 0.6 refused parallel sampling and beam search "
                           "with --num-scheduler-steps); every request would be rejected")
@@ -292,6 +292,22 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
              else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
     raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "
                       f"step holds at most {bound}; every request would be rejected")
+
+
+def _every_request_wide(wl: Any) -> bool:
+    """Whether every request of the workload runs several sequences (n or beam_width > 1 in each
+    of its choices, or in each row of its trace)."""
+    import numpy as np
+
+    trace = getattr(wl, "trace", None)
+    least = []
+    for key in ("n", "beam_width"):
+        column = getattr(trace, "extras", {}).get(key) if trace is not None else None
+        if column is not None and len(column):
+            least.append(np.asarray(column))
+        else:
+            least.append(min(getattr(getattr(wl, key, None), "values", None) or (1,)))
+    return bool(np.all(np.maximum(*least) > 1))
 
 
 def _multi_step_rounds(engine: Any) -> bool:

@@ -619,7 +619,9 @@ def saturation(requests: pd.DataFrame) -> dict[str, Any]:
     approach to a steady state, which only more requests can tell apart. All arrivals at one
     instant (offline batch), too few arrivals give `n/a`, and so does a run that did not show
     overload but whose judged window was shorter than its median request's end-to-end latency (a burst over before its requests could
-    finish: nothing had time to queue up, so "sustained" would claim what was not seen)."""
+    finish: nothing had time to queue up, so "sustained" would claim what was not seen). A rejected
+    request leaves as it arrives: the offered rate and the requests in the system count the accepted
+    ones, and a run that accepted none once warm is `n/a`."""
     return saturation_columns(
         requests["arrival_s"].to_numpy(dtype=np.float64), requests["first_scheduled_s"].to_numpy(dtype=np.float64),
         requests["finish_s"].to_numpy(dtype=np.float64), requests["status"].to_numpy() == "finished",
@@ -646,7 +648,13 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
         return out
     window = end - start
     finish = finish_s
-    offered = (len(arrival) - 1 - first) / window
+    # the load the engine took: a rejected request (a prompt past max_model_len, ...) leaves as it
+    # arrives, so it is neither offered work nor a request still in the system (counted there, a
+    # third of a trace rejected read as a fill growing at a third of the rate: `n/a` at any rate)
+    accepted = finished[order]
+    offered = (int(accepted[first:].sum()) - 1) / window
+    if offered <= 0:  # nothing accepted once warm: no verdict
+        return out
     with np.errstate(invalid="ignore"):
         completed = int((finished & (finish > start) & (finish <= end)).sum()) / window
     wait = (first_scheduled_s - arrival_s)[order][first:]
@@ -654,7 +662,8 @@ def saturation_columns(arrival_s: np.ndarray, first_scheduled_s: np.ndarray, fin
     known = first_scheduled_s[order][first:] >= 0  # never scheduled (rejected): no queueing delay
     slope = float(np.polyfit(t[known], wait[known], 1)[0]) if known.sum() >= 2 and np.ptp(t[known]) > 0 else 0.0
     finished_at = np.sort(finish[finished])
-    in_system = np.arange(first, len(arrival)) - np.searchsorted(finished_at, t, side="right")
+    accepted_before = np.cumsum(accepted) - accepted  # accepted arrivals before each arrival
+    in_system = accepted_before[first:] - np.searchsorted(finished_at, t, side="right")
     n_slope = _in_system_slope(t, in_system.astype(np.float64), float(arrival[0]), median_e2el_s)
     return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)
 
@@ -729,13 +738,18 @@ def _saturation_bounded(records: RequestRecords, median_e2el_s: float | None) ->
     if end <= start:
         return out
     window = end - start
-    offered = (n - 1 - first) / window
-    completed = (b.finish.count_le(end) - b.finish.count_le(start)) / window
     cnt, st, sw, stt, stw = b.blocks[first_block:].sum(axis=0)
+    offered = float(cnt - 1) / window  # the accepted arrivals (scheduled ones: a rejected request leaves at once)
+    if offered <= 0:
+        return out
+    completed = (b.finish.count_le(end) - b.finish.count_le(start)) / window
     denom = cnt * stt - st * st
     slope = float((cnt * stw - st * sw) / denom) if cnt >= 2 and denom > 0 else 0.0
-    # requests in the system at each block's first arrival: the arrivals before it less the finishes
+    # requests in the system at each block's first arrival: the accepted arrivals before it less the finishes
     block_t = starts[first_block:]
-    in_system = (SATURATION_BLOCK * np.arange(first_block, len(starts)) - b.finish.count_le_many(block_t))
+    accepted = np.zeros(len(starts))
+    accepted[:min(len(starts), len(b.blocks))] = b.blocks[:len(starts), 0]
+    accepted_before = (np.cumsum(accepted) - accepted)[first_block:]
+    in_system = accepted_before - b.finish.count_le_many(block_t)
     n_slope = _in_system_slope(block_t, in_system.astype(np.float64), float(starts[0]), median_e2el_s)
     return _verdict(out, offered, completed, slope, n_slope, window, median_e2el_s)

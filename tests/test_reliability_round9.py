@@ -173,3 +173,55 @@ def test_a_disaggregated_run_says_each_warning_once():
     """Both pools carry the run's configuration warnings: each was printed (and in JSON) twice."""
     doc = _json_run(*SWAP, "--prefill-replicas", "1", "--decode-replicas", "1")
     assert len(doc["warnings"]) == len(set(doc["warnings"])) == 1
+
+
+# --- the load verdict -----------------------------------------------------------------------------
+
+
+def _trace_with_long_prompts(path) -> str:
+    """2,000 requests at 10 req/s (an 8B H100 serves ~35), every third prompt past max_model_len."""
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(0.1, 2000))
+    rows = [f"{a - t[0]:.6f},{9000 if i % 3 == 0 else 200},50" for i, a in enumerate(t)]
+    path.write_text("arrival_s,num_prompt_tokens,num_output_tokens\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_rejected_requests_leave_the_system_as_they_arrive(tmp_path, monkeypatch, bounded):
+    """A third of the trace rejected (prompts past max_model_len): the rejected rows counted as
+    requests in the system forever, a fill growing at a third of the rate, so a light load was
+    `n/a` ("still filling") and --find-max-rate said no rate meets the SLO, even 1 req/s."""
+    import kvsim.simcore.records as records
+
+    if bounded:  # past the kept rows: the verdict from block sums
+        monkeypatch.setattr(records, "REQUEST_ROWS_CAP", 100)
+    doc = _json_run("--workload", _trace_with_long_prompts(tmp_path / "t.csv"))
+    assert doc["rejected"] == 667 and doc["saturation"] == "sustained" and not doc["still_filling"]
+    assert doc["offered_rate"] == pytest.approx(doc["completed_rate_warm"], rel=0.05)  # the accepted load
+    if not bounded:
+        found = invoke("run", "--workload", str(tmp_path / "t.csv"), "--no-error-bars", "--find-max-rate")
+        assert found.exit_code == 0 and "Max sustainable rate:" in found.stdout, found.stdout
+
+
+def test_a_run_that_served_nothing_is_not_called_sustained(tmp_path):
+    """Every request rejected (a sweep prints the point's row anyway): its load read `sustained`."""
+    import json
+
+    rows = [f"{0.2 * i:.3f},9000,8" for i in range(100)]
+    (tmp_path / "t.csv").write_text("arrival_s,num_prompt_tokens,num_output_tokens\n" + "\n".join(rows) + "\n")
+    result = invoke("sweep", "--workload", str(tmp_path / "t.csv"), "--jobs", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    (row,) = doc["points"]
+    assert row["output_tok_s"] in (None, 0, 0.0) and row["load"] == "n/a"
+
+
+def test_a_workload_whose_every_request_samples_n_is_refused_on_multi_step_rounds(tmp_path):
+    """A workload file with n: 2 on vllm-0.6: every request rejected after the run (a table of
+    zeros, then an error); refused before it, as --n 2 is."""
+    spec = tmp_path / "n2.yaml"
+    spec.write_text("name: n2\nnum_requests: 20\narrival: {process: poisson, rate: 4.0}\n"
+                    "prompt_len: {dist: fixed, value: 64}\noutput_len: {dist: fixed, value: 8}\nn: 2\n")
+    assert_one_line_error(invoke("run", "--workload", str(spec), "--engine-version", "vllm-0.6", "--no-error-bars"),
+                          "the workload's n 2 with --engine-version vllm-0.6")
