@@ -416,7 +416,8 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
             rows += target_rows
             top = next((r for r in target_rows if str(r["confirmed"]).startswith("yes")), None)
             line = pd_plan.comparison(agg_best.get((model.name, target)), top) if agg is not None else None
-            answers.append({"model": model.name, "target_rate": target, "best": top, "comparison": line})
+            answers.append({"model": model.name, "target_rate": target, "best": top, "comparison": line,
+                            "why_none": None if top else pd_plan.why_none(target_rows)})
     table = pd.DataFrame(rows)
     wall = time.perf_counter() - started
     if agg is not None:
@@ -442,7 +443,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
         b = answer["best"]
         head = f"{answer['model']} at {answer['target_rate']:g} req/s with {slo.text()}: "
         if b is None:
-            typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO")
+            typer.echo("Disaggregated: " + head + "no disaggregated candidate meets the SLO: " + answer["why_none"])
         else:
             typer.echo("Disaggregated: " + head + f"{b['deployment']} {b['gpu']} (units of {b['prefill']} prefill + "
                        f"{b['decode']} decode; {b['gpus']} GPUs), ${b['usd_per_hour']:,.2f}/h, sustains "

@@ -315,6 +315,15 @@ def _row(c: DisaggCandidate, target: float, units: int | None, extra: tuple[int,
     return row
 
 
+def why_none(rows: list[dict[str, Any]]) -> str:
+    """Why no row of a target passed: the first (cheapest) row's own reason (its confirmation
+    failed, or it was pruned), and how many candidates there were."""
+    reasons = [str(r["status"]) for r in rows if r.get("status") not in (None, "ok")]
+    if not reasons:
+        return "no candidate was searched"
+    return f"{len(rows)} candidate(s), e.g. {reasons[0]}"
+
+
 def comparison(agg_best: dict[str, Any] | None, disagg_best: dict[str, Any] | None) -> str:
     """Which layout is cheaper at the target, by how much, and goodput per GPU of each."""
     def ok(row):

@@ -225,3 +225,17 @@ def test_a_workload_whose_every_request_samples_n_is_refused_on_multi_step_round
                     "prompt_len: {dist: fixed, value: 64}\noutput_len: {dist: fixed, value: 8}\nn: 2\n")
     assert_one_line_error(invoke("run", "--workload", str(spec), "--engine-version", "vllm-0.6", "--no-error-bars"),
                           "the workload's n 2 with --engine-version vllm-0.6")
+
+
+def test_a_disaggregated_plan_that_finds_nothing_says_why():
+    """The aggregated answer names what binds; the disaggregated one said only "no disaggregated
+    candidate meets the SLO" (JSON: no reason at all)."""
+    import json
+
+    args = ["plan", "--gpu", "H100-SXM-80GB", "--tp", "1", "--disagg", "on", "--disagg-ratios", "1:1",
+            "--rate", "5", "--slo-tpot-p95-ms", "1"]
+    text = invoke(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "no disaggregated candidate meets the SLO: 1 candidate(s), e.g. decode time: one decode step" in text.stdout
+    doc = json.loads(invoke(*args, "--json").stdout)
+    assert "decode time" in doc["disagg"]["answers"][0]["why_none"]
