@@ -250,7 +250,7 @@ def plan(
         for v in d.values:  # bad values fail here, before any run
             EngineConfig(**{d.field: v})
     from kvsim.reports.plan import expand, refuse_unconfigurable
-    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, multi_step_words
 
     fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs, max_num_batched_tokens=None)
     batch = (fill, usage_context or DEFAULT_USAGE_CONTEXT) if fill else None  # per candidate GPU
@@ -271,6 +271,10 @@ def plan(
     say = (lambda m: typer.echo(m, err=True)) if as_json else typer.echo
     unit = "sessions/s" if getattr(spec, "is_session", False) else "req/s"
     engine = _engine_context(base, engine_version is not None, fill, usage_context or DEFAULT_USAGE_CONTEXT)
+    chunked_values = _bools("--chunked-prefill", chunked_prefill) or [base.enable_chunked_prefill]
+    if disagg == "on":  # its pools run V1's scheduler (chunked prefill on)
+        chunked_values = [True]
+    engine["multi_step"] = multi_step_words(base.engine_version, chunked_values) or None
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
         f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress
@@ -654,7 +658,7 @@ def _engine_words(c: dict[str, Any]) -> str:
     GPU)` where --engine-version named it; the step limits the version filled are named."""
     default = "" if c.get("engine_version_given") else "default"
     filled = f"vLLM's {c['usage_context']} defaults per GPU" if c.get("batch_defaults_filled") else ""
-    words = "; ".join(w for w in (default, filled) if w)
+    words = "; ".join(w for w in (default, filled, c.get("multi_step")) if w)
     return c["engine_version"] + (f" ({words})" if words else "")
 
 

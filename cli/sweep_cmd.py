@@ -363,7 +363,7 @@ def sweep(
     fill = batch_default_fields(engine_version, usage_context, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens)
     from kvsim.profiles.uncertainty import INTERVAL as BAND_INTERVAL
-    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT
+    from kvsim.simcore.batch_defaults import DEFAULT_USAGE_CONTEXT, multi_step_words
 
     plan = plan_sweep(
         model_specs, gpu_specs, base, lists, _workload_loader(workload, overrides),
@@ -405,6 +405,7 @@ def sweep(
         "workload": wl.describe(generation),
         "engine_version": base.engine_version if "policy" in lists or base.policy == "continuous" else None,
         "engine_version_given": engine_version is not None,
+        "multi_step": multi_step_words(base.engine_version, [base.enable_chunked_prefill]),
         "seeds": seed_list, "slo": {"ttft_p95_ms": slo_ttft_p95_ms, "tpot_p95_ms": slo_tpot_p95_ms,
                                     **({"targets": [t.spec for t in slo.targets]} if slo.percentile_ms else {})},
     }, out)
@@ -558,6 +559,8 @@ def _print(frame, best: dict[str, int | None] | None, sweepable, as_json: bool, 
     version = context.get("engine_version")
     engine = "" if version is None else f", engine {version}" + ("" if context.get("engine_version_given") else
                                                                  " (default)")
+    if version is not None and context.get("multi_step"):  # vllm-0.6: whether its decode rounds are modelled
+        engine += f" ({context['multi_step']})"
     typer.echo(f"Sweep: {context['model']} on {context['gpu']}, workload {wl.get('name')}{engine}, "
                f"{said}; every point serves the same requests")
     typer.echo(format_table(frame))

@@ -163,6 +163,20 @@ def _multi_step(config: EngineConfig) -> dict:
     return {"num_scheduler_steps": steps, "multi_step_rounds": rounds}
 
 
+def multi_step_words(engine_version: str, chunked: list[bool]) -> str:
+    """What a multi-step version's runs model, for a header over runs with these chunked-prefill
+    settings: `multi-step: decode rounds of 10 steps`, or the host cost only where chunked prefill
+    is on (vLLM 0.6 ran prompts inside the round there: not modelled); "" for other versions."""
+    steps = NUM_SCHEDULER_STEPS.get(engine_version)
+    if not steps:
+        return ""
+    if not any(chunked):
+        return f"multi-step: decode rounds of {steps} steps"
+    if all(chunked):
+        return f"multi-step: {steps}-step host cost only, no rounds with chunked prefill"
+    return f"multi-step: decode rounds of {steps} steps without chunked prefill, the host cost only with it"
+
+
 def engine_text(a: dict) -> str:
     """One line of `engine_assumptions`: `vllm-v1 (default), max_num_seqs 256, max_num_batched_tokens
     8192; host cost: the profile's vllm-v1 terms`, naming vLLM's per-GPU defaults where

@@ -239,3 +239,18 @@ def test_a_disaggregated_plan_that_finds_nothing_says_why():
     assert "no disaggregated candidate meets the SLO: 1 candidate(s), e.g. decode time: one decode step" in text.stdout
     doc = json.loads(invoke(*args, "--json").stdout)
     assert "decode time" in doc["disagg"]["answers"][0]["why_none"]
+
+
+def test_sweep_and_plan_say_whether_vllm_06_rounds_are_modelled():
+    """`kvsim run` says "multi-step: 10-step host cost only, no rounds with chunked prefill"; a sweep
+    or plan on vllm-0.6 said only "engine vllm-0.6" (rounds or not)."""
+    tiny = ["--rate", "5", "--num-requests", "30", "--input-len", "32", "--output-len", "4", "--jobs", "1"]
+    on = invoke("sweep", "--engine-version", "vllm-0.6", "--enable-chunked-prefill", *tiny)
+    off = invoke("sweep", "--engine-version", "vllm-0.6", *tiny)
+    assert "engine vllm-0.6 (multi-step: 10-step host cost only, no rounds with chunked prefill)" in on.stdout
+    assert "engine vllm-0.6 (multi-step: decode rounds of 10 steps)" in off.stdout
+    plan = invoke("plan", "--gpu", "H100-SXM-80GB", "--tp", "1", "--rate", "5", "--slo-tpot-p95-ms", "50",
+                  "--engine-version", "vllm-0.6", "--chunked-prefill", "on,off", "--search-requests", "200",
+                  "--confirm-requests", "300")
+    assert plan.exit_code == 0, plan.stderr
+    assert "multi-step: decode rounds of 10 steps without chunked prefill, the host cost only with it" in plan.stdout
