@@ -39,8 +39,10 @@ MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
                         prefill_share: float = 1.0, decode_only: bool = False,
                         speculation: tuple[Any, float, float] | None = None) -> dict[str, Any] | None:
-    """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None
-    (no request decodes). `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
+    """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None (no
+    request, or a decode instance with nothing to decode); where no request decodes (every output
+    one token) the engine only prefills: its prompts per second at full steps (prefill_capacity),
+    N the prompts in one. `latency`: the run's StepLatencyModel (a fresh copy is priced, so the
     run's extrapolation counts are untouched); `config`: its ResolvedConfig; `prompts` /
     `outputs`: the finished requests' prompt and output lengths; `prefill_share`: the share of
     prompt tokens actually computed (prefix-cache hits are not); `decode_only`: a disaggregated
@@ -51,8 +53,13 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     decodes = np.maximum(outputs - 1, 0)
-    if not len(prompts) or decodes.sum() == 0:
+    if not len(prompts) or (decode_only and decodes.sum() == 0):
         return None
+    if decodes.sum() == 0:  # every request ends with its prompt's step: the engine only prefills
+        rate = prefill_capacity(latency, config, prompts, prefill_share)
+        mean = max(1, int(round(float(prompts.mean()) * prefill_share)))
+        batch = min(int(config.engine.max_num_seqs), max(1, int(config.max_num_batched_tokens) // mean))
+        return {"rate": rate, "batch": batch, "context": 0.0}
     lat = _priced_copy(latency)
     step_s, per_step = (lambda n, ctx_sum: lat.step_time_s(n, [], n, ctx_sum, n)), 1.0
     lookahead = 0

@@ -254,3 +254,15 @@ def test_sweep_and_plan_say_whether_vllm_06_rounds_are_modelled():
                   "--confirm-requests", "300")
     assert plan.exit_code == 0, plan.stderr
     assert "multi-step: decode rounds of 10 steps without chunked prefill, the host cost only with it" in plan.stdout
+
+
+def test_a_prefill_only_workload_has_a_capacity(tmp_path):
+    """Every output one token: no request decodes and the capacity was None, so 85 req/s of
+    512-token prompts (the engine completes 78) was `sustained` and --find-max-rate answered
+    82.8 req/s. The engine only prefills: its capacity is its prompts per second at full steps."""
+    spec = tmp_path / "o1.yaml"
+    spec.write_text("name: o1\nnum_requests: 1000\narrival: {process: poisson, rate: 4.0}\n"
+                    "prompt_len: {dist: fixed, value: 512}\noutput_len: {dist: fixed, value: 1}\n")
+    doc = _json_run("--workload", str(spec), "--rate", "85", "--num-requests", "6000")
+    assert doc["full_batch_capacity"] == pytest.approx(doc["request_throughput"], rel=0.03)
+    assert doc["saturation"] == "overloaded" and doc["capacity_exceeded"] is True
