@@ -593,8 +593,10 @@ def binding_summary(assessments: list[Assessment], slo: SLO, rows: list[dict[str
     parts = []
     failed = [r for r in rows if str(r.get("status", "")).startswith("confirmation failed")]
     if failed:
+        hint = (" (its requests are --confirm-requests: raise it)" if "run more requests" in failed[0]["status"]
+                else "")
         parts.append(f"{len(failed)} candidate(s) failed their confirming run (e.g. "
-                     f"{_row_label(failed[0])}: {failed[0]['status']})")
+                     f"{_row_label(failed[0])}: {failed[0]['status']}{hint})")
     by = {}
     for a in assessments:
         by.setdefault(a.status, []).append(a)

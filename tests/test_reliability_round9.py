@@ -123,6 +123,7 @@ def test_a_plan_whose_confirmations_all_fail_says_so():
     assert answer["best"] is None
     assert "no candidate was searched" not in answer["why_none"]
     assert "failed their confirming run" in answer["why_none"] and "run more requests" in answer["why_none"]
+    assert "--confirm-requests: raise it" in answer["why_none"]
 
 
 def test_plan_bounds_price_the_candidates_engine_version():
