@@ -13,6 +13,8 @@ import json
 import shlex
 from typing import Any
 
+from kvsim.simcore.batch_defaults import NUM_SCHEDULER_STEPS
+
 # catalog name -> the Hugging Face checkpoint its shape comes from (simcore/catalog.py cites each)
 HF_IDS = {
     "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama3-70b": "meta-llama/Meta-Llama-3-70B",
@@ -48,6 +50,9 @@ def vllm_serve_command(model: Any, gpu: Any, config: Any) -> str:
         args.append("--no-enable-chunked-prefill")
     if not e.enable_prefix_caching:
         args.append("--no-enable-prefix-caching")
+    steps = NUM_SCHEDULER_STEPS.get(e.engine_version)
+    if steps:  # vllm-0.6 was priced (and, without chunked prefill, scheduled) as multi-step: vLLM's default is 1
+        args += ["--num-scheduler-steps", str(steps)]
     if getattr(e, "enable_expert_parallel", False):
         args.append("--enable-expert-parallel")
     spec = getattr(e, "speculative_config", None)

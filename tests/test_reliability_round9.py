@@ -267,3 +267,16 @@ def test_a_prefill_only_workload_has_a_capacity(tmp_path):
     doc = _json_run("--workload", str(spec), "--rate", "85", "--num-requests", "6000")
     assert doc["full_batch_capacity"] == pytest.approx(doc["request_throughput"], rel=0.03)
     assert doc["saturation"] == "overloaded" and doc["capacity_exceeded"] is True
+
+
+def test_a_vllm_06_serve_command_runs_multi_step_scheduling():
+    """A plan on vllm-0.6 priced 10-step multi-step scheduling (and its decode rounds), but its
+    `vllm serve` line left out --num-scheduler-steps, whose vLLM 0.6 default is 1."""
+    from kvsim.reports.serve_command import vllm_serve_command
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.specs import ENGINE_PRESETS, EngineConfig
+
+    model, gpu = get_model("llama3-8b"), get_gpu("H100-SXM-80GB")
+    v06 = EngineConfig(engine_version="vllm-0.6", **ENGINE_PRESETS["vllm-0.6"])
+    assert "--num-scheduler-steps 10" in vllm_serve_command(model, gpu, v06)
+    assert "--num-scheduler-steps" not in vllm_serve_command(model, gpu, EngineConfig())
