@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.profiles import default_profile
 from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
@@ -109,3 +110,20 @@ def test_a_hf_config_says_whether_the_model_has_mtp_layers(tmp_path):
     path.write_text(json.dumps({**cfg, "num_nextn_predict_layers": -1}))
     with pytest.raises(ConfigError, match="num_nextn_predict_layers"):
         get_model(str(path))
+
+
+# --- 4. the Python API and a profile of another TP ---------------------------------------------
+
+
+def test_simulate_refuses_a_profile_made_for_another_tp():
+    """simulate(config at TP 2, profile of TP 1) priced TP 2 steps with TP 1 tables (no collectives,
+    a whole model's GEMMs per GPU); `kvsim run --profile` refused it."""
+    from kvsim.simcore.errors import ProfileError
+    from kvsim.simcore.simulate import simulate
+
+    profile = default_profile(H100, TINY, 1)
+    with pytest.raises(ConfigError, match="profile is for --tp 1, but the run uses --tp 2") as caught:
+        simulate(TINY, H100, EngineConfig(tensor_parallel_size=2), _workload(), profile)
+    assert isinstance(caught.value, ProfileError)  # as the CLI's check raised it
+    result = simulate(TINY, H100, EngineConfig(), _workload(), profile)
+    assert result.summary["completed"] == 4
