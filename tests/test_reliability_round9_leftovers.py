@@ -6,12 +6,13 @@ its hidden CPU work. Each test failed before its fix. Same style as test_reliabi
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kvsim.profiles import default_profile
+from kvsim.profiles import PROFILE_DIR, default_profile
 from kvsim.simcore.catalog import GPUS, MODELS
 from kvsim.simcore.errors import ConfigError
 from kvsim.simcore.specs import EngineConfig
@@ -112,6 +113,27 @@ def test_a_hf_config_says_whether_the_model_has_mtp_layers(tmp_path):
         get_model(str(path))
 
 
+# --- 3. calibrate --out keeps only this fit ----------------------------------------------------
+
+
+def test_calibrate_out_holds_only_this_fits_profiles(tmp_path):
+    """`calibrate --tp 2,4,8 --out d`, then `calibrate --tp 4 --out d`: d kept the first fit's TP 2
+    and TP 8 profiles beside the second fit's TP 4. An earlier fit's profiles go; the user's own
+    files (and a measured profile copied there) stay."""
+    out = tmp_path / "d"
+    args = ["calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100", "--out", str(out)]
+    assert invoke(*args, "--tp", "2,4,8").exit_code == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "mine-tp2.json").write_text('{"not": "a kvsim profile"}')
+    committed = "H100-SXM-80GB-llama3-8b-tp1.json"
+    shutil.copy(PROFILE_DIR / committed, out / committed)
+    result = invoke(*args, "--tp", "4")
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "H100-SXM-80GB-llama2-70b-tp4.json", committed, "mine-tp2.json", "notes.txt"]
+    assert (out / "mine-tp2.json").read_text() == '{"not": "a kvsim profile"}'
+
+
 # --- 4. the Python API and a profile of another TP ---------------------------------------------
 
 
@@ -127,3 +149,45 @@ def test_simulate_refuses_a_profile_made_for_another_tp():
     assert isinstance(caught.value, ProfileError)  # as the CLI's check raised it
     result = simulate(TINY, H100, EngineConfig(), _workload(), profile)
     assert result.summary["completed"] == 4
+
+
+# --- 5. a calibrated vllm-v1-async profile keeps its hidden CPU work -----------------------------
+
+
+def test_calibrated_async_profile_carries_the_engines_hidden_terms(tmp_path):
+    """`calibrate --engine-version vllm-v1-async` wrote host terms without hidden_per_step_ms /
+    hidden_per_seq_ms: a run with the profile priced the CPU work vLLM overlaps with the GPU as
+    if nothing were hidden (or lost it). Now: the fitted visible terms plus that engine's default
+    hidden terms at each TP, said in the provenance; the fit priced rows with them."""
+    from kvsim.profiles.host import engine_hidden
+
+    out = tmp_path / "d"
+    result = invoke("calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100", "--tp", "2,8",
+                    "--engine-version", "vllm-v1-async", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    for tp in (2, 8):
+        doc = json.loads((out / f"H100-SXM-80GB-llama2-70b-tp{tp}.json").read_text())
+        step, seq = engine_hidden("vllm-v1-async", tp)
+        assert (step, seq) != (0.0, 0.0)
+        assert doc["host_overhead"]["hidden_per_step_ms"] == step
+        assert doc["host_overhead"]["hidden_per_seq_ms"] == seq
+        hidden = doc["provenance"]["calibration"]["hidden_terms"]
+        assert hidden["hidden_per_step_ms"] == step and "not fitted" in hidden["how"]
+    # the profile prices the rows as the fit did: `profile check` on the fitted profile reproduces
+    # the fitted values (the hidden work shows on the first step, which has nothing to hide behind)
+    check = invoke("profile", "check", str(EXAMPLE), "--profile", str(out / "H100-SXM-80GB-llama2-70b-tp2.json"),
+                   "--engine-version", "vllm-v1-async", "--json")
+    assert check.exit_code == 0, check.stderr
+    fit = json.loads((out / "H100-SXM-80GB-llama2-70b-tp2.json").read_text())["provenance"]["calibration"]
+    fitted = {(r["line"], r["quantity"]): r["fitted_ms"] for r in fit["residuals"]}
+    for row in json.loads(check.stdout)["rows"]:
+        assert row["kvsim_ms"] == pytest.approx(fitted[(row["line"], row["quantity"])], rel=1e-6)
+
+
+def test_calibrating_a_synchronous_engine_adds_no_hidden_terms(tmp_path):
+    out = tmp_path / "d"
+    result = invoke("calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads((out / "H100-SXM-80GB-llama2-70b-tp2.json").read_text())
+    assert "hidden_per_step_ms" not in doc["host_overhead"]
+    assert "hidden_terms" not in doc["provenance"]["calibration"]
