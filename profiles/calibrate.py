@@ -108,7 +108,7 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
     try:
         from kvsim.simcore.userfiles import read_bytes
 
-        blob = read_bytes(path, "measurements")
+        blob = read_bytes(path, "measurements file")
         text = blob.decode("utf-8-sig")
     except FileNotFoundError:
         raise MeasurementError(f"{path}: no such measurements file") from None
@@ -120,6 +120,11 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
         raw_rows = list(reader)
     except csv.Error as exc:
         raise MeasurementError(f"{path}: not a readable CSV file ({exc})") from None
+    if not header:
+        raise MeasurementError(f"{path}: is empty; it needs a header row: {', '.join(KEYS)} and one or more of "
+                               f"{', '.join(QUANTITIES)}")
+    if len(header) == 1 and header[0].count(";") >= len(KEYS) - 1:  # Excel's export where "," is a decimal mark
+        raise MeasurementError(f"{path}: columns separated by ';'; kvsim reads comma-separated values")
     twice = [h for i, h in enumerate(header) if h and h in header[:i]]
     if twice:  # csv.DictReader would keep the last such column and drop the other silently
         raise MeasurementError(f"{path}: column {twice[0]!r} appears twice in the header")
@@ -138,6 +143,9 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
         raw = {(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in raw.items()}
         if None in raw or "" in raw and raw[""]:
             raise MeasurementError(f"{path}:{i}: more values than columns")
+        if None in raw.values():  # csv.DictReader fills a short row's missing cells with None
+            given_cells = sum(v is not None for v in raw.values())
+            raise MeasurementError(f"{path}:{i}: fewer values than columns ({given_cells} of {len(header)})")
         where = f"{path}:{i}"
         keys = {k: _int(raw.get(k) or "", k, where) for k in KEYS}
         if keys["tp"] & (keys["tp"] - 1):

@@ -191,3 +191,36 @@ def test_calibrating_a_synchronous_engine_adds_no_hidden_terms(tmp_path):
     doc = json.loads((out / "H100-SXM-80GB-llama2-70b-tp2.json").read_text())
     assert "hidden_per_step_ms" not in doc["host_overhead"]
     assert "hidden_terms" not in doc["provenance"]["calibration"]
+
+
+# --- the adversarial pass over calibrate and profile check -------------------------------------
+
+HEADER = "tp,batch_size,input_len,output_len,prefill_ms,decode_ms,latency_ms\n"
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "is empty; it needs a header row: tp, batch_size, input_len, output_len"),  # was: missing column 'tp'
+    (HEADER + "2,1,128\n", ":2: fewer values than columns (3 of 7)"),  # was: output_len '' is not a number
+    ("tp;batch_size;input_len;output_len;prefill_ms\n2;1;128;32;40\n",
+     "columns separated by ';'; kvsim reads comma-separated values"),  # was: missing column 'tp'
+])
+@pytest.mark.parametrize("command", ["calibrate", "check"])
+def test_malformed_measurements_say_what_is_wrong(tmp_path, content, needle, command):
+    path = tmp_path / "m.csv"
+    path.write_text(content)
+    if command == "calibrate":
+        result = invoke("calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100", "--out", str(tmp_path / "o"))
+    else:
+        result = invoke("profile", "check", str(path), "--profile", "H100-SXM-80GB-llama2-70b-tp2")
+    assert_one_line_error(result, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_measurements_file_past_the_cap_is_named_as_one(tmp_path):
+    """(was: "larger than the 16 MiB kvsim reads from a measurements")"""
+    path = tmp_path / "m.csv"
+    with path.open("w") as f:
+        f.write(HEADER)
+        f.truncate(17 << 20)
+    result = invoke("calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100", "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "larger than the 16 MiB kvsim reads from a measurements file")
