@@ -74,7 +74,10 @@ def calibrate(
     version = engine_version or DEFAULT_ENGINE_VERSION
     if version not in ENGINE_VERSIONS:
         raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
-    free_scalars = check_free_scalars([t.strip() for t in free.split(",")] if free is not None else [])
+    from kvsim.reports.sweep import parse_list
+
+    # "s_gemm,s_gemm": one scalar named twice is a mistake, as in sweep
+    free_scalars = check_free_scalars(parse_list("--free", free, str) if free is not None else [])
     rows, sha = read_measurements(measurements)
     check_rows_fit(rows, model_spec, measurements, version)
     data_tps = sorted({r.tp for r in rows})

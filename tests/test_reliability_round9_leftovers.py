@@ -224,3 +224,11 @@ def test_a_measurements_file_past_the_cap_is_named_as_one(tmp_path):
         f.truncate(17 << 20)
     result = invoke("calibrate", str(path), "--model", "llama2-70b", "--gpu", "H100", "--out", str(tmp_path / "o"))
     assert_one_line_error(result, "larger than the 16 MiB kvsim reads from a measurements file")
+
+
+def test_calibrate_free_names_each_scalar_once(tmp_path):
+    """`--free s_gemm,s_gemm` was read as `--free s_gemm`; a list option names a value once (round 8)."""
+    result = invoke("calibrate", str(EXAMPLE), "--model", "llama2-70b", "--gpu", "H100", "--free", "s_gemm,s_gemm",
+                    "--out", str(tmp_path / "o"))
+    assert_one_line_error(result, "--free: 's_gemm' is listed twice")
+    assert not (tmp_path / "o").exists()
