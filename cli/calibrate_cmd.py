@@ -42,7 +42,7 @@ def calibrate(
     measurements: Annotated[Path, typer.Argument(help="CSV: tp, batch_size, input_len, output_len and prefill_ms / decode_ms / latency_ms.")],
     model: Annotated[str, typer.Option(help="Catalog model name or a HF config.json.")],
     gpu: Annotated[str, typer.Option(help="Catalog GPU the measurements were taken on.")],
-    out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json).")],
+    out: Annotated[Path, typer.Option(help="Folder for one calibrated profile per TP (<gpu>-<model>-tp<N>.json); an earlier fit's calibrated profiles there are replaced, other files kept.")],
     tp: Annotated[str | None, typer.Option(help="TPs to write profiles for, e.g. 2,4,8 [default: the TPs in the data].")] = None,
     engine_version: Annotated[str | None, typer.Option(help="vLLM version the rows were measured on: vllm-v0, vllm-0.6, vllm-v1 or vllm-v1-async; its scheduler prices the rows and its default host terms are the fit's prior. [default: vllm-v1]")] = None,
     free: Annotated[str | None, typer.Option(help="Scalars to fit as well, e.g. s_gemm,s_attn,s_coll [default: none: kernels and collectives are measured, so they stay at 1].")] = None,
@@ -59,6 +59,7 @@ def calibrate(
         check_free_scalars,
         check_rows_fit,
         fit_rows,
+        hidden_terms,
         price_all,
         profile_params,
         read_measurements,
@@ -73,7 +74,10 @@ def calibrate(
     version = engine_version or DEFAULT_ENGINE_VERSION
     if version not in ENGINE_VERSIONS:
         raise ConfigError(f"--engine-version must be one of {', '.join(ENGINE_VERSIONS)}, got {engine_version!r}")
-    free_scalars = check_free_scalars([t.strip() for t in free.split(",")] if free is not None else [])
+    from kvsim.reports.sweep import parse_list
+
+    # "s_gemm,s_gemm": one scalar named twice is a mistake, as in sweep
+    free_scalars = check_free_scalars(parse_list("--free", free, str) if free is not None else [])
     rows, sha = read_measurements(measurements)
     check_rows_fit(rows, model_spec, measurements, version)
     data_tps = sorted({r.tp for r in rows})
@@ -82,7 +86,7 @@ def calibrate(
     from kvsim.cli.options import check_inputs_kept
 
     check_inputs_kept(out, [measurements, model], names)
-    check_out_folder(out, names)
+    folder = check_out_folder(out, names)
     from kvsim.profiles.calibrate import batch_config
     from kvsim.simcore.memory import plan_memory
 
@@ -120,19 +124,28 @@ def calibrate(
             "method": "profiles/calibrate.py: non-negative least squares on relative error",
         },
     }
-    docs = {name: calibrated_profile(bases[t], fit.params, t, provenance) for name, t in zip(names, out_tps, strict=True)}
-    write_outputs(out, docs)
+    docs = {name: calibrated_profile(bases[t], fit.params, t, provenance, version)
+            for name, t in zip(names, out_tps, strict=True)}
+    from kvsim.reports.files import calibrated_profiles
+
+    earlier = tuple(n for n in calibrated_profiles(folder) if n not in docs)  # a stale fit is not left beside this one
+    write_outputs(out, docs, replaces=earlier)
     for line in fit.warnings():
         typer.echo(f"kvsim: warning: {line}", err=True)
     if as_json:
         typer.echo(json.dumps({"fitted": fit.params, "errors_by_tp": fit.by_tp, "fitted_terms": fit.fitted,
                                "pinned_scalars": fit.pinned, "not_identifiable": fit.unidentified,
                                "on_bound": fit.on_bound, "loo_median_abs_error": fit.loo_median_abs_error,
-                               "written": [str(out / n) for n in names]}, indent=2))
+                               "written": [str(out / n) for n in names],
+                               "removed": [str(out / n) for n in earlier]}, indent=2))
         return
     typer.echo(f"Calibrated {model_spec.name} on {gpu_spec.name} from {len(rows)} rows of {measurements}")
     typer.echo("Terms: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.params.items()))
     typer.echo(f"Fitted (identified by the rows): {', '.join(fit.fitted) or 'none'}")
+    hidden = [(t, h) for t in out_tps if (h := hidden_terms(version, t)) is not None]
+    if hidden:
+        typer.echo(f"Hidden CPU work (not fitted: {version}'s defaults, priced into every row): " + ", ".join(
+            f"TP {t} {h['hidden_per_step_ms']:.4g} ms/step + {h['hidden_per_seq_ms']:.4g} ms/seq" for t, h in hidden))
     if fit.pinned:
         typer.echo(f"Pinned at 1 (measured kernels / collectives; free with --free): {', '.join(fit.pinned)}")
     if fit.unidentified:
@@ -144,6 +157,8 @@ def calibrate(
     for name, t in zip(names, out_tps, strict=True):
         note = "" if t in data_tps else " (no rows at this TP: host terms carried over, kernels re-derived)"
         typer.echo(f"Wrote {out / name}{note}")
+    for name in earlier:
+        typer.echo(f"Removed {out / name} (an earlier fit's)")
 
 
 __all__ = ["calibrate"]

@@ -46,6 +46,13 @@ def _list(flag: str, text: str | None, kind: type, default: list) -> list:
     return default if text is None else parse_list(flag, text, kind)
 
 
+def _kv_cache_dtypes(text: str | None, default: list) -> list:
+    """--kv-cache-dtype as a list; "fp8,fp8_e4m3" (one dtype in vLLM) refused."""
+    from kvsim.reports.sweep import parse_kv_cache_dtypes
+
+    return default if text is None else parse_kv_cache_dtypes(text)
+
+
 def _routers(text: str | None) -> list[str] | None:
     """--router as a list (None: not given)."""
     return None if text is None else _list("--router", text, str, [])
@@ -234,10 +241,10 @@ def plan(
         gpu_memory_utilization=_list("--gpu-memory-utilization", gpu_memory_utilization, float, []),
         max_num_seqs=_list("--max-num-seqs", max_num_seqs, int, []),
         enable_chunked_prefill=_bools("--chunked-prefill", chunked_prefill) or [],
-        kv_cache_dtype=_list("--kv-cache-dtype", kv_cache_dtype, str, []),
+        kv_cache_dtype=_kv_cache_dtypes(kv_cache_dtype, []),
         quantization=_quantizations(quantization, []),
         pipeline_parallel_size=_list("--pp", pp, int, []),
-        speculative_config=_speculative(speculative_config),
+        speculative_config=_speculative(speculative_config, models),
         **_tier_lists(router, kv_offloading_size),
     )
     size = len(models) * math.prod(len(d.values) for d in dims)
@@ -386,7 +393,7 @@ def _plan_disagg(models, gpus, tp, base, ratios, spec, slo, prices, rates, seed,
     from kvsim.reports.plan import mean_output_tokens, ms_text
     from kvsim.simcore.catalog import get_gpu
 
-    kvs = _list("--kv-cache-dtype", kv_cache_dtype, str, ["auto"])
+    kvs = _kv_cache_dtypes(kv_cache_dtype, ["auto"])
     quants = _quantizations(quantization, ["none"])
     cands = []
     for kv, q in itertools.product(kvs, quants):
@@ -485,13 +492,19 @@ def _tier_lists(router: str | None, kv_offloading_size: str | None) -> dict[str,
     return lists(router, kv_offloading_size)
 
 
-def _speculative(text: str | None) -> list:
-    """--speculative-config as a plan dimension (empty: not searched)."""
+def _speculative(text: str | None, models: list) -> list:
+    """--speculative-config as a plan dimension (empty: not searched); a method one of the models
+    cannot use (mtp without MTP layers) is refused, not planned as "unsupported" candidates."""
     if text is None:
         return []
     from kvsim.simcore.speculative import parse_speculative_configs
 
-    return parse_speculative_configs(text)
+    configs = parse_speculative_configs(text)
+    for config in configs:
+        for m in models:
+            if config is not None:
+                config.check_model(m)
+    return configs
 
 
 def _workload(load_workload, name: str | None, overrides: dict[str, Any], max_len: int):

@@ -75,7 +75,7 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
            pp=None, kv_cache_dtype=None, quantization=None) -> dict[str, list]:
     """The swept fields (SWEEPABLE names) -> values; tp is always a column (the models are
     plan_sweep's own argument)."""
-    from kvsim.reports.sweep import check_distinct, parse_list
+    from kvsim.reports.sweep import check_distinct, parse_kv_cache_dtypes, parse_list
 
     lists: dict[str, list] = {}
     if policy is not None:
@@ -89,7 +89,6 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
     for name, flag, text, kind in (
         ("data_parallel_size", "--dp", dp, int),
         ("pipeline_parallel_size", "--pp", pp, int),
-        ("kv_cache_dtype", "--kv-cache-dtype", kv_cache_dtype, str),
         ("block_size", "--block-size", block_size, int),
         ("gpu_memory_utilization", "--gpu-memory-utilization", gpu_memory_utilization, float),
         ("max_num_seqs", "--max-num-seqs", max_num_seqs, int),
@@ -98,6 +97,8 @@ def _lists(policy, gpu, tp, dp, block_size, gpu_memory_utilization, max_num_seqs
     ):
         if text is not None:
             lists[name] = parse_list(flag, text, kind)
+    if kv_cache_dtype is not None:  # "fp8,fp8_e4m3": one dtype twice
+        lists["kv_cache_dtype"] = parse_kv_cache_dtypes(kv_cache_dtype)
     if quantization is not None:  # "none" is the unquantized checkpoint
         lists["quantization"] = [None if q.lower() == "none" else q for q in parse_list("--quantization", quantization, str)]
         check_distinct("--quantization", lists["quantization"], quantization)

@@ -23,6 +23,13 @@ linear in the calibrated parameters
 and so is every row's prefill / decode / latency (sums of step times). The fit is least squares on relative
 error with non-negative parameters and a faint pull (1e-8, relative) towards the profile's own values.
 
+An engine that hides CPU work behind the GPU's step (`vllm-v1-async`: profiles/host.py, HostOverhead's
+hidden terms) adds to a step only the excess of that work over the step, and all of it to the first step
+after an idle engine. Batch rows cannot tell hidden work from the step it hides behind, so the hidden
+terms are not fitted: the engine's default ones at the row's TP price every row, their excess (at the
+profile's kernel times: with scalars freed, at scalars 1) is a known offset of each row, the visible
+terms are fitted to the rest, and the calibrated profile carries both, saying so in its provenance.
+
 What the rows cannot identify is not fitted. The three scalars are pinned at 1 unless freed
 (`free_scalars`): kernels and collectives have independent evidence (the roofline is fitted to
 measured operator timings, the collectives are measured NCCL tables), and freeing them against a few
@@ -101,7 +108,7 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
     try:
         from kvsim.simcore.userfiles import read_bytes
 
-        blob = read_bytes(path, "measurements")
+        blob = read_bytes(path, "measurements file")
         text = blob.decode("utf-8-sig")
     except FileNotFoundError:
         raise MeasurementError(f"{path}: no such measurements file") from None
@@ -113,6 +120,11 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
         raw_rows = list(reader)
     except csv.Error as exc:
         raise MeasurementError(f"{path}: not a readable CSV file ({exc})") from None
+    if not header:
+        raise MeasurementError(f"{path}: is empty; it needs a header row: {', '.join(KEYS)} and one or more of "
+                               f"{', '.join(QUANTITIES)}")
+    if len(header) == 1 and header[0].count(";") >= len(KEYS) - 1:  # Excel's export where "," is a decimal mark
+        raise MeasurementError(f"{path}: columns separated by ';'; kvsim reads comma-separated values")
     twice = [h for i, h in enumerate(header) if h and h in header[:i]]
     if twice:  # csv.DictReader would keep the last such column and drop the other silently
         raise MeasurementError(f"{path}: column {twice[0]!r} appears twice in the header")
@@ -131,6 +143,9 @@ def read_measurements(path: str | Path) -> tuple[list[Measurement], str]:
         raw = {(k or "").strip(): (v or "").strip() if isinstance(v, str) else v for k, v in raw.items()}
         if None in raw or "" in raw and raw[""]:
             raise MeasurementError(f"{path}:{i}: more values than columns")
+        if None in raw.values():  # csv.DictReader fills a short row's missing cells with None
+            given_cells = sum(v is not None for v in raw.values())
+            raise MeasurementError(f"{path}:{i}: fewer values than columns ({given_cells} of {len(header)})")
         where = f"{path}:{i}"
         keys = {k: _int(raw.get(k) or "", k, where) for k in KEYS}
         if keys["tp"] & (keys["tp"] - 1):
@@ -183,6 +198,7 @@ class RowPricing:
 
     simulated: dict[str, float]
     features: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: dict[str, float] = field(default_factory=dict)  # hidden CPU work's excess (ms): not a parameter
 
 
 def batch_config(tp: int, batch_size: int, engine_version: str = DEFAULT_ENGINE_VERSION) -> EngineConfig:
@@ -207,17 +223,18 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
     feats: list[list[float]] = []
 
     def probe(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled):
-        g, a, c, _ = latency.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
-                                           decode_context_tokens, num_sampled)
+        g, a, c, host = latency.step_parts_ms(num_tokens, prefill_chunks, num_decode_seqs,
+                                              decode_context_tokens, num_sampled)
         ptok = num_tokens - num_decode_seqs
-        feats.append([g, a, c, 1.0, row.tp - 1.0, len(prefill_chunks) + num_decode_seqs,
-                      1.0 if ptok else 0.0, float(ptok)])
+        seqs = len(prefill_chunks) + num_decode_seqs
+        hidden = host - latency.host.ms(seqs, ptok)  # ASYNC: the hidden work's excess (0 without it)
+        feats.append([g, a, c, 1.0, row.tp - 1.0, seqs, 1.0 if ptok else 0.0, float(ptok), hidden])
         return priced(num_tokens, prefill_chunks, num_decode_seqs, decode_context_tokens, num_sampled)
 
     def span_probe(num_seqs, context_sums):
         for ctx in np.asarray(context_sums):
-            g, a, c, _ = latency.step_parts_ms(num_seqs, [], num_seqs, ctx, num_seqs)
-            feats.append([g, a, c, 1.0, row.tp - 1.0, num_seqs, 0.0, 0.0])
+            g, a, c, host = latency.step_parts_ms(num_seqs, [], num_seqs, ctx, num_seqs)
+            feats.append([g, a, c, 1.0, row.tp - 1.0, num_seqs, 0.0, 0.0, host - latency.host.ms(num_seqs, 0)])
         return priced_span(num_seqs, context_sums)
 
     priced_span = latency.decode_span_times_s
@@ -240,11 +257,13 @@ def price_row(model: ModelSpec, gpu: GPUSpec, profile: Profile, row: Measurement
         "prefill_ms": 1e3 * float((done["first_token_s"] - done["arrival_s"]).max()),
         "latency_ms": 1e3 * float(done["finish_s"].max() - done["arrival_s"].min()),
     })
-    out.features["prefill_ms"] = cum[first.max()]  # the batch's prefill ends with its last first token
-    out.features["latency_ms"] = cum[last.max()]
+    totals = {"prefill_ms": cum[first.max()],  # the batch's prefill ends with its last first token
+              "latency_ms": cum[last.max()]}
     if row.output_len >= 2:
         out.simulated["decode_ms"] = 1e3 * float(done["tpot_s"].mean())
-        out.features["decode_ms"] = ((cum[last] - cum[first]) / (row.output_len - 1)).mean(axis=0)
+        totals["decode_ms"] = ((cum[last] - cum[first]) / (row.output_len - 1)).mean(axis=0)
+    for q, total in totals.items():  # the parameters' features, and the hidden work's offset
+        out.features[q], out.offsets[q] = total[:len(PARAMS)], float(total[len(PARAMS)])
     return out
 
 
@@ -336,14 +355,16 @@ class Fit:
         return out
 
 
-def _design(rows: list[Measurement], priced: list[RowPricing]) -> tuple[np.ndarray, np.ndarray, list]:
-    xs, ys, index = [], [], []
+def _design(rows: list[Measurement], priced: list[RowPricing]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Features, measured ms and the offset (hidden work's excess, ms) of every measured point."""
+    xs, ys, offsets, index = [], [], [], []
     for r, p in zip(rows, priced, strict=True):
         for q, ms in r.measured.items():
             xs.append(p.features[q])
             ys.append(ms)
+            offsets.append(p.offsets.get(q, 0.0))
             index.append((r, q))
-    return np.asarray(xs), np.asarray(ys), index
+    return np.asarray(xs), np.asarray(ys), np.asarray(offsets, dtype=np.float64), index
 
 
 def _key(r: Measurement) -> tuple[int, int, int, int]:
@@ -453,14 +474,15 @@ def _prior_shaped_rank(theta: np.ndarray, rows: list[Measurement]) -> np.ndarray
 def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarray,
              free_scalars: tuple[str, ...] = ()) -> Fit:
     """Fit the free, identifiable terms (see the module docstring); refuse too few distinct points."""
-    x, y, index = _design(rows, priced)
+    x, measured, offset, index = _design(rows, priced)
+    y = measured - offset  # what the parameters must explain (all of it but hidden work's excess)
     _check_possible(x, y)
     free = check_enough_points(rows, free_scalars)
     keys = [_key(r) for r, _ in index]
     unidentified = identifiable(x, y, free, keys)
     fit_free = free & np.array([name not in unidentified for name in PARAMS])
     theta = _prior_shaped_rank(_solve(x, y, prior, fit_free), rows)
-    fitted = x @ theta
+    fitted = x @ theta + offset
     loo = np.empty_like(fitted)
     for key in dict.fromkeys(_key(r) for r, _ in index):  # leave one configuration (all its rows) out
         out = np.array([_key(ri) == key for ri, _ in index])
@@ -474,9 +496,9 @@ def fit_rows(rows: list[Measurement], priced: list[RowPricing], prior: np.ndarra
         held_keys = [k for k, o in zip(keys, out, strict=True) if not o]
         held_free &= np.array([name not in identifiable(x[~out], y[~out], held_free, held_keys) for name in PARAMS])
         t = _prior_shaped_rank(_solve(x[~out], y[~out], prior, held_free), held)
-        loo[out] = x[out] @ t
+        loo[out] = x[out] @ t + offset[out]
     table = []
-    for (r, q), ms, f, lo in zip(index, y, fitted, loo, strict=True):
+    for (r, q), ms, f, lo in zip(index, measured, fitted, loo, strict=True):
         table.append({"line": r.line, "tp": r.tp, "batch_size": r.batch_size, "input_len": r.input_len,
                       "output_len": r.output_len, "quantity": q, "measured_ms": float(ms),
                       "fitted_ms": float(f), "error": float(f / ms - 1), "loo_ms": float(lo),
@@ -504,9 +526,27 @@ def _scale(table: dict | None, factor: float, keys=("time_ms",)) -> None:
             table[key] = [[v * factor for v in row] for row in z] if z and isinstance(z[0], list) else [v * factor for v in z]
 
 
-def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provenance: dict[str, Any]) -> dict:
+def hidden_terms(engine_version: str, tp: int) -> dict[str, Any] | None:
+    """The hidden CPU work a calibrated profile of an engine that overlaps it carries (None for one
+    that hides nothing): that engine's default at this TP, not fitted (see the module docstring)."""
+    from kvsim.profiles.host import engine_hidden
+
+    step, seq = engine_hidden(engine_version, tp)
+    if step == 0.0 and seq == 0.0:
+        return None
+    return {"hidden_per_step_ms": step, "hidden_per_seq_ms": seq,
+            "how": f"not fitted: {engine_version}'s default CPU work hidden behind the GPU's step at TP {tp} "
+                   "(profiles/host.py engine_hidden); batch rows cannot separate it from the step it hides "
+                   "behind. The fit priced every row with it (a step pays its excess over the GPU's step, the "
+                   "first step after an idle engine all of it) and fitted the visible terms to the rest"}
+
+
+def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provenance: dict[str, Any],
+                       engine_version: str = DEFAULT_ENGINE_VERSION) -> dict:
     """`base` (the default profile at this TP) with its kernel, attention and collective tables
-    scaled and the fitted host terms; every policy uses those host terms."""
+    scaled and the fitted host terms; every policy uses those host terms. An engine that hides CPU
+    work (`vllm-v1-async`) keeps its default hidden terms at this TP beside them (`hidden_terms`),
+    stated in provenance.calibration."""
     doc = copy.deepcopy(base.data)
     _scale(doc["linear"], params["s_gemm"])
     _scale(doc["lm_head"], params["s_gemm"])
@@ -531,6 +571,10 @@ def calibrated_profile(base: Profile, params: dict[str, float], tp: int, provena
         "per_prefill_step_ms": params["host_prefill_step"],
         "per_prefill_token_ms": params["host_prefill_token"],
     }
+    hidden = hidden_terms(engine_version, tp)
+    if hidden is not None:  # ASYNC: the hidden work the fit priced the rows with
+        doc["host_overhead"].update({k: hidden[k] for k in ("hidden_per_step_ms", "hidden_per_seq_ms")})
+        provenance = {**provenance, "calibration": {**provenance.get("calibration", {}), "hidden_terms": hidden}}
     doc["source"] = "calibrated"
     doc["provenance"] = {**provenance, "base_profile": {"sha256": base.sha256, "source": base.source,
                                                          "path": base.path}}

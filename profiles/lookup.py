@@ -12,15 +12,16 @@ from pathlib import Path
 
 from kvsim.simcore.errors import ProfileError
 from kvsim.simcore.latency import Profile, load_profile, parse_profile
+from kvsim.simcore.profile_match import (  # moved down so simulate() checks a profile's TP as the CLI does
+    SHAPE_FIELDS,
+    check_profile_matches,
+    profile_dtypes,
+    shape_mismatches,
+)
+from kvsim.simcore.profile_match import fp8_flags as _fp8
 from kvsim.simcore.specs import GPUSpec, ModelSpec
 
 PROFILE_DIR = Path(__file__).resolve().parent
-SHAPE_FIELDS = (
-    "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
-    "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "shared_expert_intermediate_size", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-    "q_lora_rank", "first_k_dense_replace",
-)
 
 
 def dtype_tag(weight_dtype: str = "bfloat16", kv_dtype: str = "bfloat16") -> str:
@@ -29,18 +30,6 @@ def dtype_tag(weight_dtype: str = "bfloat16", kv_dtype: str = "bfloat16") -> str
 
 def profile_filename(gpu_name: str, model_name: str, tp: int, tag: str = "") -> str:
     return f"{gpu_name}-{model_name}{tag}-tp{tp}.json"
-
-
-def profile_dtypes(profile: Profile) -> tuple[str, str]:
-    """(weight dtype, KV cache dtype) a profile was made for."""
-    d = profile.data
-    base = "float32" if d.get("dtype") in ("float32", "fp32") else "bfloat16"
-    return d.get("weight_dtype", base), d.get("kv_cache_dtype", base)
-
-
-def _fp8(weight_dtype: str, kv_dtype: str) -> tuple[bool, bool]:
-    """What a profile must agree on: FP8 or not (a CPU profile's fp32 stands in for bf16)."""
-    return weight_dtype == "fp8", kv_dtype == "fp8"
 
 
 def find_profile_path(
@@ -84,42 +73,6 @@ def load_named_profile(value: str | Path) -> Profile:
     return load_profile(resolve_profile_path(value))
 
 
-def shape_mismatches(profile: Profile, model: ModelSpec) -> list[str]:
-    shape = profile.data.get("model_shape", {})
-    return [
-        f"{name} {shape.get(name)!r} != {getattr(model, name)!r}"
-        for name in SHAPE_FIELDS
-        if name in shape and shape[name] != getattr(model, name)
-    ]
-
-
-def check_profile_matches(profile: Profile, model: ModelSpec, tp: int, gpu: GPUSpec | None = None,
-                          ep: int | None = None) -> None:
-    """Raise ProfileError when a profile was made for another GPU, model shape or TP degree.
-    A CPU profile (`gpu: cpu`, the harness on this machine) is accepted with any --gpu: it exists
-    to exercise the measured path and its label says CPU."""
-    where = profile.path or profile.label
-    if gpu is not None:
-        pgpu = str(profile.data.get("gpu", ""))
-        if pgpu.lower() not in (gpu.name.lower(), "cpu"):
-            raise ProfileError(f"{where}: profile is for GPU {pgpu!r}, but the run uses --gpu {gpu.name}")
-    diffs = shape_mismatches(profile, model)
-    if ep is not None and int(profile.data.get("expert_parallel_size", 1)) != ep:
-        raise ProfileError(f"{where}: profile is for expert-parallel size {profile.data.get('expert_parallel_size', 1)}, "
-                           f"but the run uses {ep} (tp x dp with --enable-expert-parallel, else 1)")
-    if diffs:
-        raise ProfileError(f"{where}: profile model shape differs from {model.name}: {'; '.join(diffs)}")
-    ptp = profile.data.get("tensor_parallel_size")
-    if ptp != tp:
-        raise ProfileError(f"{where}: profile is for --tp {ptp}, but the run uses --tp {tp}")
-    weight, kv = profile_dtypes(profile)
-    if _fp8(weight, kv) != _fp8(model.weight_dtype, model.kv_dtype):
-        raise ProfileError(
-            f"{where}: profile is for {weight} weights and a {kv} KV cache, but the run uses "
-            f"{model.weight_dtype} weights and a {model.kv_dtype} KV cache"
-        )
-
-
 def draft_profile(gpu: GPUSpec, config, like: Profile | None = None) -> Profile | None:
     """The draft model's profile for a run whose speculative config is a draft_model (None for any
     other run): its committed or roofline profile at the draft's TP, on the target's GPU, as
@@ -153,3 +106,8 @@ def default_profile(gpu: GPUSpec, model: ModelSpec, tp: int, ep: int = 1) -> Pro
 
     tag = dtype_tag(model.weight_dtype, model.kv_dtype) + (f" ep{ep}" if ep > 1 else "")
     return parse_profile(build_roofline_profile(gpu, model, tp, ep=ep), f"roofline {gpu.name} {model.name}{tag} tp{tp}")
+
+
+__all__ = ["PROFILE_DIR", "SHAPE_FIELDS", "check_profile_matches", "default_profile", "draft_profile",
+           "dtype_tag", "find_profile_path", "load_named_profile", "profile_dtypes", "profile_filename",
+           "resolve_profile_path", "shape_mismatches"]

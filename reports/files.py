@@ -137,6 +137,31 @@ def holds_kvsim_result(folder: Path, names: Iterable[str]) -> bool:
     return any(_is_kvsim_file(folder / name) for name in sorted(candidates)[:16])  # a bounded look
 
 
+def calibrated_profiles(folder: Path) -> tuple[str, ...]:
+    """Names of the calibrated profiles in `folder` (`<...>-tp<N>.json` files kvsim wrote as such:
+    its profile schema, source "calibrated"): an earlier `kvsim calibrate --out` of this folder,
+    which a new fit replaces (`write_files`' `replaces`) so that no stale fit is read beside it.
+    Anything else stays: the user's files, and measured or roofline profiles put there."""
+    import json
+
+    from kvsim.simcore.userfiles import read_bytes
+
+    try:
+        with os.scandir(folder) as entries:
+            candidates = sorted(e.name for e in entries if _PROFILE_NAME.fullmatch(e.name) and e.is_file())
+    except OSError:  # no folder yet
+        return ()
+    found = []
+    for name in candidates:
+        try:
+            data = json.loads(read_bytes(folder / name, "profile"))
+        except (OSError, ValueError):  # unreadable or not JSON: not kvsim's
+            continue
+        if isinstance(data, dict) and data.get("schema") == "kvsim-profile" and data.get("source") == "calibrated":
+            found.append(name)
+    return tuple(found)
+
+
 def check_out_folder(out_dir: Path, names: Iterable[str], flag: str = "--out") -> Path:
     """Prove the swap can happen, creating nothing: the folder (or the nearest folder above it
     that exists) is writable, none of `names` is a folder there, and a folder that exists is

@@ -89,12 +89,25 @@ def parse_list(flag: str, text: str, kind: type) -> list:
     return values
 
 
-def check_distinct(flag: str, values: Sequence[Any], text: str) -> None:
+def check_distinct(flag: str, values: Sequence[Any], text: str, note: str = "") -> None:
     """Values read from a list (`text`) that are one value spelled twice ("0,none", "4,4.0", "on,true",
-    a GPU in two cases) would run the same point twice under two labels: refused as parse_list does."""
+    a GPU in two cases) would run the same point twice under two labels: refused as parse_list does.
+    `note` says why two spellings are one value, where that is not plain."""
     for i, value in enumerate(values):
         if value in values[:i]:
-            raise ConfigError(f"{flag}: {'none' if value is None else value} is listed twice (in {_shown(text)})")
+            raise ConfigError(f"{flag}: {'none' if value is None else value} is listed twice "
+                              f"(in {_shown(text)}{'; ' + note if note else ''})")
+
+
+def parse_kv_cache_dtypes(text: str) -> list[str]:
+    """--kv-cache-dtype as a list (sweep, plan), each as spelled; vLLM's two names of one dtype
+    ("fp8" is fp8_e4m3: simcore.specs.KV_CACHE_DTYPE_ALIASES) refused as one value listed twice."""
+    from kvsim.simcore.specs import KV_CACHE_DTYPE_ALIASES, canonical_kv_cache_dtype
+
+    values = parse_list("--kv-cache-dtype", text, str)
+    aliases = "; ".join(f"{a} is {b} in vLLM" for a, b in KV_CACHE_DTYPE_ALIASES.items())
+    check_distinct("--kv-cache-dtype", [canonical_kv_cache_dtype(v) for v in values], text, aliases)
+    return values
 
 
 def expand_grid(lists: dict[str, Sequence[Any]], zipped: Sequence[Sequence[str]] = ()) -> list[dict[str, Any]]:

@@ -112,13 +112,15 @@ MODELS: dict[str, ModelSpec] = {
         # DeepSeek-V3 (huggingface.co/deepseek-ai/DeepSeek-V3 config.json; DeepSeek-AI, "DeepSeek-V3
         # Technical Report", arXiv:2412.19437): 61 layers, the first 3 dense (width 18,432), then 256
         # routed experts of width 2,048, top-8, plus 1 shared expert; MLA with kv_lora_rank 512,
-        # rope 64, nope 128, v 128, q_lora_rank 1,536; an FP8 checkpoint (block-wise e4m3).
+        # rope 64, nope 128, v 128, q_lora_rank 1,536; an FP8 checkpoint (block-wise e4m3); one
+        # multi-token-prediction module (num_nextn_predict_layers 1, the report's sec. 2.2).
         # 671B parameters, 37B active (the report; `kvsim list models` computes 671.0B / 37.6B).
         ModelSpec(
             "deepseek-v3", 61, 7168, 128, 128, 192, 18432, 129280, max_position_embeddings=163840,
             num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
             shared_expert_intermediate_size=2048, quantization="fp8", kv_lora_rank=512, qk_rope_head_dim=64,
             qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536, first_k_dense_replace=3,
+            num_nextn_predict_layers=1,
         ),
         # Qwen3-235B-A22B (huggingface.co/Qwen/Qwen3-235B-A22B): 94 layers, 128 experts of width
         # 1,536, top-8, GQA 64/4 heads of 128; 235B in all, 22B activated (model card).
@@ -258,9 +260,19 @@ def model_from_hf_config(path: Path) -> ModelSpec:
         gated_mlp=act in ("silu", "swiglu", "gelu_pytorch_tanh") and "ffn_dim" not in cfg,
         tie_word_embeddings=tie,
         quantization=quantization,
+        num_nextn_predict_layers=_mtp_layers(path, cfg),
         **_moe_fields(path, cfg),
         **mla,
     )
+
+
+def _mtp_layers(path: Path, cfg: dict) -> int:
+    """Multi-token-prediction modules the checkpoint carries, under the names vLLM reads for its
+    "mtp" method (vllm/config/speculative.py, hf_config_override, at 002e77c1):
+    `num_nextn_predict_layers` (DeepSeek-V3, GLM-4.5, MiMo, Qwen3-Next, ...) or
+    `mtp_num_hidden_layers` (Qwen3.5); 0 when neither is given."""
+    key = "num_nextn_predict_layers" if cfg.get("num_nextn_predict_layers") is not None else "mtp_num_hidden_layers"
+    return _hf_int(path, cfg, (key,), default=0, minimum=0)
 
 
 _HF_INT_MAX = 2**31 - 1  # every count is a tensor dimension or index; kernels index with int32

@@ -18,6 +18,7 @@ from kvsim.simcore.memory import MemoryPlan
 from kvsim.simcore.metrics import StepRecorder, StepTotals, judge_capacity, summarize_records
 from kvsim.simcore.pipeline import PipelineLatency
 from kvsim.simcore.policies import make_policy
+from kvsim.simcore.profile_match import check_profile_tp
 from kvsim.simcore.records import FINISHED, HIST_RELATIVE_WIDTH, RequestRecords, RunStopped, Samples
 from kvsim.simcore.request import Workload
 from kvsim.simcore.router import Router
@@ -414,6 +415,9 @@ def prepare(
     else:
         cfg = resolve(model, gpu, config)
     config, memory, max_model_len = cfg.engine, cfg.memory, cfg.max_model_len
+    check_profile_tp(profile, config.tensor_parallel_size)  # as `kvsim run --profile` (profiles.lookup)
+    for group_cfg, group_profile, _ in fleet or ():
+        check_profile_tp(group_profile, group_cfg.engine.tensor_parallel_size)
     latency = profile.latency_model(profile.path or "profile", policy=cfg.policy.overhead,
                                     engine_version=config.engine_version)  # built once per run
     host_source, host_terms = latency.host_source, latency.host.to_dict()

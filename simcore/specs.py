@@ -86,6 +86,15 @@ class GPUSpec:
 
 QUANTIZATIONS = ("fp8",)  # vLLM --quantization methods kvsim can price (None: unquantized)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM --kv-cache-dtype choices
+# Two names of one dtype: "CUDA 11.8+ supports fp8 (=fp8_e4m3) and fp8_e5m2. ROCm (AMD GPU) supports fp8
+# (=fp8_e4m3)" (vllm/config/cache.py, CacheConfig.cache_dtype, vllm-project/vllm at 002f10e0).
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+
+
+def canonical_kv_cache_dtype(name: str) -> str:
+    """The one name of a --kv-cache-dtype vLLM spells two ways ("fp8" -> "fp8_e4m3")."""
+    return KV_CACHE_DTYPE_ALIASES.get(name, name)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +136,10 @@ class ModelSpec:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     first_k_dense_replace: int = 0  # MoE models: the first k layers have a dense MLP (DeepSeek)
+    # Multi-token-prediction modules the checkpoint carries (DeepSeek-V3's config.json field; 0: none):
+    # what vLLM's speculative method "mtp" drafts with (simcore.speculative). Not in the served model's
+    # step: vLLM loads them only as that draft.
+    num_nextn_predict_layers: int = 0
 
     def __post_init__(self) -> None:
         _positive(
@@ -153,6 +166,9 @@ class ModelSpec:
                 f"model {self.name}: first_k_dense_replace ({self.first_k_dense_replace}) needs an MoE model with "
                 f"more layers than that ({self.num_layers})"
             )
+        n = self.num_nextn_predict_layers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"model {self.name}: num_nextn_predict_layers must be a whole number >= 0, got {n!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(
                 f"model {self.name}: quantization {self.quantization!r} is not supported; "
@@ -313,7 +329,7 @@ class ModelSpec:
 _OPTIONAL_FIELDS = (
     "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "shared_expert_intermediate_size", "quantization", "kv_cache_dtype", "kv_lora_rank", "qk_rope_head_dim",
-    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "first_k_dense_replace",
+    "qk_nope_head_dim", "v_head_dim", "q_lora_rank", "first_k_dense_replace", "num_nextn_predict_layers",
 )
 _DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 _DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
@@ -480,5 +496,6 @@ class EngineConfig:
         return d
 
 
-__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "QUANTIZATIONS", "ENGINE_VERSIONS",
+__all__ = ["GPUSpec", "ModelSpec", "EngineConfig", "GIB", "KV_CACHE_DTYPES", "KV_CACHE_DTYPE_ALIASES",
+           "canonical_kv_cache_dtype", "QUANTIZATIONS", "ENGINE_VERSIONS",
            "DEFAULT_ENGINE_VERSION", "ENGINE_PRESETS"]

@@ -32,6 +32,12 @@ speed-up; the lengths are what vLLM (or the model's authors) measured:
           ranges between 85% and 90%" (DeepSeek-V3 Technical Report, arXiv 2412.19437, sec.
           5.4.3); the lower end, 0.85.
   draft_model  none: acceptance depends on the pair of models; give acceptance_rate(s).
+
+`mtp` drafts with the target checkpoint's own multi-token-prediction modules: vLLM loads the
+target's checkpoint as the draft and maps only model types that carry MTP layers to an MTP
+architecture (n_predict = `num_nextn_predict_layers`); any other model ends in "Unsupported
+speculative method" (vllm/config/speculative.py at 002e77c1, SpeculativeConfig.__post_init__ and
+hf_config_override). A model without them (ModelSpec.num_nextn_predict_layers == 0) is refused.
 """
 
 from __future__ import annotations
@@ -240,8 +246,18 @@ class SpeculativeConfig:
             return self.draft_model_spec().kv_bytes_per_token(self.draft_tp(tp))
         return target.kv_bytes_per_token(tp, num_layers=1)
 
+    def check_model(self, target: ModelSpec) -> None:
+        """The method must be one `target` can use: mtp needs the model's own MTP layers."""
+        if self.method == "mtp" and not target.num_nextn_predict_layers:
+            usable = ", ".join(m for m in METHODS if m != "mtp")
+            raise ConfigError(f"--speculative-config: method mtp drafts with the model's own multi-token-prediction "
+                              f"layers (DeepSeek-V3's num_nextn_predict_layers), and {target.name} has no "
+                              f"multi-token-prediction layers; methods it can use: {usable} (eagle / eagle3 with a "
+                              "head trained for it)")
+
     def check_with(self, target: ModelSpec, tp: int, pp: int) -> None:
-        """Cross-checks with the deployment (ConfigError naming what to change)."""
+        """Cross-checks with the model and the deployment (ConfigError naming what to change)."""
+        self.check_model(target)
         if pp > 1:
             # "speculative decoding in vLLM is not compatible with pipeline parallelism" (vLLM docs,
             # features/spec_decode)

@@ -21,7 +21,7 @@ CAPS = {
     "model config": 4 * MiB,
     "workload file": 4 * MiB,
     "price file": 4 * MiB,
-    "measurements": 16 * MiB,  # profiles/calibrate.py reads at most 10,000 rows
+    "measurements file": 16 * MiB,  # profiles/calibrate.py reads at most 10,000 rows
     "trace": 1024 * MiB,  # ~25M rows of arrival, prompt and output lengths
     "sweep table": 256 * MiB,
     "dataset": 2048 * MiB,  # --dataset-path: the ShareGPT JSON vllm bench serve reads is several hundred MB

@@ -196,7 +196,7 @@ HEADER = "tp,batch_size,input_len,output_len,prefill_ms\n"
     ("content", "needle"),
     [
         (None, "no such measurements file"),
-        ("", "missing column 'tp'"),
+        ("", "is empty; it needs a header row"),
         ("tp,batch_size,input_len,output_len\n4,1,128,16\n", "at least one of the columns"),
         ("tp,batch_size,input_len\n4,1,128\n", "missing column 'output_len'"),
         (HEADER, "no measurement rows"),

@@ -67,6 +67,7 @@ def test_a_deepseek_config_json_reads_as_mla(tmp_path):
            "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536,
            "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 129280,
            "max_position_embeddings": 163840, "torch_dtype": "bfloat16", "hidden_act": "silu",
+           "num_nextn_predict_layers": 1,
            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))

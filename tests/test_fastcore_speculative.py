@@ -22,6 +22,12 @@ from tests.test_fastcore_equivalence import H100, TINY, ArraysWorkload, _compare
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
 
 METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+TINY_MTP = dataclasses.replace(TINY, num_nextn_predict_layers=1)  # mtp drafts with the model's own MTP layers
+
+
+def model_for(method: str):
+    """The tiny model, with one MTP module where the method needs it (simcore.speculative)."""
+    return TINY_MTP if method == "mtp" else TINY
 NUM_CASES = 90
 
 
@@ -73,7 +79,7 @@ def test_core_matches_the_python_reference(method):
         seed = 7000 + 100 * METHODS.index(method) + case
         config, workload, text = _random_case(np.random.default_rng(seed), method)
         core, exact = _compare(config, workload, seed=seed, context=f"case {seed}: {text} {config}",
-                               draft_profile=draft)
+                               model=model_for(method), draft_profile=draft)
         for name in ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens"):
             assert core.summary[name] == exact.summary[name], (seed, name)
         assert core.summary["spec_acceptance_per_position"] == exact.summary["spec_acceptance_per_position"], seed
@@ -131,7 +137,8 @@ def test_shared_prefixes_with_prefix_caching_match(dp):
     hit = 0
     for case in range(8):
         rng = np.random.default_rng(9000 + case)
-        config, _, text = _random_case(rng, METHODS[case % 4])
+        method = METHODS[case % 4]
+        config, _, text = _random_case(rng, method)
         mml = config.max_model_len
         config = dataclasses.replace(config, enable_prefix_caching=True, data_parallel_size=dp, router="least-loaded")
         prefix = SharedPrefix(num_groups=int(rng.integers(1, 4)), prefix_len=int(rng.integers(1, mml // 2)),
@@ -140,7 +147,8 @@ def test_shared_prefixes_with_prefix_caching_match(dp):
                                 arrival=GammaArrivals(rate=float(rng.choice([50.0, 500.0, 5000.0]))),
                                 prompt_len=Uniform(1, mml // 2), output_len=Uniform(1, mml // 2),
                                 shared_prefix=prefix, max_model_len=mml)
-        core, _ = _compare(config, workload, seed=case, context=f"prefix dp {dp} case {case}: {text}")
+        core, _ = _compare(config, workload, seed=case, context=f"prefix dp {dp} case {case}: {text}",
+                           model=model_for(method))
         hit += bool(core.summary.get("prefix_cache_hit_rate"))
     assert hit >= 4, "most cases should adopt cached blocks"
 

@@ -26,12 +26,12 @@ from tests.helpers import assert_same_requests
 pytestmark = pytest.mark.skipif(ccore.library() is None, reason="no compiled core (no C compiler?)")
 
 
-def _run(config, workload, seed, core, **extra):
+def _run(config, workload, seed, core, model=plain.TINY, **extra):
     """(result, token times merged over the replicas) of one run that keeps every token's time."""
     from kvsim.cli.bench_result import token_times
 
     exact = core == "python"
-    sim = prepare(plain.TINY, plain.H100, config, workload, plain._profile(), seed=seed, exact_steps=exact,
+    sim = prepare(model, plain.H100, config, workload, plain._profile(), seed=seed, exact_steps=exact,
                   engine_core=core, **extra)
     for engine in sim.replicas:
         engine.lifecycle.token_times = {}
@@ -74,7 +74,8 @@ def test_speculative_bursts_share_a_time():
     for case in range(12):
         method = spec.METHODS[case % 4]  # heads and n-gram (a draft model: test_fastcore_speculative)
         config, workload, text = spec._random_case(np.random.default_rng(900 + case), method)
-        _, times = _same_tokens(config, workload, 900 + case, f"case {900 + case}: {text}")
+        _, times = _same_tokens(config, workload, 900 + case, f"case {900 + case}: {text}",
+                                model=spec.model_for(method))
         bursts += sum(int((np.diff(np.asarray(t)) == 0).sum()) for t in times.values())
     assert bursts, "some verify should accept a draft"
 

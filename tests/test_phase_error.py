@@ -136,7 +136,7 @@ def test_both_cores_match_with_the_phases_apart(monkeypatch):
         config, workload, text = spec._random_case(np.random.default_rng(seed), method)
         draft = profile if method == "draft_model" else None
         plain._compare(config, workload, seed=seed, context=f"case {seed}: {text}", profile=profile,
-                       draft_profile=draft)
+                       model=spec.model_for(method), draft_profile=draft)
     from kvsim.simcore.simulate import simulate
 
     def run(*args, exact_steps=False, **kw):  # a pipelined run's reference is the Python engine
