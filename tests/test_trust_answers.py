@@ -158,7 +158,7 @@ def test_plan_answers_name_the_engine(tmp_path, version):
     answer = doc["answers"][0]
     assert answer["engine_version"] == want == doc["engine_version"]
     words = ("vllm-v1 (default; vLLM's server defaults per GPU)" if version is None
-             else "vllm-0.6 (vLLM's server defaults per GPU)")
+             else "vllm-0.6 (vLLM's server defaults per GPU; multi-step: decode rounds of 10 steps)")
     assert f"[engine {words};" in answer["line"]
     assert {r["engine_version"] for r in csv.DictReader((tmp_path / "p" / "plan.csv").open())} == {want}
 
