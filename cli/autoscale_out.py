@@ -86,6 +86,10 @@ def fleet_section(result, extras: dict[str, Any], slo_ttft_ms: float | None, slo
     from kvsim.reports.prices import BUILTIN_USD_PER_GPU_HOUR
 
     fleet = dict(result.record["autoscale"])
+    if "peak_window_s" in result.summary:  # the pool's capacity and the traffic's peak (simcore.autoscale_capacity)
+        from kvsim.simcore.autoscale_capacity import SUMMARY_KEYS
+
+        fleet["capacity"] = {k: result.summary[k] for k in SUMMARY_KEYS if k in result.summary}
     ttft, tpot = slo_of(extras, slo_ttft_ms, slo_tpot_ms)
     fleet["slo"] = {"ttft_ms": ttft, "tpot_ms": tpot}
     fleet["hour_s"] = hour_s = hour_of(result)
@@ -141,6 +145,9 @@ def format_fleet(fleet: dict[str, Any]) -> str:
         "Hourly attainment (%):                   " + " ".join(
             "-" if h["attainment"] is None else f"{100 * h['attainment']:.0f}" for h in fleet["hourly"]),
     ]
+    from kvsim.simcore.autoscale_capacity import capacity_lines
+
+    lines += capacity_lines(fleet)
     for row in fleet.get("static", []):
         cost = "" if row["usd"] is None else f", ${row['usd_per_day']:,.0f}/day"
         label = f"Static fleet, {row['sized_for']} ({row['replicas']} replicas):"

@@ -40,6 +40,20 @@ def _overload_note(document: dict[str, Any]) -> str:
             "load lasted, so its latencies grow with the run's length.")
 
 
+def _capacity_note(fleet: dict[str, Any]) -> list[str]:
+    """The pool's full-batch capacity against the traffic's peak (simcore.autoscale_capacity), as
+    the text output's Autoscaling section says it; marked where the peak is above the ceiling."""
+    from kvsim.simcore.autoscale_capacity import capacity_lines
+
+    lines = capacity_lines(fleet)
+    if not lines:
+        return []
+    over = fleet["capacity"].get("peak_above_capacity")
+    text = "; ".join(" ".join(line.split()) for line in lines)
+    mark = ' <span class="mark overloaded">The peak is above what the pool can serve.</span>' if over else ""
+    return [f'<p class="note">{html.escape_text(text)}.{mark}</p>']
+
+
 def _rounded(value: Any) -> Any:
     """A JSON-ready value with its floats cut to 4 significant digits (for reading, not recomputing:
     summary.json keeps them whole)."""
@@ -175,6 +189,7 @@ def autoscale_page(document: dict[str, Any], figure: Path) -> str:
         f'<p class="note">$/day scales the run\'s cost to 24 h of the same pattern ({fleet["duration_s"]:,.0f} s '
         f"simulated; an \"hour\" of the workload is {fleet['hour_s']:g} s); a static fleet is paid for the "
         "whole run, the autoscaled one for every replica from its start request to the end of its drain.</p>",
+        *_capacity_note(fleet),
         "<h2>SLO attainment per hour</h2>",
         html.table(hourly, formats, classes, key=["hour"], lift_constants=False),
         '<p class="note">Highlighted: the worst hour (if any missed). Attainment: share of the hour\'s requests (by arrival) '

@@ -263,13 +263,23 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
-        capacity = self._full_batch_capacity(records, counters, summary)
+        groups = self._full_batch_groups(records, counters, summary)
+        capacity = None if groups is None else self._pool_capacity(groups)
         if capacity is not None:  # req/s over the replicas; the batch it assumes, per replica
             summary["full_batch_capacity"], summary["full_batch_seqs"] = capacity["rate"], capacity["batch"]
             judge_capacity(summary, capacity["rate"])
         if self.autoscaler is not None:
             end_s = records.max_finish_s if records.num_left else 0.0  # counted as rows left: any run length
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
+            if groups is not None:  # the pool's ceiling against the traffic's peak (simcore.autoscale_capacity)
+                from kvsim.simcore.autoscale_capacity import pool_check
+                from kvsim.simcore.metrics import CAPACITY_MARGIN
+
+                figures, checks = pool_check(capacity["rate"], [g["rate"] for g in groups], [g["count"] for g in groups],
+                                             [g["batch"] for g in groups], records.columns()["arrival_s"],
+                                             self.autoscaler.config, CAPACITY_MARGIN)
+                summary.update(figures)
+                warnings += checks
             if self.fleet:  # each replica's hours (its group's price and GPUs make the fleet's $)
                 record["autoscale"]["replica_hours"] = [r.paid_s / 3600.0 for r in self.autoscaler.replicas]
         record["engine_core"] = core
@@ -279,18 +289,19 @@ class Simulation:
                       time.perf_counter() - self.started, warnings)
 
 
-    def _full_batch_capacity(self, records, counters: dict[str, int], summary: dict[str, Any]) -> dict[str, Any] | None:
-        """simcore.full_batch's capacity of the run's replicas (req/s), where its steady state
-        describes the run: vLLM's paged continuous batching, one sequence per request, no
-        autoscaler, exact request rows; None otherwise. A fleet's groups add up. With pipeline
-        stages the step is simcore.pipeline's round of micro-batches (one token per sequence per
-        round); speculating, the run's spec-decode metrics (`speculative_summary`) say what a
-        step verifies and emits."""
+    def _full_batch_groups(self, records, counters: dict[str, int],
+                           summary: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """simcore.full_batch's capacity of one replica of each of the run's groups (one group
+        outside a --fleet), with its count of replicas ("count"), where its steady state describes
+        the run: vLLM's paged continuous batching, one sequence per request, exact request rows;
+        None otherwise. An autoscaled run's groups are its pool (max_replicas replicas). With
+        pipeline stages the step is simcore.pipeline's round of micro-batches (one token per
+        sequence per round); speculating, the run's spec-decode metrics (`speculative_summary`)
+        say what a step verifies and emits."""
         from kvsim.simcore.full_batch import describes, full_batch_capacity, served_lengths
 
         cfg = self.config
-        if (cfg is None or self.autoscaler is not None or not describes(cfg)
-                or getattr(self.workload, "turn_summary", None) is not None):
+        if cfg is None or not describes(cfg) or getattr(self.workload, "turn_summary", None) is not None:
             return None
         lengths = served_lengths(records)
         if lengths is None:
@@ -305,23 +316,30 @@ class Simulation:
             speculation = (self.replicas[0].spec_cost, summary["spec_num_draft_tokens"] / summary["spec_num_drafts"],
                            summary["spec_mean_acceptance_length"])
         if self.fleet:  # each group's replicas at their own GPU's capacity (a fleet has no speculation or PP)
-            rates, first, index = [], None, 0
+            groups, index = [], 0
             for group_cfg, _profile, count in self.fleet:
                 one = full_batch_capacity(self.replicas[index].latency, group_cfg, group_cfg.memory.num_gpu_tokens,
                                           prompts, outputs, share)
                 if one is None:
                     return None
-                rates, first, index = rates + [one["rate"]] * count, first or one, index + count
-            # round-robin gives every replica the same share of the arrivals, whatever its speed: the
-            # fleet keeps up only while its slowest replica does; a load-aware router fills each
-            if cfg.engine.router == "round-robin":
-                return {**first, "rate": min(rates) * len(rates)}
-            return {**first, "rate": sum(rates)}
+                groups.append({**one, "count": count})
+                index += count
+            return groups
         one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts, outputs, share,
                                   speculation=speculation)
-        if one is None:
-            return None
-        return {**one, "rate": one["rate"] * len(self.replicas)}
+        return None if one is None else [{**one, "count": len(self.replicas)}]
+
+    def _pool_capacity(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
+        """The replicas' capacity together (req/s) and the first group's full batch. Round-robin
+        gives every replica the same share of the arrivals, whatever its speed: a fleet keeps up
+        only while its slowest replica does; a load-aware router (and the autoscaler's, which
+        sends each request to the least-loaded active replica) fills each."""
+        if len(groups) == 1:
+            return {**groups[0], "rate": groups[0]["rate"] * groups[0]["count"]}
+        rates = [g["rate"] for g in groups for _ in range(g["count"])]
+        if self.autoscaler is None and self.autoscaler is None and self.config.engine.router == "round-robin":
+            return {**groups[0], "rate": min(rates) * len(rates)}
+        return {**groups[0], "rate": sum(rates)}
 
 
 def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:
