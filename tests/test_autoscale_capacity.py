@@ -91,3 +91,16 @@ def test_cores_agree_on_the_capacity():
     keys = ("full_batch_capacity", "full_batch_capacity_per_replica", "full_batch_seqs", "peak_offered_rate")
     assert [{k: r.summary[k] for k in keys} for r in runs][0] == {k: runs[1].summary[k] for k in keys}
     assert runs[0].warnings == runs[1].warnings and any("inflight target 2000" in w for w in runs[0].warnings)
+
+
+def test_an_autoscaled_fleet_reports_each_group():
+    result = CliRunner().invoke(app, ["run", "--workload", "diurnal", "--rate", "200", "--num-requests", "3000",
+                                      "--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1", "--autoscale",
+                                      "--provisioning-delay", "60", "--no-error-bars", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout[result.stdout.index("{"):])
+    h100, a100 = doc["full_batch_capacity_by_group"]
+    assert h100 > a100 > 0 and doc["full_batch_capacity"] == pytest.approx(h100 + a100, rel=1e-12)
+    assert len(doc["full_batch_seqs_by_group"]) == 2 and "full_batch_capacity_per_replica" not in doc
+    line = next(w for w in doc["warnings"] if w.startswith("autoscaling: peak offered rate"))
+    assert "the fleet's 2 replicas" in line and f"{a100:.2f} req/s each" in line
