@@ -263,18 +263,18 @@ class Simulation:
                 "unchanged; steps' num_waiting counts only the requests inside the engine)")
         if len(engines) > 1:
             summary["num_replicas"] = len(engines)
-        groups = self._full_batch_groups(records, counters, summary)
-        capacity = None if groups is None else self._pool_capacity(groups)
+        capacity = self._full_batch_capacity(records, counters, summary)
         if capacity is not None:  # req/s over the replicas; the batch it assumes, per replica
             summary["full_batch_capacity"], summary["full_batch_seqs"] = capacity["rate"], capacity["batch"]
             judge_capacity(summary, capacity["rate"])
         if self.autoscaler is not None:
             end_s = records.max_finish_s if records.num_left else 0.0  # counted as rows left: any run length
             record["autoscale"] = {"config": self.autoscaler.config.to_dict(), **self.autoscaler.finish(end_s)}
-            if groups is not None:  # the pool's ceiling against the traffic's peak (simcore.autoscale_capacity)
+            if capacity is not None:  # the pool's ceiling against the traffic's peak (simcore.autoscale_capacity)
                 from kvsim.simcore.autoscale_capacity import pool_check
                 from kvsim.simcore.metrics import CAPACITY_MARGIN
 
+                groups = capacity["groups"]
                 figures, checks = pool_check(capacity["rate"], [g["rate"] for g in groups], [g["count"] for g in groups],
                                              [g["batch"] for g in groups], records.columns()["arrival_s"],
                                              self.autoscaler.config, CAPACITY_MARGIN)
@@ -328,6 +328,13 @@ class Simulation:
         one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts, outputs, share,
                                   speculation=speculation)
         return None if one is None else [{**one, "count": len(self.replicas)}]
+
+    def _full_batch_capacity(self, records, counters: dict[str, int], summary: dict[str, Any]) -> dict[str, Any] | None:
+        """The run's replicas' full-batch capacity together ("rate", req/s), the first group's full
+        batch ("batch") and each group's ("groups": _full_batch_groups'), or None where the
+        capacity does not describe the run."""
+        groups = self._full_batch_groups(records, counters, summary)
+        return None if groups is None else {**self._pool_capacity(groups), "groups": groups}
 
     def _pool_capacity(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
         """The replicas' capacity together (req/s) and the first group's full batch. Round-robin
