@@ -18,7 +18,12 @@ be lam x E[o - 1]. So
 
 N is at most max_num_seqs and what the KV cache holds at the batch's mean context (each sequence's
 context averaged over its decode steps, weighted by them: sum over requests of (o-1) p + (o-1) o / 2,
-over the sum of o - 1, plus half a block). The capacity is the largest lam(N) over N up to that.
+over the sum of o - 1, plus half a block). With prefix caching, running sequences that share a
+prompt prefix reference its full blocks once (vLLM's block pool: one physical block, a reference
+count per sequence; vllm/v1/core/block_pool.py, kv_cache_utils.py hash full blocks only), so the
+cache holds a prefix group's blocks once for the whole batch and the rest of each context per
+sequence: N x (context - shared) + held_once <= KV tokens (`SharedPrefix`, from the run's own
+prefix-cache hits). The capacity is the largest lam(N) over N up to that.
 It is the model's own number (the same step prices the run used), not a measurement; preemption
 and uneven batches only lower what a run achieves, so a run offered clearly more than this is
 overloaded (simcore.metrics.judge_capacity).
@@ -26,6 +31,7 @@ overloaded (simcore.metrics.judge_capacity).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,9 +42,57 @@ _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that): bounded work per run
 
 
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """KV blocks running sequences share through the prefix cache: `per_seq` tokens of each
+    sequence's context (on average) sit in blocks another running sequence also references, and
+    `held_once` tokens are those blocks' own (each distinct shared prefix's full blocks, held once
+    per replica). Both in tokens, whole blocks."""
+
+    per_seq: float
+    held_once: int
+
+
+def cache_batch(num_gpu_tokens: int, per_seq: float, shared: SharedPrefix | None) -> int:
+    """The sequences the cache holds when each needs `per_seq` tokens of its own blocks (context,
+    lookahead, half a block), less what it shares: N x (per_seq - shared) + held_once <= KV. Where
+    fewer sequences than that would fill the cache with their shared blocks alone, nothing is
+    shared (N x per_seq <= KV)."""
+    alone = int(num_gpu_tokens // per_seq)
+    if shared is None or shared.per_seq <= 0:
+        return alone
+    own = max(per_seq - shared.per_seq, 1.0)
+    return max(alone, int(max(0, num_gpu_tokens - shared.held_once) // own))
+
+
+def first_admission_hits(hits: int, num_finished: int, num_readmitted: int) -> float:
+    """Prefix-cache hit tokens of the finished requests' first admissions. The counters count a
+    hit at every admission, and a request preempted by recompute is admitted again (and hits its
+    prefix again); the hits per admission, times one admission per request, are its prompt's."""
+    admissions = num_finished + max(0, num_readmitted)
+    return hits * num_finished / admissions if admissions else 0.0
+
+
+def declared_shared(workload, block_size: int, per_seq: float) -> SharedPrefix | None:
+    """SharedPrefix of a run whose sequences hit `per_seq` prefix tokens each at admission
+    (first_admission_hits over the finished requests): its workload's declared shared prefixes
+    (workloads.spec.SharedPrefix: num_groups system prompts of prefix_len tokens, whose full blocks
+    are held once each); a workload whose prefixes come per request (a trace's prefix_id column,
+    sonnet's head) as one group of the hit tokens' blocks. None without hits."""
+    if per_seq <= 0:
+        return None
+    spec = getattr(workload, "shared_prefix", None)
+    if spec is not None:
+        held = int(spec.num_groups) * (int(spec.prefix_len) // block_size) * block_size
+    else:
+        held = int(-(-per_seq // block_size)) * block_size
+    return SharedPrefix(float(per_seq), held)
+
+
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
                         prefill_share: float = 1.0, decode_only: bool = False,
-                        speculation: tuple[Any, float, float] | None = None) -> dict[str, Any] | None:
+                        speculation: tuple[Any, float, float] | None = None,
+                        shared: SharedPrefix | None = None) -> dict[str, Any] | None:
     """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None (no
     request, or a decode instance with nothing to decode); where no request decodes (every output
     one token) the engine only prefills: its prompts per second at full steps (prefill_capacity),
@@ -49,7 +103,8 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     decode instance (its prompts' KV arrives from the prefill pool: no prefill term);
     `speculation`: (the run's SpeculativeStepCost, mean draft tokens per verify, mean acceptance
     length): each decode step is a verify of 1 + d tokens per sequence plus the drafter's passes,
-    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric)."""
+    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric);
+    `shared`: the KV blocks running sequences share through the prefix cache (cache_batch)."""
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     decodes = np.maximum(outputs - 1, 0)
@@ -69,7 +124,7 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         lookahead = int(round(drafts))
     engine = config.engine
     context = float((decodes * prompts + decodes * (decodes + 1) / 2).sum() / decodes.sum())
-    by_cache = int(num_gpu_tokens // (context + lookahead + engine.block_size / 2))
+    by_cache = cache_batch(num_gpu_tokens, context + lookahead + engine.block_size / 2, shared)
     n_max = max(1, min(int(engine.max_num_seqs), by_cache))
     budget = int(config.max_num_batched_tokens)
     computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))
