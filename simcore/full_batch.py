@@ -45,24 +45,40 @@ MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that
 @dataclass(frozen=True, slots=True)
 class SharedPrefix:
     """KV blocks running sequences share through the prefix cache: `per_seq` tokens of each
-    sequence's context (on average) sit in blocks another running sequence also references, and
-    `held_once` tokens are those blocks' own (each distinct shared prefix's full blocks, held once
-    per replica). Both in tokens, whole blocks."""
+    sequence's context (on average) sit in a shared prefix's full blocks, held once per replica
+    for every prefix some running sequence uses: `num_groups` prefixes of `block_tokens` tokens
+    (their full blocks), each sequence using a given one with probability `fraction / num_groups`
+    (workloads.spec.SharedPrefix draws them so)."""
 
     per_seq: float
-    held_once: int
+    block_tokens: int
+    num_groups: int = 1
+    fraction: float = 1.0
+
+    def held_once(self, n: int) -> float:
+        """Tokens of the distinct prefixes n running sequences use: the expected number of groups
+        n independent draws hit, G (1 - (1 - f / G)^n), times a prefix's full blocks."""
+        g = self.num_groups
+        return g * (1.0 - (1.0 - self.fraction / g) ** n) * self.block_tokens
 
 
 def cache_batch(num_gpu_tokens: int, per_seq: float, shared: SharedPrefix | None) -> int:
-    """The sequences the cache holds when each needs `per_seq` tokens of its own blocks (context,
-    lookahead, half a block), less what it shares: N x (per_seq - shared) + held_once <= KV. Where
-    fewer sequences than that would fill the cache with their shared blocks alone, nothing is
-    shared (N x per_seq <= KV)."""
+    """The sequences the cache holds when each needs `per_seq` tokens of blocks (context,
+    lookahead, half a block): N x per_seq <= KV, or with shared prefixes
+    N x (per_seq - shared.per_seq) + shared.held_once(N) <= KV (the largest such N; the left
+    side grows with N)."""
     alone = int(num_gpu_tokens // per_seq)
     if shared is None or shared.per_seq <= 0:
         return alone
     own = max(per_seq - shared.per_seq, 1.0)
-    return max(alone, int(max(0, num_gpu_tokens - shared.held_once) // own))
+    lo, hi = alone, int(num_gpu_tokens // own)
+    while lo < hi:  # the largest N that fits, between no sharing and no held prefix
+        mid = (lo + hi + 1) // 2
+        if mid * own + shared.held_once(mid) <= num_gpu_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def first_admission_hits(hits: int, num_finished: int, num_readmitted: int) -> float:
@@ -73,20 +89,22 @@ def first_admission_hits(hits: int, num_finished: int, num_readmitted: int) -> f
     return hits * num_finished / admissions if admissions else 0.0
 
 
-def declared_shared(workload, block_size: int, per_seq: float) -> SharedPrefix | None:
-    """SharedPrefix of a run whose sequences hit `per_seq` prefix tokens each at admission
-    (first_admission_hits over the finished requests): its workload's declared shared prefixes
-    (workloads.spec.SharedPrefix: num_groups system prompts of prefix_len tokens, whose full blocks
-    are held once each); a workload whose prefixes come per request (a trace's prefix_id column,
-    sonnet's head) as one group of the hit tokens' blocks. None without hits."""
-    if per_seq <= 0:
+def declared_shared(workload, block_size: int, hits_per_request: float) -> SharedPrefix | None:
+    """SharedPrefix of a run whose requests hit `hits_per_request` prefix tokens each at their
+    first admission (first_admission_hits): None without hits (prefix caching off, or nothing
+    shared: each sequence holds its whole context). The prefixes its workload declares
+    (workloads.spec.SharedPrefix: num_groups system prompts of prefix_len tokens, a fraction of
+    requests each drawing one) are shared whole: a request that misses its prefix (evicted from a
+    small cache) computes it into blocks the next ones of its group share, so the batch still
+    holds one copy per prefix in use; where prefixes come per request (a trace's prefix_id
+    column, sonnet's head), the run's hits are the shared part, as one prefix of their blocks."""
+    if hits_per_request <= 0:
         return None
     spec = getattr(workload, "shared_prefix", None)
     if spec is not None:
-        held = int(spec.num_groups) * (int(spec.prefix_len) // block_size) * block_size
-    else:
-        held = int(-(-per_seq // block_size)) * block_size
-    return SharedPrefix(float(per_seq), held)
+        whole = (int(spec.prefix_len) // block_size) * block_size  # full blocks only: vLLM hashes those
+        return SharedPrefix(float(spec.fraction) * whole, whole, int(spec.num_groups), float(spec.fraction))
+    return SharedPrefix(float(hits_per_request), int(-(-hits_per_request // block_size)) * block_size)
 
 
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,

@@ -180,6 +180,19 @@ def test_hits_per_admission_times_one_admission_per_request():
     assert first_admission_hits(3000, 2, 1) == 2000 and first_admission_hits(0, 0, 0) == 0.0
     # 10 sequences of 100 tokens, 60 of them a shared prefix held once: 40 each + 60
     assert cache_batch(460, 100, SharedPrefix(60.0, 60)) == 10 and cache_batch(460, 100, None) == 4
+    # 8 prefixes, 2 sequences: ~1.9 of them in use (8 (1 - (7/8)^2) = 1.875), not all 8
+    assert SharedPrefix(60.0, 60, 8).held_once(2) == pytest.approx(1.875 * 60)
+
+
+def test_a_small_batch_holds_only_the_prefixes_it_uses():
+    """shared-prefix at 23% memory (11,136 KV tokens): ~9 sequences run, drawing ~5.5 of the 8
+    system prompts; held as all 8 (8,192 tokens) the cache left room for 7 (capacity 2.35 req/s
+    before, 2.96 completed)."""
+    over = _summary("--workload", "shared-prefix", "--gpu-memory-utilization", "0.23", "--rate", "3.8",
+                    "--num-requests", "3000")
+    assert over["saturation"] == "overloaded" and over["full_batch_seqs"] >= 9
+    # (N of 9 or 10 moves it ~10%: the batch's mean context is this run's requests')
+    assert 0.95 * over["completed_rate_warm"] <= over["full_batch_capacity"] <= 1.1 * over["completed_rate_warm"]
 
 
 def test_plan_refuses_a_workload_every_request_of_which_rounds_reject(tmp_path):
