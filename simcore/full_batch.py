@@ -19,11 +19,12 @@ be lam x E[o - 1]. So
 N is at most max_num_seqs and what the KV cache holds at the batch's mean context (each sequence's
 context averaged over its decode steps, weighted by them: sum over requests of (o-1) p + (o-1) o / 2,
 over the sum of o - 1, plus half a block). With prefix caching, running sequences that share a
-prompt prefix reference its full blocks once (vLLM's block pool: one physical block, a reference
-count per sequence; vllm/v1/core/block_pool.py, kv_cache_utils.py hash full blocks only), so the
+prompt prefix reference its full blocks once (vLLM's block pool: a cached block is a full block,
+and a request that hits it `touch`es it, one more reference to one physical block;
+vllm-project/vllm vllm/v1/core/block_pool.py at c59cb7941357443da7c5eef75cfa8697d683d228), so the
 cache holds a prefix group's blocks once for the whole batch and the rest of each context per
-sequence: N x (context - shared) + held_once <= KV tokens (`SharedPrefix`, from the run's own
-prefix-cache hits). The capacity is the largest lam(N) over N up to that.
+sequence: N x (context - shared) + held(N) <= KV tokens, held(N) the full blocks of the prefixes
+N sequences use (`SharedPrefix`, `declared_shared`: where the run's own prefix cache hit). The capacity is the largest lam(N) over N up to that.
 It is the model's own number (the same step prices the run used), not a measurement; preemption
 and uneven batches only lower what a run achieves, so a run offered clearly more than this is
 overloaded (simcore.metrics.judge_capacity).
