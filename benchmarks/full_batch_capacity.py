@@ -7,6 +7,7 @@ capacity; simcore.metrics.CAPACITY_MARGIN must stay above its low side, or runs 
 be called overloaded.
 
     python benchmarks/full_batch_capacity.py            # ~1-2 min on 2 shared cores
+    python benchmarks/full_batch_capacity.py prefix     # only the rows whose label has "prefix"
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 
+LONG_PROMPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "long-system-prompt.yaml")
 KVSIM = shutil.which("kvsim", path=os.path.dirname(sys.executable)) or "kvsim"  # this venv's
 
 CASES = [  # (label, kvsim run options, requests)
@@ -34,6 +36,14 @@ CASES = [  # (label, kvsim run options, requests)
     ("8B fleet: 1 x H100 + 1 x A100-80GB", ["--fleet", "H100-SXM-80GB:1:1,A100-80GB:1:1"], 12000),
     ("70B, 4 x H100 TP 4, EAGLE k = 3", ["--model", "llama3-70b", "--tp", "4", "--speculative-config",
                                          '{"method": "eagle", "num_speculative_tokens": 3}'], 8000),
+    ("8B, H100, shared-prefix (8 x 1,024-token system prompts)", ["--workload", "shared-prefix"], 8000),
+    ("8B, H100, shared-prefix, 50% memory", ["--workload", "shared-prefix", "--gpu-memory-utilization", "0.5"], 8000),
+    ("8B, H100, shared-prefix, 25% memory", ["--workload", "shared-prefix", "--gpu-memory-utilization", "0.25"], 8000),
+    ("8B, H100, shared-prefix, 23% memory (~9 sequences: some prefixes not in use)",
+     ["--workload", "shared-prefix", "--gpu-memory-utilization", "0.23"], 8000),
+    ("8B, H100, one 4,096-token shared prefix (benchmarks/long-system-prompt.yaml)", ["--workload", LONG_PROMPT], 8000),
+    ("8B, H100, one 4,096-token shared prefix, 25% memory",
+     ["--workload", LONG_PROMPT, "--gpu-memory-utilization", "0.25"], 8000),
     ("70B disaggregated, 1 x TP 4 prefill + 1 x TP 4 decode, azure-conv",
      ["--model", "llama3-70b", "--prefill-replicas", "1", "--prefill-tp", "4", "--decode-replicas", "1",
       "--decode-tp", "4", "--workload", "azure-conv"], 4000),
@@ -50,7 +60,8 @@ def summary(options: list[str], rate: float, requests: int) -> dict:
 def main() -> None:
     print("| deployment | capacity (req/s) | offered | completed once warm | capacity / completed | verdict |")
     print("|---|---|---|---|---|---|")
-    for label, options, requests in CASES:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    for label, options, requests in (case for case in CASES if only in case[0]):
         guess = summary(options, 1.0, 300)["full_batch_capacity"]
         over = summary(options, 1.15 * guess, requests)
         capacity = over["full_batch_capacity"]  # of the overloaded run's own requests

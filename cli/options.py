@@ -266,25 +266,14 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
             if value is not None and value > 1:
                 raise ConfigError(f"{flag} {value} with --speculative-config: parallel sampling and beam search are "
                                   "not modelled with speculative decoding; every request would be rejected")
-    widths = {key: max(getattr(getattr(wl, key, None), "values", None) or (1,)) for key in ("n", "beam_width")}
-    trace = getattr(wl, "trace", None)
-    for key in widths:
-        column = getattr(trace, "extras", {}).get(key) if trace is not None else None
-        if column is not None and len(column):
-            widths[key] = max(widths[key], int(column.max()))
+    widths = _sample_widths(wl)
     key = max(widths, key=widths.get)
     width = widths[key]
-    flag = f"--{key.replace('_', '-')}"
-    what = f"{flag} {width}" if (given or {}).get(flag) is not None else f"the workload's {key} {width}"
+    what = _width_words(key, width, given)
     if width > 1 and not resolved.policy.paged:  # (simcore.policies.reserved.unsupported_sampling, after the run)
         raise ConfigError(f"{what}: parallel sampling and beam search are modelled only by --policy continuous "
                           f"--allocator paged, not {resolved.policy.label}; every request would be rejected")
-    if width > 1 and _every_request_wide(wl) and _multi_step_rounds(resolved.engine):
-        # simcore.policies.continuous_v0 rejects each such request (vLLM 0.6's multi-step output
-        # processor runs one sequence per request); refused where that is every request
-        raise ConfigError(f"{what} with --engine-version {resolved.engine.engine_version}: its multi-step decode "
-                          "rounds run one sequence per request (vLLM 0.6 refused parallel sampling and beam search "
-                          "with --num-scheduler-steps); every request would be rejected")
+    check_rounds_width(wl, [resolved.engine], widths, given)
     limit = min(resolved.engine.max_num_seqs, resolved.max_num_batched_tokens)
     if width <= limit:
         return
@@ -292,6 +281,37 @@ def check_sample_width(wl: Any, resolved: Any, given: dict[str, int | None] | No
              else f"--max-num-batched-tokens {resolved.max_num_batched_tokens}")
     raise ConfigError(f"{what} is wider than a step: each request runs {width} sequences at once, and a "
                       f"step holds at most {bound}; every request would be rejected")
+
+
+def _sample_widths(wl: Any) -> dict[str, int]:
+    """The widest n and beam_width of the workload's requests (its choices, or its trace's columns)."""
+    widths = {key: max(getattr(getattr(wl, key, None), "values", None) or (1,)) for key in ("n", "beam_width")}
+    trace = getattr(wl, "trace", None)
+    for key in widths:
+        column = getattr(trace, "extras", {}).get(key) if trace is not None else None
+        if column is not None and len(column):
+            widths[key] = max(widths[key], int(column.max()))
+    return widths
+
+
+def _width_words(key: str, width: int, given: dict[str, int | None] | None) -> str:
+    flag = f"--{key.replace('_', '-')}"
+    return f"{flag} {width}" if (given or {}).get(flag) is not None else f"the workload's {key} {width}"
+
+
+def check_rounds_width(wl: Any, engines: list[Any], widths: dict[str, int] | None = None,
+                       given: dict[str, int | None] | None = None) -> None:
+    """Refuse a workload whose every request runs several sequences where every engine in
+    `engines` (a run's, or each of a plan's candidates') schedules vLLM 0.6's multi-step decode
+    rounds: simcore.policies.continuous_v0 rejects each such request (vLLM 0.6's multi-step
+    output processor runs one sequence per request), so every request would be rejected."""
+    widths = widths or _sample_widths(wl)
+    key = max(widths, key=widths.get)
+    width = widths[key]
+    if width > 1 and engines and all(_multi_step_rounds(e) for e in engines) and _every_request_wide(wl):
+        raise ConfigError(f"{_width_words(key, width, given)} with --engine-version {engines[0].engine_version}: "
+                          "its multi-step decode rounds run one sequence per request (vLLM 0.6 refused parallel "
+                          "sampling and beam search with --num-scheduler-steps); every request would be rejected")
 
 
 def _every_request_wide(wl: Any) -> bool:

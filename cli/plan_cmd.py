@@ -282,6 +282,11 @@ def plan(
     if disagg == "on":  # its pools run V1's scheduler (chunked prefill on)
         chunked_values = [True]
     engine["multi_step"] = multi_step_words(base.engine_version, chunked_values) or None
+    import dataclasses
+
+    from kvsim.cli.options import check_rounds_width
+
+    check_rounds_width(spec, [dataclasses.replace(base, enable_chunked_prefill=c) for c in chunked_values])  # as run
     say(f"Planning {', '.join(m.name for m in models)} at {', '.join(f'{r:g}' for r in rates)} {unit} "
         f"with {slo.text()}; workload {spec.name}, seed {seed}, engine {_engine_words(engine)}")
     from kvsim.cli.output import LiveProgress

@@ -15,6 +15,8 @@ from typing import Any
 
 from kvsim.simcore.batch_defaults import NUM_SCHEDULER_STEPS
 
+V0_ERA = ("vllm-v0", "vllm-0.6")  # engine versions whose `vllm serve` has no `--no-enable-...` flags
+
 # catalog name -> the Hugging Face checkpoint its shape comes from (simcore/catalog.py cites each)
 HF_IDS = {
     "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama3-70b": "meta-llama/Meta-Llama-3-70B",
@@ -46,10 +48,18 @@ def vllm_serve_command(model: Any, gpu: Any, config: Any) -> str:
         args += ["--kv-cache-dtype", e.kv_cache_dtype]
     if e.quantization:
         args += ["--quantization", e.quantization]
-    if not e.enable_chunked_prefill:
-        args.append("--no-enable-chunked-prefill")
-    if not e.enable_prefix_caching:
-        args.append("--no-enable-prefix-caching")
+    if e.engine_version in V0_ERA:
+        # vLLM 0.5 / 0.6 spell them differently: `--enable-chunked-prefill [True|False]` (its default
+        # depends on max_model_len) and a store_true `--enable-prefix-caching` (off by default), no
+        # `--no-` forms (vllm/engine/arg_utils.py at v0.6.0, 32e7db25)
+        args.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--enable-chunked-prefill=False")
+        if e.enable_prefix_caching:
+            args.append("--enable-prefix-caching")
+    else:
+        if not e.enable_chunked_prefill:
+            args.append("--no-enable-chunked-prefill")
+        if not e.enable_prefix_caching:
+            args.append("--no-enable-prefix-caching")
     steps = NUM_SCHEDULER_STEPS.get(e.engine_version)
     if steps:  # vllm-0.6 was priced (and, without chunked prefill, scheduled) as multi-step: vLLM's default is 1
         args += ["--num-scheduler-steps", str(steps)]

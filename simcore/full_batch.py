@@ -18,7 +18,13 @@ be lam x E[o - 1]. So
 
 N is at most max_num_seqs and what the KV cache holds at the batch's mean context (each sequence's
 context averaged over its decode steps, weighted by them: sum over requests of (o-1) p + (o-1) o / 2,
-over the sum of o - 1, plus half a block). The capacity is the largest lam(N) over N up to that.
+over the sum of o - 1, plus half a block). With prefix caching, running sequences that share a
+prompt prefix reference its full blocks once (vLLM's block pool: a cached block is a full block,
+and a request that hits it `touch`es it, one more reference to one physical block;
+vllm-project/vllm vllm/v1/core/block_pool.py at c59cb7941357443da7c5eef75cfa8697d683d228), so the
+cache holds a prefix group's blocks once for the whole batch and the rest of each context per
+sequence: N x (context - shared) + held(N) <= KV tokens, held(N) the full blocks of the prefixes
+N sequences use (`SharedPrefix`, `declared_shared`: where the run's own prefix cache hit). The capacity is the largest lam(N) over N up to that.
 It is the model's own number (the same step prices the run used), not a measurement; preemption
 and uneven batches only lower what a run achieves, so a run offered clearly more than this is
 overloaded (simcore.metrics.judge_capacity).
@@ -26,6 +32,7 @@ overloaded (simcore.metrics.judge_capacity).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,9 +43,75 @@ _BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 MAX_PROMPT_LENGTHS = 64  # distinct prompt lengths priced (quantiles beyond that): bounded work per run
 
 
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """KV blocks running sequences share through the prefix cache: `per_seq` tokens of each
+    sequence's context (on average) sit in a shared prefix's full blocks, held once per replica
+    for every prefix some running sequence uses: `num_groups` prefixes of `block_tokens` tokens
+    (their full blocks), each sequence using a given one with probability `fraction / num_groups`
+    (workloads.spec.SharedPrefix draws them so)."""
+
+    per_seq: float
+    block_tokens: int
+    num_groups: int = 1
+    fraction: float = 1.0
+
+    def held_once(self, n: int) -> float:
+        """Tokens of the distinct prefixes n running sequences use: the expected number of groups
+        n independent draws hit, G (1 - (1 - f / G)^n), times a prefix's full blocks."""
+        g = self.num_groups
+        return g * (1.0 - (1.0 - self.fraction / g) ** n) * self.block_tokens
+
+
+def cache_batch(num_gpu_tokens: int, per_seq: float, shared: SharedPrefix | None) -> int:
+    """The sequences the cache holds when each needs `per_seq` tokens of blocks (context,
+    lookahead, half a block): N x per_seq <= KV, or with shared prefixes
+    N x (per_seq - shared.per_seq) + shared.held_once(N) <= KV (the largest such N; the left
+    side grows with N)."""
+    alone = int(num_gpu_tokens // per_seq)
+    if shared is None or shared.per_seq <= 0:
+        return alone
+    own = max(per_seq - shared.per_seq, 1.0)
+    lo, hi = alone, int(num_gpu_tokens // own)
+    while lo < hi:  # the largest N that fits, between no sharing and no held prefix
+        mid = (lo + hi + 1) // 2
+        if mid * own + shared.held_once(mid) <= num_gpu_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def first_admission_hits(hits: int, num_finished: int, num_readmitted: int) -> float:
+    """Prefix-cache hit tokens of the finished requests' first admissions. The counters count a
+    hit at every admission, and a request preempted by recompute is admitted again (and hits its
+    prefix again); the hits per admission, times one admission per request, are its prompt's."""
+    admissions = num_finished + max(0, num_readmitted)
+    return hits * num_finished / admissions if admissions else 0.0
+
+
+def declared_shared(workload, block_size: int, hits_per_request: float) -> SharedPrefix | None:
+    """SharedPrefix of a run whose requests hit `hits_per_request` prefix tokens each at their
+    first admission (first_admission_hits): None without hits (prefix caching off, or nothing
+    shared: each sequence holds its whole context). The prefixes its workload declares
+    (workloads.spec.SharedPrefix: num_groups system prompts of prefix_len tokens, a fraction of
+    requests each drawing one) are shared whole: a request that misses its prefix (evicted from a
+    small cache) computes it into blocks the next ones of its group share, so the batch still
+    holds one copy per prefix in use; where prefixes come per request (a trace's prefix_id
+    column, sonnet's head), the run's hits are the shared part, as one prefix of their blocks."""
+    if hits_per_request <= 0:
+        return None
+    spec = getattr(workload, "shared_prefix", None)
+    if spec is not None:
+        whole = (int(spec.prefix_len) // block_size) * block_size  # full blocks only: vLLM hashes those
+        return SharedPrefix(float(spec.fraction) * whole, whole, int(spec.num_groups), float(spec.fraction))
+    return SharedPrefix(float(hits_per_request), int(-(-hits_per_request // block_size)) * block_size)
+
+
 def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarray, outputs: np.ndarray,
                         prefill_share: float = 1.0, decode_only: bool = False,
-                        speculation: tuple[Any, float, float] | None = None) -> dict[str, Any] | None:
+                        speculation: tuple[Any, float, float] | None = None,
+                        shared: SharedPrefix | None = None) -> dict[str, Any] | None:
     """{"rate": req/s, "batch": N, "context": mean decode context} of one replica, or None (no
     request, or a decode instance with nothing to decode); where no request decodes (every output
     one token) the engine only prefills: its prompts per second at full steps (prefill_capacity),
@@ -49,7 +122,8 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
     decode instance (its prompts' KV arrives from the prefill pool: no prefill term);
     `speculation`: (the run's SpeculativeStepCost, mean draft tokens per verify, mean acceptance
     length): each decode step is a verify of 1 + d tokens per sequence plus the drafter's passes,
-    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric)."""
+    and emits the acceptance length's tokens per sequence (vLLM's spec-decode metric);
+    `shared`: the KV blocks running sequences share through the prefix cache (cache_batch)."""
     prompts = np.asarray(prompts, dtype=np.int64)
     outputs = np.asarray(outputs, dtype=np.int64)
     decodes = np.maximum(outputs - 1, 0)
@@ -69,7 +143,7 @@ def full_batch_capacity(latency, config, num_gpu_tokens: int, prompts: np.ndarra
         lookahead = int(round(drafts))
     engine = config.engine
     context = float((decodes * prompts + decodes * (decodes + 1) / 2).sum() / decodes.sum())
-    by_cache = int(num_gpu_tokens // (context + lookahead + engine.block_size / 2))
+    by_cache = cache_batch(num_gpu_tokens, context + lookahead + engine.block_size / 2, shared)
     n_max = max(1, min(int(engine.max_num_seqs), by_cache))
     budget = int(config.max_num_batched_tokens)
     computed = np.maximum(1, np.rint(prompts * prefill_share).astype(np.int64))

@@ -298,7 +298,13 @@ class Simulation:
         pipeline stages the step is simcore.pipeline's round of micro-batches (one token per
         sequence per round); speculating, the run's spec-decode metrics (`speculative_summary`)
         say what a step verifies and emits."""
-        from kvsim.simcore.full_batch import describes, full_batch_capacity, served_lengths
+        from kvsim.simcore.full_batch import (
+            declared_shared,
+            describes,
+            first_admission_hits,
+            full_batch_capacity,
+            served_lengths,
+        )
 
         cfg = self.config
         if cfg is None or not describes(cfg) or getattr(self.workload, "turn_summary", None) is not None:
@@ -307,8 +313,10 @@ class Simulation:
         if lengths is None:
             return None
         prompts, outputs = lengths
-        hits = counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0)
+        hits = first_admission_hits(counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0),
+                                    len(prompts), self._readmissions(records))
         share = max(0.0, 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64))))
+        shared = declared_shared(self.workload, cfg.engine.block_size, hits / len(prompts))
         speculation = None
         if cfg.engine.speculative_config is not None:
             if not summary.get("spec_num_drafts"):
@@ -319,14 +327,14 @@ class Simulation:
             groups, index = [], 0
             for group_cfg, _profile, count in self.fleet:
                 one = full_batch_capacity(self.replicas[index].latency, group_cfg, group_cfg.memory.num_gpu_tokens,
-                                          prompts, outputs, share)
+                                          prompts, outputs, share, shared=shared)
                 if one is None:
                     return None
                 groups.append({**one, "count": count})
                 index += count
             return groups
         one = full_batch_capacity(self.latency, cfg, self.memory.num_gpu_tokens, prompts, outputs, share,
-                                  speculation=speculation)
+                                  speculation=speculation, shared=shared)
         return None if one is None else [{**one, "count": len(self.replicas)}]
 
     def _full_batch_capacity(self, records, counters: dict[str, int], summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -344,9 +352,20 @@ class Simulation:
         if len(groups) == 1:
             return {**groups[0], "rate": groups[0]["rate"] * groups[0]["count"]}
         rates = [g["rate"] for g in groups for _ in range(g["count"])]
-        if self.autoscaler is None and self.autoscaler is None and self.config.engine.router == "round-robin":
+        if self.autoscaler is None and self.config.engine.router == "round-robin":
             return {**groups[0], "rate": min(rates) * len(rates)}
         return {**groups[0], "rate": sum(rates)}
+
+    def _readmissions(self, records) -> int:
+        """Admissions after the first of the finished requests: their recompute preemptions (a
+        swapped-out request is swapped back in, not admitted; where the swap space is full vLLM
+        recomputes instead, which these rows cannot tell: counted as none)."""
+        from kvsim.simcore.records import FINISHED
+
+        if self.config.engine.preemption_mode == "swap":
+            return 0
+        cols = records.columns()
+        return int(cols["num_preemptions"][cols["status"] == FINISHED].sum(dtype=np.int64))
 
 
 def speculative_summary(counters: dict[str, int], costs: list[Any]) -> dict[str, Any]:

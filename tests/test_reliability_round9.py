@@ -280,3 +280,25 @@ def test_a_vllm_06_serve_command_runs_multi_step_scheduling():
     v06 = EngineConfig(engine_version="vllm-0.6", **ENGINE_PRESETS["vllm-0.6"])
     assert "--num-scheduler-steps 10" in vllm_serve_command(model, gpu, v06)
     assert "--num-scheduler-steps" not in vllm_serve_command(model, gpu, EngineConfig())
+
+
+def test_a_v0_era_serve_command_uses_that_version_s_flags():
+    """vLLM 0.5 / 0.6 had no `--no-enable-chunked-prefill` / `--no-enable-prefix-caching` (argparse
+    would stop the server), took chunked prefill as `--enable-chunked-prefill [True|False]` and
+    defaulted it off below 32K context: a chunked vllm-0.6 plan's serve line left the flag out and ran
+    without it, and an unchunked one did not start."""
+    import shlex
+
+    from kvsim.reports.serve_command import vllm_serve_command
+    from kvsim.simcore.catalog import get_gpu, get_model
+    from kvsim.simcore.specs import ENGINE_PRESETS, EngineConfig
+
+    model, gpu = get_model("llama3-8b"), get_gpu("H100-SXM-80GB")
+    for version in ("vllm-v0", "vllm-0.6"):
+        preset = {**ENGINE_PRESETS[version], "engine_version": version}
+        on = shlex.split(vllm_serve_command(model, gpu, EngineConfig(**{**preset, "enable_chunked_prefill": True})))
+        off = shlex.split(vllm_serve_command(model, gpu, EngineConfig(**{**preset, "enable_chunked_prefill": False})))
+        assert "--enable-chunked-prefill" in on and "--enable-chunked-prefill=False" in off
+        assert not any(w.startswith("--no-") for w in on + off)
+    v1 = shlex.split(vllm_serve_command(model, gpu, EngineConfig(enable_chunked_prefill=False)))
+    assert "--no-enable-chunked-prefill" in v1
