@@ -123,7 +123,9 @@ class Row:
 # the blog's reproduction guide, vllm-project/vllm issue #8176 of 2024-09-05, runs that suite in the
 # vllm/vllm-openai:v0.6.0 image). The client ran benchmark_serving.py with --ignore-eos. The 0.5.3 bars'
 # server options are not stated (0.5.3 had no --num-scheduler-steps, so that JSON could not have run
-# unchanged); those rows keep vLLM's defaults.
+# unchanged); those rows keep vLLM's defaults. The file read is the suite as merged (2024-10-04); the blog's
+# own copy (buildkite build 8532's artifact) is not stored, and the blog's TPOT / throughput pairs imply
+# ~350-370 sequences in flight, above 256 (docs/published-checks.md).
 V060_SERVER = ["--max-num-seqs", "512"]
 
 
