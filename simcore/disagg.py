@@ -464,7 +464,12 @@ class DisaggSimulation(Simulation):
         """(req/s, decode batch) the pools sustain at full steps: the prefill pool's prompts per
         second (less its prefix-cache hits) and the decode pool's full-batch decode rate
         (simcore.full_batch), the lower of the two; None where it does not describe the run (no exact rows, speculation, n > 1)."""
-        from kvsim.simcore.full_batch import full_batch_capacity, prefill_capacity, served_lengths
+        from kvsim.simcore.full_batch import (
+            computed_share,
+            full_batch_capacity,
+            prefill_capacity,
+            served_lengths,
+        )
 
         pre, dec = self.pools["prefill"], self.pools["decode"]
         lengths = served_lengths(records)
@@ -476,7 +481,7 @@ class DisaggSimulation(Simulation):
         # the prefill pool computes only what its prefix cache missed (as simulate's share)
         counters = [e.policy.counters() for e in pre.replicas]
         hits = sum(c.get("prefix_hit_tokens", 0) + c.get("offload_hit_tokens", 0) for c in counters)
-        share = max(0.0, 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64))))
+        share = computed_share(hits, prompts)
         prefill = prefill_capacity(pre.latency, pre.config, prompts, share)
         if decode is None or prefill is None:
             return None

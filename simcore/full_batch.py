@@ -90,6 +90,12 @@ def first_admission_hits(hits: int, num_finished: int, num_readmitted: int) -> f
     return hits * num_finished / admissions if admissions else 0.0
 
 
+def computed_share(hit_tokens: float, prompts: np.ndarray) -> float:
+    """The share of the finished requests' prompt tokens actually computed: all but the prefix-cache
+    (and CPU-tier) hits (full_batch_capacity's and prefill_capacity's `prefill_share`)."""
+    return max(0.0, 1.0 - hit_tokens / max(1, int(np.asarray(prompts).sum(dtype=np.int64))))
+
+
 def declared_shared(workload, block_size: int, hits_per_request: float) -> SharedPrefix | None:
     """SharedPrefix of a run whose requests hit `hits_per_request` prefix tokens each at their
     first admission (first_admission_hits): None without hits (prefix caching off, or nothing

@@ -299,6 +299,7 @@ class Simulation:
         sequence per round); speculating, the run's spec-decode metrics (`speculative_summary`)
         say what a step verifies and emits."""
         from kvsim.simcore.full_batch import (
+            computed_share,
             declared_shared,
             describes,
             first_admission_hits,
@@ -315,7 +316,7 @@ class Simulation:
         prompts, outputs = lengths
         hits = first_admission_hits(counters.get("prefix_hit_tokens", 0) + counters.get("offload_hit_tokens", 0),
                                     len(prompts), self._readmissions(records))
-        share = max(0.0, 1.0 - hits / max(1, int(prompts.sum(dtype=np.int64))))
+        share = computed_share(hits, prompts)
         shared = declared_shared(self.workload, cfg.engine.block_size, hits / len(prompts))
         speculation = None
         if cfg.engine.speculative_config is not None:
